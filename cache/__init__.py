@@ -1,0 +1,1 @@
+"""jitop.cache: see ../shared/DESIGN.md; filled in by later issues."""

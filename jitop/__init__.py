@@ -1,0 +1,21 @@
+"""jitop: a numpy-compatible JIT compiler for tensor operators, on llvmlite.
+
+>>> import numpy as np, jitop
+>>> from jitop import te
+>>> A = te.placeholder((1000,), "float32", name="A")
+>>> B = te.compute((1000,), lambda i: te.exp(A[i]) + 1.0, name="B")
+>>> s = jitop.create_schedule(B.op)
+>>> xo, xi = s[B].split(B.op.axis[0], factor=16)
+>>> s[B].vectorize(xi)
+>>> f = jitop.build(s, [A, B])
+>>> a = np.ones(1000, np.float32)
+>>> bool(np.allclose(f(a), np.exp(a) + 1))
+True
+"""
+from jitop import te
+from jitop.driver import build, lower
+from jitop.runtime.module import Module, load_module
+from jitop.schedule.schedule import Schedule, Stage, create_schedule
+
+__version__ = "0.1.0"
+__all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "__version__"]

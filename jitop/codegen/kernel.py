@@ -1,0 +1,438 @@
+"""Loop IR -> LLVM IR (llvmlite.ir).
+
+Loops marked vectorized are emitted as explicit SIMD code with as many lanes as the loop's extent
+(TVM's meaning): contiguous accesses become vector loads/stores, others gathers/scatters, guards
+become lane masks. Unrolled loops are substituted per iteration so register tiles have constant
+indices (LLVM's SROA then keeps them in registers). Parallel loops are outlined into a function
+that the runtime's thread pool calls with [begin, end) chunks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from llvmlite import ir
+
+from jitop import config, dtypes
+from jitop.codegen import ops
+from jitop.dtypes import DType
+from jitop.te.expr import Expr, Op, const, free_vars, substitute, walk
+from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
+from jitop.tir.passes import map_stmt
+from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
+
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of CHUNK_LANES
+CHUNK_LANES = 16
+MAX_UNROLL = 256
+STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
+
+
+@dataclass
+class Vec:
+    """The vectorized loop being emitted: its variable, lane count, lane-index vector and active-lane mask."""
+
+    var: Expr
+    lanes: int
+    index: ir.Value
+    mask: ir.Value | None = None
+
+
+class FunctionState:
+    """What code emission needs for the function being built (swapped when outlining a parallel body)."""
+
+    def __init__(self, fn: ir.Function):
+        self.fn = fn
+        self.entry = fn.append_basic_block("entry")
+        self.body = fn.append_basic_block("body")
+        self.builder = ir.IRBuilder(self.body)
+        self.env: dict[Expr, ir.Value] = {}      # loop var -> i64 value
+        self.ptrs: dict[Buffer, ir.Value] = {}   # buffer -> base pointer
+        self.frees: list[ir.Value] = []
+        self.in_parallel = False
+
+    def finish(self) -> None:
+        ir.IRBuilder(self.entry).branch(self.body)
+        for p in self.frees:
+            self.builder.call(_libc(self.fn.module, "free", ir.VoidType(), [PTR]), [p])
+        self.builder.ret_void()
+
+
+def _libc(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    fn = module.globals.get(name)
+    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+class KernelCodegen:
+    """Builds one LLVM module with the kernel `func.name` (one pointer argument per buffer)."""
+
+    def __init__(self, func: PrimFunc, symbol: str):
+        self.func, self.symbol = func, symbol
+        self.module = ir.Module(name=symbol)
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(func.params)), symbol)
+        for arg in fn.args:
+            arg.add_attribute("noalias")
+        self.st = FunctionState(fn)
+        for buf, arg in zip(func.params, fn.args):
+            arg.name = _ident(buf.name)
+            self.st.ptrs[buf] = arg
+        self.vec: Vec | None = None
+        self.n_outlined = 0
+        self.uses_parallel = False
+
+    @property
+    def b(self) -> ir.IRBuilder:
+        return self.st.builder
+
+    def build(self) -> ir.Module:
+        self.stmt(self.func.body)
+        self.st.finish()
+        return self.module
+
+    # ** statements **
+    def stmt(self, s: Stmt) -> None:
+        self._memo: dict = {}  # values are reused only within one statement: they must dominate their uses
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, Store):
+            self.store(s)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, IfThenElse):
+            self.if_then_else(s)
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        else:
+            raise TypeError(f"cannot generate code for {type(s).__name__}")
+
+    def allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        nbytes = max(buf.size * buf.dtype.itemsize, 1)
+        elem = ops.memory_type(buf.dtype)
+        if nbytes <= STACK_LIMIT:
+            entry = ir.IRBuilder(self.st.entry)
+            ptr = entry.alloca(ir.ArrayType(elem, max(buf.size, 1)), name=_ident(buf.name))
+            ptr.align = 64
+            ptr.type = PTR  # opaque pointer like every other buffer (llvmlite types allocas)
+            self.st.ptrs[buf] = ptr
+            self.stmt(s.body)
+            return
+        malloc = _libc(self.module, "malloc", PTR, [I64])
+        ptr = self.b.call(malloc, [ir.Constant(I64, nbytes)], name=_ident(buf.name))
+        self.st.ptrs[buf] = ptr
+        self.stmt(s.body)
+        self.b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
+
+    def if_then_else(self, s: IfThenElse) -> None:
+        cond = self.expr(s.cond)
+        if self.vec is not None and isinstance(cond.type, ir.VectorType):
+            return self._masked_if(s, cond)
+        with self.b.if_else(cond) as (then, other):
+            with then:
+                self.stmt(s.then)
+            with other:
+                if s.else_ is not None:
+                    self.stmt(s.else_)
+
+    def _masked_if(self, s: IfThenElse, cond: ir.Value) -> None:
+        outer = self.vec.mask
+        self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
+        self.stmt(s.then)
+        if s.else_ is not None:
+            notc = self.b.not_(cond)
+            self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
+            self.stmt(s.else_)
+        self.vec.mask = outer
+
+    # ** loops **
+    def loop(self, s: For) -> None:
+        extent = int(s.extent.value)
+        if s.kind is ForKind.UNROLLED and extent <= MAX_UNROLL:
+            return self._unrolled(s, extent)
+        if s.kind is ForKind.VECTORIZED and self.vec is None and _vectorizable(s):
+            return self._vectorized(s, extent)
+        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None and _worth_threads(s):
+            return self._parallel(s, extent)
+        self._serial(s.var, ir.Constant(I64, 0), ir.Constant(I64, extent), lambda: self.stmt(s.body))
+
+    def _serial(self, var: Expr, begin: ir.Value, end: ir.Value, emit_body) -> None:
+        b = self.b
+        pre = b.block
+        head = b.append_basic_block("loop")
+        done = b.append_basic_block("loop.end")
+        b.cbranch(b.icmp_signed("<", begin, end), head, done)
+        b.position_at_end(head)
+        i = b.phi(I64, name=_ident(var.name))
+        i.add_incoming(begin, pre)
+        self.st.env[var] = i
+        emit_body()
+        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw", "nuw"))
+        i.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, end), head, done)
+        b.position_at_end(done)
+        del self.st.env[var]
+
+    def _unrolled(self, s: For, extent: int) -> None:
+        for k in range(extent):
+            self.stmt(_substitute_stmt(s.body, {s.var: const(k)}))
+
+    def _vectorized(self, s: For, extent: int) -> None:
+        if extent <= MAX_LANES:
+            return self._vector_chunk(s, ir.Constant(I64, 0), extent, extent)
+        chunks = math.ceil(extent / CHUNK_LANES)
+        chunk = Expr(Op.VAR, dtypes.INDEX, (), (f"{s.var.name}.chunk", id(s)))
+        self._serial(chunk, ir.Constant(I64, 0), ir.Constant(I64, chunks),
+                     lambda: self._vector_chunk(s, self.b.mul(self.st.env[chunk], ir.Constant(I64, CHUNK_LANES)),
+                                                CHUNK_LANES, extent))
+
+    def _vector_chunk(self, s: For, start: ir.Value, lanes: int, extent: int) -> None:
+        b = self.b
+        iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        index = b.add(ops.splat(b, start, lanes), iota)
+        mask = None
+        if extent % lanes:
+            mask = b.icmp_signed("<", index, ops.splat(b, ir.Constant(I64, extent), lanes))
+        self.vec = Vec(s.var, lanes, index, mask)
+        self.st.env[s.var] = start  # lane 0's value, for uniform parts of addresses
+        self.stmt(s.body)
+        self.vec = None
+        del self.st.env[s.var]
+
+    def _parallel(self, s: For, extent: int) -> None:
+        self.uses_parallel = True
+        env, ptrs = list(self.st.env.items()), list(self.st.ptrs.items())
+        closure_ty = ir.LiteralStructType([I64] * len(env) + [PTR] * len(ptrs))
+        entry = ir.IRBuilder(self.st.entry)
+        closure = entry.alloca(closure_ty, name="closure")
+        closure.type = PTR
+        for k, (_, v) in enumerate(env + ptrs):
+            self.b.store(v, self.b.gep(closure, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)]))
+        body_fn = self._outline(s, env, ptrs, closure_ty)
+        launch = _libc(self.module, "jitop_parallel_for", ir.VoidType(), [PTR, PTR, I64])
+        self.b.call(launch, [body_fn, closure, ir.Constant(I64, extent)])
+
+    def _outline(self, s: For, env, ptrs, closure_ty) -> ir.Function:
+        self.n_outlined += 1
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]),
+                         f"{self.symbol}.par{self.n_outlined}")
+        fn.linkage = "internal"
+        saved, self.st = self.st, FunctionState(fn)
+        self.st.in_parallel = True
+        begin, end, clo = fn.args
+        for k, (key, _) in enumerate(env + ptrs):
+            slot = self.b.gep(clo, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)])
+            value = self.b.load(slot, typ=closure_ty.elements[k])
+            (self.st.env if k < len(env) else self.st.ptrs)[key] = value
+        self._serial(s.var, begin, end, lambda: self.stmt(s.body))
+        self.st.finish()
+        self.st = saved
+        return fn
+
+    # ** memory **
+    def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> tuple[ir.Value, ir.Value | None]:
+        """(scalar pointer at lane 0, per-lane pointer vector or None when lanes are contiguous/uniform)."""
+        flat = simplify(_flatten(buf, indices))
+        elem = ops.memory_type(buf.dtype)
+        base_ptr = self.st.ptrs[buf]
+        if self.vec is None:
+            return self.b.gep(base_ptr, [self._scalar(flat)], source_etype=elem), None
+        stride, rest = _split_lane(flat, self.vec.var)
+        if stride is None or stride not in (0, 1):
+            lane_idx = self.expr(flat)
+            lane_idx = ops.splat(self.b, lane_idx, self.vec.lanes)
+            return None, self.b.gep(base_ptr, [lane_idx], source_etype=elem)
+        base = self._scalar(rest if stride == 0 else flat)  # the loop var reads as lane 0's value here
+        ptr = self.b.gep(base_ptr, [base], source_etype=elem)
+        if stride == 0:
+            return ptr, "uniform"
+        return ptr, None
+
+    def load(self, e: Expr) -> ir.Value:
+        buf = e.arg
+        elem = ops.memory_type(buf.dtype)
+        ptr, lanes_ptr = self._address(buf, e.src)
+        v = self.vec
+        if v is None:
+            return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
+        if lanes_ptr == "uniform" and v.mask is None:
+            return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
+        if lanes_ptr == "uniform":
+            lanes_ptr = ops.splat(self.b, ptr, v.lanes)
+        vt = ir.VectorType(elem, v.lanes)
+        if lanes_ptr is None:
+            if v.mask is None:
+                out = self.b.load(ptr, typ=vt)
+                out.align = buf.dtype.itemsize
+            else:
+                out = self._masked_intrinsic("llvm.masked.load", vt, [ptr, ir.Constant(ir.IntType(32), buf.dtype.itemsize), v.mask, ir.Constant(vt, ir.Undefined)])
+        else:
+            mask = v.mask if v.mask is not None else _all_true(v.lanes)
+            out = self._masked_intrinsic("llvm.masked.gather", vt, [lanes_ptr, ir.Constant(ir.IntType(32), buf.dtype.itemsize), mask, ir.Constant(vt, ir.Undefined)])
+        return ops.from_memory(self.b, buf.dtype, out)
+
+    def _masked_intrinsic(self, name: str, vt: ir.VectorType, args: list[ir.Value]) -> ir.Value:
+        ptr_ty = args[0].type
+        fn = ops.declare_intrinsic(self.module, name, [vt, ptr_ty], ir.FunctionType(vt, [a.type for a in args]))
+        return self.b.call(fn, args)
+
+    def store(self, s: Store) -> None:
+        value = self.expr(s.value)
+        buf = s.buffer
+        ptr, lanes_ptr = self._address(buf, s.indices)
+        v = self.vec
+        if v is None or (lanes_ptr == "uniform" and v.mask is None and not isinstance(value.type, ir.VectorType)):
+            st = self.b.store(ops.to_memory(self.b, buf.dtype, value), ptr)
+            st.align = buf.dtype.itemsize
+            return
+        value = ops.to_memory(self.b, buf.dtype, ops.splat(self.b, value, v.lanes))
+        if lanes_ptr == "uniform":
+            lanes_ptr = ops.splat(self.b, ptr, v.lanes)
+        i32 = ir.IntType(32)
+        if lanes_ptr is None and v.mask is None:
+            self.b.store(value, ptr).align = buf.dtype.itemsize
+        elif lanes_ptr is None:
+            self._void_intrinsic("llvm.masked.store", [value, ptr, ir.Constant(i32, buf.dtype.itemsize), v.mask])
+        else:
+            mask = v.mask if v.mask is not None else _all_true(v.lanes)
+            self._void_intrinsic("llvm.masked.scatter", [value, lanes_ptr, ir.Constant(i32, buf.dtype.itemsize), mask])
+
+    def _void_intrinsic(self, name: str, args: list[ir.Value]) -> None:
+        fn = ops.declare_intrinsic(self.module, name, [args[0].type, args[1].type],
+                                   ir.FunctionType(ir.VoidType(), [a.type for a in args]))
+        self.b.call(fn, args)
+
+    # ** expressions **
+    def _scalar(self, e: Expr) -> ir.Value:
+        saved, self.vec = self.vec, None
+        try:
+            return self.expr(e)
+        finally:
+            self.vec = saved
+
+    def expr(self, e: Expr) -> ir.Value:
+        memo = self._memo
+        key = (e, id(self.vec), id(self.vec.mask) if self.vec else 0)
+        if key not in memo:
+            memo[key] = self._expr(e)
+        return memo[key]
+
+    def _expr(self, e: Expr) -> ir.Value:
+        op, b = e.op, self.b
+        if op is Op.CONST:
+            return ops.constant(e.dtype, e.value)
+        if op is Op.VAR:
+            if self.vec is not None and e is self.vec.var:
+                return self.vec.index
+            return self.st.env[e]
+        if op is Op.LOAD:
+            return self.load(e)
+        if op is Op.SELECT:
+            return self._select(e)
+        if op is Op.CALL:
+            return self._call(e)
+        args = [self.expr(s) for s in e.src]
+        lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
+        args = [ops.splat(b, a, lanes) for a in args]
+        if op is Op.CAST:
+            return ops.cast(b, e.src[0].dtype, e.dtype, args[0])
+        if len(args) == 1:
+            return ops.unary(b, op, e.dtype, args[0])
+        return ops.binary(b, op, e.src[0].dtype, args[0], args[1])
+
+    def _select(self, e: Expr) -> ir.Value:
+        cond = self.expr(e.src[0])
+        if not any(n.op is Op.LOAD for s in e.src[1:] for n in walk(s)):
+            return ops.select(self.b, cond, self.expr(e.src[1]), self.expr(e.src[2]))
+        return self._guarded_select(e, cond)
+
+    def _guarded_select(self, e: Expr, cond: ir.Value) -> ir.Value:
+        """if_then_else whose branches read memory: only the taken side's loads may happen."""
+        if self.vec is not None and isinstance(cond.type, ir.VectorType):
+            outer = self.vec.mask
+            self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
+            yes = self.expr(e.src[1])
+            notc = self.b.not_(cond)
+            self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
+            no = self.expr(e.src[2])
+            self.vec.mask = outer
+            return ops.select(self.b, cond, yes, no)
+        before = dict(self._memo)
+        with self.b.if_else(cond) as (then, other):
+            with then:
+                yes, yes_block = self.expr(e.src[1]), self.b.block
+            self._memo = dict(before)
+            with other:
+                no, no_block = self.expr(e.src[2]), self.b.block
+            self._memo = before
+        lanes = ops.lanes_of(yes) or ops.lanes_of(no)
+        phi = self.b.phi(ops.llvm_type(e.dtype) if not lanes else ir.VectorType(ops.llvm_type(e.dtype), lanes))
+        phi.add_incoming(yes if not lanes else ops.splat(self.b, yes, lanes), yes_block)
+        phi.add_incoming(no if not lanes else ops.splat(self.b, no, lanes), no_block)
+        return phi
+
+    def _call(self, e: Expr) -> ir.Value:
+        from jitop.codegen.math import emit_call
+        args = [self.expr(s) for s in e.src]
+        lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
+        return emit_call(self.b, e.arg, e.src[0].dtype, [ops.splat(self.b, a, lanes) for a in args])
+
+
+def _all_true(lanes: int) -> ir.Value:
+    return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
+
+
+def _flatten(buf: Buffer, indices: tuple[Expr, ...]) -> Expr:
+    flat: Expr = const(0)
+    for dim, idx in zip(buf.shape, indices):
+        flat = flat * dim + idx
+    return flat
+
+
+def _split_lane(flat: Expr, var: Expr) -> tuple[int | None, Expr]:
+    """flat == stride * var + rest with rest independent of var; stride None if var is not linear in flat."""
+    lin = to_lin(flat, {})
+    stride = lin.terms.get(var, 0)
+    rest = Lin({a: c for a, c in lin.terms.items() if a is not var}, lin.const)
+    if any(var in free_vars(a) for a in rest.terms):
+        return None, flat
+    return stride, from_lin(rest, dtypes.INDEX)
+
+
+def _substitute_stmt(s: Stmt, mapping: dict[Expr, Expr]) -> Stmt:
+    def visit(n: Stmt) -> Stmt:
+        if isinstance(n, Store):
+            return Store(n.buffer, tuple(simplify(substitute(i, mapping)) for i in n.indices),
+                         simplify(substitute(n.value, mapping)))
+        if isinstance(n, IfThenElse):
+            return IfThenElse(simplify(substitute(n.cond, mapping)), n.then, n.else_)
+        return n
+    return map_stmt(s, visit) or Seq(())
+
+
+def _vectorizable(s: For) -> bool:
+    """Lanes must be independent: no store whose address is the same for all lanes but whose value is not."""
+    for node in walk_stmts(s.body):
+        if isinstance(node, Store):
+            flat = _flatten(node.buffer, node.indices)
+            addr_varies = s.var in free_vars(flat)
+            if not addr_varies and s.var in free_vars(node.value):
+                return False
+        if isinstance(node, Allocate):
+            return False
+    return True
+
+
+def _worth_threads(s: For) -> bool:
+    work = int(s.extent.value)
+    for node in walk_stmts(s.body):
+        if isinstance(node, For):
+            work *= max(int(node.extent.value), 1)
+            if work >= config.parallel_min_work():
+                return True
+    return work >= config.parallel_min_work()

@@ -1,0 +1,34 @@
+"""Every JITOP_* environment knob, read in one place."""
+from __future__ import annotations
+
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+def num_threads() -> int:
+    """Threads for parallel loops: JITOP_NUM_THREADS, else OMP_NUM_THREADS, else all cores."""
+    default = os.cpu_count() or 1
+    n = _env_int("JITOP_NUM_THREADS", 0) or _env_int("OMP_NUM_THREADS", 0) or default
+    return max(n, 1)
+
+
+def opt_level() -> int:
+    """LLVM optimisation level for generated kernels (JITOP_OPT_LEVEL, default 3)."""
+    return _env_int("JITOP_OPT_LEVEL", 3)
+
+
+def full_tracebacks() -> bool:
+    """Show jitop's internal frames in errors (JITOP_FULL_TRACEBACKS=1)."""
+    return _env_int("JITOP_FULL_TRACEBACKS", 0) != 0
+
+
+def parallel_min_work() -> int:
+    """Below this many scalar loop iterations a parallel loop runs on one thread (JITOP_PARALLEL_MIN_WORK)."""
+    return _env_int("JITOP_PARALLEL_MIN_WORK", 1 << 15)

@@ -1,0 +1,27 @@
+"""jitop's exceptions; long messages are built here so call sites stay short."""
+from __future__ import annotations
+
+
+class JitopError(Exception):
+    """Base class of jitop's own errors."""
+
+
+class ScheduleError(JitopError, ValueError):
+    """A schedule primitive was applied in a way that cannot work."""
+
+
+class LoweringError(JitopError, ValueError):
+    """A schedule could not be lowered to loops."""
+
+
+def axis_already_transformed(stage: str, axis: str, how: str, into: list[str]) -> ScheduleError:
+    where = ", ".join(into)
+    return ScheduleError(
+        f"stage '{stage}': axis '{axis}' was already {how} into ({where}); it is no longer a loop of the stage. "
+        f"Apply the primitive to one of ({where}) instead.")
+
+
+def axis_not_in_stage(stage: str, axis: str, leaves: list[str]) -> ScheduleError:
+    return ScheduleError(
+        f"stage '{stage}' has no loop '{axis}'; its loops are currently ({', '.join(leaves)}). "
+        f"Use an axis of this stage (s[T].op.axis, s[T].op.reduce_axis, or what split/fuse returned).")

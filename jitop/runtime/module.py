@@ -1,0 +1,121 @@
+"""A compiled, loaded kernel: call it with numpy arrays; save/load it without running LLVM again."""
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
+
+FORMAT_VERSION = 1
+
+
+class Module:
+    """A callable compiled function. Call with one array per parameter (inputs, then outputs),
+    or with the inputs only to get freshly allocated outputs back.
+
+    >>> f = jitop.build(s, [A, B])          # doctest: +SKIP
+    >>> f(a, b)                              # doctest: +SKIP
+    >>> b = f(a)                             # doctest: +SKIP
+    """
+
+    def __init__(self, meta: dict, object_code: bytes, ll: str | None = None):
+        from jitop.codegen.loader import load_object
+        self.meta, self.object_code, self._ll = meta, object_code, ll
+        self.params = [ParamSpec.from_json(p) for p in meta["params"]]
+        self.n_inputs = sum(not p.is_output for p in self.params)
+        if meta.get("uses_parallel"):
+            from jitop.runtime.parallel import parallel_for_address
+            parallel_for_address()  # links jitop_parallel_for before the object that calls it
+        addr = load_object(object_code, [meta["symbol"]])[meta["symbol"]]
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(addr)
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    def __call__(self, *arrays: Any) -> Any:
+        if len(arrays) == self.n_inputs and self.n_inputs < len(self.params):
+            outs = [np.empty(p.shape, p.dtype) for p in self.params[self.n_inputs:]]
+            self._run(list(arrays) + outs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        self._run(list(arrays))
+        return None
+
+    def _run(self, arrays: list) -> None:
+        if len(arrays) != len(self.params):
+            sig = ", ".join(p.name for p in self.params)
+            raise TypeError(f"{self.name}({sig}) takes {len(self.params)} arrays (or the {self.n_inputs} inputs), "
+                            f"got {len(arrays)}")
+        ptrs = [check_array(p, k, a) for k, (p, a) in enumerate(zip(self.params, arrays))]
+        check_no_overlap(self.params, arrays)
+        self._cfunc(*ptrs)
+
+    def get_source(self, fmt: str = "ll") -> str:
+        """The optimised LLVM IR ("ll") or the machine code as assembly ("asm")."""
+        if fmt not in ("ll", "asm"):
+            raise ValueError(f"get_source: fmt must be 'll' or 'asm', got {fmt!r}")
+        if self._ll is None:
+            raise ValueError("this module was loaded without its LLVM IR; rebuild it to see the source")
+        if fmt == "ll":
+            return self._ll
+        import llvmlite.binding as llvm
+        from jitop.codegen.target import init_llvm, target_machine
+        init_llvm()
+        return target_machine().emit_assembly(llvm.parse_assembly(self._ll))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write object code + metadata (+ LLVM IR) to one file; jitop.load_module reads it back."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION}))
+            z.writestr("kernel.o", self.object_code)
+            if self._ll is not None:
+                z.writestr("kernel.ll", self._ll)
+        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+
+    def export_library(self, path: str | os.PathLike) -> None:
+        """Link the kernel (and the thread pool it calls, if parallel) into a shared library with the system linker."""
+        linker = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if linker is None:
+            raise RuntimeError("export_library needs a system linker (cc/gcc/clang) on PATH; use save() instead")
+        with tempfile.TemporaryDirectory() as d:
+            objs = [os.path.join(d, "kernel.o")]
+            with open(objs[0], "wb") as f:
+                f.write(self.object_code)
+            if self.meta.get("uses_parallel"):
+                from jitop.runtime.parallel import pool_object_code
+                objs.append(os.path.join(d, "pool.o"))
+                with open(objs[1], "wb") as f:
+                    f.write(pool_object_code())
+            subprocess.run([linker, "-shared", "-o", os.fspath(path), *objs, "-lm", "-lpthread"], check=True,
+                           capture_output=True)
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.name}: {p.describe()}" for p in self.params)
+        return f"<jitop.Module {self.name}({sig})>"
+
+
+def load_module(path: str | os.PathLike) -> Module:
+    """Load a module written by Module.save (no LLVM optimisation or code generation runs).
+
+    >>> f = jitop.load_module("kernel.jitop")   # doctest: +SKIP
+    """
+    with zipfile.ZipFile(path) as z:
+        meta = json.loads(z.read("meta.json"))
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{path}: saved by an incompatible jitop (format {meta.get('format')}, "
+                             f"expected {FORMAT_VERSION}); rebuild and save it again")
+        ll = z.read("kernel.ll").decode() if "kernel.ll" in z.namelist() else None
+        return Module(meta, z.read("kernel.o"), ll)

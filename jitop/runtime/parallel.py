@@ -1,0 +1,488 @@
+"""A persistent thread pool for generated kernels, written in LLVM IR.
+
+Generated code runs a parallel loop by calling the C ABI
+
+    void jitop_parallel_for(void (*body)(int64_t begin, int64_t end, void *closure),
+                            void *closure, int64_t n);
+
+which splits [0, n) into k = min(num_threads, n) contiguous, balanced chunks (OpenMP's
+schedule(static)): chunk i gets n // k elements, plus one if i < n % k. The calling thread
+runs chunk 0 itself, workers 1..k-1 run the others, and the call returns when all are done.
+
+Protocol (all state lives in the IR module's globals):
+
+- `busy` is a try-lock taken with cmpxchg. A call that cannot take it (a nested call from
+  inside a body, or a concurrent call from another thread) runs the whole range serially in
+  its own thread, so the pool can never deadlock on itself. So does a call with k == 1.
+- Each worker owns a cache-line-sized slot holding a *generation counter* and a `sleeping`
+  flag. To start a launch the caller writes the job (body, closure, n, k), zeroes the *done
+  counter*, then bumps the generation of slots 1..k-1 with a seq_cst atomicrmw, which
+  publishes the job to the workers (they read it after an acquire load of their generation).
+  Workers beyond k are not signalled at all, so they keep sleeping.
+- A worker runs its chunk and increments the done counter; the caller waits until it
+  reaches k - 1, then releases `busy`. The worker that brings it to k - 1 wakes the caller
+  if the caller went to sleep.
+- Waiting (a worker for its generation, the caller for the done counter) first spins with
+  `pause` for about SPIN_TICKS time-stamp-counter ticks (~100 us), so back-to-back launches
+  cost a cache-line round trip, then sleeps on the word with FUTEX_WAIT, so an idle pool uses
+  no CPU. With more threads than CPUs the spin calls sched_yield instead of `pause`, so a
+  waiter hands its core to the thread it waits for.
+- No wake-up is lost: the sleeper stores `sleeping = 1` and then re-reads the word, the waker
+  changes the word and then reads `sleeping` (both seq_cst, Dekker-style), so at least one
+  sees the other; FUTEX_WAIT itself re-checks the word in the kernel. The waker makes the
+  futex syscall only when the sleeper announced that it sleeps.
+
+Workers are created lazily with pthread_create when a launch first needs them, are detached,
+never exit and block every signal (signals go to Python's threads). Lowering the thread
+count makes the surplus workers idle (asleep on their futex); raising it again reuses them.
+At interpreter exit we wait briefly until every worker sleeps in the kernel, so none is still
+executing JIT code when LLVM frees it; the process then exits without joining them. A forked
+child forgets the parent's workers (they do not exist there) and creates its own.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+import time
+import warnings
+
+import llvmlite.binding as llvm
+
+from jitop.codegen.loader import load_object
+from jitop.codegen.target import compile_ir
+
+__all__ = ["MAX_THREADS", "get_num_threads", "parallel_for_address", "run_parallel", "set_num_threads"]
+
+MAX_THREADS = 256       # size of the worker-slot table in the IR
+SPIN_TICKS = 1 << 18    # TSC ticks a waiter spins before it sleeps (~100 us at 2.6 GHz)
+_LIBC_SYMBOLS = ("memset", "pthread_create", "pthread_detach", "pthread_sigmask", "sigfillset", "syscall")
+
+
+def _default_num_threads() -> int:
+    """JITOP_NUM_THREADS, else OMP_NUM_THREADS (its first level), else os.cpu_count()."""
+    for var in ("JITOP_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            n = int(raw.split(",")[0])
+        except ValueError:
+            n = 0
+        if 1 <= n:
+            return min(n, MAX_THREADS)
+        warnings.warn(f"ignoring {var}={raw!r}: expected a positive integer", RuntimeWarning, stacklevel=2)
+    return min(os.cpu_count() or 1, MAX_THREADS)
+
+
+# ---------------------------------------------------------------------------------------
+# The pool in LLVM IR. Every shared word sits in its own 128-byte block (two cache lines,
+# because Zen and Intel prefetch adjacent lines) so the caller and workers don't false-share.
+# ---------------------------------------------------------------------------------------
+_POOL_IR = r"""
+%Job = type { ptr, ptr, i64, i64 }        ; body, closure, n, nchunks
+%Slot = type { i32, i32, [120 x i8] }     ; generation (futex word), sleeping, padding
+
+@busy = internal global i32 0, align 128            ; try-lock held by the launching thread
+@nthreads = internal global i32 1, align 128        ; configured thread count (caller included)
+@spin_ticks = internal global i64 0, align 128      ; how long a waiter spins before it sleeps
+@spin_yields = internal global i32 0, align 128     ; spin with sched_yield instead of pause
+@nstarted = internal global i32 0, align 128        ; workers created so far (they never exit)
+@job = internal global %Job zeroinitializer, align 128
+@done = internal global i32 0, align 128            ; chunks finished by workers this launch
+@caller_sleeping = internal global i32 0, align 128
+@slots = internal global [MAX_THREADS x %Slot] zeroinitializer, align 128   ; slot 0 unused
+
+declare i64 @syscall(i64, ...)
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_detach(i64)
+declare i32 @pthread_sigmask(i32, ptr, ptr)
+declare i32 @sigfillset(ptr)
+declare void @llvm.x86.sse2.pause()
+declare i64 @llvm.readcyclecounter()
+
+; Nothing here is hot enough to unroll or vectorise: optimise for size, which halves compile time.
+attributes #0 = { minsize optsize nounwind }
+
+; ---- futex: SYS_futex = 202, FUTEX_WAIT_PRIVATE = 128, FUTEX_WAKE_PRIVATE = 129 ----------
+; syscall() reads every argument as a long, so all are passed as i64.
+
+define internal void @futex_wait(ptr %word, i32 %expected) #0 {
+  %val = zext i32 %expected to i64
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %word, i64 128, i64 %val, ptr null)
+  ret void
+}
+
+define internal void @futex_wake_one(ptr %word) #0 {
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %word, i64 129, i64 1)
+  ret void
+}
+
+; Wait until *word != old and return the new value: spin, then sleep on the futex.
+define internal i32 @await_change(ptr %word, i32 %old, ptr %sleeping) #0 {
+entry:
+  %t0 = call i64 @llvm.readcyclecounter()
+  %budget = load atomic i64, ptr @spin_ticks monotonic, align 8
+  %yields = load atomic i32, ptr @spin_yields monotonic, align 4
+  %yield = icmp ne i32 %yields, 0
+  br label %check
+check:
+  %v = load atomic i32, ptr %word acquire, align 4
+  %changed = icmp ne i32 %v, %old
+  br i1 %changed, label %out, label %relax
+relax:
+  br i1 %yield, label %yield_cpu, label %pause
+yield_cpu:
+  %r = call i64 (i64, ...) @syscall(i64 24)      ; SYS_sched_yield
+  br label %clock
+pause:
+  call void @llvm.x86.sse2.pause()
+  br label %clock
+clock:
+  %t = call i64 @llvm.readcyclecounter()
+  %elapsed = sub i64 %t, %t0
+  %spin = icmp ult i64 %elapsed, %budget
+  br i1 %spin, label %check, label %sleep
+sleep:
+  ; announce, then re-check: the waker changes *word before it reads *sleeping
+  store atomic i32 1, ptr %sleeping seq_cst, align 4
+  %v2 = load atomic i32, ptr %word seq_cst, align 4
+  %same = icmp eq i32 %v2, %old
+  br i1 %same, label %wait, label %woke
+wait:
+  call void @futex_wait(ptr %word, i32 %old)
+  br label %woke
+woke:
+  store atomic i32 0, ptr %sleeping monotonic, align 4
+  br label %check             ; spin budget is spent: a spurious wake-up sleeps again at once
+out:
+  ret i32 %v
+}
+
+; ---- work ------------------------------------------------------------------------------
+
+; Chunk i of k over [0, n): n/k elements each, the first n%k chunks one more.
+define internal void @run_chunk(i64 %i) #0 {
+  %body = load ptr, ptr @job, align 8
+  %closure.p = getelementptr %Job, ptr @job, i32 0, i32 1
+  %closure = load ptr, ptr %closure.p, align 8
+  %n.p = getelementptr %Job, ptr @job, i32 0, i32 2
+  %n = load i64, ptr %n.p, align 8
+  %k.p = getelementptr %Job, ptr @job, i32 0, i32 3
+  %k = load i64, ptr %k.p, align 8
+  %base = udiv i64 %n, %k
+  %rem = urem i64 %n, %k
+  %extra = call i64 @llvm.umin.i64(i64 %i, i64 %rem)
+  %skip = mul i64 %i, %base
+  %begin = add i64 %skip, %extra
+  %has_extra = icmp ult i64 %i, %rem
+  %one = zext i1 %has_extra to i64
+  %len = add i64 %base, %one
+  %end = add i64 %begin, %len
+  call void %body(i64 %begin, i64 %end, ptr %closure)
+  ret void
+}
+
+declare i64 @llvm.umin.i64(i64, i64)
+
+define internal ptr @worker_main(ptr %arg) #0 {
+entry:
+  %idx = ptrtoint ptr %arg to i64
+  %gen = getelementptr [MAX_THREADS x %Slot], ptr @slots, i64 0, i64 %idx, i32 0
+  %sleeping = getelementptr [MAX_THREADS x %Slot], ptr @slots, i64 0, i64 %idx, i32 1
+  %seen = alloca i32, align 4
+  store i32 0, ptr %seen, align 4    ; the slot was never signalled before this thread existed
+  br label %loop
+loop:
+  %old = load i32, ptr %seen, align 4
+  %new = call i32 @await_change(ptr %gen, i32 %old, ptr %sleeping)
+  store i32 %new, ptr %seen, align 4
+  ; read k before signalling done: afterwards the caller may overwrite the job
+  %k.p = getelementptr %Job, ptr @job, i32 0, i32 3
+  %k = load i64, ptr %k.p, align 8
+  call void @run_chunk(i64 %idx)
+  %prev = atomicrmw add ptr @done, i32 1 seq_cst, align 4
+  %count = add i32 %prev, 1
+  %k32 = trunc i64 %k to i32
+  %target = sub i32 %k32, 1
+  %last = icmp eq i32 %count, %target
+  br i1 %last, label %maybe_wake, label %loop
+maybe_wake:
+  %s = load atomic i32, ptr @caller_sleeping seq_cst, align 4
+  %asleep = icmp ne i32 %s, 0
+  br i1 %asleep, label %wake, label %loop
+wake:
+  call void @futex_wake_one(ptr @done)
+  br label %loop
+}
+
+; ---- launching -------------------------------------------------------------------------
+
+; Create worker `idx` with all signals blocked (the new thread inherits the mask).
+define internal i1 @spawn_worker(i64 %idx) #0 {
+entry:
+  %tid = alloca i64, align 8
+  %all = alloca [128 x i8], align 8        ; sigset_t
+  %saved = alloca [128 x i8], align 8
+  %r0 = call i32 @sigfillset(ptr %all)
+  %r1 = call i32 @pthread_sigmask(i32 2, ptr %all, ptr %saved)      ; SIG_SETMASK
+  %arg = inttoptr i64 %idx to ptr
+  %rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker_main, ptr %arg)
+  %r2 = call i32 @pthread_sigmask(i32 2, ptr %saved, ptr null)
+  %ok = icmp eq i32 %rc, 0
+  br i1 %ok, label %detach, label %out
+detach:
+  %t = load i64, ptr %tid, align 8
+  %r3 = call i32 @pthread_detach(i64 %t)
+  br label %out
+out:
+  ret i1 %ok
+}
+
+; Make sure workers 1..want-1 exist; return how many chunks we can run (fewer if
+; pthread_create failed). Called with `busy` held.
+define internal i64 @ensure_workers(i64 %want) #0 {
+entry:
+  br label %check
+check:
+  %have32 = load atomic i32, ptr @nstarted monotonic, align 4
+  %have = zext i32 %have32 to i64
+  %more = add i64 %have, 1
+  %short = icmp ult i64 %more, %want
+  br i1 %short, label %spawn, label %out
+spawn:
+  %ok = call i1 @spawn_worker(i64 %more)
+  br i1 %ok, label %count, label %out
+count:
+  %have1 = add i32 %have32, 1
+  store atomic i32 %have1, ptr @nstarted monotonic, align 4
+  br label %check
+out:
+  %usable = call i64 @llvm.umin.i64(i64 %want, i64 %more)
+  ret i64 %usable
+}
+
+; Publish the job and bump the generation of workers 1..k-1, waking those asleep.
+define internal void @start_workers(ptr %body, ptr %closure, i64 %n, i64 %k) #0 {
+entry:
+  %job.0 = insertvalue %Job poison, ptr %body, 0
+  %job.1 = insertvalue %Job %job.0, ptr %closure, 1
+  %job.2 = insertvalue %Job %job.1, i64 %n, 2
+  %job.3 = insertvalue %Job %job.2, i64 %k, 3
+  store %Job %job.3, ptr @job, align 8
+  store atomic i32 0, ptr @done monotonic, align 4   ; ordered by the seq_cst bumps below
+  br label %loop
+loop:
+  %i = phi i64 [ 1, %entry ], [ %next, %signalled ]
+  %gen = getelementptr [MAX_THREADS x %Slot], ptr @slots, i64 0, i64 %i, i32 0
+  %sleeping = getelementptr [MAX_THREADS x %Slot], ptr @slots, i64 0, i64 %i, i32 1
+  %prev = atomicrmw add ptr %gen, i32 1 seq_cst, align 4
+  %s = load atomic i32, ptr %sleeping seq_cst, align 4
+  %asleep = icmp ne i32 %s, 0
+  br i1 %asleep, label %wake, label %signalled
+wake:
+  call void @futex_wake_one(ptr %gen)
+  br label %signalled
+signalled:
+  %next = add i64 %i, 1
+  %again = icmp ult i64 %next, %k
+  br i1 %again, label %loop, label %out
+out:
+  ret void
+}
+
+define internal void @await_workers(i64 %k) #0 {
+entry:
+  %k32 = trunc i64 %k to i32
+  %target = sub i32 %k32, 1
+  br label %check
+check:
+  %d = load atomic i32, ptr @done acquire, align 4
+  %finished = icmp eq i32 %d, %target
+  br i1 %finished, label %out, label %wait
+wait:
+  %d2 = call i32 @await_change(ptr @done, i32 %d, ptr @caller_sleeping)
+  br label %check
+out:
+  ret void
+}
+
+define void @jitop_parallel_for(ptr %body, ptr %closure, i64 %n) #0 {
+entry:
+  %empty = icmp sle i64 %n, 0
+  br i1 %empty, label %out, label %size
+size:
+  %nt32 = load atomic i32, ptr @nthreads monotonic, align 4
+  %nt = zext i32 %nt32 to i64
+  %want = call i64 @llvm.umin.i64(i64 %nt, i64 %n)
+  %one = icmp ule i64 %want, 1
+  br i1 %one, label %serial, label %lock
+lock:
+  %cx = cmpxchg ptr @busy, i32 0, i32 1 acquire monotonic, align 4
+  %got = extractvalue { i32, i1 } %cx, 1
+  br i1 %got, label %launch, label %serial      ; pool busy (nested or concurrent call)
+launch:
+  %k = call i64 @ensure_workers(i64 %want)
+  %alone = icmp ule i64 %k, 1
+  br i1 %alone, label %serial_unlock, label %parallel
+parallel:
+  call void @start_workers(ptr %body, ptr %closure, i64 %n, i64 %k)
+  call void @run_chunk(i64 0)
+  call void @await_workers(i64 %k)
+  store atomic i32 0, ptr @busy release, align 4
+  br label %out
+serial_unlock:
+  store atomic i32 0, ptr @busy release, align 4
+  br label %serial
+serial:
+  call void %body(i64 0, i64 %n, ptr %closure)
+  br label %out
+out:
+  ret void
+}
+
+define void @jitop_parallel_configure(i32 %n, i64 %spin, i32 %yields) #0 {
+  store atomic i32 %n, ptr @nthreads monotonic, align 4
+  store atomic i64 %spin, ptr @spin_ticks monotonic, align 8
+  store atomic i32 %yields, ptr @spin_yields monotonic, align 4
+  ret void
+}
+
+; A forked child has none of the parent's workers: forget them, so launches respawn workers.
+define void @jitop_parallel_after_fork() #0 {
+  store i32 0, ptr @busy, align 4
+  store i32 0, ptr @nstarted, align 4
+  store i32 0, ptr @done, align 4
+  store i32 0, ptr @caller_sleeping, align 4
+  store [MAX_THREADS x %Slot] zeroinitializer, ptr @slots, align 128
+  ret void
+}
+
+; Workers not (yet) asleep in the kernel; used to let the pool settle before exit.
+define i32 @jitop_parallel_awake_workers() #0 {
+entry:
+  %n = load atomic i32, ptr @nstarted monotonic, align 4
+  %n64 = zext i32 %n to i64
+  br label %loop
+loop:
+  %i = phi i64 [ 1, %entry ], [ %next, %body ]
+  %awake = phi i32 [ 0, %entry ], [ %awake1, %body ]
+  %past = icmp ugt i64 %i, %n64
+  br i1 %past, label %out, label %body
+body:
+  %sleeping = getelementptr [MAX_THREADS x %Slot], ptr @slots, i64 0, i64 %i, i32 1
+  %s = load atomic i32, ptr %sleeping monotonic, align 4
+  %is_awake = icmp eq i32 %s, 0
+  %inc = zext i1 %is_awake to i32
+  %awake1 = add i32 %awake, %inc
+  %next = add i64 %i, 1
+  br label %loop
+out:
+  ret i32 %awake
+}
+"""
+
+_ParallelForFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+class _Pool:
+    """The loaded pool: symbol addresses and ctypes entry points."""
+
+    def __init__(self, addrs: dict[str, int]):
+        self.parallel_for_addr = addrs["jitop_parallel_for"]
+        self.parallel_for = _ParallelForFn(self.parallel_for_addr)
+        configure_fn = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32)
+        self.configure = configure_fn(addrs["jitop_parallel_configure"])    # (threads, spin ticks, yield?)
+        self.awake_workers = ctypes.CFUNCTYPE(ctypes.c_int32)(addrs["jitop_parallel_awake_workers"])
+        self.after_fork = ctypes.CFUNCTYPE(None)(addrs["jitop_parallel_after_fork"])
+
+
+_lock = threading.Lock()
+_pool: _Pool | None = None
+_num_threads = _default_num_threads()
+
+
+def _register_libc_symbols() -> None:
+    # MCJIT resolves external names through LLVM's symbol table, which does not see libc's
+    # exports unless we hand them over.
+    libc = ctypes.CDLL(None)
+    for name in _LIBC_SYMBOLS:
+        llvm.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+
+
+def _build_pool() -> _Pool:
+    _register_libc_symbols()
+    ll = _POOL_IR.replace("MAX_THREADS", str(MAX_THREADS))
+    _, obj = compile_ir(ll, speed_level=2)
+    addrs = load_object(obj, ["jitop_parallel_for", "jitop_parallel_configure",
+                              "jitop_parallel_awake_workers", "jitop_parallel_after_fork"])
+    llvm.add_symbol("jitop_parallel_for", addrs["jitop_parallel_for"])
+    pool = _Pool(addrs)
+    pool.configure(_num_threads, SPIN_TICKS, _oversubscribed(_num_threads))
+    atexit.register(_settle, pool)
+    pass  # TEMP
+    return pool
+
+
+def _get_pool() -> _Pool:
+    global _pool
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                _pool = _build_pool()
+    return _pool
+
+
+def _oversubscribed(nthreads: int) -> bool:
+    # With more threads than CPUs, a waiter spinning on `pause` holds the core that the thread
+    # it waits for needs (a launch then costs a scheduler time slice): spin on sched_yield.
+    return nthreads > len(os.sched_getaffinity(0))
+
+
+def _settle(pool: _Pool, timeout: float = 1.0) -> None:
+    # Wait (bounded) until every worker sleeps in FUTEX_WAIT, so none is still running JIT
+    # code when interpreter teardown frees it; exit_group then ends the sleeping threads.
+    deadline = time.monotonic() + timeout
+    while pool.awake_workers() and time.monotonic() < deadline:
+        time.sleep(1e-4)
+
+
+def parallel_for_address() -> int:
+    """Address of `jitop_parallel_for`, compiling and loading the pool on first use.
+
+    The symbol is also registered with LLVM, so object code loaded later that calls
+    `jitop_parallel_for` links against it.
+
+    >>> addr = parallel_for_address()   # doctest: +SKIP
+    """
+    return _get_pool().parallel_for_addr
+
+
+def run_parallel(body_address: int, closure_address: int | None, n: int) -> None:
+    """Call `jitop_parallel_for(body, closure, n)` from Python (the GIL is released).
+
+    >>> run_parallel(body_fn_address, ctypes.addressof(buf), len(buf))   # doctest: +SKIP
+    """
+    _get_pool().parallel_for(body_address, closure_address, n)
+
+
+def set_num_threads(n: int) -> None:
+    """Use `n` threads (the caller included) for later parallel loops; 1 runs loops serially.
+
+    Workers beyond `n` stay asleep; raising `n` again reuses or creates workers.
+
+    >>> set_num_threads(2)   # doctest: +SKIP
+    """
+    global _num_threads
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"set_num_threads: expected an integer in [1, {MAX_THREADS}], got {n!r}")
+    with _lock:
+        _num_threads = n
+        if _pool is not None:
+            _pool.configure(n, SPIN_TICKS, _oversubscribed(n))
+
+
+def get_num_threads() -> int:
+    """The number of threads parallel loops use (default: JITOP_NUM_THREADS, OMP_NUM_THREADS, all CPUs)."""
+    return _num_threads

@@ -1,0 +1,280 @@
+"""Tensors and the operations that define them: placeholder, compute, reduce_axis."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitop import dtypes
+from jitop.dtypes import DType
+from jitop.te.expr import Expr, Op, _operands as _binary_operands, as_expr, cast, const, var, walk
+
+_op_ids = itertools.count()
+
+
+class IterVar:
+    """A loop axis: a variable with a domain [0, extent). Supports arithmetic like its variable.
+
+    >>> k = reduce_axis((0, 16), "k")
+    >>> k.extent
+    16
+    """
+
+    __slots__ = ("var", "extent", "kind", "__weakref__")
+
+    def __init__(self, name: str, extent: int, kind: str = "data"):
+        self.var = var(name)
+        self.extent = int(extent)
+        self.kind = kind  # "data" | "reduce"
+
+    @property
+    def name(self) -> str:
+        return self.var.name
+
+    @property
+    def dom(self) -> tuple[int, int]:
+        """(min, extent) as TVM's Range."""
+        return (0, self.extent)
+
+    def as_expr(self) -> Expr:
+        return self.var
+
+    def __repr__(self) -> str:
+        return f"IterVar({self.name}, extent={self.extent}, {self.kind})"
+
+
+def _forward(name: str) -> Callable:
+    def method(self: IterVar, *args: Any) -> Any:
+        return getattr(self.var, name)(*(a.var if isinstance(a, IterVar) else a for a in args))
+    return method
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
+              "__rfloordiv__", "__mod__", "__rmod__", "__truediv__", "__rtruediv__", "__lt__", "__le__",
+              "__gt__", "__ge__", "__neg__", "astype"):
+    setattr(IterVar, _name, _forward(_name))
+
+
+class Tensor:
+    """The value_index-th output of an operation; `T[i, j]` reads it inside a compute.
+
+    >>> A = placeholder((4, 4), "float32", "A")
+    >>> A.shape, A.dtype
+    ((4, 4), float32)
+    """
+
+    __slots__ = ("op", "value_index", "shape", "dtype", "__weakref__")
+
+    def __init__(self, op: "Operation", value_index: int, shape: tuple[int, ...], dtype: DType):
+        self.op, self.value_index, self.shape, self.dtype = op, value_index, shape, dtype
+
+    @property
+    def name(self) -> str:
+        return self.op.name if len(self.op.outputs) == 1 else f"{self.op.name}.v{self.value_index}"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, indices: Any) -> Expr:
+        idx = indices if isinstance(indices, tuple) else (indices,)
+        if len(idx) != self.ndim:
+            raise IndexError(f"tensor '{self.name}' has {self.ndim} dimensions {self.shape}; indexed with {len(idx)}")
+        exprs = tuple(cast(as_expr(i), dtypes.INDEX) for i in idx)
+        for i, e in zip(idx, exprs):
+            if not (e.dtype.is_int or e.dtype.is_bool):
+                raise TypeError(f"index {i!r} of tensor '{self.name}' must be an integer expression, got {e.dtype}")
+        return Expr(Op.LOAD, self.dtype, exprs, self)
+
+    def __call__(self, *indices: Any) -> Expr:
+        return self[indices]
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name}, shape={self.shape}, {self.dtype})"
+
+
+class Operation:
+    """Base of PlaceholderOp and ComputeOp: a named producer of one or more tensors."""
+
+    name: str
+    outputs: tuple[Tensor, ...]
+
+    def output(self, index: int) -> Tensor:
+        return self.outputs[index]
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    @property
+    def input_tensors(self) -> list[Tensor]:
+        return []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+class PlaceholderOp(Operation):
+    """An input tensor's op (an argument of the built function)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: DType):
+        self.name = name
+        self.outputs = (Tensor(self, 0, shape, dtype),)
+
+
+class ComputeOp(Operation):
+    """out[axis] = body, optionally reducing over reduce_axis; several bodies share one loop nest."""
+
+    def __init__(self, name: str, axis: tuple[IterVar, ...], reduce_axis: tuple[IterVar, ...],
+                 body: tuple[Expr, ...], tag: str = "", attrs: dict | None = None):
+        self.name, self.axis, self.reduce_axis, self.body = name, axis, reduce_axis, body
+        self.tag, self.attrs = tag, dict(attrs or {})
+        shape = tuple(iv.extent for iv in axis)
+        self.outputs = tuple(Tensor(self, k, shape, b.dtype) for k, b in enumerate(body))
+
+    @property
+    def input_tensors(self) -> list[Tensor]:
+        found: dict[int, Tensor] = {}
+        for b in self.body:
+            for n in walk(b):
+                if n.op is Op.LOAD and isinstance(n.arg, Tensor):
+                    found.setdefault(id(n.arg), n.arg)
+                if n.op is Op.REDUCE:
+                    for src in n.src:
+                        for m in walk(src):
+                            if m.op is Op.LOAD and isinstance(m.arg, Tensor):
+                                found.setdefault(id(m.arg), m.arg)
+        return list(found.values())
+
+
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or d < 0:
+            raise ValueError(f"{what}: shape {tuple(dims)} must be non-negative integers (jitop specialises on static shapes)")
+    return tuple(int(d) for d in dims)
+
+
+def placeholder(shape: Sequence[int] | int, dtype: Any = "float32", name: str = "placeholder") -> Tensor:
+    """An input tensor of a static shape.
+
+    >>> A = placeholder((1024,), "float32", name="A")
+    """
+    return PlaceholderOp(name, _shape(shape, f"placeholder '{name}'"), dtypes.as_dtype(dtype)).output(0)
+
+
+def reduce_axis(dom: tuple[int, int] | int, name: str = "rv") -> IterVar:
+    """A reduction axis over [0, extent); `dom` is (0, extent) as in TVM, or just the extent.
+
+    >>> k = reduce_axis((0, 128), "k")
+    """
+    lo, extent = (0, dom) if isinstance(dom, (int, np.integer)) else (int(dom[0]), int(dom[1]) - int(dom[0]))
+    if lo != 0:
+        raise NotImplementedError(f"reduce_axis '{name}' must start at 0 (got {dom}); offset the index instead: A[k + {lo}]")
+    return IterVar(name, extent, "reduce")
+
+
+def _axis_names(fcompute: Callable, ndim: int) -> list[str]:
+    params = list(inspect.signature(fcompute).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return [f"i{k}" for k in range(ndim)]
+    if len(params) != ndim:
+        raise TypeError(f"fcompute takes {len(params)} index arguments but the shape has {ndim} dimensions")
+    return [p.name for p in params]
+
+
+def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str = "compute",
+            tag: str = "", attrs: dict | None = None) -> Tensor | tuple[Tensor, ...]:
+    """A tensor defined elementwise by `fcompute(*indices)`; a tuple result gives several tensors.
+
+    >>> A = placeholder((8,), "float32", "A")
+    >>> B = compute((8,), lambda i: A[i] * 2.0, name="B")
+    """
+    dims = _shape(shape, f"compute '{name}'")
+    axis = tuple(IterVar(n, d) for n, d in zip(_axis_names(fcompute, len(dims)), dims))
+    result = fcompute(*(iv.var for iv in axis))
+    bodies = tuple(as_expr(r) for r in (result if isinstance(result, (tuple, list)) else (result,)))
+    reduce_axes = _reduce_axes(name, bodies)
+    op = ComputeOp(name, axis, reduce_axes, bodies, tag, attrs)
+    return op.outputs[0] if len(op.outputs) == 1 else op.outputs
+
+
+def _reduce_axes(name: str, bodies: tuple[Expr, ...]) -> tuple[IterVar, ...]:
+    tops = [b for b in bodies if b.op is Op.REDUCE]
+    for b in bodies:
+        nested = [n for n in walk(b) if n.op is Op.REDUCE and n is not b]
+        if nested:
+            raise ValueError(f"compute '{name}': a reduction must be the whole body (e.g. te.sum(A[i, k], axis=k)); "
+                             "compute it in its own te.compute and use the result here")
+    if tops and len(tops) != len(bodies):
+        raise ValueError(f"compute '{name}': with several outputs, all or none must be reductions")
+    axes = [t.arg.axes for t in tops]
+    if any(a != axes[0] for a in axes):
+        raise ValueError(f"compute '{name}': all reductions of one compute must use the same reduce axes")
+    return axes[0] if axes else ()
+
+
+# ** reductions **
+
+@dataclass(frozen=True, eq=False)
+class Reducer:
+    """A commutative reducer: combine(x, y) and its identity element for a dtype."""
+
+    name: str
+    combine: Callable[[Expr, Expr], Expr]
+    identity: Callable[[DType], Expr]
+
+    def __call__(self, expr: Any, axis: Any, where: Any = None) -> Expr:
+        if not isinstance(axis, (IterVar, list, tuple)):
+            # TVM's te.max(a, b) on two expressions is the elementwise combine
+            x, y = _binary_operands(expr, axis)
+            return self.combine(x, y)
+        axes = (axis,) if isinstance(axis, IterVar) else tuple(axis)
+        for a in axes:
+            if not isinstance(a, IterVar) or a.kind != "reduce":
+                raise TypeError(f"{self.name}(..., axis=...) needs te.reduce_axis axes, got {a!r}")
+        src = as_expr(expr)
+        cond = const(True) if where is None else cast(as_expr(where), dtypes.bool_)
+        return Expr(Op.REDUCE, src.dtype, (src, cond), ReduceArg(self, axes))
+
+    @property
+    def key(self) -> str:
+        x, y = var("x", "float64"), var("y", "float64")
+        return hashlib.sha256(f"{self.name}|{self.combine(x, y).key}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ReduceArg:
+    reducer: Reducer
+    axes: tuple[IterVar, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.reducer.key}|{','.join(f'{a.name}:{a.extent}' for a in self.axes)}"
+
+
+def comm_reducer(fcombine: Callable[[Expr, Expr], Expr], fidentity: Callable[[DType], Any],
+                 name: str = "reduce") -> Reducer:
+    """A user-defined commutative reducer, as TVM's te.comm_reducer.
+
+    >>> mysum = comm_reducer(lambda x, y: x + y, lambda t: 0, name="mysum")
+    """
+    return Reducer(name, fcombine, lambda dt: cast(as_expr(fidentity(dt)), dt))
+
+
+def _lowest(dt: DType) -> Expr:
+    return const(-np.inf if dt.is_float else (False if dt.is_bool else np.iinfo(dt.np).min), dt)
+
+
+def _highest(dt: DType) -> Expr:
+    return const(np.inf if dt.is_float else (True if dt.is_bool else np.iinfo(dt.np).max), dt)
+
+
+sum = Reducer("sum", lambda x, y: x + y, lambda dt: const(0, dt))  # noqa: A001 - TVM's name
+prod = Reducer("prod", lambda x, y: x * y, lambda dt: const(1, dt))
+max = Reducer("max", lambda x, y: Expr(Op.MAX, x.dtype, (x, y)), _lowest)  # noqa: A001
+min = Reducer("min", lambda x, y: Expr(Op.MIN, x.dtype, (x, y)), _highest)  # noqa: A001

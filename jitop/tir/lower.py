@@ -1,0 +1,343 @@
+"""Lowering a Schedule to loop IR: bound inference, loop nests, reductions, guards, buffers.
+
+Each stage's root axes get a value in terms of its leaf loops (through split/fuse relations).
+A stage computed at a consumer's loop covers only the region the consumer's inner loops read
+(bound inference), held in a region-sized buffer allocated at that loop.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from jitop import dtypes
+from jitop.errors import LoweringError
+from jitop.schedule.schedule import Fuse, Schedule, Split, Stage
+from jitop.te.expr import Expr, Op, const, free_vars, rewrite, substitute
+from jitop.te.tensor import IterVar, Tensor
+from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq
+from jitop.tir.simplify import Lin, atom_bounds, from_lin, prove, simplify, to_lin
+
+
+@dataclass
+class StageLoops:
+    """A stage's loop structure after bound inference."""
+
+    extent: dict[IterVar, int] = field(default_factory=dict)        # every iter var (root and leaf)
+    value: dict[IterVar, Expr] = field(default_factory=dict)        # root/inner var -> expr of leaf vars (relative)
+    region_min: tuple[Expr, ...] = ()                               # per output dimension, absolute
+    guards: list[Expr] = field(default_factory=list)
+
+
+class Lowering:
+    """State of one lower() call."""
+
+    def __init__(self, sch: Schedule, args: Sequence[Tensor]):
+        self.sch = sch
+        self.args = list(args)
+        self.loops: dict[Stage, StageLoops] = {}
+        self.buffers: dict[Tensor, Buffer] = {}
+        self.ranges: dict[Expr, tuple[int, int]] = {}
+        self.inlined: dict[Stage, tuple[Expr, ...]] = {}
+
+    # ** root axes as functions of the leaf loops **
+    def stage_loops(self, stage: Stage, root_extents: Sequence[int]) -> StageLoops:
+        sl = StageLoops()
+        roots = stage.axis + stage.reduce_axis
+        for iv, n in zip(roots, list(root_extents) + [iv.extent for iv in stage.reduce_axis]):
+            sl.extent[iv] = n
+        for rel in stage.relations:  # creation order: parents before children
+            if isinstance(rel, Split):
+                sl.extent[rel.outer] = math.ceil(sl.extent[rel.parent] / rel.factor)
+                sl.extent[rel.inner] = rel.factor
+            else:
+                sl.extent[rel.fused] = sl.extent[rel.outer] * sl.extent[rel.inner]
+        for leaf in stage.leaf_iter_vars:
+            sl.value[leaf] = leaf.var
+            self.ranges[leaf.var] = (0, sl.extent[leaf] - 1)
+        for rel in reversed(stage.relations):
+            if isinstance(rel, Split):
+                sl.value[rel.parent] = sl.value[rel.outer] * rel.factor + sl.value[rel.inner]
+                if sl.extent[rel.parent] % rel.factor:
+                    sl.guards.append(sl.value[rel.parent] < sl.extent[rel.parent])
+            else:
+                n = sl.extent[rel.inner]
+                sl.value[rel.outer] = sl.value[rel.fused] // n
+                sl.value[rel.inner] = sl.value[rel.fused] % n
+        return sl
+
+    # ** inline stages are substituted into their consumers' bodies **
+    def inlined_body(self, stage: Stage) -> tuple[Expr, ...]:
+        if stage not in self.inlined:
+            self.inlined[stage] = tuple(rewrite(b, self._inline_load) for b in stage.body)
+        return self.inlined[stage]
+
+    def _inline_load(self, n: Expr) -> Expr | None:
+        if n.op is not Op.LOAD or not isinstance(n.arg, Tensor):
+            return None
+        producer = self.sch[n.arg]
+        if producer.attach_type != "inline":
+            return None
+        body = self.inlined_body(producer)[n.arg.value_index]
+        return substitute(body, {iv.var: i for iv, i in zip(producer.axis, n.src)})
+
+    # ** bound inference **
+    def infer(self) -> None:
+        """Consumers before producers: a producer's region depends on its consumer's loops."""
+        for stage in reversed(self.sch.stages):
+            if stage.is_placeholder or stage.attach_type == "inline":
+                continue
+            if stage.attach_type == "scope":
+                mins, extents = self.region(stage)
+            else:
+                mins, extents = tuple(const(0) for _ in stage.axis), [iv.extent for iv in stage.axis]
+            sl = self.stage_loops(stage, extents)
+            sl.region_min = mins
+            if stage.attach_type == "scope":
+                sl.guards += self._domain_guards(stage, sl)
+            self.loops[stage] = sl
+
+    def _domain_guards(self, stage: Stage, sl: StageLoops) -> list[Expr]:
+        # a region can stick out of the tensor (tails of the consumer's split): skip those points
+        out = []
+        for iv, lo in zip(stage.axis, sl.region_min):
+            absolute = simplify(lo + sl.value[iv], self.ranges)
+            for cond in (absolute >= 0, absolute < iv.extent):
+                if prove(simplify(cond, self.ranges), self.ranges) is not True:
+                    out.append(cond)
+        return out
+
+    def absolute_axes(self, stage: Stage) -> dict[Expr, Expr]:
+        """Root axis var -> absolute index in terms of loop vars (region offset included)."""
+        sl = self.loops[stage]
+        out = {iv.var: lo + sl.value[iv] for iv, lo in zip(stage.axis, sl.region_min)}
+        out.update({iv.var: sl.value[iv] for iv in stage.reduce_axis})
+        return out
+
+    def region(self, stage: Stage) -> tuple[tuple[Expr, ...], list[int]]:
+        parent, ivar = stage.attach_stage, stage.attach_ivar
+        keep = self._outer_vars(parent, ivar)
+        reads = self._reads_of(stage, parent, ivar)
+        mins, extents = [], []
+        for d, iv in enumerate(stage.axis):
+            lo, n = self._dim_region([r[d] for r in reads], keep, iv.extent)
+            mins.append(lo)
+            extents.append(n)
+        return tuple(mins), extents
+
+    def _outer_vars(self, parent: Stage, ivar: IterVar) -> set[Expr]:
+        """Loop vars whose value is fixed where a stage attached at (parent, ivar) runs."""
+        leaves = parent.leaf_iter_vars
+        keep = {iv.var for iv in leaves[:leaves.index(ivar) + 1]}
+        if parent.attach_type == "scope":
+            keep |= self._outer_vars(parent.attach_stage, parent.attach_ivar)
+        return keep
+
+    def _reads_of(self, stage: Stage, parent: Stage, ivar: IterVar) -> list[tuple[Expr, ...]]:
+        reads = []
+        for consumer in self.sch.stages:
+            if consumer.is_placeholder or consumer.attach_type == "inline" or consumer is stage:
+                continue
+            indices = [n.src for b in self.inlined_body(consumer) for n in _tensor_loads(b)
+                       if n.arg.op is stage.op]
+            if not indices:
+                continue
+            if not self._nested_in(consumer, parent, ivar):
+                raise LoweringError(
+                    f"stage '{stage.name}' is computed inside '{parent.name}' at loop '{ivar.name}', but "
+                    f"'{consumer.name}' also reads it from outside that loop. Use compute_root() on '{stage.name}', "
+                    f"or compute_at a loop that encloses every reader")
+            axes = self.absolute_axes(consumer)
+            reads += [tuple(substitute(i, axes) for i in idx) for idx in indices]
+        return reads
+
+    def _nested_in(self, consumer: Stage, parent: Stage, ivar: IterVar) -> bool:
+        if consumer is parent:
+            return True
+        s = consumer
+        while s.attach_type == "scope":
+            if s.attach_stage is parent:
+                leaves = parent.leaf_iter_vars
+                return leaves.index(s.attach_ivar) >= leaves.index(ivar)
+            s = s.attach_stage
+        return False
+
+    def _dim_region(self, indices: list[Expr], keep: set[Expr], dom: int) -> tuple[Expr, int]:
+        """(min, extent) covering every index with the inner loops relaxed; the whole dim if unsure."""
+        spans = [self._relax(i, keep) for i in indices]
+        if not spans or any(s is None for s in spans):
+            return const(0), dom
+        sym = spans[0][0]
+        if any(s[0].terms != sym.terms for s in spans):
+            return const(0), dom
+        lo, hi = min(s[1] for s in spans), max(s[2] for s in spans)
+        if hi - lo + 1 >= dom:
+            return const(0), dom
+        return simplify(from_lin(Lin(sym.terms, lo), dtypes.INDEX), self.ranges), hi - lo + 1
+
+    def _relax(self, index: Expr, keep: set[Expr]) -> tuple[Lin, int, int] | None:
+        lin = to_lin(simplify(index, self.ranges), self.ranges)
+        sym, lo, hi = {}, lin.const, lin.const
+        for atom, coef in lin.terms.items():
+            vs = free_vars(atom)
+            if vs <= keep:
+                sym[atom] = coef
+                continue
+            if vs & keep:
+                return None  # mixes fixed and relaxed loops non-linearly
+            b = atom_bounds(atom, self.ranges)
+            if b is None:
+                return None
+            lo, hi = lo + min(coef * b[0], coef * b[1]), hi + max(coef * b[0], coef * b[1])
+        return Lin(sym), lo, hi
+
+    # ** buffers **
+    def make_buffers(self) -> tuple[Buffer, ...]:
+        params = []
+        for t in self.args:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"lower/build args must be tensors (placeholders and outputs), got {t!r}")
+            if self.sch[t].attach_type == "inline":
+                raise LoweringError(f"'{t.name}' is an argument but its stage is inlined; an argument must be "
+                                    "written to memory. Remove compute_inline for it")
+            b = Buffer(t.name, t.dtype, t.shape, "param")
+            self.buffers[t] = b
+            params.append(b)
+        for stage in self.sch.stages:
+            if stage.attach_type == "inline":
+                continue
+            for t in stage.outputs:
+                if t in self.buffers:
+                    continue
+                if stage.is_placeholder:
+                    if any(t.op is r.op for c in self.sch.stages for r in c.input_tensors()):
+                        raise LoweringError(f"placeholder '{t.name}' is read but is not among the arguments; "
+                                            f"add it to the args list")
+                    continue
+                shape = tuple(self.loops[stage].extent[iv] for iv in stage.axis)
+                scope = "local" if stage.attach_type == "scope" else "global"
+                self.buffers[t] = Buffer(t.name, t.dtype, shape, scope)
+        return tuple(params)
+
+    # ** expressions: tensor reads -> buffer reads **
+    def lower_expr(self, e: Expr, stage: Stage) -> Expr:
+        e = rewrite(e, self._inline_load)
+        e = substitute(e, self.absolute_axes(stage))
+        return rewrite(e, self._buffer_load)
+
+    def _buffer_load(self, n: Expr) -> Expr | None:
+        if n.op is not Op.LOAD or not isinstance(n.arg, Tensor):
+            return None
+        buf = self.buffers[n.arg]
+        producer = self.sch[n.arg]
+        if buf.scope == "local":
+            mins = self.loops[producer].region_min
+            return buf.load(tuple(i - m for i, m in zip(n.src, mins)))
+        return buf.load(n.src)
+
+    # ** statements **
+    def stage_stmt(self, stage: Stage) -> Stmt:
+        sl = self.loops[stage]
+        leaves = stage.leaf_iter_vars
+        store_idx = tuple(sl.value[iv] for iv in stage.axis)
+        if not stage.reduce_axis:
+            return self._nest(stage, leaves, self._stores(stage, store_idx), sl.guards, attach=True)
+        # init the accumulator just outside the first reduction loop, then update inside all loops
+        first = next(k for k, iv in enumerate(leaves) if iv.kind == "reduce")
+        common, rest = leaves[:first], leaves[first:]
+        rest_vars = {iv.var for iv in rest}
+        reduce_vars = {iv.var for iv in rest if iv.kind == "reduce"}
+        inner_guards = [g for g in sl.guards if free_vars(g) & rest_vars]
+        init_guards = [g for g in inner_guards if not free_vars(g) & reduce_vars]
+        inits, updates = self._reduction(stage, store_idx)
+        inner = seq(self._nest(stage, [iv for iv in rest if iv.kind == "data"], inits, init_guards),
+                    self._nest(stage, rest, updates, inner_guards, attach=True))
+        outer_guards = [g for g in sl.guards if not free_vars(g) & rest_vars]
+        return self._nest(stage, common, inner, outer_guards, attach=True)
+
+    def _stores(self, stage: Stage, idx: tuple[Expr, ...]) -> Stmt:
+        return seq(*(Store(self.buffers[t], self._store_index(stage, t, idx), self.lower_expr(b, stage))
+                     for t, b in zip(stage.outputs, stage.body)))
+
+    def _store_index(self, stage: Stage, t: Tensor, idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        if self.buffers[t].scope == "local":
+            return idx  # region-sized buffer: relative index
+        return tuple(m + i for m, i in zip(self.loops[stage].region_min, idx))
+
+    def _reduction(self, stage: Stage, idx: tuple[Expr, ...]) -> tuple[Stmt, Stmt]:
+        inits, updates = [], []
+        for t, body in zip(stage.outputs, stage.body):
+            buf, at = self.buffers[t], self._store_index(stage, t, idx)
+            red = body.arg.reducer
+            inits.append(Store(buf, at, red.identity(t.dtype)))
+            src, cond = (self.lower_expr(s, stage) for s in body.src)
+            update: Stmt = Store(buf, at, red.combine(buf.load(at), src))
+            if not (cond.op is Op.CONST and cond.value):
+                update = IfThenElse(cond, update)
+            updates.append(update)
+        return seq(*inits), seq(*updates)
+
+    def _nest(self, stage: Stage, leaves: list[IterVar], inner: Stmt, guards: list[Expr],
+              attach: bool = False) -> Stmt:
+        """Loops over `leaves` around `inner`; each guard sits just inside the loop of its innermost variable."""
+        depth = {iv.var: k for k, iv in enumerate(leaves)}
+        levels: dict[int, list[Expr]] = {}
+        for g in guards:
+            level = max((depth[v] for v in free_vars(g) if v in depth), default=-1)
+            levels.setdefault(level, []).append(g)
+        body = inner
+        for k in range(len(leaves) - 1, -1, -1):
+            body = _guard(body, levels.get(k, []))
+            iv = leaves[k]
+            if attach:
+                body = self._with_attached(stage, iv, body)
+            body = For(iv.var, const(self.loops[stage].extent[iv]), stage.iter_kind.get(iv, ForKind.SERIAL), body)
+        return _guard(body, levels.get(-1, []))
+
+    def _with_attached(self, stage: Stage, iv: IterVar, body: Stmt) -> Stmt:
+        attached = [s for s in self.sch.stages if s.attach_type == "scope" and s.attach_stage is stage
+                    and s.attach_ivar is iv]
+        if not attached:
+            return body
+        out = seq(*(self.stage_stmt(s) for s in attached), body)
+        for s in reversed(attached):
+            for t in s.outputs:
+                out = Allocate(self.buffers[t], out)
+        return out
+
+    def function(self, name: str) -> PrimFunc:
+        params = self.make_buffers()
+        body = seq(*(self.stage_stmt(s) for s in self.sch.stages
+                     if not s.is_placeholder and s.attach_type == "root"))
+        for t, buf in self.buffers.items():
+            if buf.scope == "global":
+                body = Allocate(buf, body)
+        outputs = tuple(k for k, t in enumerate(self.args) if not self.sch[t].is_placeholder)
+        return PrimFunc(name, params, body, outputs)
+
+
+def _guard(body: Stmt, conds: list[Expr]) -> Stmt:
+    for c in conds:
+        body = IfThenElse(c, body)
+    return body
+
+
+def _tensor_loads(e: Expr):
+    from jitop.te.expr import walk
+    return (n for n in walk(e) if n.op is Op.LOAD and isinstance(n.arg, Tensor))
+
+
+def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc:
+    """Lower a schedule to loop IR; `print()` the result to read the loops.
+
+    >>> f = lower(s, [A, B])   # doctest: +SKIP
+    >>> print(f)               # doctest: +SKIP
+    """
+    low = Lowering(sch, args)
+    # regions of compute_at stages come from their consumers' loops
+    low.infer()
+    # build loop nests with guards, reductions and attached stages
+    func = low.function(name)
+    # fold index arithmetic and drop guards the loop ranges prove
+    from jitop.tir.passes import simplify_func
+    return simplify_func(func, low.ranges)

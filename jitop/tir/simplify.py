@@ -1,0 +1,177 @@
+"""Integer index arithmetic: a linear canonical form, interval bounds and a prover.
+
+Index expressions are sums of coefficient * atom plus a constant; `(io*8 + ii) // 8` becomes
+`io` when `ii` is known to lie in [0, 8). Loop variables' ranges come in as {var: (lo, hi)}.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from jitop.te.expr import Expr, Op, const, rebuild, walk
+from jitop.dtypes import DType
+
+Ranges = dict[Expr, tuple[int, int]]
+Interval = Optional[tuple[int, int]]
+_LINEAR = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.FLOORDIV, Op.FLOORMOD, Op.CONST})
+
+
+class Lin:
+    """sum(coef * atom) + const over integer atoms."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms: dict[Expr, int] | None = None, c: int = 0):
+        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
+        self.const = c
+
+    def __add__(self, o: "Lin") -> "Lin":
+        terms = dict(self.terms)
+        for k, v in o.terms.items():
+            terms[k] = terms.get(k, 0) + v
+        return Lin(terms, self.const + o.const)
+
+    def scale(self, k: int) -> "Lin":
+        return Lin({a: v * k for a, v in self.terms.items()}, self.const * k)
+
+    def split_multiples(self, c: int) -> tuple["Lin", "Lin"]:
+        """(q, r) with self == q*c + r, q taking every term whose coefficient c divides."""
+        q = {a: v // c for a, v in self.terms.items() if v % c == 0}
+        r = {a: v for a, v in self.terms.items() if v % c != 0}
+        return Lin(q, self.const // c), Lin(r, self.const % c)
+
+
+def to_lin(e: Expr, ranges: Ranges) -> Lin:
+    """The linear form of an integer expression (non-linear parts become atoms)."""
+    op = e.op
+    if op is Op.CONST:
+        return Lin({}, int(e.value))
+    if op is Op.ADD:
+        return to_lin(e.src[0], ranges) + to_lin(e.src[1], ranges)
+    if op is Op.SUB:
+        return to_lin(e.src[0], ranges) + to_lin(e.src[1], ranges).scale(-1)
+    if op is Op.NEG:
+        return to_lin(e.src[0], ranges).scale(-1)
+    if op is Op.MUL:
+        a, b = to_lin(e.src[0], ranges), to_lin(e.src[1], ranges)
+        if not b.terms:
+            return a.scale(b.const)
+        if not a.terms:
+            return b.scale(a.const)
+    if op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is Op.CONST and e.src[1].value > 0:
+        return _divmod_lin(e, ranges)
+    return Lin({_simplify_atom(e, ranges): 1})
+
+
+def _divmod_lin(e: Expr, ranges: Ranges) -> Lin:
+    c = int(e.src[1].value)
+    q, r = to_lin(e.src[0], ranges).split_multiples(c)
+    rb = lin_bounds(r, ranges)
+    if rb is not None and 0 <= rb[0] and rb[1] < c:
+        return q if e.op is Op.FLOORDIV else r  # the remainder never crosses a multiple of c
+    if e.op is Op.FLOORDIV:
+        return q + Lin({Expr(Op.FLOORDIV, e.dtype, (from_lin(r, e.dtype), e.src[1])): 1})
+    return Lin({Expr(Op.FLOORMOD, e.dtype, (from_lin(r, e.dtype), e.src[1])): 1})
+
+
+def _simplify_atom(e: Expr, ranges: Ranges) -> Expr:
+    if not e.src:
+        return e
+    return rebuild(e, tuple(simplify(s, ranges) for s in e.src))
+
+
+def from_lin(lin: Lin, dtype: DType) -> Expr:
+    """Rebuild an expression: positive terms first, then subtracted ones, the constant last."""
+    out: Expr | None = None
+    for atom, coef in sorted(lin.terms.items(), key=lambda kv: kv[1] < 0):
+        term = atom if abs(coef) == 1 else atom * const(abs(coef), dtype)
+        if out is None:
+            out = term if coef > 0 else -term
+        else:
+            out = out + term if coef > 0 else out - term
+    if out is None:
+        return const(lin.const, dtype)
+    if lin.const:
+        out = out + const(lin.const, dtype) if lin.const > 0 else out - const(-lin.const, dtype)
+    return out
+
+
+def lin_bounds(lin: Lin, ranges: Ranges) -> Interval:
+    lo = hi = lin.const
+    for atom, coef in lin.terms.items():
+        b = atom_bounds(atom, ranges)
+        if b is None:
+            return None
+        lo += min(coef * b[0], coef * b[1])
+        hi += max(coef * b[0], coef * b[1])
+    return lo, hi
+
+
+def atom_bounds(e: Expr, ranges: Ranges) -> Interval:
+    if e.op is Op.VAR:
+        return ranges.get(e)
+    if e.op is Op.CONST and not e.dtype.is_float:
+        return int(e.value), int(e.value)
+    if e.op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is Op.CONST and e.src[1].value > 0:
+        c = int(e.src[1].value)
+        inner = bounds(e.src[0], ranges)
+        if e.op is Op.FLOORMOD:
+            return (inner[0] % c, inner[1] % c) if inner and inner[0] // c == inner[1] // c else (0, c - 1)
+        return None if inner is None else (inner[0] // c, inner[1] // c)
+    if e.op in (Op.MIN, Op.MAX):
+        a, b = bounds(e.src[0], ranges), bounds(e.src[1], ranges)
+        if a is None or b is None:
+            return None
+        f = min if e.op is Op.MIN else max
+        return f(a[0], b[0]), f(a[1], b[1])
+    if e.op is Op.CAST and e.dtype.is_int and e.src[0].dtype.is_bool:
+        return 0, 1
+    return None
+
+
+def bounds(e: Expr, ranges: Ranges) -> Interval:
+    """Constant [lo, hi] of an integer expression given variable ranges, or None if unknown."""
+    if e.dtype.is_float:
+        return None
+    return lin_bounds(to_lin(e, ranges), ranges)
+
+
+def prove(cond: Expr, ranges: Ranges) -> bool | None:
+    """True/False if a comparison of integers holds/fails for every value in `ranges`, else None."""
+    if cond.op is Op.CONST:
+        return bool(cond.value)
+    if cond.op is Op.AND:
+        a, b = prove(cond.src[0], ranges), prove(cond.src[1], ranges)
+        return False if False in (a, b) else (True if a and b else None)
+    if cond.op not in (Op.LT, Op.LE, Op.GT, Op.GE) or not cond.src[0].dtype.is_int:
+        return None
+    a, b = cond.src
+    if cond.op in (Op.GT, Op.GE):
+        a, b = b, a  # a > b  <=>  b < a
+    d = bounds(a - b, ranges)  # holds iff d < 0 (LT) or d <= 0 (LE)
+    if d is None:
+        return None
+    strict = cond.op in (Op.LT, Op.GT)
+    if d[1] < 0 or (not strict and d[1] <= 0):
+        return True
+    if d[0] >= 0 and strict or d[0] > 0:
+        return False
+    return None
+
+
+def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
+    """Canonicalise integer arithmetic and decide comparisons the ranges settle."""
+    ranges = ranges or {}
+    if e.dtype.is_int and e.op in _LINEAR:
+        return from_lin(to_lin(e, ranges), e.dtype)
+    if e.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
+        src = tuple(simplify(s, ranges) for s in e.src)
+        node = rebuild(e, src)
+        p = prove(node, ranges)
+        return node if p is None else const(p)
+    if not e.src:
+        return e
+    return rebuild(e, tuple(simplify(s, ranges) for s in e.src))
+
+
+def depends_on(e: Expr, v: Expr) -> bool:
+    return any(n is v for n in walk(e))

@@ -1,0 +1,1 @@
+"""jitop.topi: see ../shared/DESIGN.md; filled in by later issues."""

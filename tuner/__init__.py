@@ -1,0 +1,1 @@
+"""jitop.tuner: see ../shared/DESIGN.md; filled in by later issues."""
