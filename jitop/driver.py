@@ -55,5 +55,5 @@ def compile_func(func: PrimFunc) -> Module:
     optimised, obj = compile_ir(ll)
     params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs) for k, b in enumerate(func.params)]
     meta = {"name": func.name, "symbol": symbol, "params": [p.to_json() for p in params],
-            "uses_parallel": cg.uses_parallel, "target": target_key()}
+            "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked, "target": target_key()}
     return Module(meta, obj, str(optimised))

@@ -18,7 +18,9 @@ from jitop.codegen import ops
 from jitop.dtypes import DType
 from jitop.te.expr import Expr, Op, const, free_vars, substitute, walk
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
-from jitop.tir.passes import map_stmt
+from jitop.tir.bounds import BoundsCheck
+from jitop.tir.passes import substitute_stmt
+from jitop.tir.printer import expr_str
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
 
 I64 = ir.IntType(64)
@@ -80,6 +82,9 @@ class KernelCodegen:
         self.vec: Vec | None = None
         self.n_outlined = 0
         self.uses_parallel = False
+        self.bounds = BoundsCheck(func.attrs.get("ranges", {}))
+        self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
+        self.error_flag: ir.GlobalVariable | None = None
 
     @property
     def b(self) -> ir.IRBuilder:
@@ -131,19 +136,27 @@ class KernelCodegen:
             return self._masked_if(s, cond)
         with self.b.if_else(cond) as (then, other):
             with then:
-                self.stmt(s.then)
+                self._under(s.cond, True, lambda: self.stmt(s.then))
             with other:
                 if s.else_ is not None:
-                    self.stmt(s.else_)
+                    self._under(s.cond, False, lambda: self.stmt(s.else_))
+
+    def _under(self, cond: Expr, holds: bool, emit):
+        """Emit with `cond` (or its negation) known to hold: the bounds prover may use it."""
+        n = self.bounds.push(cond, holds)
+        try:
+            return emit()
+        finally:
+            self.bounds.pop(n)
 
     def _masked_if(self, s: IfThenElse, cond: ir.Value) -> None:
         outer = self.vec.mask
         self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
-        self.stmt(s.then)
+        self._under(s.cond, True, lambda: self.stmt(s.then))
         if s.else_ is not None:
             notc = self.b.not_(cond)
             self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
-            self.stmt(s.else_)
+            self._under(s.cond, False, lambda: self.stmt(s.else_))
         self.vec.mask = outer
 
     # ** loops **
@@ -176,7 +189,7 @@ class KernelCodegen:
 
     def _unrolled(self, s: For, extent: int) -> None:
         for k in range(extent):
-            self.stmt(_substitute_stmt(s.body, {s.var: const(k)}))
+            self.stmt(substitute_stmt(s.body, {s.var: const(k)}))
 
     def _vectorized(self, s: For, extent: int) -> None:
         if extent <= MAX_LANES:
@@ -241,8 +254,7 @@ class KernelCodegen:
         stride, rest = _split_lane(flat, self.vec.var)
         if stride is None or stride not in (0, 1):
             lane_idx = self.expr(flat)
-            lane_idx = ops.splat(self.b, lane_idx, self.vec.lanes)
-            return None, self.b.gep(base_ptr, [lane_idx], source_etype=elem)
+            return None, _vector_gep(self.b, base_ptr, ops.splat(self.b, lane_idx, self.vec.lanes), elem)
         base = self._scalar(rest if stride == 0 else flat)  # the loop var reads as lane 0's value here
         ptr = self.b.gep(base_ptr, [base], source_etype=elem)
         if stride == 0:
@@ -251,6 +263,8 @@ class KernelCodegen:
 
     def load(self, e: Expr) -> ir.Value:
         buf = e.arg
+        if not self.bounds.proves(buf, e.src):
+            return self._checked_load(e)
         elem = ops.memory_type(buf.dtype)
         ptr, lanes_ptr = self._address(buf, e.src)
         v = self.vec
@@ -280,6 +294,8 @@ class KernelCodegen:
     def store(self, s: Store) -> None:
         value = self.expr(s.value)
         buf = s.buffer
+        if not self.bounds.proves(buf, s.indices):
+            return self._checked_store(s, value)
         ptr, lanes_ptr = self._address(buf, s.indices)
         v = self.vec
         if v is None or (lanes_ptr == "uniform" and v.mask is None and not isinstance(value.type, ir.VectorType)):
@@ -297,6 +313,76 @@ class KernelCodegen:
         else:
             mask = v.mask if v.mask is not None else _all_true(v.lanes)
             self._void_intrinsic("llvm.masked.scatter", [value, lanes_ptr, ir.Constant(i32, buf.dtype.itemsize), mask])
+
+    # ** accesses the prover could not bound: check each one, flag errors, never touch memory outside **
+    def _in_bounds(self, buf: Buffer, indices: tuple[Expr, ...], what: str) -> ir.Value:
+        """i1 (per lane in vector code) 'inside the buffer'; sets the error flag for active lanes outside."""
+        b = self.b
+        ok = None
+        for idx, dim in zip(indices, buf.shape):
+            v = self.expr(idx)
+            lanes = ops.lanes_of(v)
+            inside = b.and_(b.icmp_signed(">=", v, ops.splat(b, ir.Constant(I64, 0), lanes)),
+                            b.icmp_signed("<", v, ops.splat(b, ir.Constant(I64, dim), lanes)))
+            ok = inside if ok is None else b.and_(*[ops.splat(b, x, ops.lanes_of(inside) or ops.lanes_of(ok)) for x in (ok, inside)])
+        if ok is None:
+            ok = ir.Constant(ir.IntType(1), 1)
+        bad = b.not_(ok)
+        lanes = ops.lanes_of(bad)
+        if lanes is not None:
+            if self.vec.mask is not None:
+                bad = b.and_(bad, self.vec.mask)
+            bad = b.icmp_unsigned("!=", b.bitcast(bad, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
+        self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
+        with b.if_then(bad, likely=False):
+            b.store(ir.Constant(ir.IntType(32), len(self.checked)), self._error_flag())
+        return ok
+
+    def _error_flag(self) -> ir.GlobalVariable:
+        if self.error_flag is None:
+            g = ir.GlobalVariable(self.module, ir.IntType(32), f"{self.symbol}_error")
+            g.initializer = ir.Constant(ir.IntType(32), 0)
+            self.error_flag = g
+        return self.error_flag
+
+    def _lane_pointers(self, buf: Buffer, indices: tuple[Expr, ...], ok: ir.Value) -> ir.Value:
+        flat = self.expr(simplify(_flatten(buf, indices)))
+        lanes = ops.lanes_of(ok) or self.vec.lanes
+        flat = self.b.select(ok, ops.splat(self.b, flat, lanes), ops.splat(self.b, ir.Constant(I64, 0), lanes))
+        return _vector_gep(self.b, self.st.ptrs[buf], flat, ops.memory_type(buf.dtype))
+
+    def _checked_load(self, e: Expr) -> ir.Value:
+        buf, b = e.arg, self.b
+        ok = self._in_bounds(buf, e.src, "read of")
+        elem = ops.memory_type(buf.dtype)
+        if self.vec is None:
+            with b.if_else(ok) as (then, other):
+                with then:
+                    val, then_block = b.load(self.b.gep(self.st.ptrs[buf], [self._scalar(simplify(_flatten(buf, e.src)))], source_etype=elem), typ=elem), b.block
+                with other:
+                    other_block = b.block
+            phi = b.phi(elem)
+            phi.add_incoming(val, then_block)
+            phi.add_incoming(ir.Constant(elem, 0), other_block)
+            return ops.from_memory(b, buf.dtype, phi)
+        ok = ops.splat(b, ok, self.vec.lanes)
+        mask = ok if self.vec.mask is None else b.and_(ok, self.vec.mask)
+        vt = ir.VectorType(elem, self.vec.lanes)
+        out = self._masked_intrinsic("llvm.masked.gather", vt, [self._lane_pointers(buf, e.src, ok), ir.Constant(ir.IntType(32), buf.dtype.itemsize), mask, ir.Constant(vt, ir.Undefined)])
+        return ops.from_memory(b, buf.dtype, out)
+
+    def _checked_store(self, s: Store, value: ir.Value) -> None:
+        buf, b = s.buffer, self.b
+        ok = self._in_bounds(buf, s.indices, "write to")
+        if self.vec is None:
+            with b.if_then(ok):
+                ptr = b.gep(self.st.ptrs[buf], [self._scalar(simplify(_flatten(buf, s.indices)))], source_etype=ops.memory_type(buf.dtype))
+                b.store(ops.to_memory(b, buf.dtype, value), ptr)
+            return
+        ok = ops.splat(b, ok, self.vec.lanes)
+        mask = ok if self.vec.mask is None else b.and_(ok, self.vec.mask)
+        value = ops.to_memory(b, buf.dtype, ops.splat(b, value, self.vec.lanes))
+        self._void_intrinsic("llvm.masked.scatter", [value, self._lane_pointers(buf, s.indices, ok), ir.Constant(ir.IntType(32), buf.dtype.itemsize), mask])
 
     def _void_intrinsic(self, name: str, args: list[ir.Value]) -> None:
         fn = ops.declare_intrinsic(self.module, name, [args[0].type, args[1].type],
@@ -352,19 +438,19 @@ class KernelCodegen:
         if self.vec is not None and isinstance(cond.type, ir.VectorType):
             outer = self.vec.mask
             self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
-            yes = self.expr(e.src[1])
+            yes = self._under(e.src[0], True, lambda: self.expr(e.src[1]))
             notc = self.b.not_(cond)
             self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
-            no = self.expr(e.src[2])
+            no = self._under(e.src[0], False, lambda: self.expr(e.src[2]))
             self.vec.mask = outer
             return ops.select(self.b, cond, yes, no)
         before = dict(self._memo)
         with self.b.if_else(cond) as (then, other):
             with then:
-                yes, yes_block = self.expr(e.src[1]), self.b.block
+                yes, yes_block = self._under(e.src[0], True, lambda: self.expr(e.src[1])), self.b.block
             self._memo = dict(before)
             with other:
-                no, no_block = self.expr(e.src[2]), self.b.block
+                no, no_block = self._under(e.src[0], False, lambda: self.expr(e.src[2])), self.b.block
             self._memo = before
         lanes = ops.lanes_of(yes) or ops.lanes_of(no)
         phi = self.b.phi(ops.llvm_type(e.dtype) if not lanes else ir.VectorType(ops.llvm_type(e.dtype), lanes))
@@ -377,6 +463,13 @@ class KernelCodegen:
         args = [self.expr(s) for s in e.src]
         lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
         return emit_call(self.b, e.arg, e.src[0].dtype, [ops.splat(self.b, a, lanes) for a in args])
+
+
+def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type) -> ir.Value:
+    """One pointer per lane (llvmlite types a vector-indexed GEP as a scalar pointer; correct it)."""
+    ptrs = b.gep(base, [index], source_etype=elem)
+    ptrs.type = ir.VectorType(PTR, index.type.count)
+    return ptrs
 
 
 def _all_true(lanes: int) -> ir.Value:
@@ -402,17 +495,6 @@ def _split_lane(flat: Expr, var: Expr) -> tuple[int | None, Expr]:
     if any(var in free_vars(a) for a in rest.terms):
         return None, flat
     return stride, from_lin(rest, dtypes.INDEX)
-
-
-def _substitute_stmt(s: Stmt, mapping: dict[Expr, Expr]) -> Stmt:
-    def visit(n: Stmt) -> Stmt:
-        if isinstance(n, Store):
-            return Store(n.buffer, tuple(simplify(substitute(i, mapping)) for i in n.indices),
-                         simplify(substitute(n.value, mapping)))
-        if isinstance(n, IfThenElse):
-            return IfThenElse(simplify(substitute(n.cond, mapping)), n.then, n.else_)
-        return n
-    return map_stmt(s, visit) or Seq(())
 
 
 def _vectorizable(s: For) -> bool:

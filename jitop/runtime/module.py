@@ -35,8 +35,11 @@ class Module:
         if meta.get("uses_parallel"):
             from jitop.runtime.parallel import parallel_for_address
             parallel_for_address()  # links jitop_parallel_for before the object that calls it
-        addr = load_object(object_code, [meta["symbol"]])[meta["symbol"]]
-        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(addr)
+        self.checked = meta.get("checked_accesses", [])
+        flag = [f"{meta['symbol']}_error"] if self.checked else []
+        addrs = load_object(object_code, [meta["symbol"]], flag)
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(addrs[meta["symbol"]])
+        self._error = ctypes.c_int32.from_address(addrs[flag[0]]) if flag else None
 
     @property
     def name(self) -> str:
@@ -58,6 +61,10 @@ class Module:
         ptrs = [check_array(p, k, a) for k, (p, a) in enumerate(zip(self.params, arrays))]
         check_no_overlap(self.params, arrays)
         self._cfunc(*ptrs)
+        if self._error is not None and self._error.value:
+            code, self._error.value = self._error.value, 0
+            raise IndexError(f"{self.name}: out-of-bounds {self.checked[code - 1]}; the access was skipped, the "
+                             "outputs are incomplete. Check the compute's index expressions against the shapes")
 
     def get_source(self, fmt: str = "ll") -> str:
         """The optimised LLVM IR ("ll") or the machine code as assembly ("asm")."""

@@ -421,7 +421,7 @@ def _build_pool() -> _Pool:
     pool = _Pool(addrs)
     pool.configure(_num_threads, SPIN_TICKS, _oversubscribed(_num_threads))
     atexit.register(_settle, pool)
-    pass  # TEMP
+    os.register_at_fork(after_in_child=pool.after_fork)
     return pool
 
 

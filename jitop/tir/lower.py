@@ -7,7 +7,7 @@ A stage computed at a consumer's loop covers only the region the consumer's inne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from jitop import dtypes
@@ -16,6 +16,7 @@ from jitop.schedule.schedule import Fuse, Schedule, Split, Stage
 from jitop.te.expr import Expr, Op, const, free_vars, rewrite, substitute
 from jitop.te.tensor import IterVar, Tensor
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq
+from jitop.tir.passes import partition_loops, simplify_stmt
 from jitop.tir.simplify import Lin, atom_bounds, from_lin, prove, simplify, to_lin
 
 
@@ -339,5 +340,7 @@ def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc
     # build loop nests with guards, reductions and attached stages
     func = low.function(name)
     # fold index arithmetic and drop guards the loop ranges prove
-    from jitop.tir.passes import simplify_func
-    return simplify_func(func, low.ranges)
+    body = simplify_stmt(func.body, low.ranges)
+    # run tail-free iterations without guards (no masks in the main vector loops)
+    body = partition_loops(body, low.ranges)
+    return replace(func, body=body, attrs={**func.attrs, "ranges": low.ranges})
