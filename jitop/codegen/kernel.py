@@ -221,7 +221,8 @@ class KernelCodegen:
         closure = entry.alloca(closure_ty, name="closure")
         closure.type = PTR
         for k, (_, v) in enumerate(env + ptrs):
-            self.b.store(v, self.b.gep(closure, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)]))
+            self.b.store(v, self.b.gep(closure, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)],
+                                       source_etype=closure_ty))
         body_fn = self._outline(s, env, ptrs, closure_ty)
         launch = _libc(self.module, "jitop_parallel_for", ir.VoidType(), [PTR, PTR, I64])
         self.b.call(launch, [body_fn, closure, ir.Constant(I64, extent)])
@@ -235,7 +236,8 @@ class KernelCodegen:
         self.st.in_parallel = True
         begin, end, clo = fn.args
         for k, (key, _) in enumerate(env + ptrs):
-            slot = self.b.gep(clo, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)])
+            slot = self.b.gep(clo, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)],
+                              source_etype=closure_ty)
             value = self.b.load(slot, typ=closure_ty.elements[k])
             (self.st.env if k < len(env) else self.st.ptrs)[key] = value
         self._serial(s.var, begin, end, lambda: self.stmt(s.body))

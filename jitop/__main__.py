@@ -1,0 +1,3 @@
+from jitop.cli import main
+
+main()
