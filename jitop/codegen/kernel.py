@@ -20,7 +20,7 @@ from jitop.te.expr import Expr, Op, const, free_vars, substitute, walk
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
 from jitop.tir.bounds import BoundsCheck
 from jitop.tir.passes import substitute_stmt
-from jitop.tir.printer import expr_str
+from jitop.te.printer import expr_str
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
 
 I64 = ir.IntType(64)

@@ -77,8 +77,17 @@ class _Consts:
         if f64:
             self.EXP_LO, self.EXP_HI = -746.0, 710.0      # beyond: exact 0 / inf after scaling
             self.EXP2_LO, self.EXP2_HI = -1076.0, 1025.0
-            self.EXPM1_LO, self.EXPM1_NMAX = -40.0, 53    # expm1(-40) rounds to -1; 2**53-1 exact
+            self.EXPM1_LO, self.EXPM1_NMAX = -40.0, 1000  # expm1(-40) rounds to -1; 2**n finite
             self.MIN_NORMAL, self.SUB_SCALE = 2.0 ** -1022, 54
+            # (sinh x - x)/x**3 in z = x*x <= 1 and (tanh x - x)/x**3 in z <= 0.625**2 (Remez, 2**-56)
+            self.SINH_P = (0.16666666666666666, 0.008333333333333333, 0.00019841269841269597,
+                           2.755731922411694e-06, 2.505210834635333e-08, 1.605905062156394e-10,
+                           7.646481531952052e-13, 2.848269917723284e-15)
+            self.TANH_P = (-0.3333333333333333, 0.13333333333333156, -0.053968253968127024,
+                           0.021869488531606033, -0.008863235433538985, 0.0035921267213917542,
+                           -0.0014558222187122227, 0.0005899488284297546, -0.0002387693532796187,
+                           9.574741005174499e-05, -3.661963895968207e-05, 1.1789104927152235e-05,
+                           -2.2695167570155335e-06)
             self.ONE_BITS, self.SQRTH_BITS = 0x3FF0000000000000, 0x3FE6A09E667F3BCD
             # (e**r - 1 - r) / r**2 on |r| <= ln2/2, Remez, error 2**-60
             self.EXP_P = (0.5, 0.16666666666666685, 0.04166666666666673, 0.008333333333316656,
@@ -92,8 +101,12 @@ class _Consts:
         else:
             self.EXP_LO, self.EXP_HI = -104.0, 89.0
             self.EXP2_LO, self.EXP2_HI = -151.0, 129.0
-            self.EXPM1_LO, self.EXPM1_NMAX = -20.0, 24
+            self.EXPM1_LO, self.EXPM1_NMAX = -20.0, 100
             self.MIN_NORMAL, self.SUB_SCALE = 2.0 ** -126, 25
+            self.SINH_P = (0.1666666716337204, 0.008333350531756878, 0.0001983614929486066,
+                           2.8170127279736334e-06)  # as for float64, error 2**-27
+            self.TANH_P = (-0.3333333134651184, 0.1333320587873459, -0.053946688771247864,
+                           0.021700270473957062, -0.008176290430128574, 0.0021419147960841656)
             self.ONE_BITS, self.SQRTH_BITS = 0x3F800000, 0x3F3504F3
             # (e**r - 1 - r) / r**2 on |r| <= ln2/2, Remez, error 2**-29.7
             self.EXP_P = (0.5, 0.1666666716337204, 0.041666269302368164, 0.008333263918757439,
@@ -117,7 +130,7 @@ _P1 = float(_PI / 2)
 _P2 = float(_PI / 2 - Fraction(_P1))
 _P3 = float(_PI / 2 - Fraction(_P1) - Fraction(_P2))
 _TWO_OVER_PI = float(2 / _PI)
-_TRIG_LIMIT = {False: 2.0 ** 30, True: 2.0 ** 28}  # fast-path bound on |x| (float32, float64)
+_TRIG_LIMIT = {False: 2.0 ** 44, True: 2.0 ** 44}  # fast-path bound on |x| (measured exact to 2**48)
 
 # float32 kernels (Remez fits, coefficients rounded to float32)
 _ERF_C0 = (1.128379225730896, -5.8635382771399236e-08)  # 2/sqrt(pi) as hi + lo
@@ -287,44 +300,62 @@ def _exp2(e: _E, x):
 
 
 def _expm1(e: _E, x):
-    r, n = _reduce_ln2(e, e.clamp(x, e.k.EXPM1_LO, e.k.EXP_HI))
-    em = _expm1_poly(e, r)
-    # expm1(x) = 2**n * em + (2**n - 1): exact 2**n - 1 while n <= NMAX, beyond that the -1 is noise
+    x_c = e.clamp(x, e.k.EXPM1_LO, e.k.EXP_HI)
+    nf, n = e.round_int(x_c, e.k.LOG2E[0])
+    r1 = e.fma(nf, -e.k.LN2[0], x_c)  # exact
+    r = e.fma(nf, -e.k.LN2[1], r1)
+    r_lo = e.fma(nf, -e.k.LN2[1], e.sub(r1, r))  # what rounding r dropped
+    # em = e**(r + r_lo) - 1 as em_h + em_l
+    q = e.fma(e.mul(r, r), e.poly(r, e.k.EXP_P), e.fma(r_lo, r, r_lo))
+    em_h = e.add(r, q)
+    em_l = e.add(e.sub(r, em_h), q)
+    # expm1 = (t - 1) + t*em with t = 2**n: t*em_h is exact, (t - 1) + t*em_h by TwoSum,
+    # so only the last addition rounds; t - 1 rounds for n > p, its error (-1) kept in a_l
     big = e.b.icmp_signed(">", n, e.i(e.k.EXPM1_NMAX))
     t = e.pow2i(e.b.select(big, e.i(e.k.EXPM1_NMAX), n))
-    res = e.sel(big, e.scale(e.add(1.0, em), n), e.fma(t, em, e.sub(t, 1.0)))
+    a = e.sub(t, 1.0)
+    a_l = e.sub(e.sub(t, a), 1.0)
+    bh = e.mul(t, em_h)
+    s = e.add(a, bh)
+    bb = e.sub(s, a)
+    err = e.add(e.sub(a, e.sub(s, bb)), e.sub(bh, bb))
+    res = e.add(s, e.fma(t, em_l, e.add(err, a_l)))
+    res = e.sel(big, e.scale(e.add(1.0, em_h), n), res)  # 2**n > 2**NMAX: the -1 is far below an ulp
     return e.sel(e.eq(x, 0.0), x, res)  # keeps -0.0
 
 
 def _sinh_cosh(e: _E, x, want_sinh: bool):
     a = e.abs(x)
     r, n = _reduce_ln2(e, e.clamp(a, -1.0, e.k.EXP_HI + 1.0))
-    em = _expm1_poly(e, r)
-    h = e.scale(e.add(1.0, em), e.b.sub(n, e.i(1)))  # e**|x| / 2 without premature overflow
+    h = e.scale(e.add(1.0, _expm1_poly(e, r)), e.b.sub(n, e.i(1)))  # e**|x| / 2, no early overflow
     if not want_sinh:
         return e.add(h, e.div(0.25, h))
-    # |x| < 1: sinh = (E + E/(E+1))/2 with E = expm1(|x|) (no cancellation); n is 0 or 1 there
-    t = e.pow2i(e.b.select(e.b.icmp_signed(">", n, e.i(1)), e.i(1), n))
-    em_full = e.fma(t, em, e.sub(t, 1.0))
-    small = e.mul(0.5, e.add(em_full, e.div(em_full, e.add(em_full, 1.0))))
+    # |x| < 1: odd polynomial (no cancellation); else e**|x|/2 - e**-|x|/2
+    z = e.mul(a, a)
+    small = e.fma(e.mul(a, z), e.poly(z, e.k.SINH_P), a)
     return e.copysign(e.sel(e.lt(a, 1.0), small, e.sub(h, e.div(0.25, h))), x)
 
 
 def _tanh(e: _E, x):
     a = e.abs(x)
-    small = e.lt(a, 1.0)
-    # one expm1: tanh|x| = -t/(t+2) with t = expm1(-2|x|) for |x| < 1, else 1 - 2/(t+2), t = expm1(2|x|)
-    a2 = e.add(a, a)
-    t = _expm1(e, e.sel(small, e.neg(a2), a2))
-    z = e.sel(small, e.div(e.neg(t), e.add(t, 2.0)), e.sub(1.0, e.div(2.0, e.add(t, 2.0))))
-    return e.copysign(z, x)
+    # |x| < 0.625: odd polynomial; else 1 - 2/(e**2|x| + 1), which reaches 1 (exp -> inf) by itself
+    z = e.mul(a, a)
+    small = e.fma(e.mul(a, z), e.poly(z, e.k.TANH_P), a)
+    big = e.sub(1.0, e.div(2.0, e.add(_exp(e, e.add(a, a)), 1.0)))
+    return e.copysign(e.sel(e.lt(a, 0.625), small, big), x)
 
 
 def _sigmoid(e: _E, x):
-    # exp(-|x|) never overflows: for x < 0 use e/(1+e) so tiny results keep full precision
+    # t = exp(-|x|) never overflows; x >= 0: 1/(1+t), x < 0: t/(1+t), so tiny results keep
+    # full precision. 1+t is carried as d + d_lo and the quotient corrected by its remainder.
     t = _exp(e, e.neg(e.abs(x)))
     d = e.add(1.0, t)
-    return e.sel(e.ge(x, 0.0), e.div(1.0, d), e.div(t, d))
+    d_lo = e.add(e.sub(1.0, d), t)
+    num = e.sel(e.ge(x, 0.0), 1.0, t)
+    r = e.div(1.0, d)
+    q = e.mul(num, r)
+    rem = e.fma(e.neg(q), d_lo, e.fma(e.neg(q), d, num))
+    return e.fma(rem, r, q)
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,23 +467,52 @@ def _pow32(e: _E, x, y):
     return e.sel(one, 1.0, res)
 
 
+def _rem_pio2(d: _E, x, tail: bool):
+    """x = n*pi/2 + r_hi + r_lo with |r| <= pi/4, in double; r_lo only if `tail` (float32
+    inputs do not need it: r_hi has ~29 bits to spare). Returns (n as int, r_hi, r_lo or None)."""
+    nf, n = d.round_int(x, _TWO_OVER_PI)
+    r1 = d.fma(nf, -_P1, x)  # exact
+    if not tail:
+        return n, d.fma(nf, -_P3, d.fma(nf, -_P2, r1)), None
+    p2 = d.mul(nf, _P2)
+    r2 = d.sub(r1, p2)
+    bb = d.sub(r2, r1)  # TwoSum: r2 + e2 = r1 - p2 exactly
+    e2 = d.add(d.sub(r1, d.sub(r2, bb)), d.sub(d.neg(p2), bb))
+    tail = d.fma(nf, -_P3, d.sub(e2, d.fma(nf, _P2, d.neg(p2))))
+    r = d.add(r2, tail)
+    return n, r, d.add(d.sub(r2, r), tail)
+
+
+def _sincos_kernels(d: _E, r, y):
+    """sin and cos of r + y on |r| <= pi/4, each as (hi, lo) with hi + lo the value."""
+    z = d.mul(r, r)
+    hz = d.mul(0.5, z)
+    w = d.sub(1.0, hz)  # cos = w + ((1 - w) - hz) + z*z*C(z): 1 - z/2 carried exactly
+    s_lo = d.mul(d.mul(r, z), d.poly(z, _SIN_P))
+    c_lo = d.fma(d.mul(z, z), d.poly(z, _COS_P), d.sub(d.sub(1.0, w), hz))
+    if y is not None:  # sin(r+y) ~ sin r + y(1 - z/2), cos(r+y) ~ cos r - r*y
+        s_lo = d.fma(y, w, s_lo)
+        c_lo = d.fma(d.neg(r), y, c_lo)
+    return (r, s_lo), (w, c_lo)
+
+
 def _trig(kind: str):
     def impl(e: _E, x):
         d, up, down = _widen(e)
-        xd = up(x)
-        nf, n = d.round_int(xd, _TWO_OVER_PI)
-        r = d.fma(nf, -_P1, xd)  # exact
-        r = d.fma(nf, -_P3, d.fma(nf, -_P2, r))
-        z = d.mul(r, r)
-        s = d.fma(d.mul(r, z), d.poly(z, _SIN_P), r)
-        hz = d.mul(0.5, z)
-        w = d.sub(1.0, hz)  # cos = w + ((1 - w) - hz) + z*z*C(z): 1 - z/2 carried exactly
-        c = d.add(w, d.fma(d.mul(z, z), d.poly(z, _COS_P), d.sub(d.sub(1.0, w), hz)))
+        n, r, y = _rem_pio2(d, up(x), tail=e.f64)
+        (sh, sl), (ch, cl) = _sincos_kernels(d, r, y)
         b = d.b
         odd = b.icmp_unsigned("!=", b.and_(n, d.i(1)), d.i(0))
         if kind == "tan":  # tan(r + n pi/2) = s/c or -c/s
-            res = d.div(d.sel(odd, d.neg(c), s), d.sel(odd, s, c))
+            nh, nl = d.sel(odd, d.neg(ch), sh), d.sel(odd, d.neg(cl), sl)
+            dh, dl = d.sel(odd, sh, ch), d.sel(odd, sl, cl)
+            num, den = d.add(nh, nl), d.add(dh, dl)
+            res = d.div(num, den)
+            if y is not None:  # one correction step on the remainder (nh+nl) - q*(dh+dl)
+                rem = d.add(d.fma(d.neg(res), dh, nh), d.fma(d.neg(res), dl, nl))
+                res = d.add(res, d.div(rem, den))
         else:
+            s, c = d.add(sh, sl), d.add(ch, cl)
             res = d.sel(odd, c, s) if kind == "sin" else d.sel(odd, s, c)
             q = n if kind == "sin" else b.add(n, d.i(1))
             res = d.sel(b.icmp_unsigned("!=", b.and_(q, d.i(2)), d.i(0)), d.neg(res), res)
@@ -493,7 +553,7 @@ def _cbrt(e: _E, x):
         t2 = d.mul(t, t)
         t2l = d.fma(t, t, d.neg(t2))
         resid = d.fma(d.neg(t2l), t, d.fma(d.neg(t2), t, a))
-        t = d.fma(t, d.div(resid, d.mul(3.0, a)), t)
+        t = d.fma(t, d.mul(d.div(resid, a), 1.0 / 3.0), t)
         t = d.sel(sub, d.mul(t, 2.0 ** -18), t)
     res = e.copysign(down(t), x)
     return e.sel(e.ucmp(">=", e.abs(x), float("inf")), x, e.sel(e.eq(x, 0.0), x, res))

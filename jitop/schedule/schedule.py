@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -17,7 +18,15 @@ from typing import Any, Iterable, Sequence
 from jitop.errors import ScheduleError, axis_already_transformed, axis_not_in_stage
 from jitop.te.expr import Expr, Op, rewrite, substitute
 from jitop.te.tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute
-from jitop.tir.nodes import ForKind
+
+
+class ForKind(enum.Enum):
+    """How a loop runs (the value is how the loop-IR printer shows it)."""
+
+    SERIAL = "range"
+    PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
+    UNROLLED = "unrolled"
 
 
 @dataclass(frozen=True)

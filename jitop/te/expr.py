@@ -123,7 +123,7 @@ class Expr:
         return self.arg
 
     def __repr__(self) -> str:
-        from jitop.tir.printer import expr_str
+        from jitop.te.printer import expr_str
         return expr_str(self)
 
     def __bool__(self) -> bool:
@@ -220,7 +220,7 @@ def _weak(x: Any) -> bool:
     return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
-def _operands(a: Any, b: Any) -> tuple[Expr, Expr]:
+def promote_operands(a: Any, b: Any) -> tuple[Expr, Expr]:
     """Both operands as Exprs of the common numpy result dtype (Python scalars are weak)."""
     if _weak(a) and _weak(b):
         a, b = const(a), const(b)
@@ -246,7 +246,7 @@ def _check_fits(value: Any, dt: DType) -> Any:
 
 def binary(op: Op, a: Any, b: Any) -> Expr:
     """Build `a op b` with numpy's promotion; comparisons give bool, `/` on integers gives float64."""
-    x, y = _operands(a, b)
+    x, y = promote_operands(a, b)
     if op is Op.DIV and not x.dtype.is_float:
         x, y = cast(x, dtypes.float64), cast(y, dtypes.float64)
     if op in (Op.SHL, Op.SHR, Op.INVERT) and x.dtype.is_float:
@@ -273,7 +273,7 @@ def cast(x: Any, dtype: Any) -> Expr:
 def select(cond: Any, a: Any, b: Any) -> Expr:
     """`a` where `cond` else `b`, elementwise (both sides are evaluated; see if_then_else)."""
     c = cast(as_expr(cond), dtypes.bool_)
-    x, y = _operands(a, b)
+    x, y = promote_operands(a, b)
     if c.op is Op.CONST:
         return x if c.value else y
     return Expr(Op.SELECT, x.dtype, (c, x, y))

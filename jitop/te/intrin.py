@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from jitop import dtypes
-from jitop.te.expr import Expr, Op, _operands, as_expr, binary, call, cast, const, select
+from jitop.te.expr import Expr, Op, promote_operands, as_expr, binary, call, cast, const, select
 
 # float -> float math the code generator implements (jitop.codegen.vecmath)
 FLOAT_UNARY = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
@@ -28,7 +28,7 @@ def _unary(name: str):
 
 def _binary(name: str):
     def f(x: Any, y: Any) -> Expr:
-        a, b = _operands(x, y)
+        a, b = promote_operands(x, y)
         dt = a.dtype if a.dtype.is_float else dtypes.float64
         return call(name, cast(a, dt), cast(b, dt))
     f.__name__ = name
@@ -70,7 +70,7 @@ def sign(x: Any) -> Expr:
 
 def fmod(x: Any, y: Any) -> Expr:
     """C's fmod: the remainder has the dividend's sign; integer fmod by zero is 0 as in numpy."""
-    a, b = _operands(x, y)
+    a, b = promote_operands(x, y)
     return call("fmod", a, b) if a.dtype.is_float else binary(Op.TRUNCMOD, a, b)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from jitop import dtypes
 from jitop.dtypes import DType
-from jitop.te.expr import Expr, Op, _operands as _binary_operands, as_expr, cast, const, var, walk
+from jitop.te.expr import Expr, Op, promote_operands as _binary_operands, as_expr, cast, const, var, walk
 
 _op_ids = itertools.count()
 

@@ -1,20 +1,13 @@
 """Loop IR: buffers and statements. Expressions are jitop.te.expr.Expr (LOAD nodes point at a Buffer)."""
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
 from jitop.dtypes import DType
+from jitop.schedule.schedule import ForKind
 from jitop.te.expr import Expr, Op
-
-
-class ForKind(enum.Enum):
-    SERIAL = "range"
-    PARALLEL = "parallel"
-    VECTORIZED = "vectorized"
-    UNROLLED = "unrolled"
 
 
 @dataclass(frozen=True, eq=False)
