@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 
 def _env_int(name: str, default: int) -> int:
@@ -13,10 +14,19 @@ def _env_int(name: str, default: int) -> int:
 
 
 def num_threads() -> int:
-    """Threads for parallel loops: JITOP_NUM_THREADS, else OMP_NUM_THREADS, else all cores."""
-    default = os.cpu_count() or 1
-    n = _env_int("JITOP_NUM_THREADS", 0) or _env_int("OMP_NUM_THREADS", 0) or default
-    return max(n, 1)
+    """Threads for parallel loops: JITOP_NUM_THREADS, else OMP_NUM_THREADS (its first level), else all cores."""
+    for name in ("JITOP_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            n = int(raw.split(",")[0])
+        except ValueError:
+            n = 0
+        if n >= 1:
+            return n
+        warnings.warn(f"ignoring {name}={raw!r}: expected a positive integer", RuntimeWarning, stacklevel=2)
+    return os.cpu_count() or 1
 
 
 def opt_level() -> int:

@@ -54,6 +54,7 @@ import warnings
 
 import llvmlite.binding as llvm
 
+from jitop import config
 from jitop.codegen.loader import load_object
 from jitop.codegen.target import compile_ir
 
@@ -67,19 +68,7 @@ _LIBC_SYMBOLS = ("memcpy", "memset", "pthread_create", "pthread_detach", "pthrea
 
 
 def _default_num_threads() -> int:
-    """JITOP_NUM_THREADS, else OMP_NUM_THREADS (its first level), else os.cpu_count()."""
-    for var in ("JITOP_NUM_THREADS", "OMP_NUM_THREADS"):
-        raw = os.environ.get(var, "").strip()
-        if not raw:
-            continue
-        try:
-            n = int(raw.split(",")[0])
-        except ValueError:
-            n = 0
-        if n >= 1:
-            return min(n, MAX_THREADS)
-        warnings.warn(f"ignoring {var}={raw!r}: expected a positive integer", RuntimeWarning, stacklevel=2)
-    return min(os.cpu_count() or 1, MAX_THREADS)
+    return min(config.num_threads(), MAX_THREADS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,8 +99,8 @@ declare i32 @sigfillset(ptr)
 declare void @llvm.x86.sse2.pause()
 declare i64 @llvm.readcyclecounter()
 
-; Nothing here is hot enough to unroll or vectorise: optimise for size, which cuts compile time by a third.
-attributes #0 = { minsize optsize nounwind }
+; Bodies are generated code and never unwind (no C++ exceptions cross the pool).
+attributes #0 = { nounwind }
 
 ; ---- futex: SYS_futex = 202, FUTEX_WAIT_PRIVATE = 128, FUTEX_WAKE_PRIVATE = 129 ----------
 ; syscall() reads every argument as a long, so all are passed as i64.
@@ -480,7 +469,9 @@ def _build_pool() -> _Pool:
     # the initial values matter only where nothing calls configure (a library built from the object)
     ll = (_POOL_IR.replace("MAX_THREADS", str(MAX_THREADS)).replace("SLOTS_BYTES", str(MAX_THREADS * 128))
           .replace("NUM_THREADS", str(_num_threads)).replace("SPIN_TICKS", str(SPIN_TICKS)))
-    _, obj = compile_ir(ll, speed_level=1)
+    # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
+    # optimiser leaves it unchanged (measured) and would double the first-use compile time.
+    _, obj = compile_ir(ll, speed_level=0)
     addrs = load_object(obj, ["jitop_parallel_for", "jitop_parallel_configure",
                               "jitop_parallel_awake_workers", "jitop_parallel_after_fork"])
     llvm.add_symbol("jitop_parallel_for", addrs["jitop_parallel_for"])

@@ -216,6 +216,12 @@ def test_idle_pool_sleeps(bodies):
     assert time.process_time() - cpu0 < 0.15, "an idle pool should not use CPU"
 
 
+def test_symbol_and_object_code_are_exposed():
+    addr = parallel_for_address()
+    assert addr and addr == parallel_for_address()
+    assert parallel.pool_object_code().startswith(b"\x7fELF")
+
+
 def test_thread_count_api():
     set_num_threads(3)
     assert get_num_threads() == 3
@@ -290,6 +296,7 @@ def test_forked_child_gets_its_own_workers():
         run_parallel(f["add_one"], a.ctypes.data, 1000)      # parent's workers now exist
         pid = os.fork()
         if pid == 0:
+            import signal; signal.alarm(20)                    # a hung child dies instead of leaking
             drive(f["add_one"], a.ctypes.data, 1000, 100)
             os._exit(0 if (a == 101).all() else 1)
         _, status = os.waitpid(pid, 0)

@@ -1,0 +1,98 @@
+"""Launch overhead of `jitop_parallel_for` with an empty body.
+
+A JIT-compiled driver calls `jitop_parallel_for` 100k times in a loop, so ctypes is not in
+the figure ("hot": workers are still spinning between launches). The "after idle" row times
+single launches made after the workers went to sleep on their futex (2 ms pauses), minus the
+cost of the same ctypes call that launches nothing.
+
+    python benchmarks/bench_launch.py
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import statistics
+import time
+
+import llvmlite
+
+from jitop.codegen.loader import load_object
+from jitop.codegen.target import compile_ir, host_cpu
+from jitop.runtime.parallel import parallel_for_address, set_num_threads
+
+LAUNCHES = 100_000
+REPEATS = 7
+N = 1024  # loop size handed to the pool; the body ignores it
+
+DRIVER_IR = r"""
+declare void @jitop_parallel_for(ptr, ptr, i64)
+
+define void @empty_body(i64 %begin, i64 %end, ptr %closure) {
+  ret void
+}
+
+define void @drive(i64 %n, i64 %reps) {
+entry:
+  %none = icmp sle i64 %reps, 0
+  br i1 %none, label %out, label %loop
+loop:
+  %r = phi i64 [ 0, %entry ], [ %next, %loop ]
+  call void @jitop_parallel_for(ptr @empty_body, ptr null, i64 %n)
+  %next = add i64 %r, 1
+  %last = icmp eq i64 %next, %reps
+  br i1 %last, label %out, label %loop
+out:
+  ret void
+}
+"""
+
+
+def load_driver():
+    parallel_for_address()  # compiles the pool and registers the symbol the driver links to
+    addrs = load_object(compile_ir(DRIVER_IR)[1], ["drive"])
+    return ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64)(addrs["drive"])
+
+
+def hot_launch_us(drive) -> list[float]:
+    """Per-launch time of back-to-back launches, one figure per repeat."""
+    drive(N, 1_000)  # create the workers and warm up
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        drive(N, LAUNCHES)
+        times.append((time.perf_counter() - t0) / LAUNCHES * 1e6)
+    return times
+
+
+def idle_launch_us(drive, samples: int = 200) -> list[float]:
+    """Single launches after the workers fell asleep, ctypes call cost subtracted."""
+    def timed(reps: int) -> float:
+        time.sleep(0.002)  # longer than the ~100 us spin: workers are on their futex
+        t0 = time.perf_counter()
+        drive(N, reps)
+        return time.perf_counter() - t0
+
+    drive(N, 1_000)
+    baseline = statistics.median(timed(0) for _ in range(samples))
+    return [(timed(1) - baseline) * 1e6 for _ in range(samples)]
+
+
+def main() -> None:
+    cpu, _ = host_cpu()
+    print(f"machine: {platform.processor() or platform.machine()} ({cpu}), {os.cpu_count()} CPUs, "
+          f"Linux {platform.release()}, Python {platform.python_version()}, llvmlite {llvmlite.__version__}")
+    drive = load_driver()
+    rows = []
+    for threads in (1, 2):
+        set_num_threads(threads)
+        rows.append((threads, "hot (back-to-back)", hot_launch_us(drive)))
+    set_num_threads(2)
+    rows.append((2, "after idle (futex wake)", idle_launch_us(drive)))
+    print(f"\n{'threads':>7}  {'launch':<24} {'median us':>10} {'min us':>8}")
+    for threads, mode, times in rows:
+        print(f"{threads:>7}  {mode:<24} {statistics.median(times):>10.3f} {min(times):>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
