@@ -6,32 +6,37 @@ calls. Each function is defined once per module, on demand, as an internal `alwa
 function named `jitop.math.<name>.<type>` (e.g. `jitop.math.exp.v16f32`); the emitted code
 is a call to it, which LLVM inlines.
 
-    >>> fn = ir.Function(module, ir.FunctionType(v16f32, [v16f32]), "k")
-    >>> b = ir.IRBuilder(fn.append_basic_block())
-    >>> b.ret(emit_math(b, "exp", [fn.args[0]]))
+    fn = ir.Function(module, ir.FunctionType(v16f32, [v16f32]), "k")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(emit_math(b, "exp", [fn.args[0]]))        # calls jitop.math.exp.v16f32
 
 How: branch-free polynomial kernels (coefficients fitted offline with a weighted Remez
 exchange in mpmath), Cody-Waite range reduction with FMA, and selects for the special
 values (NaN, +-inf, +-0, overflow, underflow, subnormals), so results match numpy there.
 float32 sin/cos/tan/pow/cbrt compute in double internally (one widening, exact reduction).
-float64 pow/asin/acos/atan/atan2/erf call the scalar libm function per lane.
+float64 pow and erf call the scalar libm function per lane (pow needs a double-double log
+to be accurate; numpy has no erf).
 
-Measured max error in ulp against numpy (float32: the float64 result rounded; float64:
-the long-double result rounded), over the inputs of tests/codegen/test_vecmath.py:
+Measured max error in ulp of the result type, against the exact result (numpy in float64
+for float32, in long double for float64), so 0.5 is correctly rounded; against numpy's own
+result rounded to the type add at most 0.5. Inputs: tests/codegen/test_vecmath.py plus
+offline sweeps (every 331st float32 bit pattern; 1.2M float64 values).
 
-    function  f32   f64    function  f32   f64    function  f32   f64
-    exp       0.51  0.51   sin       0.50  0.81   sinh      1.48  1.49
-    exp2      0.51  0.51   cos       0.50  0.85   cosh      1.02  1.05
-    expm1     0.88  0.88   tan       0.84  1.69   tanh      1.81  1.74
-    log       0.51  0.51   asin      0.98  libm   erf       1.14  libm
-    log2      0.51  0.51   acos      1.01  libm   sigmoid   1.23  1.25
-    log10     0.51  0.51   atan      1.50  libm   cbrt      0.50  0.51
-    log1p     0.81  0.82   atan2     1.99  libm   hypot     0.91  0.91
-    pow       0.50  libm   rsqrt     0.80  0.81
+    function  f32   f64     function  f32   f64     function  f32   f64
+    exp       0.97  0.97    sin       0.56  0.77    sinh      1.55  1.60
+    exp2      0.83  0.85    cos       0.56  0.78    cosh      1.36  1.41
+    expm1     0.88  0.79    tan       0.80  1.06    tanh      1.26  1.27
+    log       0.76  0.77    asin      0.63  0.59    erf       1.28  libm
+    log2      0.87  0.92    acos      0.59  0.57    sigmoid   1.48  1.41
+    log10     0.90  0.82    atan      0.62  0.60    cbrt      0.50  0.71
+    log1p     0.84  0.75    atan2     0.75  0.75    hypot     0.94  0.94
+    pow       0.50  libm    rsqrt     1.49  1.49    (rsqrt is 1/sqrt(x): two roundings)
 
 sqrt, fabs, floor, ceil, trunc, rint, copysign are exact (LLVM intrinsics); fmod is `frem`.
-sin/cos/tan use the fast path for |x| <= 2**30 (float32) / 2**28 (float64); a vector with
-any larger finite lane takes a (rarely taken) branch to per-lane libm, still exact.
+Special values (NaN, +-inf, +-0, overflow, underflow, subnormal in and out) match numpy.
+sin/cos/tan use the polynomial path for |x| <= 2**44 (full accuracy, checked up to 2**48);
+a vector with any larger finite lane branches (rarely) to per-lane libm, so float32 tan
+there has libm tanf's 1.4 ulp.
 """
 from __future__ import annotations
 
@@ -79,15 +84,6 @@ class _Consts:
             self.EXP2_LO, self.EXP2_HI = -1076.0, 1025.0
             self.EXPM1_LO, self.EXPM1_NMAX = -40.0, 1000  # expm1(-40) rounds to -1; 2**n finite
             self.MIN_NORMAL, self.SUB_SCALE = 2.0 ** -1022, 54
-            # (sinh x - x)/x**3 in z = x*x <= 1 and (tanh x - x)/x**3 in z <= 0.625**2 (Remez, 2**-56)
-            self.SINH_P = (0.16666666666666666, 0.008333333333333333, 0.00019841269841269597,
-                           2.755731922411694e-06, 2.505210834635333e-08, 1.605905062156394e-10,
-                           7.646481531952052e-13, 2.848269917723284e-15)
-            self.TANH_P = (-0.3333333333333333, 0.13333333333333156, -0.053968253968127024,
-                           0.021869488531606033, -0.008863235433538985, 0.0035921267213917542,
-                           -0.0014558222187122227, 0.0005899488284297546, -0.0002387693532796187,
-                           9.574741005174499e-05, -3.661963895968207e-05, 1.1789104927152235e-05,
-                           -2.2695167570155335e-06)
             self.ONE_BITS, self.SQRTH_BITS = 0x3FF0000000000000, 0x3FE6A09E667F3BCD
             # (e**r - 1 - r) / r**2 on |r| <= ln2/2, Remez, error 2**-60
             self.EXP_P = (0.5, 0.16666666666666685, 0.04166666666666673, 0.008333333333316656,
@@ -98,15 +94,25 @@ class _Consts:
             self.LOG_P = (0.6666666666666735, 0.3999999999940724, 0.28571428744214766,
                           0.2222219836945777, 0.18183575700760554, 0.15313740551225832,
                           0.1479923205485142)
+            # (sinh x - x)/x**3 in z = x*x <= 1 and (tanh x - x)/x**3 in z <= 0.625**2 (Remez, 2**-56)
+            self.SINH_P = (0.16666666666666666, 0.008333333333333333, 0.00019841269841269597,
+                           2.755731922411694e-06, 2.505210834635333e-08, 1.605905062156394e-10,
+                           7.646481531952052e-13, 2.848269917723284e-15)
+            self.TANH_P = (-0.3333333333333333, 0.13333333333333156, -0.053968253968127024,
+                           0.021869488531606033, -0.008863235433538985, 0.0035921267213917542,
+                           -0.0014558222187122227, 0.0005899488284297546, -0.0002387693532796187,
+                           9.574741005174499e-05, -3.661963895968207e-05, 1.1789104927152235e-05,
+                           -2.2695167570155335e-06)
+            # (atan(t) - t)/t**3 in z = t*t <= tan(pi/8)**2, Remez, error 2**-59
+            self.ATAN_P = (-0.333333333333332, 0.19999999999953663, -0.14285714280203948,
+                           0.1111111078381034, -0.09090897766959878, 0.07692060359773024,
+                           -0.0666310543470994, 0.05847897255361503, -0.050393302833295635,
+                           0.03806494273616221, -0.017907332109496053)
         else:
             self.EXP_LO, self.EXP_HI = -104.0, 89.0
             self.EXP2_LO, self.EXP2_HI = -151.0, 129.0
             self.EXPM1_LO, self.EXPM1_NMAX = -20.0, 100
             self.MIN_NORMAL, self.SUB_SCALE = 2.0 ** -126, 25
-            self.SINH_P = (0.1666666716337204, 0.008333350531756878, 0.0001983614929486066,
-                           2.8170127279736334e-06)  # as for float64, error 2**-27
-            self.TANH_P = (-0.3333333134651184, 0.1333320587873459, -0.053946688771247864,
-                           0.021700270473957062, -0.008176290430128574, 0.0021419147960841656)
             self.ONE_BITS, self.SQRTH_BITS = 0x3F800000, 0x3F3504F3
             # (e**r - 1 - r) / r**2 on |r| <= ln2/2, Remez, error 2**-29.7
             self.EXP_P = (0.5, 0.1666666716337204, 0.041666269302368164, 0.008333263918757439,
@@ -115,6 +121,13 @@ class _Consts:
             self.LOG_P = (0.3333331048488617, -0.24999985098838806, 0.2000223994255066,
                           -0.1666930615901947, 0.14218364655971527, -0.12383124232292175,
                           0.11874329298734665, -0.11798226833343506, 0.06922218203544617)
+            # as for float64, errors 2**-27 and 2**-29
+            self.SINH_P = (0.1666666716337204, 0.008333350531756878, 0.0001983614929486066,
+                           2.8170127279736334e-06)
+            self.TANH_P = (-0.3333333134651184, 0.1333320587873459, -0.053946688771247864,
+                           0.021700270473957062, -0.008176290430128574, 0.0021419147960841656)
+            self.ATAN_P = (-0.33333316445350647, 0.1999848335981369, -0.1424373984336853,
+                           0.10595144331455231, -0.060811664909124374)  # error 2**-28.5
 
 
 _K32, _K64 = _Consts(False), _Consts(True)
@@ -130,19 +143,16 @@ _P1 = float(_PI / 2)
 _P2 = float(_PI / 2 - Fraction(_P1))
 _P3 = float(_PI / 2 - Fraction(_P1) - Fraction(_P2))
 _TWO_OVER_PI = float(2 / _PI)
-_TRIG_LIMIT = {False: 2.0 ** 44, True: 2.0 ** 44}  # fast-path bound on |x| (measured exact to 2**48)
+_TRIG_LIMIT = 2.0 ** 44  # polynomial path for |x| up to here (measured full accuracy to 2**48)
 
-# float32 kernels (Remez fits, coefficients rounded to float32)
+# float32 erf (Remez fits, coefficients rounded to float32):
+# |x| <= 1: erf = x*(c0 + z*P(z)), z = x*x; 1 < |x| <= 4: erfc = e**(-x*x) * Q(x - 2.5)
 _ERF_C0 = (1.128379225730896, -5.8635382771399236e-08)  # 2/sqrt(pi) as hi + lo
 _ERF_SMALL_P = (-0.37612637877464294, 0.11283726990222931, -0.026859449222683907,
-                0.005198615603148937, -0.0008097740355879068, 8.135620009852573e-05)  # (erf(x)/x-c0)/x**2, |x|<=1
+                0.005198615603148937, -0.0008097740355879068, 8.135620009852573e-05)
 _ERF_BIG_P = (0.21080633997917175, -0.07434938102960587, 0.024929532781243324, -0.008000193163752556,
               0.0025207074359059334, -0.0006491643143817782, 0.0002236744185211137,
-              -0.0001362071925541386, -5.777961268904619e-05, -2.799442154355347e-05)  # erfc(x)e**x**2, u=x-2.5, x in [1,4]
-_ASIN_P = (0.16666753590106964, 0.07495241612195969, 0.045477088540792465, 0.02414764277637005,
-           0.04221850633621216)  # (asin(s) - s)/s**3 in z = s*s <= 1/4
-_ATAN_P = (-0.33333316445350647, 0.1999848335981369, -0.1424373984336853, 0.10595144331455231,
-           -0.060811664909124374)  # (atan(t) - t)/t**3 in z = t*t, |t| <= tan(pi/8)
+              -0.0001362071925541386, -5.777961268904619e-05, -2.799442154355347e-05)
 
 
 def _bits(v: float, f64: bool) -> int:
@@ -233,6 +243,10 @@ class _E:
     def clamp(self, x, lo, hi):
         """min(max(x, lo), hi) that keeps NaN."""
         return self.sel(self.gt(x, hi), hi, self.sel(self.lt(x, lo), lo, x))
+
+    def bool(self, v: bool):
+        t = self.vec(ir.IntType(1))
+        return ir.Constant(t, [int(v)] * self.n if self.n else int(v))
 
     def signbit(self, a):
         return self.b.icmp_signed("<", self.as_int(a), self.i(0))
@@ -521,10 +535,10 @@ def _trig(kind: str):
             res = e.sel(e.eq(x, 0.0), x, res)  # sin(-0) = -0
         # huge |x|: the three-part pi/2 runs out of bits; per-lane libm (branch rarely taken)
         ax = e.abs(x)
-        big = e.any(e.b.and_(e.gt(ax, _TRIG_LIMIT[e.f64]), e.lt(ax, float("inf"))))
+        big = e.any(e.b.and_(e.gt(ax, _TRIG_LIMIT), e.lt(ax, float("inf"))))
         pre = e.b.block
         with e.b.if_then(big, likely=False):
-            slow = e.b.call(_libm_function(e.b.module, kind, e.ty, 1, inline=False), [x])
+            slow = e.b.call(_libm_function(e.b.module, kind, e.ty), [x])
             slow_bb = e.b.block
         phi = e.b.phi(e.ty)
         phi.add_incoming(res, pre)
@@ -560,65 +574,113 @@ def _cbrt(e: _E, x):
 
 
 # ---------------------------------------------------------------------------------------
-# float32 inverse trig and erf (float64 uses libm per lane)
+# inverse trig: one core, atan of a quotient carried in double-word arithmetic
 
 
-def _asin_core(e: _E, a):
-    """(p, big): asin(a) = p for a <= 1/2, = pi/2 - 2p above (p = asin(sqrt((1-a)/2)))."""
-    big = e.gt(a, 0.5)
-    z = e.sel(big, e.mul(0.5, e.sub(1.0, a)), e.mul(a, a))  # 1 - a exact for a >= 1/2
-    s = e.sel(big, e.sqrt(z), a)
-    return e.fma(e.mul(s, z), e.poly(z, _ASIN_P), s), big
+def _two_sum(e: _E, a, b):
+    """a + b = s + err exactly."""
+    s = e.add(a, b)
+    bb = e.sub(s, a)
+    return s, e.add(e.sub(a, e.sub(s, bb)), e.sub(b, bb))
 
 
-def _asin32(e: _E, x):
-    p, big = _asin_core(e, e.abs(x))
-    pio2 = e.k.PIO2
-    res = e.sel(big, e.add(e.sub(pio2[0], e.add(p, p)), pio2[1]), p)
+def _atan_quot(e: _E, num, num_l, den, den_l):
+    """atan((num+num_l)/(den+den_l)) for |quotient| <= ~tan(pi/8), as t + rest."""
+    t = e.div(num, den)
+    rem = e.fma(e.neg(t), den_l, e.add(e.fma(e.neg(t), den, num), num_l))  # exact remainder, then the tails
+    t_lo = e.div(rem, den)
+    z = e.mul(t, t)
+    return t, e.fma(e.mul(t, z), e.poly(z, e.k.ATAN_P), e.fma(e.neg(t_lo), z, t_lo))
+
+
+def _atan_finish(e: _E, t, rest, base_hi, base_lo):
+    """base + t + rest with one final rounding (Fast2Sum: base is 0 or >= pi/4 > |t|)."""
+    s = e.add(base_hi, t)
+    return e.add(s, e.add(e.add(e.sub(base_hi, s), t), e.add(rest, base_lo)))
+
+
+def _atan(e: _E, x):
+    a = e.sel(e.gt(e.abs(x), 2.0 ** 60), 2.0 ** 60, e.abs(x))  # atan = pi/2 beyond; keeps inf out of FMAs
+    mid, far = e.gt(a, 0.41421356237309503), e.gt(a, 2.414213562373095)  # tan(pi/8), tan(3pi/8)
+    nm, nm_l = _two_sum(e, a, -1.0)  # mid: atan(a) = pi/4 + atan((a-1)/(a+1))
+    dn, dn_l = _two_sum(e, a, 1.0)
+    num = e.sel(far, -1.0, e.sel(mid, nm, a))  # far: atan(a) = pi/2 + atan(-1/a)
+    den = e.sel(far, a, e.sel(mid, dn, 1.0))
+    only_mid = e.b.and_(mid, e.b.not_(far))
+    t, rest = _atan_quot(e, num, e.sel(only_mid, nm_l, 0.0), den, e.sel(only_mid, dn_l, 0.0))
+    (p2h, p2l), (p4h, p4l) = e.k.PIO2, e.k.PIO4
+    res = _atan_finish(e, t, rest, e.sel(far, p2h, e.sel(mid, p4h, 0.0)), e.sel(far, p2l, e.sel(mid, p4l, 0.0)))
     return e.copysign(res, x)
 
 
-def _acos32(e: _E, x):
-    p, big = _asin_core(e, e.abs(x))
-    pio2, pi = e.k.PIO2, e.k.PI
-    p2 = e.add(p, p)
-    outer = e.sel(e.lt(x, 0.0), e.add(e.sub(pi[0], p2), pi[1]), p2)
-    inner = e.add(e.sub(pio2[0], e.copysign(p, x)), pio2[1])
-    return e.sel(big, outer, inner)
+def _atan2_core(e: _E, ay, ay_l, ax, ax_l, xneg):
+    """atan2(ay + ay_l, +-(ax + ax_l)) in [0, pi] for ay, ax >= 0; xneg: x is negative."""
+    swap = e.gt(ay, ax)  # work with num/den <= 1
+    num, num_l = e.sel(swap, ax, ay), e.sel(swap, ax_l, ay_l)
+    den, den_l = e.sel(swap, ay, ax), e.sel(swap, ay_l, ax_l)
+    # 0/0 -> 0/1, inf/inf -> 1/1, finite/inf -> 0/1
+    inf = float("inf")
+    dinf = e.eq(den, inf)
+    num = e.sel(dinf, e.sel(e.eq(num, inf), 1.0, 0.0), num)
+    den = e.sel(e.b.or_(dinf, e.eq(den, 0.0)), 1.0, den)
+    # keep num + den finite and the remainders exact: bring den to a moderate exponent
+    emax, emin = (1023, -1022) if e.f64 else (127, -126)
+    f = e.sel(e.gt(den, 2.0 ** (emax - 2)), 0.25, e.sel(e.lt(den, 2.0 ** (emin + 60)), 2.0 ** 60, 1.0))
+    num, num_l, den, den_l = (e.mul(v, f) for v in (num, num_l, den, den_l))
+    mid = e.gt(num, e.mul(den, 0.41421356237309503))  # atan(q) = pi/4 + atan((num-den)/(num+den))
+    d, d_l = _two_sum(e, num, e.neg(den))
+    s, s_l = _two_sum(e, num, den)
+    qn = e.sel(mid, d, num)
+    qn_l = e.sel(mid, e.add(d_l, e.sub(num_l, den_l)), num_l)
+    qd = e.sel(mid, s, den)
+    qd_l = e.sel(mid, e.add(s_l, e.add(num_l, den_l)), den_l)
+    t, rest = _atan_quot(e, qn, qn_l, qd, qd_l)
+    # angle = K*pi/4 + sigma*atan(u): swap reflects about pi/4, x < 0 about pi/2
+    k1 = e.sel(mid, 1.0, 0.0)
+    K = e.sel(swap, e.sel(xneg, e.add(2.0, k1), e.sub(2.0, k1)), e.sel(xneg, e.sub(4.0, k1), k1))
+    flip = e.b.xor(swap, xneg)
+    t, rest = e.sel(flip, e.neg(t), t), e.sel(flip, e.neg(rest), rest)
+    base_hi, base_lo = e.c(0.0), e.c(0.0)
+    for kk in (1, 2, 3, 4):
+        hi, lo = _split(_PI * kk / 4, e.f64)
+        base_hi, base_lo = e.sel(e.eq(K, kk), hi, base_hi), e.sel(e.eq(K, kk), lo, base_lo)
+    return _atan_finish(e, t, rest, base_hi, base_lo)
 
 
-def _atan_pos(e: _E, a, reduce_big: bool = True):
-    """atan(a) for a >= 0: reduce to |t| <= tan(pi/8) with one division."""
-    c2 = e.gt(a, 0.41421356237309503)  # tan(pi/8)
-    num, den = e.sel(c2, e.sub(a, 1.0), a), e.sel(c2, e.add(a, 1.0), 1.0)
-    base_hi, base_lo = e.sel(c2, e.k.PIO4[0], 0.0), e.sel(c2, e.k.PIO4[1], 0.0)
-    if reduce_big:  # a > tan(3pi/8): atan(a) = pi/2 + atan(-1/a)
-        c1 = e.gt(a, 2.414213562373095)
-        num, den = e.sel(c1, -1.0, num), e.sel(c1, a, den)
-        base_hi, base_lo = e.sel(c1, e.k.PIO2[0], base_hi), e.sel(c1, e.k.PIO2[1], base_lo)
-    t = e.div(num, den)
-    z = e.mul(t, t)
-    p = e.fma(e.mul(t, z), e.poly(z, _ATAN_P), t)
-    return e.add(base_hi, e.add(p, base_lo))
-
-
-def _atan32(e: _E, x):
-    return e.copysign(_atan_pos(e, e.abs(x)), x)
-
-
-def _atan2_32(e: _E, y, x):
-    ax, ay = e.abs(x), e.abs(y)
-    swap = e.gt(ay, ax)
-    num, den = e.sel(swap, ax, ay), e.sel(swap, ay, ax)
-    t = e.div(num, den)
-    t = e.sel(e.eq(den, 0.0), 0.0, t)  # both zero
-    t = e.sel(e.eq(num, float("inf")), 1.0, t)  # both infinite
-    a = _atan_pos(e, t, reduce_big=False)
-    pio2, pi = e.k.PIO2, e.k.PI
-    a = e.sel(swap, e.add(e.sub(pio2[0], a), pio2[1]), a)
-    a = e.sel(e.signbit(x), e.add(e.sub(pi[0], a), pi[1]), a)
-    res = e.copysign(a, y)
+def _atan2(e: _E, y, x):
+    res = e.copysign(_atan2_core(e, e.abs(y), e.c(0.0), e.abs(x), e.c(0.0), e.signbit(x)), y)
     return e.sel(e.b.or_(e.isnan(x), e.isnan(y)), e.add(x, y), res)
+
+
+def _sqrt1m_sq(e: _E, a):
+    """sqrt(1 - a*a) as hi + lo for 0 <= a <= 1 (NaN above)."""
+    om = e.sub(1.0, a)  # a >= 1/2: (1-a)(1+a), 1-a exact
+    op = e.add(1.0, a)
+    op_l = e.add(e.sub(1.0, op), a)
+    wb = e.mul(om, op)
+    wb_l = e.fma(om, op_l, e.fma(om, op, e.neg(wb)))
+    a2 = e.mul(a, a)  # a < 1/2: 1 - a*a, a*a split by FMA
+    ws = e.sub(1.0, a2)
+    ws_l = e.sub(e.sub(e.sub(1.0, ws), a2), e.fma(a, a, e.neg(a2)))
+    big = e.ge(a, 0.5)
+    w, w_l = e.sel(big, wb, ws), e.sel(big, wb_l, ws_l)
+    s = e.sqrt(w)
+    s_l = e.div(e.add(e.fma(e.neg(s), s, w), w_l), e.add(s, s))
+    return s, e.sel(e.eq(s, 0.0), 0.0, s_l)
+
+
+def _asin(e: _E, x):
+    a = e.abs(x)
+    s, s_l = _sqrt1m_sq(e, a)
+    res = e.copysign(_atan2_core(e, a, e.c(0.0), s, s_l, e.bool(False)), x)
+    return e.sel(e.ucmp(">", a, 1.0), float("nan"), res)
+
+
+def _acos(e: _E, x):
+    a = e.abs(x)
+    s, s_l = _sqrt1m_sq(e, a)
+    res = _atan2_core(e, s, s_l, a, e.c(0.0), e.signbit(x))
+    return e.sel(e.ucmp(">", a, 1.0), float("nan"), res)
 
 
 def _erf32(e: _E, x):
@@ -656,8 +718,7 @@ def _hypot(e: _E, x, y):
 # ---------------------------------------------------------------------------------------
 # per-lane libm (float64 fallbacks, huge trig arguments)
 
-_LIBM = {"sin": "sin", "cos": "cos", "tan": "tan", "pow": "pow", "asin": "asin", "acos": "acos",
-         "atan": "atan", "atan2": "atan2", "erf": "erf"}
+_LIBM = {"sin": "sin", "cos": "cos", "tan": "tan", "pow": "pow", "erf": "erf"}
 
 
 def _libm_lanes(e: _E, cname: str, *args):
@@ -677,9 +738,9 @@ def _libm_lanes(e: _E, cname: str, *args):
     return out
 
 
-def _libm_function(module: ir.Module, name: str, ty: ir.Type, nargs: int, inline: bool):
-    return _define(module, name + ("" if inline else ".libm"), ty, nargs,
-                   lambda e, *a: _libm_lanes(e, _LIBM[name], *a), inline)
+def _libm_function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
+    """`jitop.math.<name>.libm.<type>`: per-lane libm, out of line (the rarely taken slow path)."""
+    return _define(module, name + ".libm", ty, 1, lambda e, x: _libm_lanes(e, _LIBM[name], x), inline=False)
 
 
 def _by_precision(f32: Callable, f64: Callable) -> Callable:
@@ -706,10 +767,7 @@ _IMPLS: dict[str, tuple[int, Callable]] = {
     "rint": (1, lambda e, x: e.rint(x)),
     "fmod": (2, lambda e, x, y: e.b.frem(x, y)),
     "sin": (1, _trig("sin")), "cos": (1, _trig("cos")), "tan": (1, _trig("tan")),
-    "asin": (1, _by_precision(_asin32, _libm("asin"))),
-    "acos": (1, _by_precision(_acos32, _libm("acos"))),
-    "atan": (1, _by_precision(_atan32, _libm("atan"))),
-    "atan2": (2, _by_precision(_atan2_32, _libm("atan2"))),
+    "asin": (1, _asin), "acos": (1, _acos), "atan": (1, _atan), "atan2": (2, _atan2),
     "sinh": (1, lambda e, x: _sinh_cosh(e, x, True)),
     "cosh": (1, lambda e, x: _sinh_cosh(e, x, False)),
     "tanh": (1, _tanh), "sigmoid": (1, _sigmoid),
@@ -744,7 +802,7 @@ def emit_math(builder: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Valu
     """Emit name(*args) at the builder's position; args all have the same float/double scalar
     or vector type; returns that type.
 
-    >>> y = emit_math(builder, "tanh", [x])          # x: <16 x float>
+    Example: `y = emit_math(builder, "tanh", [x])` with x a `<16 x float>` value.
     """
     if name not in _IMPLS:
         raise ValueError(f"unknown math function {name!r}; supported: {', '.join(sorted(MATH_FUNCTIONS))}")
