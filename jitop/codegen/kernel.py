@@ -80,6 +80,7 @@ class KernelCodegen:
             arg.name = _ident(buf.name)
             self.st.ptrs[buf] = arg
         self.vec: Vec | None = None
+        self.contract = False  # FMA fusion allowed (reduction updates only)
         self.n_outlined = 0
         self.uses_parallel = False
         self.bounds = BoundsCheck(func.attrs.get("ranges", {}))
@@ -294,7 +295,9 @@ class KernelCodegen:
         return self.b.call(fn, args)
 
     def store(self, s: Store) -> None:
+        self.contract = _is_accumulation(s)
         value = self.expr(s.value)
+        self.contract = False
         buf = s.buffer
         if not self.bounds.proves(buf, s.indices):
             return self._checked_store(s, value)
@@ -427,7 +430,7 @@ class KernelCodegen:
             return ops.cast(b, e.src[0].dtype, e.dtype, args[0])
         if len(args) == 1:
             return ops.unary(b, op, e.dtype, args[0])
-        return ops.binary(b, op, e.src[0].dtype, args[0], args[1])
+        return ops.binary(b, op, e.src[0].dtype, args[0], args[1], self.contract)
 
     def _select(self, e: Expr) -> ir.Value:
         cond = self.expr(e.src[0])
@@ -472,6 +475,13 @@ def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type)
     ptrs = b.gep(base, [index], source_etype=elem)
     ptrs.type = ir.VectorType(PTR, index.type.count)
     return ptrs
+
+
+def _is_accumulation(s: Store) -> bool:
+    """buf[idx] = buf[idx] + ...: the update of a sum reduction."""
+    v = s.value
+    return (v.op is Op.ADD and v.dtype.is_float and v.src[0].op is Op.LOAD and v.src[0].arg is s.buffer
+            and all(a is b for a, b in zip(v.src[0].src, s.indices)))
 
 
 def _all_true(lanes: int) -> ir.Value:

@@ -13,7 +13,9 @@ from llvmlite import ir
 from jitop.dtypes import DType, bool_
 from jitop.te.expr import Op
 
-FLAGS = ("contract",)  # lets LLVM fuse a*b+c into FMA, as TVM and every BLAS do
+# Reduction updates (acc + a*b) may fuse into FMA, as every BLAS does; elementwise arithmetic keeps
+# numpy's separate roundings, so a*b+c gives numpy's answer bit for bit.
+CONTRACT = ("contract",)
 
 
 def llvm_type(dt: DType) -> ir.Type:
@@ -152,19 +154,21 @@ def compare(b: ir.IRBuilder, op: Op, dt: DType, x: ir.Value, y: ir.Value) -> ir.
     return b.icmp_unsigned(sym, x, y)
 
 
-def binary(b: ir.IRBuilder, op: Op, dt: DType, x: ir.Value, y: ir.Value) -> ir.Value:
-    """x op y for operands of dtype `dt` (comparisons return i1)."""
+def binary(b: ir.IRBuilder, op: Op, dt: DType, x: ir.Value, y: ir.Value, contract: bool = False) -> ir.Value:
+    """x op y for operands of dtype `dt` (comparisons return i1); `contract` allows FMA fusion."""
     if op in _CMP:
         return compare(b, op, dt, x, y)
     if dt.is_float:
-        return _float_binary(b, op, dt, x, y)
+        return _float_binary(b, op, dt, x, y, CONTRACT if contract else ())
     return _int_binary(b, op, dt, x, y)
 
 
-def _float_binary(b: ir.IRBuilder, op: Op, dt: DType, x: ir.Value, y: ir.Value) -> ir.Value:
-    simple: dict[Op, Callable] = {Op.ADD: b.fadd, Op.SUB: b.fsub, Op.MUL: b.fmul, Op.DIV: b.fdiv}
+def _float_binary(b: ir.IRBuilder, op: Op, dt: DType, x: ir.Value, y: ir.Value, flags: tuple) -> ir.Value:
+    simple: dict[Op, Callable] = {Op.ADD: b.fadd, Op.SUB: b.fsub, Op.MUL: b.fmul}
     if op in simple:
-        return simple[op](x, y, flags=FLAGS) if op is not Op.DIV else b.fdiv(x, y)
+        return simple[op](x, y, flags=flags)
+    if op is Op.DIV:
+        return b.fdiv(x, y)
     if op in (Op.MIN, Op.MAX):
         return _minmax(b, dt, x, y, op is Op.MIN)
     if op in (Op.FLOORDIV, Op.FLOORMOD):
