@@ -42,3 +42,14 @@ def full_tracebacks() -> bool:
 def parallel_min_work() -> int:
     """Below this many scalar loop iterations a parallel loop runs on one thread (JITOP_PARALLEL_MIN_WORK)."""
     return _env_int("JITOP_PARALLEL_MIN_WORK", 1 << 15)
+
+
+def cache_dir() -> str:
+    """Directory of the persistent cache (JITOP_CACHE_DIR, default ~/.cache/jitop)."""
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jitop")
+    return os.environ.get("JITOP_CACHE_DIR") or default
+
+
+def cache_enabled() -> bool:
+    """JITOP_CACHE=0 disables the persistent cache."""
+    return _env_int("JITOP_CACHE", 1) != 0

@@ -46,6 +46,8 @@ child forgets the parent's workers (they do not exist there) and creates its own
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import ctypes
 import os
 import threading
@@ -56,7 +58,7 @@ import llvmlite.binding as llvm
 
 from jitop import config
 from jitop.codegen.loader import load_object
-from jitop.codegen.target import compile_ir
+from jitop.codegen.target import compile_ir, target_key
 
 __all__ = ["MAX_THREADS", "get_num_threads", "parallel_for_address", "pool_object_code", "run_parallel",
            "set_num_threads"]
@@ -469,9 +471,7 @@ def _build_pool() -> _Pool:
     # the initial values matter only where nothing calls configure (a library built from the object)
     ll = (_POOL_IR.replace("MAX_THREADS", str(MAX_THREADS)).replace("SLOTS_BYTES", str(MAX_THREADS * 128))
           .replace("NUM_THREADS", str(_num_threads)).replace("SPIN_TICKS", str(SPIN_TICKS)))
-    # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
-    # optimiser leaves it unchanged (measured) and would double the first-use compile time.
-    _, obj = compile_ir(ll, speed_level=0)
+    obj = _pool_object(ll)
     addrs = load_object(obj, ["jitop_parallel_for", "jitop_parallel_configure",
                               "jitop_parallel_awake_workers", "jitop_parallel_after_fork"])
     llvm.add_symbol("jitop_parallel_for", addrs["jitop_parallel_for"])
@@ -480,6 +480,20 @@ def _build_pool() -> _Pool:
     atexit.register(_settle, pool)
     os.register_at_fork(after_in_child=pool.after_fork)
     return pool
+
+
+def _pool_object(ll: str) -> bytes:
+    """Object code of the pool: from the persistent cache, else compiled (and cached for later processes)."""
+    from jitop.cache.store import DiskStore, NullStore
+    store = DiskStore(config.cache_dir()) if config.cache_enabled() else NullStore()
+    key = "pool-" + hashlib.sha256(json.dumps([ll, target_key()]).encode()).hexdigest()
+    obj = store.get(key)
+    if obj is None:
+        # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
+        # optimiser leaves it unchanged (measured) and would double the first-use compile time.
+        _, obj = compile_ir(ll, speed_level=0)
+        store.put(key, obj)
+    return obj
 
 
 def _get_pool() -> _Pool:
