@@ -32,6 +32,9 @@ def check_array(spec: ParamSpec, position: int, a: object) -> int:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{where} must be a numpy.ndarray ({spec.describe()}), got {type(a).__name__}")
     if a.dtype != spec.dtype:
+        if a.dtype.newbyteorder("=") == spec.dtype:
+            raise TypeError(f"{where} must be a native-byte-order {spec.dtype.name} array, got byte order "
+                            f"{a.dtype.str!r}; convert with .astype(np.{spec.dtype.name})")
         raise TypeError(f"{where} must have dtype {spec.dtype.name}, got {a.dtype.name}; "
                         f"convert with .astype(np.{spec.dtype.name}) or rebuild for {a.dtype.name}")
     if a.shape != spec.shape:

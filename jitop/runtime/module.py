@@ -47,8 +47,10 @@ class Module:
 
     def __call__(self, *arrays: Any) -> Any:
         if len(arrays) == self.n_inputs and self.n_inputs < len(self.params):
-            outs = [np.empty(p.shape, p.dtype) for p in self.params[self.n_inputs:]]
-            self._run(list(arrays) + outs)
+            given = iter(arrays)
+            full = [np.empty(p.shape, p.dtype) if p.is_output else next(given) for p in self.params]
+            self._run(full)
+            outs = [a for a, p in zip(full, self.params) if p.is_output]
             return outs[0] if len(outs) == 1 else tuple(outs)
         self._run(list(arrays))
         return None

@@ -127,11 +127,11 @@ class Expr:
         return expr_str(self)
 
     def __bool__(self) -> bool:
-        # lets dict/`in` lookups compare interned nodes; any other truth test is a mistake
-        if self.op is Op.EQ:
-            return self.src[0] is self.src[1]
-        if self.op is Op.NE:
-            return self.src[0] is not self.src[1]
+        # Interned nodes are equal iff identical. A dict lookup compares two keys with equal hashes
+        # (a hash collision): that must answer, not raise. Any other truth test is a mistake.
+        if self.op in (Op.EQ, Op.NE) and (self.src[0] is self.src[1] or hash(self.src[0]) == hash(self.src[1])):
+            same = self.src[0] is self.src[1]
+            return same if self.op is Op.EQ else not same
         raise TypeError(f"the truth value of the symbolic expression {self!r} is unknown until the kernel runs; "
                         "use te.if_then_else(cond, a, b) or te.select instead of Python `if`/`and`/`or`")
 
@@ -178,7 +178,7 @@ def _stable_arg(e: Expr) -> str:
     if e.op is Op.VAR:
         return e.arg[0]
     if e.op is Op.LOAD:
-        return getattr(e.arg, "key", None) or e.arg.name
+        return e.arg.key if hasattr(e.arg, "key") else f"{e.arg.name}|{e.arg.shape}|{e.arg.dtype}"
     if e.op is Op.REDUCE:
         return e.arg.key
     return repr(e.arg)
@@ -196,7 +196,8 @@ def _canonical_value(value: Any, dt: DType) -> Any:
     if dt.is_bool:
         return bool(value)
     if dt.is_int:
-        return int(np.array(value).astype(dt.np))  # wraps like numpy's cast
+        v = int(value) & ((1 << dt.bits) - 1)  # wraps like numpy's fixed-width integers
+        return v - (1 << dt.bits) if dt.is_signed and v >= 1 << (dt.bits - 1) else v
     return float(np.array(value, dtype=dt.np))
 
 
@@ -244,15 +245,42 @@ def _check_fits(value: Any, dt: DType) -> Any:
     return value
 
 
+_BITWISE = frozenset({Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
+_BOOL_AS_INT8 = frozenset({Op.FLOORDIV, Op.FLOORMOD, Op.TRUNCDIV, Op.TRUNCMOD, Op.SHL, Op.SHR})
+
+
 def binary(op: Op, a: Any, b: Any) -> Expr:
     """Build `a op b` with numpy's promotion; comparisons give bool, `/` on integers gives float64."""
-    x, y = promote_operands(a, b)
+    x, y = _comparable(a, b) if op in COMPARISONS or op is Op.DIV else promote_operands(a, b)
     if op is Op.DIV and not x.dtype.is_float:
         x, y = cast(x, dtypes.float64), cast(y, dtypes.float64)
-    if op in (Op.SHL, Op.SHR, Op.INVERT) and x.dtype.is_float:
-        raise TypeError(f"bitwise operator {op.name.lower()} is not defined for {x.dtype}")
+    if op in _BITWISE and x.dtype.is_float:
+        raise TypeError(f"bitwise operator '{op.name.lower()}' is not defined for {x.dtype} operands "
+                        "(numpy raises the same); cast to an integer dtype first")
+    if x.dtype.is_bool:
+        op, x, y = _bool_arithmetic(op, x, y)
     out = dtypes.bool_ if op in COMPARISONS else x.dtype
     return _fold(Expr(op, out, (x, y)))
+
+
+def _bool_arithmetic(op: Op, x: Expr, y: Expr) -> tuple[Op, Expr, Expr]:
+    # numpy: True + True is True (logical or), * is and, - is an error, // % << >> compute in int8
+    if op is Op.SUB:
+        raise TypeError("numpy boolean subtract, the `-` operator, is not supported; use ^ or logical_xor")
+    if op in _BOOL_AS_INT8:
+        return op, cast(x, dtypes.int8), cast(y, dtypes.int8)
+    return {Op.ADD: Op.OR, Op.MUL: Op.AND}.get(op, op), x, y
+
+
+def _comparable(a: Any, b: Any) -> tuple[Expr, Expr]:
+    """Operands of a comparison or true division: numpy 2 accepts Python ints outside the array's range."""
+    try:
+        return promote_operands(a, b)
+    except OverflowError:
+        strong, weak = (a, b) if _weak(b) else (b, a)
+        dt = dtypes.int64 if -(1 << 63) <= weak < (1 << 63) else dtypes.float64
+        x, y = cast(as_expr(strong), dt), const(weak, dt)
+        return (x, y) if strong is a else (y, x)
 
 
 def unary(op: Op, a: Any) -> Expr:
@@ -289,7 +317,7 @@ def call(name: str, *args: Any, dtype: Any = None) -> Expr:
 
 _FOLD: dict[Op, Callable[[Any, Any], Any]] = {
     Op.ADD: lambda a, b: a + b, Op.SUB: lambda a, b: a - b, Op.MUL: lambda a, b: a * b,
-    Op.MIN: min, Op.MAX: max,
+    Op.MIN: min, Op.MAX: max,  # NaN operands are never folded (see below)
     Op.EQ: lambda a, b: a == b, Op.NE: lambda a, b: a != b, Op.LT: lambda a, b: a < b,
     Op.LE: lambda a, b: a <= b, Op.GT: lambda a, b: a > b, Op.GE: lambda a, b: a >= b,
     Op.AND: lambda a, b: a & b, Op.OR: lambda a, b: a | b, Op.XOR: lambda a, b: a ^ b,
@@ -302,6 +330,8 @@ def _fold(e: Expr) -> Expr:
     vals = [s.value for s in e.src]
     if e.op in _FOLD and not any(isinstance(v, float) and math.isnan(v) for v in vals):
         return const(_FOLD[e.op](*vals), e.dtype)
+    if e.op is Op.DIV and vals[1] != 0:
+        return const(np.divide(*(np.array(v, e.dtype.np) for v in vals))[()], e.dtype)
     if e.op is Op.NEG and e.dtype.is_int:
         return const(-vals[0], e.dtype)
     if e.op in (Op.FLOORDIV, Op.FLOORMOD) and e.dtype.is_int and vals[1] != 0:

@@ -1,11 +1,14 @@
 """Readable text for scalar expressions (Python-like, minimal parentheses)."""
 from __future__ import annotations
 
+import numpy as np
+
 from jitop.te.expr import Expr, Op
 
-_INFIX = {Op.ADD: ("+", 4), Op.SUB: ("-", 4), Op.MUL: ("*", 5), Op.DIV: ("/", 5), Op.FLOORDIV: ("//", 5),
-          Op.FLOORMOD: ("%", 5), Op.AND: ("&", 2), Op.OR: ("|", 1), Op.XOR: ("^", 1), Op.SHL: ("<<", 3),
-          Op.SHR: (">>", 3), Op.EQ: ("==", 0), Op.NE: ("!=", 0), Op.LT: ("<", 0), Op.LE: ("<=", 0),
+# Python's precedences, so the text parses back the way it was built
+_INFIX = {Op.ADD: ("+", 5), Op.SUB: ("-", 5), Op.MUL: ("*", 6), Op.DIV: ("/", 6), Op.FLOORDIV: ("//", 6),
+          Op.FLOORMOD: ("%", 6), Op.AND: ("&", 3), Op.OR: ("|", 1), Op.XOR: ("^", 2), Op.SHL: ("<<", 4),
+          Op.SHR: (">>", 4), Op.EQ: ("==", 0), Op.NE: ("!=", 0), Op.LT: ("<", 0), Op.LE: ("<=", 0),
           Op.GT: (">", 0), Op.GE: (">=", 0)}
 _CALLS = {Op.MIN: "min", Op.MAX: "max", Op.TRUNCDIV: "truncdiv", Op.TRUNCMOD: "truncmod", Op.SELECT: "select"}
 
@@ -13,7 +16,7 @@ _CALLS = {Op.MIN: "min", Op.MAX: "max", Op.TRUNCDIV: "truncdiv", Op.TRUNCMOD: "t
 def _const(e: Expr) -> str:
     v = e.value
     if e.dtype.is_float:
-        text = repr(float(v)).replace("inf", "inf")
+        text = repr(float(v)) if e.dtype.bits == 64 else repr(float(v)) if not np.isfinite(v) else str(np.float32(v))
         return text if e.dtype.bits == 64 else f"{text}f"
     return repr(v)
 
@@ -29,12 +32,13 @@ def expr_str(e: Expr, prec: int = -1) -> str:
     if e.op in _INFIX:
         sym, p = _INFIX[e.op]
         a, b = e.src
-        text = f"{expr_str(a, p)} {sym} {expr_str(b, p + 1)}"
+        left = p + 1 if p == 0 else p  # comparisons do not chain
+        text = f"{expr_str(a, left)} {sym} {expr_str(b, p + 1)}"
         return f"({text})" if p < prec else text
     if e.op is Op.NEG:
-        return f"-{expr_str(e.src[0], 6)}"
+        return f"-{expr_str(e.src[0], 7)}"
     if e.op in (Op.NOT, Op.INVERT):
-        return f"~{expr_str(e.src[0], 6)}"
+        return f"~{expr_str(e.src[0], 7)}"
     if e.op is Op.CAST:
         return f"{e.dtype.name}({expr_str(e.src[0])})"
     if e.op is Op.REDUCE:

@@ -11,7 +11,7 @@ import numpy as np
 
 from jitop import dtypes
 from jitop.dtypes import DType
-from jitop.te.expr import Expr, Op, promote_operands as _binary_operands, as_expr, cast, const, var, walk
+from jitop.te.expr import Expr, Op, binary, promote_operands as _binary_operands, as_expr, cast, const, var, walk
 
 _op_ids = itertools.count()
 
@@ -84,14 +84,20 @@ class Tensor:
         idx = indices if isinstance(indices, tuple) else (indices,)
         if len(idx) != self.ndim:
             raise IndexError(f"tensor '{self.name}' has {self.ndim} dimensions {self.shape}; indexed with {len(idx)}")
-        exprs = tuple(cast(as_expr(i), dtypes.INDEX) for i in idx)
-        for i, e in zip(idx, exprs):
+        raw = tuple(as_expr(i) for i in idx)
+        for i, e in zip(idx, raw):
             if not (e.dtype.is_int or e.dtype.is_bool):
-                raise TypeError(f"index {i!r} of tensor '{self.name}' must be an integer expression, got {e.dtype}")
-        return Expr(Op.LOAD, self.dtype, exprs, self)
+                raise TypeError(f"index {i!r} of tensor '{self.name}' must be an integer expression, got {e.dtype}; "
+                                "convert explicitly with te.floor(x).astype('int64') if that is what you mean")
+        return Expr(Op.LOAD, self.dtype, tuple(cast(e, dtypes.INDEX) for e in raw), self)
 
     def __call__(self, *indices: Any) -> Expr:
         return self[indices]
+
+    @property
+    def key(self) -> str:
+        """Stable content hash: the producing operation's definition, shape, dtype and output index."""
+        return hashlib.sha256(f"{self.op.key}|{self.value_index}|{self.shape}|{self.dtype}".encode()).hexdigest()
 
     def __repr__(self) -> str:
         return f"Tensor({self.name}, shape={self.shape}, {self.dtype})"
@@ -125,6 +131,11 @@ class PlaceholderOp(Operation):
         self.name = name
         self.outputs = (Tensor(self, 0, shape, dtype),)
 
+    @property
+    def key(self) -> str:
+        t = self.outputs[0]
+        return hashlib.sha256(f"placeholder|{self.name}|{t.shape}|{t.dtype}".encode()).hexdigest()
+
 
 class ComputeOp(Operation):
     """out[axis] = body, optionally reducing over reduce_axis; several bodies share one loop nest."""
@@ -135,6 +146,11 @@ class ComputeOp(Operation):
         self.tag, self.attrs = tag, dict(attrs or {})
         shape = tuple(iv.extent for iv in axis)
         self.outputs = tuple(Tensor(self, k, shape, b.dtype) for k, b in enumerate(body))
+
+    @property
+    def key(self) -> str:
+        axes = ",".join(f"{iv.name}:{iv.extent}" for iv in self.axis + self.reduce_axis)
+        return hashlib.sha256(f"compute|{self.name}|{axes}|{'|'.join(b.key for b in self.body)}".encode()).hexdigest()
 
     @property
     def input_tensors(self) -> list[Tensor]:
@@ -276,5 +292,5 @@ def _highest(dt: DType) -> Expr:
 
 sum = Reducer("sum", lambda x, y: x + y, lambda dt: const(0, dt))  # noqa: A001 - TVM's name
 prod = Reducer("prod", lambda x, y: x * y, lambda dt: const(1, dt))
-max = Reducer("max", lambda x, y: Expr(Op.MAX, x.dtype, (x, y)), _lowest)  # noqa: A001
-min = Reducer("min", lambda x, y: Expr(Op.MIN, x.dtype, (x, y)), _highest)  # noqa: A001
+max = Reducer("max", lambda x, y: binary(Op.MAX, x, y), _lowest)  # noqa: A001
+min = Reducer("min", lambda x, y: binary(Op.MIN, x, y), _highest)  # noqa: A001

@@ -14,7 +14,7 @@ from jitop import dtypes
 from jitop.errors import LoweringError
 from jitop.schedule.schedule import Fuse, Schedule, Split, Stage
 from jitop.te.expr import Expr, Op, const, free_vars, rewrite, substitute
-from jitop.te.tensor import IterVar, Tensor
+from jitop.te.tensor import IterVar, PlaceholderOp, Tensor
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq
 from jitop.tir.passes import partition_loops, simplify_stmt
 from jitop.tir.simplify import Lin, atom_bounds, from_lin, prove, simplify, to_lin
@@ -195,9 +195,20 @@ class Lowering:
     # ** buffers **
     def make_buffers(self) -> tuple[Buffer, ...]:
         params = []
-        for t in self.args:
+        for k, t in enumerate(self.args):
             if not isinstance(t, Tensor):
                 raise TypeError(f"lower/build args must be tensors (placeholders and outputs), got {t!r}")
+            if t in self.buffers:
+                raise ValueError(f"tensor '{t.name}' appears twice in the argument list (positions "
+                                 f"{self.args.index(t)} and {k}); pass each tensor once")
+            if t.op not in self.sch.stage_map:
+                if not isinstance(t.op, PlaceholderOp):
+                    raise LoweringError(f"'{t.name}' is an argument but not computed by this schedule; "
+                                        "create_schedule from the outputs that use it")
+                b = Buffer(t.name, t.dtype, t.shape, "param")  # an input the computation does not read
+                self.buffers[t] = b
+                params.append(b)
+                continue
             if self.sch[t].attach_type == "inline":
                 raise LoweringError(f"'{t.name}' is an argument but its stage is inlined; an argument must be "
                                     "written to memory. Remove compute_inline for it")
@@ -303,7 +314,8 @@ class Lowering:
         out = seq(*(self.stage_stmt(s) for s in attached), body)
         for s in reversed(attached):
             for t in s.outputs:
-                out = Allocate(self.buffers[t], out)
+                if self.buffers[t].scope != "param":  # an argument lives in the caller's array
+                    out = Allocate(self.buffers[t], out)
         return out
 
     def function(self, name: str) -> PrimFunc:
@@ -313,7 +325,7 @@ class Lowering:
         for t, buf in self.buffers.items():
             if buf.scope == "global":
                 body = Allocate(buf, body)
-        outputs = tuple(k for k, t in enumerate(self.args) if not self.sch[t].is_placeholder)
+        outputs = tuple(k for k, t in enumerate(self.args) if not isinstance(t.op, PlaceholderOp))
         return PrimFunc(name, params, body, outputs)
 
 

@@ -97,6 +97,8 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
                             if isinstance(g, IfThenElse)) if c is not None and 0 < c < extent]
         if cuts:
             return _partition(s, min(cuts), ranges)
+    if isinstance(s, For) and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
+        return _loop(s.var, 1, s.kind, s.body, ranges)  # one iteration: no loop
     if isinstance(s, (For, Allocate)):
         return replace(s, body=partition_loops(s.body, ranges))
     if isinstance(s, Seq):
