@@ -48,7 +48,8 @@ def peers(a, b, c) -> list[list[object]]:
     rows = [["numpy", best_of(lambda: numpy_chain(a, b, c)) * 1e3, ""]]
     try:
         import numexpr
-        rows.append(["numexpr", best_of(lambda: numexpr.evaluate("tanh(a*b+c)*0.5 + exp(-a*a)")) * 1e3, ""])
+        rows.append(["numexpr", best_of(lambda: numexpr.evaluate("tanh(a*b+c)*0.5 + exp(-a*a)",
+                                                                         local_dict={"a": a, "b": b, "c": c})) * 1e3, ""])
     except ImportError:
         rows.append(["numexpr", "not installed", ""])
     try:
