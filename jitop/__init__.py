@@ -14,8 +14,10 @@ True
 """
 from jitop import te
 from jitop.driver import build, lower
+from jitop.kernel import FallbackError, JitopFallbackWarning, explain, kernel
 from jitop.runtime.module import Module, load_module
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 
 __version__ = "0.1.0"
-__all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "__version__"]
+__all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
+           "explain", "FallbackError", "JitopFallbackWarning", "__version__"]

@@ -29,6 +29,7 @@ MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of 
 CHUNK_LANES = 16
 MAX_UNROLL = 256
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
+ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
 
 
 @dataclass
@@ -94,7 +95,20 @@ class KernelCodegen:
     def build(self) -> ir.Module:
         self.stmt(self.func.body)
         self.st.finish()
+        self._object_trampoline()
         return self.module
+
+    def _object_trampoline(self) -> None:
+        """`<symbol>_objects(PyArrayObject*...)`: reads each array's data pointer (the field after
+        PyObject_HEAD) and calls the kernel, so callers skip ctypes' slow pointer extraction."""
+        kernel = self.st.fn
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(kernel.args)),
+                         f"{self.symbol}_objects")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        data = [b.load(b.gep(obj, [ir.Constant(I64, ARRAY_DATA_OFFSET)], source_etype=ir.IntType(8)), typ=PTR)
+                for obj in fn.args]
+        b.call(kernel, data)
+        b.ret_void()
 
     # ** statements **
     def stmt(self, s: Stmt) -> None:

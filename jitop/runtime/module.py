@@ -18,6 +18,20 @@ from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
 FORMAT_VERSION = 1
 
 
+def _data_offset_ok() -> bool:
+    """Whether numpy's array struct keeps the data pointer where the generated trampolines read it."""
+    global _OFFSET_OK
+    if _OFFSET_OK is None:
+        from jitop.codegen.kernel import ARRAY_DATA_OFFSET
+        probe = np.arange(3.0)
+        ptr = ctypes.c_void_p.from_address(id(probe) + ARRAY_DATA_OFFSET).value
+        _OFFSET_OK = ptr == probe.ctypes.data
+    return _OFFSET_OK
+
+
+_OFFSET_OK: bool | None = None
+
+
 class Module:
     """A callable compiled function. Call with one array per parameter (inputs, then outputs),
     or with the inputs only to get freshly allocated outputs back.
@@ -37,8 +51,12 @@ class Module:
             parallel_for_address()  # links jitop_parallel_for before the object that calls it
         self.checked = meta.get("checked_accesses", [])
         flag = [f"{meta['symbol']}_error"] if self.checked else []
-        addrs = load_object(object_code, [meta["symbol"]], flag)
-        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(addrs[meta["symbol"]])
+        addrs = load_object(object_code, [meta["symbol"], f"{meta['symbol']}_objects"], flag)
+        n = len(self.params)
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n)(addrs[meta["symbol"]])
+        # fast entry taking the arrays themselves (only for arrays already checked by the caller)
+        self.call_arrays = (ctypes.CFUNCTYPE(None, *[ctypes.py_object] * n)(addrs[f"{meta['symbol']}_objects"])
+                            if _data_offset_ok() else lambda *arrays: self._cfunc(*[a.ctypes.data for a in arrays]))
         self._error = ctypes.c_int32.from_address(addrs[flag[0]]) if flag else None
 
     @property
@@ -63,6 +81,10 @@ class Module:
         ptrs = [check_array(p, k, a) for k, (p, a) in enumerate(zip(self.params, arrays))]
         check_no_overlap(self.params, arrays)
         self._cfunc(*ptrs)
+        self.raise_if_error()
+
+    def raise_if_error(self) -> None:
+        """Raise the IndexError a run-time bounds check recorded during the last call, if any."""
         if self._error is not None and self._error.value:
             code, self._error.value = self._error.value, 0
             raise IndexError(f"{self.name}: out-of-bounds {self.checked[code - 1]}; the access was skipped, the "

@@ -294,7 +294,7 @@ class Lowering:
         """Loops over `leaves` around `inner`; each guard sits just inside the loop of its innermost variable."""
         depth = {iv.var: k for k, iv in enumerate(leaves)}
         levels: dict[int, list[Expr]] = {}
-        for g in guards:
+        for g in dict.fromkeys(guards):  # a split tail and a region edge can give the same condition
             level = max((depth[v] for v in free_vars(g) if v in depth), default=-1)
             levels.setdefault(level, []).append(g)
         body = inner

@@ -1,0 +1,110 @@
+"""A traced graph -> one compiled Module plus the plan for calling it (inputs, constants, outputs)."""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+import jitop
+from jitop.graph import schedule_rules
+from jitop.graph.fusion import Group, groups, materialize
+from jitop.graph.ir import Node, node, toposort
+from jitop.graph.to_te import ToTE
+from jitop.runtime.module import Module
+
+
+@dataclass
+class Plan:
+    """How a call's arguments become the kernel's arrays."""
+
+    inputs: list[tuple[str, Any]]            # ("arg", position) | ("scalar", (position, dtype)) | ("const", array)
+    outputs: list[tuple[tuple[int, ...], np.dtype]]
+    result_slots: list[int]                  # flat function result k -> output array index
+
+
+@dataclass
+class Executable:
+    """A compiled traced function: call with the argument values of the original function."""
+
+    module: Module
+    plan: Plan
+    groups: list[Group] = field(default_factory=list)
+    func: Any = None  # the lowered loop IR, for explain()
+
+    def __post_init__(self) -> None:
+        self._getters = [_getter(kind, what) for kind, what in self.plan.inputs]
+        self._allocs = [_allocator(shape, dt) for shape, dt in self.plan.outputs]
+        self._identity_slots = self.plan.result_slots == list(range(len(self.plan.outputs)))
+
+    def run(self, args: list[Any]) -> list[np.ndarray]:
+        """Run on the argument values (already matched to this signature); the output arrays."""
+        outs = [alloc() for alloc in self._allocs]
+        self.module.call_arrays(*[get(args) for get in self._getters], *outs)
+        if self.module._error is not None:
+            self.module.raise_if_error()
+        return outs if self._identity_slots else [outs[k] for k in self.plan.result_slots]
+
+
+REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
+
+
+def _allocator(shape: tuple[int, ...], dt: np.dtype) -> Callable[[], np.ndarray]:
+    """A fresh output array. A big one reuses the previous call's result if nothing references it any more:
+    its pages are already mapped, which saves the page faults that otherwise dominate memory-bound kernels."""
+    if math.prod(shape) * dt.itemsize < REUSE_BYTES:
+        return lambda: np.empty(shape, dt)
+    spare: list[np.ndarray] = []
+
+    def alloc() -> np.ndarray:
+        try:
+            a = spare.pop()  # atomic: two threads never get the same array
+        except IndexError:
+            a = None
+        if a is None or sys.getrefcount(a) > 2:  # someone still holds it (the local and the call's argument)
+            a = np.empty(shape, dt)
+        spare.append(a)
+        return a
+    return alloc
+
+
+def _getter(kind: str, what: Any) -> Callable[[list[Any]], np.ndarray]:
+    """How one kernel input is taken from the call's arguments (contiguous, aligned numpy arrays)."""
+    if kind == "arg":
+        def array_arg(args: list[Any], k: int = what) -> np.ndarray:
+            a = args[k]
+            flags = a.flags
+            return a if flags.c_contiguous and flags.aligned else np.ascontiguousarray(a)
+        return array_arg
+    if kind == "scalar":
+        pos, dt = what
+        return lambda args: np.asarray(args[pos], dtype=dt)
+    return lambda args: what
+
+
+def _fresh(r: Node) -> Node:
+    # an output that is an input or a constant still gets its own array, written by the kernel
+    return node("copy", r.shape, r.dtype, (r,)) if r.prim in ("arg", "scalar_arg", "array_const", "const") else r
+
+
+def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
+                  results: list[Node]) -> Executable:
+    """Fuse, lower to te, schedule and build the graph computing `results` from `inputs`."""
+    outputs = [_fresh(r) for r in results]
+    unique = list(dict.fromkeys(outputs))
+    why = materialize(unique)
+    lowering = ToTE(why)
+    placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
+    for n in toposort(unique):
+        if n.prim == "array_const" and n not in lowering.st.placeholders:
+            placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
+            input_plan = input_plan + [("const", np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape))]
+    out_tensors = [lowering.tensor(n) for n in unique]
+    sch = schedule_rules.apply(lowering.st, unique, why)
+    func = jitop.lower(sch, placeholders + out_tensors, name=name)
+    from jitop.driver import compile_func
+    module = compile_func(func)
+    plan = Plan(input_plan, [(n.shape, n.dtype.np) for n in unique], [unique.index(o) for o in outputs])
+    return Executable(module, plan, groups(unique, why), func)

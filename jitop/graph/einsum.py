@@ -1,0 +1,61 @@
+"""np.einsum for contractions expressible as (batched) matmul, plus transposes and sums of one operand."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from jitop.graph.tracer import Unsupported
+
+
+def _parse(subscripts: str, n_ops: int) -> tuple[list[str], str]:
+    spec = subscripts.replace(" ", "")
+    if "." in spec:
+        raise Unsupported("np.einsum with '...'")
+    ins, _, out = spec.partition("->")
+    terms = ins.split(",")
+    if len(terms) != n_ops:
+        raise ValueError(f"einsum: {len(terms)} subscript terms for {n_ops} operands")
+    if "->" not in spec:
+        counts = {c: ins.count(c) for c in set(ins.replace(",", ""))}
+        out = "".join(sorted(c for c, k in counts.items() if k == 1))
+    for t in terms:
+        if len(set(t)) != len(t):
+            raise Unsupported("np.einsum with a repeated index in one operand (diagonals)")
+    return terms, out
+
+
+def _sum_out(x: Any, term: str, keep: set[str]) -> tuple[Any, str]:
+    """Sum away the indices of `term` not in `keep`."""
+    axes = tuple(i for i, c in enumerate(term) if c not in keep)
+    if axes:
+        x = np.sum(x, axis=axes)
+    return x, "".join(c for c in term if c in keep)
+
+
+def _to_order(x: Any, term: str, order: str) -> Any:
+    return np.transpose(x, [term.index(c) for c in order]) if term != order else x
+
+
+def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
+    if kwargs.get("out") is not None or len(operands) not in (1, 2):
+        raise Unsupported("np.einsum with out= or more than two operands")
+    terms, out = _parse(subscripts, len(operands))
+    if len(operands) == 1:
+        x, term = _sum_out(operands[0], terms[0], set(out))
+        return _to_order(x, term, out)
+    (a, ta), (b, tb) = (_sum_out(op, t, set(out) | set(other))
+                        for op, t, other in ((operands[0], terms[0], terms[1]), (operands[1], terms[1], terms[0])))
+    batch = [c for c in ta if c in tb and c in out]
+    contract = [c for c in ta if c in tb and c not in out]
+    free_a = [c for c in ta if c not in tb]
+    free_b = [c for c in tb if c not in ta]
+    size = {c: d for t, x in ((ta, a), (tb, b)) for c, d in zip(t, np.shape(x))}
+    a3 = np.reshape(_to_order(a, ta, "".join(batch + free_a + contract)),
+                    [size[c] for c in batch] + [math.prod(size[c] for c in free_a), math.prod(size[c] for c in contract)])
+    b3 = np.reshape(_to_order(b, tb, "".join(batch + contract + free_b)),
+                    [size[c] for c in batch] + [math.prod(size[c] for c in contract), math.prod(size[c] for c in free_b)])
+    r = np.matmul(a3, b3)
+    r = np.reshape(r, [size[c] for c in batch + free_a + free_b])
+    return _to_order(r, "".join(batch + free_a + free_b), out)

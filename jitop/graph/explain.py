@@ -1,0 +1,28 @@
+"""Text for f.explain(): the traced graph, fusion groups and why each ended, schedules and loop IR."""
+from __future__ import annotations
+
+from typing import Any
+
+from jitop.graph.ir import Node, toposort
+
+
+def _node_line(n: Node, names: dict[Node, str]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in n.params if k not in ("data", "index"))
+    src = ", ".join(names[s] for s in n.src)
+    return f"  {names[n]} = {n.prim}({src}{', ' if src and params else ''}{params}) : {n.dtype}{list(n.shape)}"
+
+
+def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
+    order = toposort(trace.results)
+    names = {n: f"%{k}" for k, n in enumerate(order)}
+    for n, arg in zip(trace.inputs, trace.names):
+        names[n] = arg
+    lines = [f"jitop.kernel '{name}' — {'in-memory cache hit' if cached else 'compiled for this call (cache miss)'}",
+             "", "traced graph:"]
+    lines += [_node_line(n, names) for n in order if n not in trace.inputs]
+    lines += ["", "fusion groups (one loop nest each; inlined nodes run inside it):"]
+    for g in exe.groups:
+        inlined = ", ".join(names.get(m, "?") for m in g.members) or "nothing"
+        lines.append(f"  {names.get(g.root, '?')}: inlines {inlined}; ends because: {g.reason}")
+    lines += ["", "loop IR (schedule applied):", str(exe.func)]
+    return "\n".join(lines)

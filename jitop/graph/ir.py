@@ -1,0 +1,101 @@
+"""The traced graph: hash-consed array nodes (equal subgraphs are one object, so CSE is free).
+
+A Node is an array value: its primitive, static shape, dtype, inputs and hashable params.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import Any, Iterable
+
+from jitop.dtypes import DType
+
+
+class Node:
+    """One array value of a traced function. Build with `node(...)`, never directly."""
+
+    __slots__ = ("prim", "shape", "dtype", "src", "params", "weak", "_hash", "__weakref__")
+    _intern: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
+
+    prim: str
+    shape: tuple[int, ...]
+    dtype: DType
+    src: tuple["Node", ...]
+    params: tuple
+    weak: bool  # a Python scalar: promotes like one (NEP 50)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"{self.prim}{list(self.shape)}:{self.dtype}"
+
+    @property
+    def key(self) -> str:
+        """Stable content hash of the node and everything it depends on."""
+        h = hashlib.sha256(f"{self.prim}|{self.shape}|{self.dtype}|{self.weak}|{_stable(self.params)}".encode())
+        for s in self.src:
+            h.update(s.key.encode())
+        return h.hexdigest()
+
+
+def _stable(params: tuple) -> str:
+    return repr(tuple((k, v.hex() if isinstance(v, bytes) else v) for k, v in params))
+
+
+def node(prim: str, shape: tuple[int, ...], dtype: DType, src: Iterable[Node] = (), weak: bool = False,
+         **params: Any) -> Node:
+    """The unique node for (prim, shape, dtype, src, params)."""
+    src = tuple(src)
+    ps = tuple(sorted(params.items()))
+    key = (prim, tuple(shape), dtype, tuple(id(s) for s in src), ps, weak)
+    found = Node._intern.get(key)
+    if found is not None and all(a is b for a, b in zip(found.src, src)):
+        return found
+    n = object.__new__(Node)
+    for name, value in (("prim", prim), ("shape", tuple(int(d) for d in shape)), ("dtype", dtype), ("src", src),
+                        ("params", ps), ("weak", weak), ("_hash", hash(key))):
+        object.__setattr__(n, name, value)
+    Node._intern[key] = n
+    return n
+
+
+def toposort(outputs: Iterable[Node]) -> list[Node]:
+    """Every node the outputs depend on, inputs first."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack = [(o, False) for o in outputs]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        stack.extend((s, False) for s in reversed(n.src))
+    return order
+
+
+def consumers(order: list[Node]) -> dict[Node, list[Node]]:
+    """Node -> the nodes that read it (each reader once)."""
+    out: dict[Node, list[Node]] = {n: [] for n in order}
+    for n in order:
+        for s in dict.fromkeys(n.src):
+            out[s].append(n)
+    return out

@@ -1,0 +1,561 @@
+"""numpy's API on Tracers: ufuncs, reductions, shape functions, creation functions.
+
+Each function computes the result's shape and dtype exactly as numpy does (ufunc dtypes come from
+numpy's own `ufunc.resolve_dtypes`, so NEP 50 promotion is numpy's) and records one graph node.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitop import dtypes
+from jitop.graph.ir import Node, node
+from jitop.graph.tracer import Tracer, Unsupported, as_node, weak_proxy
+
+FUNCTIONS: dict[Callable, Callable] = {}
+
+
+def implements(*funcs: Callable):
+    def register(impl: Callable) -> Callable:
+        for f in funcs:
+            FUNCTIONS[f] = impl
+        return impl
+    return register
+
+
+def wrap(n: Node) -> Tracer:
+    return Tracer(n)
+
+
+def _dtype(np_dtype: np.dtype) -> dtypes.DType:
+    if np_dtype.name not in dtypes.DTYPES:
+        raise Unsupported(f"dtype {np_dtype} (jitop supports bool, int8-64, uint8-64, float32, float64)")
+    return dtypes.as_dtype(np_dtype)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"operands could not be broadcast together with shapes {' '.join(map(str, shapes))}") from None
+
+
+# ** ufuncs **
+
+SUPPORTED_UFUNCS = frozenset("""add subtract multiply divide true_divide floor_divide remainder mod fmod power
+float_power negative positive absolute fabs sign reciprocal square sqrt cbrt exp exp2 expm1 log log2 log10 log1p
+logaddexp logaddexp2 sin cos tan arcsin arccos arctan arctan2 sinh cosh tanh arcsinh arccosh arctanh hypot deg2rad
+rad2deg degrees radians maximum minimum fmax fmin floor ceil trunc rint isnan isinf isfinite signbit copysign
+logical_and logical_or logical_xor logical_not equal not_equal less less_equal greater greater_equal bitwise_and
+bitwise_or bitwise_xor invert bitwise_not left_shift right_shift conjugate""".split())
+
+_POWER_SHORTCUTS = {2: "square", 2.0: "square", 1: "positive", 1.0: "positive", 0.5: "sqrt", -1.0: "reciprocal"}
+_REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min", "logical_and": "all",
+                  "logical_or": "any", "fmax": "fmax", "fmin": "fmin"}
+
+
+def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> Any:
+    if method == "reduce" and ufunc.__name__ in _REDUCE_UFUNCS:
+        axis = kwargs.pop("axis", 0)
+        return reduce(inputs[0], _REDUCE_UFUNCS[ufunc.__name__], axis=axis, **kwargs)
+    if method != "__call__":
+        raise Unsupported(f"np.{ufunc.__name__}.{method}")
+    if ufunc is np.matmul:
+        return matmul(*inputs, **kwargs)
+    if ufunc.__name__ not in SUPPORTED_UFUNCS:
+        raise Unsupported(f"np.{ufunc.__name__}")
+    out = kwargs.pop("out", None)
+    if out is not None:
+        raise Unsupported(f"np.{ufunc.__name__}(..., out=...) (in-place output)")
+    dtype = kwargs.pop("dtype", None)
+    if kwargs.pop("where", True) is not True or kwargs:
+        raise Unsupported(f"np.{ufunc.__name__} with arguments {sorted(kwargs) or ['where']}")
+    return ufunc_call(ufunc, [as_node(x) for x in inputs], dtype)
+
+
+def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
+    sig = tuple(weak_proxy(s) for s in srcs) + (None,) * ufunc.nout
+    if dtype is not None:
+        sig = sig[:-1] + (np.dtype(dtype),)
+    try:
+        resolved = ufunc.resolve_dtypes(sig)
+    except TypeError:
+        names = ", ".join(s.dtype.name for s in srcs)
+        raise TypeError(f"ufunc '{ufunc.__name__}' not supported for the input types ({names})") from None
+    ins, outs = resolved[:ufunc.nin], resolved[ufunc.nin:]
+    if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS:
+        # numpy computes x**2 as x*x, x**0.5 as sqrt(x), ... (exactly, and much faster than pow)
+        name = _POWER_SHORTCUTS[srcs[1].param("value")]
+        return wrap(node("ufunc", srcs[0].shape, _dtype(outs[0]), srcs[:1], weak=srcs[0].weak, name=name,
+                         in_dtypes=(_dtype(ins[0]).name,)))
+    shape = broadcast_shapes(*(s.shape for s in srcs))
+    in_names = tuple(_dtype(d).name for d in ins)
+    weak = all(s.weak for s in srcs)
+    return wrap(node("ufunc", shape, _dtype(outs[0]), srcs, weak=weak, name=ufunc.__name__, in_dtypes=in_names))
+
+
+# ** reductions **
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for a in items:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise np.exceptions.AxisError(f"axis {a} is out of bounds for array of dimension {ndim}")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ValueError("duplicate value in 'axis'")
+    return tuple(sorted(out))
+
+
+def _sum_dtype(dt: dtypes.DType) -> dtypes.DType:
+    return _dtype(np.add.reduce(np.zeros(1, dt.np)).dtype)  # ints and bool widen like numpy
+
+
+def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool = False, out: Any = None,
+           initial: Any = None, where: Any = True) -> Any:
+    if out is not None or initial is not None or where is not True:
+        raise Unsupported(f"np.{op} with out=/initial=/where=")
+    n = as_node(x)
+    axes = _axes(axis, n.ndim)
+    if op in ("sum", "prod"):
+        out_dt = _dtype(np.dtype(dtype)) if dtype is not None else _sum_dtype(n.dtype)
+    elif op in ("all", "any"):
+        out_dt = dtypes.bool_
+    else:
+        out_dt = n.dtype
+        if any(n.shape[a] == 0 for a in axes):
+            raise ValueError(f"zero-size array to reduction operation {op} which has no identity")
+    src = cast_node(n, out_dt) if op not in ("all", "any") else cast_node(n, dtypes.bool_)
+    shape = tuple(d for i, d in enumerate(n.shape) if i not in axes)
+    r = node("reduce", shape, out_dt, (src,), op=op, axes=axes)
+    return _keepdims(wrap(r), n.shape, axes, keepdims)
+
+
+def _keepdims(t: Tracer, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> Tracer:
+    if not keepdims:
+        return t
+    return reshape(t, tuple(1 if i in axes else d for i, d in enumerate(shape)))
+
+
+def cast_node(n: Node, dt: dtypes.DType) -> Node:
+    return n if n.dtype is dt else node("cast", n.shape, dt, (n,))
+
+
+@implements(np.sum)
+def sum_(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    return reduce(a, "sum", axis, dtype, keepdims, out, initial, where)
+
+
+@implements(np.prod)
+def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    return reduce(a, "prod", axis, dtype, keepdims, out, initial, where)
+
+
+@implements(np.max, np.amax)
+def max_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    return reduce(a, "max", axis, None, keepdims, out, initial, where)
+
+
+@implements(np.min, np.amin)
+def min_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    return reduce(a, "min", axis, None, keepdims, out, initial, where)
+
+
+@implements(np.all)
+def all_(a, axis=None, out=None, keepdims=False, where=True):
+    return reduce(a, "all", axis, None, keepdims, out, None, where)
+
+
+@implements(np.any)
+def any_(a, axis=None, out=None, keepdims=False, where=True):
+    return reduce(a, "any", axis, None, keepdims, out, None, where)
+
+
+@implements(np.mean)
+def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
+    n = as_node(a)
+    axes = _axes(axis, n.ndim)
+    count = math.prod(n.shape[i] for i in axes)
+    acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
+    total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
+    return np.true_divide(total, count) if dtype is None else np.true_divide(total, count).astype(dtype)
+
+
+@implements(np.var)
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
+    m = mean(a, axis, dtype, keepdims=True)
+    centered = np.subtract(a, m)
+    n = as_node(a)
+    count = math.prod(n.shape[i] for i in _axes(axis, n.ndim))
+    sq = np.multiply(centered, centered)
+    return np.true_divide(sum_(sq, axis, dtype, keepdims=keepdims), builtins.max(count - ddof, 0))
+
+
+@implements(np.std)
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
+    return np.sqrt(var(a, axis, dtype, out, ddof, keepdims, where))
+
+
+def _argreduce(a: Any, op: str, axis: Any, keepdims: bool) -> Tracer:
+    n = as_node(a)
+    if axis is None:
+        n = reshape(wrap(n), (-1,)).node
+        axis = 0
+    ax = _axes(axis, n.ndim)[0]
+    if n.shape[ax] == 0:
+        raise ValueError(f"attempt to get {op} of an empty sequence")
+    shape = tuple(d for i, d in enumerate(n.shape) if i != ax)
+    r = wrap(node("argreduce", shape, dtypes.int64, (n,), op=op, axis=ax))
+    return _keepdims(r, n.shape, (ax,), keepdims)
+
+
+@implements(np.argmax)
+def argmax(a, axis=None, out=None, *, keepdims=False):
+    return _argreduce(a, "argmax", axis, keepdims)
+
+
+@implements(np.argmin)
+def argmin(a, axis=None, out=None, *, keepdims=False):
+    return _argreduce(a, "argmin", axis, keepdims)
+
+
+# ** shapes **
+
+@implements(np.reshape)
+def reshape(a, *shape, order="C", newshape=None, copy=None):
+    if order != "C":
+        raise Unsupported(f"reshape with order={order!r}")
+    n = as_node(a)
+    if newshape is not None:
+        shape = (newshape,)
+    target = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    target = (target,) if isinstance(target, int) else tuple(int(d) for d in target)
+    if target.count(-1) > 1:
+        raise ValueError("can only specify one unknown dimension")
+    if -1 in target:
+        known = math.prod(d for d in target if d != -1)
+        if known == 0 or n.size % known:
+            raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
+        target = tuple(n.size // known if d == -1 else d for d in target)
+    if math.prod(target) != n.size:
+        raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
+    if target == n.shape:
+        return wrap(n)
+    return wrap(node("reshape", target, n.dtype, (n,), weak=n.weak))
+
+
+@implements(np.ravel)
+def ravel(a, order="C"):
+    return reshape(a, (-1,), order=order)
+
+
+@implements(np.transpose)
+def transpose(a, axes=None):
+    n = as_node(a)
+    perm = tuple(reversed(range(n.ndim))) if axes is None else tuple(int(x) % builtins.max(n.ndim, 1) for x in axes)
+    if sorted(perm) != list(range(n.ndim)):
+        raise ValueError("axes don't match array")
+    if perm == tuple(range(n.ndim)):
+        return wrap(n)
+    return wrap(node("transpose", tuple(n.shape[p] for p in perm), n.dtype, (n,), perm=perm))
+
+
+@implements(np.swapaxes)
+def swapaxes(a, axis1, axis2):
+    n = as_node(a)
+    perm = list(range(n.ndim))
+    i, j = _axes(axis1, n.ndim)[0], _axes(axis2, n.ndim)[0]
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(a, perm)
+
+
+@implements(np.moveaxis)
+def moveaxis(a, source, destination):
+    n = as_node(a)
+    src = [s % n.ndim for s in (source if isinstance(source, (list, tuple)) else [source])]
+    dst = [d % n.ndim for d in (destination if isinstance(destination, (list, tuple)) else [destination])]
+    order = [i for i in range(n.ndim) if i not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return transpose(a, order)
+
+
+@implements(np.expand_dims)
+def expand_dims(a, axis):
+    n = as_node(a)
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    ndim = n.ndim + len(axes)
+    axes = {int(x) % ndim for x in axes}
+    it = iter(n.shape)
+    return reshape(a, tuple(1 if i in axes else next(it) for i in range(ndim)))
+
+
+@implements(np.squeeze)
+def squeeze(a, axis=None):
+    n = as_node(a)
+    axes = [i for i, d in enumerate(n.shape) if d == 1] if axis is None else list(_axes(axis, n.ndim))
+    for i in axes:
+        if n.shape[i] != 1:
+            raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    return reshape(a, tuple(d for i, d in enumerate(n.shape) if i not in axes))
+
+
+@implements(np.broadcast_to)
+def broadcast_to(a, shape, subok=False):
+    n = as_node(a)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if broadcast_shapes(n.shape, shape) != shape:
+        raise ValueError(f"cannot broadcast array of shape {n.shape} to {shape}")
+    return wrap(n) if n.shape == shape else wrap(node("broadcast", shape, n.dtype, (n,), weak=n.weak))
+
+
+@implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
+    if out is not None:
+        raise Unsupported("np.concatenate(..., out=...)")
+    nodes = [as_node(a) for a in arrays]
+    if axis is None:
+        nodes = [reshape(wrap(n), (-1,)).node for n in nodes]
+        axis = 0
+    ax = _axes(axis, nodes[0].ndim)[0]
+    dt = _dtype(np.result_type(*(_promotion_operand(n) for n in nodes)))
+    if dtype is not None:
+        dt = _dtype(np.dtype(dtype))
+    base = nodes[0].shape
+    for n in nodes:
+        if n.ndim != len(base) or any(d != b for i, (d, b) in enumerate(zip(n.shape, base)) if i != ax):
+            raise ValueError("all the input array dimensions except for the concatenation axis must match exactly")
+    shape = base[:ax] + (builtins.sum(n.shape[ax] for n in nodes),) + base[ax + 1:]
+    return wrap(node("concat", shape, dt, tuple(cast_node(n, dt) for n in nodes), axis=ax))
+
+
+@implements(np.stack)
+def stack(arrays, axis=0, out=None, dtype=None):
+    arrays = list(arrays)
+    ndim = as_node(arrays[0]).ndim + 1
+    return concatenate([expand_dims(a, axis % ndim) for a in arrays], axis=axis % ndim, dtype=dtype)
+
+
+@implements(np.hstack)
+def hstack(tup, dtype=None):
+    nodes = [as_node(a) for a in tup]
+    return concatenate(tup, axis=0 if nodes[0].ndim == 1 else 1, dtype=dtype)
+
+
+@implements(np.vstack)
+def vstack(tup, dtype=None):
+    return concatenate([atleast_2d(a) for a in tup], axis=0, dtype=dtype)
+
+
+@implements(np.atleast_2d)
+def atleast_2d(a):
+    n = as_node(a)
+    return reshape(a, (1,) * (2 - n.ndim) + n.shape) if n.ndim < 2 else wrap(n)
+
+
+@implements(np.split)
+def split(a, indices_or_sections, axis=0):
+    n = as_node(a)
+    ax = _axes(axis, n.ndim)[0]
+    size = n.shape[ax]
+    if isinstance(indices_or_sections, int):
+        if size % indices_or_sections:
+            raise ValueError("array split does not result in an equal division")
+        step = size // indices_or_sections
+        bounds = list(range(0, size + 1, step)) if step else [0] * (indices_or_sections + 1)
+    else:
+        bounds = [0] + [builtins.min(int(i), size) for i in indices_or_sections] + [size]
+    parts = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        key = (slice(None),) * ax + (slice(lo, builtins.max(lo, hi)),)
+        parts.append(wrap(n)[key])
+    return parts
+
+
+@implements(np.flip)
+def flip(m, axis=None):
+    n = as_node(m)
+    axes = _axes(axis, n.ndim)
+    key = tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(n.ndim))
+    return wrap(n)[key]
+
+
+@implements(np.where)
+def where(condition, x=None, y=None):
+    if x is None or y is None:
+        raise Unsupported("np.where(condition) with one argument (data-dependent output shape)")
+    c, a, b = as_node(condition), as_node(x), as_node(y)
+    dt = _dtype(np.result_type(_promotion_operand(a), _promotion_operand(b)))
+    shape = broadcast_shapes(c.shape, a.shape, b.shape)
+    return wrap(node("where", shape, dt, (cast_node(c, dtypes.bool_), cast_node(a, dt), cast_node(b, dt)),
+                     weak=a.weak and b.weak))
+
+
+def _promotion_operand(n: Node) -> Any:
+    """For np.result_type: the dtype, or for a weak Python scalar a Python value of its kind (NEP 50)."""
+    if not n.weak:
+        return n.dtype.np
+    return False if n.dtype.is_bool else (0 if n.dtype.is_int else 0.0)
+
+
+@implements(np.clip)
+def clip(a, a_min=None, a_max=None, out=None, **kwargs):
+    if out is not None:
+        raise Unsupported("np.clip(..., out=...)")
+    a_min = kwargs.pop("min", a_min)
+    a_max = kwargs.pop("max", a_max)
+    r = a
+    if a_min is not None:
+        r = np.maximum(r, a_min)
+    if a_max is not None:
+        r = np.minimum(r, a_max)
+    return r
+
+
+@implements(np.round, np.around)
+def round_(a, decimals=0, out=None):
+    if out is not None:
+        raise Unsupported("np.round(..., out=...)")
+    n = as_node(a)
+    if n.dtype.kind in "biu":
+        return wrap(n)
+    if decimals == 0:
+        return np.rint(a)
+    scale = 10.0 ** decimals
+    return np.true_divide(np.rint(np.multiply(a, scale)), scale) if decimals > 0 else \
+        np.multiply(np.rint(np.true_divide(a, 10.0 ** -decimals)), 10.0 ** -decimals)
+
+
+def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
+    n = as_node(a)
+    return wrap(cast_node(n, _dtype(np.dtype(dtype))))
+
+
+# ** matmul family **
+
+@implements(np.matmul)
+def matmul(a, b, out=None, **kwargs):
+    if out is not None:
+        raise Unsupported("np.matmul(..., out=...)")
+    x, y = as_node(a), as_node(b)
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError("matmul: Input operand does not have enough dimensions")
+    dt = _dtype(np.result_type(x.dtype.np, y.dtype.np))
+    x1, y1 = x.ndim == 1, y.ndim == 1
+    if x1:
+        x = reshape(wrap(x), (1, x.shape[0])).node
+    if y1:
+        y = reshape(wrap(y), (y.shape[0], 1)).node
+    if x.shape[-1] != y.shape[-2]:
+        raise ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+                         f"(n?,k),(k,m?)->(n?,m?) (size {y.shape[-2]} is different from {x.shape[-1]})")
+    batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    shape = batch + (x.shape[-2], y.shape[-1])
+    r = wrap(node("matmul", shape, dt, (cast_node(x, dt), cast_node(y, dt))))
+    if x1:
+        r = squeeze(r, -2)
+    if y1:
+        r = squeeze(r, -1)
+    return r
+
+
+@implements(np.dot)
+def dot(a, b, out=None):
+    x, y = as_node(a), as_node(b)
+    if x.ndim == 0 or y.ndim == 0:
+        return np.multiply(a, b)
+    if x.ndim <= 2 and y.ndim <= 2:
+        return matmul(a, b)
+    raise Unsupported("np.dot of arrays with more than 2 dimensions", "use np.matmul or np.einsum")
+
+
+@implements(np.einsum)
+def einsum(subscripts, *operands, **kwargs):
+    from jitop.graph.einsum import einsum as impl
+    return impl(subscripts, *operands, **kwargs)
+
+
+# ** creation **
+
+def _creation_dtype(dtype: Any, default: str = "float64") -> dtypes.DType:
+    return _dtype(np.dtype(default if dtype is None else dtype))
+
+
+def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
+    shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if isinstance(value, Tracer):
+        return broadcast_to(astype(value, dt.np), shape)
+    c = node("const", (), dt, value=dt.np.type(value).item())
+    return wrap(c) if shape == () else wrap(node("broadcast", shape, dt, (c,)))
+
+
+@implements(np.zeros_like)
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None):
+    n = as_node(a)
+    return full_node(n.shape if shape is None else shape, 0, _creation_dtype(dtype, n.dtype.name))
+
+
+@implements(np.ones_like)
+def ones_like(a, dtype=None, order="K", subok=True, shape=None):
+    n = as_node(a)
+    return full_node(n.shape if shape is None else shape, 1, _creation_dtype(dtype, n.dtype.name))
+
+
+@implements(np.empty_like)
+def empty_like(a, dtype=None, order="K", subok=True, shape=None):
+    return zeros_like(a, dtype, order, subok, shape)
+
+
+@implements(np.full_like)
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
+    n = as_node(a)
+    return full_node(n.shape if shape is None else shape, fill_value, _creation_dtype(dtype, n.dtype.name))
+
+
+@implements(np.copy)
+def copy(a, order="K", subok=False):
+    return wrap(as_node(a))
+
+
+@implements(np.tril)
+def tril(m, k=0):
+    return _tri_mask(m, k, lower=True)
+
+
+@implements(np.triu)
+def triu(m, k=0):
+    return _tri_mask(m, k, lower=False)
+
+
+def _tri_mask(m: Any, k: int, lower: bool) -> Tracer:
+    n = as_node(m)
+    rows, cols = n.shape[-2], n.shape[-1]
+    i = wrap(node("iota", (rows, cols), dtypes.int64, axis=0))
+    j = wrap(node("iota", (rows, cols), dtypes.int64, axis=1))
+    keep = np.less_equal(j, np.add(i, k)) if lower else np.greater_equal(j, np.add(i, k))
+    return where(keep, m, zeros_like(m))
+
+
+def _method(name: str, fn: Callable) -> None:
+    setattr(Tracer, name, fn)
+
+
+def _install_methods() -> None:
+    for name, fn in (("sum", sum_), ("prod", prod), ("max", max_), ("min", min_), ("all", all_), ("any", any_),
+                     ("mean", mean), ("var", var), ("std", std), ("argmax", argmax), ("argmin", argmin),
+                     ("ravel", ravel), ("flatten", ravel), ("squeeze", squeeze), ("swapaxes", swapaxes),
+                     ("clip", clip), ("round", round_), ("astype", astype), ("copy", copy), ("dot", dot)):
+        _method(name, fn)
+    _method("reshape", lambda self, *shape, order="C": reshape(self, *shape, order=order))
+    _method("transpose", lambda self, *axes: transpose(self, axes[0] if len(axes) == 1 and
+                                                       isinstance(axes[0], (tuple, list)) else (axes or None)))
+
+
+_install_methods()

@@ -1,0 +1,157 @@
+"""Default schedules for traced graphs: one rule per kind of stage, tried in order.
+
+- injective: leading axes fused and parallel, the last axis split into SIMD lanes;
+- row fusion: reductions (and shared intermediates) that an output reads row by row are computed
+  inside the output's row loop, so a softmax or layer norm is one pass over memory per row;
+- reductions: a row reduction keeps one partial per lane (vectorized), others vectorize a data axis;
+- matmul: a register tile of C in vector registers (cache_write + unroll + vectorize).
+"""
+from __future__ import annotations
+
+import jitop
+from jitop import config
+from jitop.graph.ir import Node, consumers, toposort
+from jitop.graph.to_te import Stages
+from jitop.schedule.schedule import Schedule, Stage
+from jitop.te.tensor import IterVar, Tensor
+
+
+def lanes_for(t: Tensor) -> int:
+    """SIMD lanes for one 512-bit register of t's dtype."""
+    return max(64 // t.dtype.itemsize, 1)
+
+
+def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar | None]:
+    """Fuse all data axes but the last (the 'rows'), split the last into vector lanes."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return None, None
+    last = axes[-1]
+    outer, inner = stage.split(last, factor=max(1, min(lanes, last.extent)))
+    stage.vectorize(inner)
+    if len(axes) == 1:
+        return outer, inner
+    rows = stage.fuse(*axes[:-1])
+    return rows, inner
+
+
+def schedule_injective(s: Schedule, t: Tensor) -> IterVar | None:
+    stage = s[t]
+    rows, _ = _lead_and_lanes(stage, lanes_for(t))
+    if rows is not None and stage.attach_type == "root":
+        if rows.extent < 2 * config.num_threads() and len(stage.op.axis) > 1:
+            leaves = stage.leaf_iter_vars
+            rows = stage.fuse(leaves[0], leaves[1])  # few rows: parallelise across rows x chunks
+        stage.parallel(rows)
+    return rows
+
+
+def schedule_partial(s: Schedule, p: Tensor, reduction: Tensor) -> None:
+    """Per-lane partial of a row reduction: lanes innermost and vectorized, attached per output element."""
+    stage = s[p]
+    lane = stage.op.axis[-1]
+    stage.reorder(*stage.op.reduce_axis, lane)
+    stage.vectorize(lane)
+    red = s[reduction]
+    if red.op.axis:
+        stage.compute_at(red, red.leaf_iter_vars[len(red.op.axis) - 1])
+
+
+def schedule_reduce(s: Schedule, t: Tensor) -> None:
+    stage = s[t]
+    data = list(stage.op.axis)
+    if not data or stage.attach_type != "root":
+        return
+    rows = stage.fuse(*data)
+    stage.parallel(rows)
+
+
+def schedule_matmul(s: Schedule, t: Tensor) -> None:
+    stage = s[t]
+    *batch, i, j = stage.op.axis
+    lanes = lanes_for(t)
+    mr, nr = min(4, i.extent) or 1, min(2 * lanes, j.extent) or 1
+    cache = s.cache_write(t, "local")
+    io, jo, ii, ji = stage.tile(i, j, mr, nr)
+    outer = stage.fuse(*batch, io) if batch else io
+    stage.vectorize(ji)
+    stage.parallel(outer)
+    cs = s[cache]
+    s[cache].compute_at(stage, jo)
+    *_, xc, yc = cs.op.axis
+    (k,) = cs.op.reduce_axis
+    ko, ki = cs.split(k, factor=min(4, k.extent) or 1)
+    cs.reorder(ko, ki, xc, yc)
+    cs.unroll(ki)
+    cs.unroll(xc)
+    cs.vectorize(yc)
+
+
+def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node]) -> list[Node]:
+    """Materialized nodes that only `out` (directly or through each other) reads, one output row at a time."""
+    if out.ndim < 2 or out.prim in ("reduce", "argreduce", "matmul"):
+        return []
+    lead = out.shape[:-1]
+
+    def row_shaped(n: Node) -> bool:
+        if n.prim in ("argreduce", "matmul") or n in outputs:
+            return False
+        return n.shape == lead or (n.ndim == out.ndim and n.shape[:-1] == lead and n.shape[-1] in (1, out.shape[-1]))
+    users = consumers(toposort(outputs))
+    group = {n for n in toposort([out]) if n in materialized and n is not out and row_shaped(n)}
+    changed = True
+    while changed:
+        changed = False
+        for n in list(group):
+            if not _feeds_only(n, out, group, users, materialized):
+                group.discard(n)
+                changed = True
+    return [n for n in toposort([out]) if n in group]
+
+
+def _feeds_only(n: Node, out: Node, group: set[Node], users: dict[Node, list[Node]],
+                materialized: dict[Node, str]) -> bool:
+    """Every reader of n, looking through inlined nodes, is `out` or a group member."""
+    stack, seen = list(users[n]), set()
+    while stack:
+        u = stack.pop()
+        if u is out or u in group or id(u) in seen:
+            continue
+        seen.add(id(u))
+        if u in materialized:
+            return False
+        stack.extend(users[u])
+    return True
+
+
+def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Schedule:
+    out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
+    s = jitop.create_schedule([t.op for t in out_tensors])
+    attached: set[Tensor] = set()
+    for n in dict.fromkeys(outputs):
+        t = st.tensors[n]
+        members = row_group(n, materialized, outputs) if st.kind.get(t) == "injective" else []
+        rows = schedule_injective(s, t) if st.kind.get(t) == "injective" else None
+        for m in members:
+            mt = st.tensors[m]
+            if rows is not None and mt not in attached:
+                s[mt].compute_at(s[t], rows)
+                attached.add(mt)
+    for n, t in st.tensors.items():
+        if n in outputs and st.kind.get(t) == "injective":
+            continue
+        _schedule_stage(s, st, t)
+    return s
+
+
+def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
+    kind = st.kind.get(t)
+    if kind == "injective":
+        schedule_injective(s, t)
+    elif kind == "reduce":
+        schedule_reduce(s, t)
+        if t in st.partials:
+            schedule_partial(s, st.partials[t], t)
+    elif kind == "matmul":
+        schedule_matmul(s, t)
+    # argreduce's helper stages keep the default (serial) schedule

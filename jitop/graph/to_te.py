@@ -1,0 +1,259 @@
+"""Graph -> tensor expressions: one te stage per materialized node, injective nodes inlined as index math."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from jitop import dtypes, te
+from jitop.graph.fusion import INPUTS
+from jitop.graph.ir import Node
+from jitop.graph.ufuncs import UFUNCS
+from jitop.te.expr import Expr, const
+
+Index = tuple[Expr, ...]
+# A row reduction keeps per-lane partial results in four vector registers' worth of lanes, so four
+# independent accumulator chains hide the add/max latency.
+RFACTOR_VECTORS = 4
+
+
+@dataclass
+class Stages:
+    """The te tensors of a lowered graph and what the scheduler needs to know about them."""
+
+    placeholders: dict[Node, te.Tensor] = field(default_factory=dict)
+    tensors: dict[Node, te.Tensor] = field(default_factory=dict)      # materialized node -> its tensor
+    partials: dict[te.Tensor, te.Tensor] = field(default_factory=dict)  # reduction -> its per-lane partial
+    kind: dict[te.Tensor, str] = field(default_factory=dict)          # "injective" | "reduce" | "matmul" | ...
+
+
+def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
+    """Index into a broadcast operand: leading dims dropped, size-1 dims pinned to 0."""
+    lead = len(out_shape) - len(src_shape)
+    return tuple(const(0) if d == 1 and out_shape[lead + k] != 1 else idx[lead + k] for k, d in enumerate(src_shape))
+
+
+def unravel(flat: Expr, shape: tuple[int, ...]) -> Index:
+    out = []
+    for k, d in enumerate(shape):
+        stride = math.prod(shape[k + 1:])
+        v = flat // stride if stride > 1 else flat
+        out.append(v % d if k > 0 else v)
+    return tuple(out)
+
+
+def ravel(idx: Index, shape: tuple[int, ...]) -> Expr:
+    flat: Expr = const(0)
+    for i, d in zip(idx, shape):
+        flat = flat * d + i
+    return flat
+
+
+class ToTE:
+    """Builds te tensors for the materialized nodes of a graph."""
+
+    def __init__(self, materialized: dict[Node, str]):
+        self.materialized = materialized
+        self.st = Stages()
+        self.names: dict[str, int] = {}
+
+    def _name(self, base: str) -> str:
+        k = self.names.get(base, 0)
+        self.names[base] = k + 1
+        return f"{base}_{k}" if k else base
+
+    def placeholder(self, n: Node, name: str) -> te.Tensor:
+        t = te.placeholder(n.shape, n.dtype, name)
+        self.st.placeholders[n] = t
+        return t
+
+    # ** values at an index **
+    def at(self, n: Node, idx: Index) -> Expr:
+        if n in self.st.placeholders:
+            return self.st.placeholders[n][idx]
+        if n in self.materialized:
+            return self.tensor(n)[idx]
+        return EMIT[n.prim](self, n, idx)
+
+    def tensor(self, n: Node) -> te.Tensor:
+        if n not in self.st.tensors:
+            self.st.tensors[n] = BUILD.get(n.prim, ToTE._injective)(self, n)
+        return self.st.tensors[n]
+
+    def _injective(self, n: Node) -> te.Tensor:
+        name = self._name(n.param("name") if n.prim == "ufunc" else n.prim)
+        t = te.compute(n.shape, lambda *i: EMIT[n.prim](self, n, i), name=name)
+        self.st.kind[t] = "injective"
+        return t
+
+    # ** materialized bodies **
+    def _reduce(self, n: Node) -> te.Tensor:
+        (src,) = n.src
+        axes = n.param("axes")
+        op = n.param("op")
+        last = src.ndim - 1
+        if axes and axes[-1] == last and src.shape[last] >= 2 * _lanes(n) and op in _REDUCERS:
+            return self._rfactor(n, src, axes, op)
+        rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
+
+        def body(*i: Expr) -> Expr:
+            return _REDUCERS[op](self.at(src, _merge(i, rs, axes, src.ndim)), axis=rs)
+        t = te.compute(n.shape, body, name=self._name(op))
+        self.st.kind[t] = "reduce"
+        return t
+
+    def _rfactor(self, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
+        """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
+        lanes, width = _lanes(n), src.shape[-1]
+        outer = te.reduce_axis((0, math.ceil(width / lanes)), "ko")
+        others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
+        tail = width % lanes != 0
+
+        def partial(*i: Expr) -> Expr:
+            data, lane = i[:-1], i[-1]
+            col = outer * lanes + lane
+            idx = _merge(data, others, axes[:-1], src.ndim - 1) + (col,)
+            return _REDUCERS[op](self.at(src, idx), axis=others + [outer], where=(col < width) if tail else None)
+        p = te.compute(n.shape + (lanes,), partial, name=self._name(f"{op}_partial"))
+        lane_axis = te.reduce_axis((0, lanes), "lane")
+        t = te.compute(n.shape, lambda *i: _REDUCERS[op](p[i + (lane_axis,)], axis=lane_axis), name=self._name(op))
+        self.st.kind[p], self.st.kind[t] = "partial", "reduce"
+        self.st.partials[t] = p
+        return t
+
+    def _argreduce(self, n: Node) -> te.Tensor:
+        (src,) = n.src
+        ax, width = n.param("axis"), src.shape[n.param("axis")]
+        best_op = "max" if n.param("op") == "argmax" else "min"
+        k1 = te.reduce_axis((0, width), "k")
+        best = te.compute(n.shape, lambda *i: _REDUCERS[best_op](self.at(src, _merge(i, [k1], (ax,), src.ndim)),
+                                                                 axis=k1), name=self._name(best_op))
+        k2 = te.reduce_axis((0, width), "k")
+
+        def first_index(*i: Expr) -> Expr:
+            x = self.at(src, _merge(i, [k2], (ax,), src.ndim))
+            hit = (x == best[i]) | te.isnan(x) if src.dtype.is_float else x == best[i]
+            return te.min(te.select(hit, k2.var, width), axis=k2)
+        t = te.compute(n.shape, first_index, name=self._name(n.param("op")))
+        self.st.kind[best], self.st.kind[t] = "reduce", "reduce"
+        return t
+
+    def _matmul(self, n: Node) -> te.Tensor:
+        a, b = n.src
+        k = te.reduce_axis((0, a.shape[-1]), "k")
+        batch = n.shape[:-2]
+
+        def body(*i: Expr) -> Expr:
+            ai = broadcast_index(a.shape[:-2], batch, i[:-2]) + (i[-2], k.var)
+            bi = broadcast_index(b.shape[:-2], batch, i[:-2]) + (k.var, i[-1])
+            return te.sum(self.at(a, ai) * self.at(b, bi), axis=k)
+        t = te.compute(n.shape, body, name=self._name("matmul"))
+        self.st.kind[t] = "matmul"
+        return t
+
+
+def _lanes(n: Node) -> int:
+    return RFACTOR_VECTORS * max(64 // n.dtype.itemsize, 1)
+
+
+def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:
+    """A source index from the output's data index and the reduce axes at positions `axes`."""
+    it, out = iter(data), []
+    for d in range(ndim):
+        out.append(reduce_axes[axes.index(d)].var if d in axes else next(it))
+    return tuple(out)
+
+
+def _fmax(x: Expr, y: Expr) -> Expr:
+    return te.select(te.isnan(x), y, te.select(te.isnan(y), x, te.max(x, y)))
+
+
+def _fmin(x: Expr, y: Expr) -> Expr:
+    return te.select(te.isnan(x), y, te.select(te.isnan(y), x, te.min(x, y)))
+
+
+_REDUCERS: dict[str, te.Reducer] = {
+    "sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min, "all": te.min, "any": te.max,
+    "fmax": te.comm_reducer(_fmax, lambda dt: -np.inf if dt.is_float else np.iinfo(dt.np).min, "fmax"),
+    "fmin": te.comm_reducer(_fmin, lambda dt: np.inf if dt.is_float else np.iinfo(dt.np).max, "fmin"),
+}
+
+
+# ** injective nodes as index math **
+
+def _emit_const(c: ToTE, n: Node, idx: Index) -> Expr:
+    return const(n.param("value"), n.dtype)
+
+
+def _emit_ufunc(c: ToTE, n: Node, idx: Index) -> Expr:
+    args = [te.cast(c.at(s, broadcast_index(s.shape, n.shape, idx)), dt)
+            for s, dt in zip(n.src, n.param("in_dtypes"))]
+    return te.cast(UFUNCS[n.param("name")](*args), n.dtype)
+
+
+def _emit_cast(c: ToTE, n: Node, idx: Index) -> Expr:
+    return te.cast(c.at(n.src[0], idx), n.dtype)
+
+
+def _emit_broadcast(c: ToTE, n: Node, idx: Index) -> Expr:
+    return c.at(n.src[0], broadcast_index(n.src[0].shape, n.shape, idx))
+
+
+def _emit_reshape(c: ToTE, n: Node, idx: Index) -> Expr:
+    src = n.src[0]
+    return c.at(src, unravel(ravel(idx, n.shape), src.shape))
+
+
+def _emit_transpose(c: ToTE, n: Node, idx: Index) -> Expr:
+    perm = n.param("perm")
+    src_idx = [None] * len(perm)
+    for k, p in enumerate(perm):
+        src_idx[p] = idx[k]
+    return c.at(n.src[0], tuple(src_idx))
+
+
+def _emit_index(c: ToTE, n: Node, idx: Index) -> Expr:
+    src_idx = tuple(const(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
+    return c.at(n.src[0], src_idx)
+
+
+def _emit_concat(c: ToTE, n: Node, idx: Index) -> Expr:
+    ax = n.param("axis")
+    bounds, start = [], 0
+    for s in n.src:
+        bounds.append((s, start))
+        start += s.shape[ax]
+    value = None
+    for s, lo in reversed(bounds):
+        if s.shape[ax] == 0:
+            continue
+        part = c.at(s, idx[:ax] + (idx[ax] - lo,) + idx[ax + 1:])
+        value = part if value is None else te.if_then_else(idx[ax] < lo + s.shape[ax], part, value)
+    return value
+
+
+def _emit_where(c: ToTE, n: Node, idx: Index) -> Expr:
+    cond, a, b = (c.at(s, broadcast_index(s.shape, n.shape, idx)) for s in n.src)
+    return te.if_then_else(cond, a, b)
+
+
+def _emit_iota(c: ToTE, n: Node, idx: Index) -> Expr:
+    return te.cast(idx[n.param("axis")], n.dtype)
+
+
+def _emit_copy(c: ToTE, n: Node, idx: Index) -> Expr:
+    return c.at(n.src[0], idx)
+
+
+EMIT: dict[str, Callable[[ToTE, Node, Index], Expr]] = {
+    "copy": _emit_copy,
+    "const": _emit_const, "ufunc": _emit_ufunc, "cast": _emit_cast, "broadcast": _emit_broadcast,
+    "reshape": _emit_reshape, "transpose": _emit_transpose, "index": _emit_index, "concat": _emit_concat,
+    "where": _emit_where, "iota": _emit_iota,
+}
+BUILD: dict[str, Callable[[ToTE, Node], te.Tensor]] = {
+    "reduce": ToTE._reduce, "argreduce": ToTE._argreduce, "matmul": ToTE._matmul,
+}
+assert not (set(EMIT) & INPUTS)

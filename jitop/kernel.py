@@ -1,0 +1,250 @@
+"""@jitop.kernel: trace a numpy function once per argument signature, compile it, dispatch later calls.
+
+Dispatch is in-memory (ArgSpec key -> compiled executable); the persistent cache and tuned
+schedules plug in at `_compile` later. Anything that cannot be traced runs as plain numpy with one
+warning per construct (or raises with fallback=False).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitop import dtypes
+from jitop.errors import JitopError
+from jitop.graph.compile import Executable, compile_graph
+from jitop.graph.ir import Node, node, toposort
+from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
+
+_FALLBACK = object()  # cache entry: this signature runs as plain numpy
+
+
+class FallbackError(JitopError, NotImplementedError):
+    """Raised instead of falling back to numpy when the kernel was declared with fallback=False."""
+
+
+class JitopFallbackWarning(UserWarning):
+    """A decorated function (or one signature of it) runs as plain numpy."""
+
+
+def argspec(value: Any, static: bool) -> tuple:
+    """The part of the cache key one argument contributes (shape/dtype for arrays, the value if static)."""
+    if static:
+        return ("static", value)
+    if type(value) is np.ndarray:
+        return (value.dtype, value.shape)
+    if isinstance(value, np.ndarray):
+        return ("subclass", type(value), value.dtype, value.shape)
+    if isinstance(value, (bool, int, float)):
+        return ("scalar", type(value))
+    if isinstance(value, np.generic):
+        return ("npscalar", value.dtype.str)
+    return ("static", value)
+
+
+class Compiled:
+    """A cache entry: the executable and how to rebuild the function's result from its outputs."""
+
+    __slots__ = ("exe", "trace", "call")
+
+    def __init__(self, exe: Executable, trace: "Trace"):
+        self.exe, self.trace = exe, trace
+        run, rebuild = exe.run, trace.rebuild
+        self.call = lambda values: rebuild(run(values))
+
+
+@dataclass
+class Trace:
+    """What tracing one signature produced."""
+
+    inputs: list[Node] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    plan: list[tuple[str, Any]] = field(default_factory=list)
+    results: list[Node] = field(default_factory=list)
+    rebuild: Callable[[list[Any]], Any] | None = None
+
+
+class KernelFunction:
+    """A numpy function compiled per (shape, dtype) signature. Created by @jitop.kernel."""
+
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
+                 fallback: bool = True):
+        self.fn = fn
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__doc__ = fn.__doc__
+        self.signature = inspect.signature(fn)
+        names = list(self.signature.parameters)
+        self.static = {names[i] for i in static_argnums} | set(static_argnames)
+        self._static_flags = tuple(n in self.static for n in names)
+        self._simple = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                               for p in self.signature.parameters.values())
+        self.fallback = fallback
+        self.cache: dict[tuple, Any] = {}
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    # ** calling **
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values, key = self._bind(args, kwargs)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._compile(key, values)
+        else:
+            self.hits += 1
+        if entry is _FALLBACK:
+            return self.fn(*args, **kwargs)
+        return entry.call(values)
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[list[Any], tuple]:
+        if self._simple and not kwargs and len(args) == len(self._static_flags):
+            # fast path: arrays key on (dtype, shape) directly
+            key = tuple([(a.dtype, a.shape) if type(a) is np.ndarray else argspec(a, False) for a in args])
+            try:
+                hash(key)
+                return args, key
+            except TypeError:
+                pass
+        if kwargs or len(args) != len(self.signature.parameters):
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = list(bound.arguments.values())
+        else:
+            values = list(args)
+        try:
+            key = tuple(argspec(v, st) for v, st in zip(values, self._static_flags))
+            hash(key)
+        except TypeError:
+            key = ("unhashable", tuple(id(v) for v in values))
+        return values, key
+
+    def _compile(self, key: tuple, values: list[Any]) -> Any:
+        with self._lock:
+            if key in self.cache:
+                return self.cache[key]
+            self.misses += 1
+            try:
+                entry = self._trace_and_build(values)
+            except (Unsupported, TracerConversionError, NotImplementedError) as err:
+                entry = self._fall_back(err)
+            if key[0] != "unhashable":
+                self.cache[key] = entry
+            return entry
+
+    def _trace_and_build(self, values: list[Any]) -> "Compiled":
+        tr = self.trace(values)
+        exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        return Compiled(exe, tr)
+
+    # ** tracing **
+    def trace(self, values: list[Any]) -> Trace:
+        """Run the function on tracers; the graph of every array it returns."""
+        tr = Trace()
+        args = [self._tracer_for(k, name, v, tr) for k, (name, v) in enumerate(zip(self.signature.parameters, values))]
+        result = self.fn(*args)
+        tr.results, tr.rebuild = _flatten(result)
+        return tr
+
+    def _tracer_for(self, k: int, name: str, value: Any, tr: Trace) -> Any:
+        if name in self.static:
+            return value
+        if isinstance(value, np.ndarray):
+            if value.dtype.name not in dtypes.DTYPES:
+                raise Unsupported(f"argument '{name}' of dtype {value.dtype}")
+            n = node("arg", value.shape, dtypes.as_dtype(value.dtype), index=k)
+            tr.plan.append(("arg", k))
+        elif isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, np.ndarray):
+            dt = dtypes.scalar_dtype(value)
+            if isinstance(value, np.generic) and value.dtype.name not in dtypes.DTYPES:
+                raise Unsupported(f"argument '{name}' of dtype {value.dtype}")
+            n = node("scalar_arg", (), dt, weak=not isinstance(value, np.generic), index=k)
+            tr.plan.append(("scalar", (k, dt.np)))
+        else:
+            return value  # other Python objects act as constants of this trace (part of the key)
+        tr.inputs.append(n)
+        tr.names.append(name)
+        return Tracer(n)
+
+    # ** fallback **
+    def _fall_back(self, err: Exception) -> Any:
+        construct = getattr(err, "construct", None) or f"{type(err).__name__}: {err}"
+        message = f"jitop.kernel '{self.__name__}' runs as plain numpy: {err} ({self._user_line(err)})"
+        if not self.fallback:
+            raise FallbackError(message.replace("runs as plain numpy", "cannot be compiled")) from err
+        if construct not in self._warned:
+            self._warned.add(construct)
+            warnings.warn(message, JitopFallbackWarning, stacklevel=4)
+        return _FALLBACK
+
+    def _user_line(self, err: Exception) -> str:
+        code = getattr(self.fn, "__code__", None)
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if code and f.filename == code.co_filename]
+        if not frames:
+            return "source line unknown"
+        f = frames[-1]
+        return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+
+    # ** introspection **
+    def explain(self, *args: Any, **kwargs: Any) -> str:
+        """Print and return the traced graph, fusion groups, schedules and loop IR for these arguments."""
+        values, key = self._bind(args, kwargs)
+        cached = key in self.cache
+        entry = self._compile(key, values)
+        if entry is _FALLBACK:
+            text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
+        else:
+            from jitop.graph.explain import describe
+            text = describe(self.__name__, entry.exe, entry.trace, cached)
+        print(text)
+        return text
+
+
+def _flatten(result: Any) -> tuple[list[Node], Callable[[list[Any]], Any]]:
+    """Array leaves of a (nested) tuple/list/dict result and a function that rebuilds it."""
+    leaves: list[Node] = []
+
+    def walk(x: Any) -> Callable[[list[Any]], Any]:
+        if isinstance(x, Tracer):
+            k = len(leaves)
+            leaves.append(x.node)
+            return lambda outs: outs[k][()] if outs[k].ndim == 0 else outs[k]
+        if isinstance(x, (tuple, list)):
+            parts = [walk(v) for v in x]
+            return lambda outs: type(x)(p(outs) for p in parts)
+        if isinstance(x, dict):
+            parts = {k: walk(v) for k, v in x.items()}
+            return lambda outs: {k: p(outs) for k, p in parts.items()}
+        if isinstance(x, np.ndarray):
+            raise Unsupported("returning a constant numpy array that does not depend on the arguments")
+        return lambda outs: x
+    rebuild = walk(result)
+    return leaves, rebuild
+
+
+def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
+           fallback: bool = True) -> Any:
+    """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
+
+    >>> @jitop.kernel
+    ... def f(a, b):
+    ...     return np.tanh(a * b) + np.exp(-a)
+    >>> f(np.ones(4, np.float32), np.ones(4, np.float32))   # doctest: +SKIP
+
+    static_argnums/static_argnames: arguments whose Python value changes the graph (recompiles per value).
+    fallback=False: raise FallbackError instead of running unsupported code as plain numpy.
+    """
+    def wrap(f: Callable) -> KernelFunction:
+        return KernelFunction(f, static_argnums, static_argnames, fallback)
+    return wrap(fn) if fn is not None else wrap
+
+
+def explain(fn: KernelFunction, *args: Any, **kwargs: Any) -> str:
+    """jitop.explain(f, *args): what f compiles to for these arguments."""
+    return fn.explain(*args, **kwargs)
