@@ -23,6 +23,7 @@ class Plan:
     inputs: list[tuple[str, Any]]            # ("arg", position) | ("scalar", (position, dtype)) | ("const", array)
     outputs: list[tuple[tuple[int, ...], np.dtype]]
     result_slots: list[int]                  # flat function result k -> output array index
+    n_scratch: int = 0                       # trailing output buffers that are only intermediates
 
 
 @dataclass
@@ -36,7 +37,8 @@ class Executable:
 
     def __post_init__(self) -> None:
         self._getters = [_getter(kind, what) for kind, what in self.plan.inputs]
-        self._allocs = [_allocator(shape, dt) for shape, dt in self.plan.outputs]
+        n_real = len(self.plan.outputs) - self.plan.n_scratch
+        self._allocs = [_allocator(shape, dt, scratch=k >= n_real) for k, (shape, dt) in enumerate(self.plan.outputs)]
         self._identity_slots = self.plan.result_slots == list(range(len(self.plan.outputs)))
 
     def run(self, args: list[Any]) -> list[np.ndarray]:
@@ -51,10 +53,11 @@ class Executable:
 REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
 
 
-def _allocator(shape: tuple[int, ...], dt: np.dtype) -> Callable[[], np.ndarray]:
+def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> Callable[[], np.ndarray]:
     """A fresh output array. A big one reuses the previous call's result if nothing references it any more:
-    its pages are already mapped, which saves the page faults that otherwise dominate memory-bound kernels."""
-    if math.prod(shape) * dt.itemsize < REUSE_BYTES:
+    its pages are already mapped, which saves the page faults that otherwise dominate memory-bound kernels.
+    Scratch buffers (intermediates) are always recycled that way."""
+    if math.prod(shape) * dt.itemsize < REUSE_BYTES and not scratch:
         return lambda: np.empty(shape, dt)
     spare: list[np.ndarray] = []
 
@@ -103,8 +106,12 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
             input_plan = input_plan + [("const", np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape))]
     out_tensors = [lowering.tensor(n) for n in unique]
     sch = schedule_rules.apply(lowering.st, unique, why)
-    func = jitop.lower(sch, placeholders + out_tensors, name=name)
+    # root intermediates become scratch arguments: recycled across calls instead of malloc'd per call
+    scratch = [t for st in sch.stages if not st.is_placeholder and st.attach_type == "root"
+               and st.op not in {o.op for o in out_tensors} for t in st.outputs]
+    func = jitop.lower(sch, placeholders + out_tensors + scratch, name=name)
     from jitop.driver import compile_func
     module = compile_func(func)
-    plan = Plan(input_plan, [(n.shape, n.dtype.np) for n in unique], [unique.index(o) for o in outputs])
+    buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
+    plan = Plan(input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups(unique, why), func)

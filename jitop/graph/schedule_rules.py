@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import itertools
+
 import jitop
 from jitop import config
 from jitop.graph.ir import Node, consumers, toposort
@@ -46,15 +48,17 @@ def schedule_injective(s: Schedule, t: Tensor) -> IterVar | None:
     return rows
 
 
-def schedule_partial(s: Schedule, p: Tensor, reduction: Tensor) -> None:
-    """Per-lane partial of a row reduction: lanes innermost and vectorized, attached per output element."""
+def schedule_partial(s: Schedule, p: Tensor, consumer: Tensor) -> None:
+    """A per-lane partial of a row reduction: lanes innermost and vectorized, computed per output element
+    inside its consumer (the next combine step), so the partials live in registers."""
     stage = s[p]
     lane = stage.op.axis[-1]
     stage.reorder(*stage.op.reduce_axis, lane)
     stage.vectorize(lane)
-    red = s[reduction]
-    if red.op.axis:
-        stage.compute_at(red, red.leaf_iter_vars[len(red.op.axis) - 1])
+    cons = s[consumer]
+    outer = list(itertools.takewhile(lambda iv: iv.kind == "data", cons.leaf_iter_vars))
+    if outer:  # the consumer's loops over output elements, before its own reduction
+        stage.compute_at(cons, outer[-1])
 
 
 def schedule_reduce(s: Schedule, t: Tensor) -> None:
@@ -150,8 +154,10 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
         schedule_injective(s, t)
     elif kind == "reduce":
         schedule_reduce(s, t)
-        if t in st.partials:
-            schedule_partial(s, st.partials[t], t)
+        consumer = t
+        for p in st.partials.get(t, []):
+            schedule_partial(s, p, consumer)
+            consumer = p
     elif kind == "matmul":
         schedule_matmul(s, t)
     # argreduce's helper stages keep the default (serial) schedule

@@ -14,8 +14,8 @@ from jitop.graph.ufuncs import UFUNCS
 from jitop.te.expr import Expr, const
 
 Index = tuple[Expr, ...]
-# A row reduction keeps per-lane partial results in four vector registers' worth of lanes, so four
-# independent accumulator chains hide the add/max latency.
+# A row reduction keeps per-lane partial results in up to four vector registers, so independent
+# accumulator chains hide the add/max latency.
 RFACTOR_VECTORS = 4
 
 
@@ -25,7 +25,8 @@ class Stages:
 
     placeholders: dict[Node, te.Tensor] = field(default_factory=dict)
     tensors: dict[Node, te.Tensor] = field(default_factory=dict)      # materialized node -> its tensor
-    partials: dict[te.Tensor, te.Tensor] = field(default_factory=dict)  # reduction -> its per-lane partial
+    partials: dict[te.Tensor, list[te.Tensor]] = field(default_factory=dict)  # reduction -> its partial stages,
+    #                                                                              consumer first
     kind: dict[te.Tensor, str] = field(default_factory=dict)          # "injective" | "reduce" | "matmul" | ...
 
 
@@ -94,7 +95,7 @@ class ToTE:
         axes = n.param("axes")
         op = n.param("op")
         last = src.ndim - 1
-        if axes and axes[-1] == last and src.shape[last] >= 2 * _lanes(n) and op in _REDUCERS:
+        if axes and axes[-1] == last and src.shape[last] >= 2 * _vector(n) and op in _REDUCERS:
             return self._rfactor(n, src, axes, op)
         rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 
@@ -106,7 +107,9 @@ class ToTE:
 
     def _rfactor(self, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
         """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
-        lanes, width = _lanes(n), src.shape[-1]
+        width = src.shape[-1]
+        vectors = max(1, min(RFACTOR_VECTORS, width // (2 * _vector(n))))
+        lanes = vectors * _vector(n)
         outer = te.reduce_axis((0, math.ceil(width / lanes)), "ko")
         others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
         tail = width % lanes != 0
@@ -117,10 +120,15 @@ class ToTE:
             idx = _merge(data, others, axes[:-1], src.ndim - 1) + (col,)
             return _REDUCERS[op](self.at(src, idx), axis=others + [outer], where=(col < width) if tail else None)
         p = te.compute(n.shape + (lanes,), partial, name=self._name(f"{op}_partial"))
-        lane_axis = te.reduce_axis((0, lanes), "lane")
-        t = te.compute(n.shape, lambda *i: _REDUCERS[op](p[i + (lane_axis,)], axis=lane_axis), name=self._name(op))
-        self.st.kind[p], self.st.kind[t] = "partial", "reduce"
-        self.st.partials[t] = p
+        # combine the accumulator vectors lane-wise first (vectorized), then the lanes of one vector
+        vec = _vector(n)
+        j = te.reduce_axis((0, vectors), "j")
+        q = te.compute(n.shape + (vec,), lambda *i: _REDUCERS[op](p[i[:-1] + (j * vec + i[-1],)], axis=j),
+                       name=self._name(f"{op}_lanes"))
+        lane = te.reduce_axis((0, vec), "lane")
+        t = te.compute(n.shape, lambda *i: _REDUCERS[op](q[i + (lane,)], axis=lane), name=self._name(op))
+        self.st.kind[p], self.st.kind[q], self.st.kind[t] = "partial", "partial", "reduce"
+        self.st.partials[t] = [q, p]
         return t
 
     def _argreduce(self, n: Node) -> te.Tensor:
@@ -154,8 +162,9 @@ class ToTE:
         return t
 
 
-def _lanes(n: Node) -> int:
-    return RFACTOR_VECTORS * max(64 // n.dtype.itemsize, 1)
+def _vector(n: Node) -> int:
+    """Lanes of one 512-bit register for n's dtype."""
+    return max(64 // n.dtype.itemsize, 1)
 
 
 def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:
