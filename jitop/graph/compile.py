@@ -106,6 +106,7 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
             input_plan = input_plan + [("const", np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape))]
     out_tensors = [lowering.tensor(n) for n in unique]
     sch = schedule_rules.apply(lowering.st, unique, why)
+    schedule_rules.undo_wide_row_fusion(sch, placeholders + out_tensors)
     # root intermediates become scratch arguments: recycled across calls instead of malloc'd per call
     scratch = [t for st in sch.stages if not st.is_placeholder and st.attach_type == "root"
                and st.op not in {o.op for o in out_tensors} for t in st.outputs]

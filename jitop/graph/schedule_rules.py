@@ -61,13 +61,20 @@ def schedule_partial(s: Schedule, p: Tensor, consumer: Tensor) -> None:
         stage.compute_at(cons, outer[-1])
 
 
-def schedule_reduce(s: Schedule, t: Tensor) -> None:
+def schedule_reduce(s: Schedule, t: Tensor, vectorize_last: bool = False) -> None:
+    """Data loops outside the reduction; with `vectorize_last`, the last data axis (contiguous in the
+    source) is split into lanes inside the reduction loops."""
     stage = s[t]
     data = list(stage.op.axis)
-    if not data or stage.attach_type != "root":
+    if not data:
         return
-    rows = stage.fuse(*data)
-    stage.parallel(rows)
+    if vectorize_last:
+        outer, lanes = stage.split(data[-1], factor=max(1, min(lanes_for(t), data[-1].extent)))
+        stage.reorder(*data[:-1], outer, *stage.op.reduce_axis, lanes)
+        stage.vectorize(lanes)
+        data = data[:-1] + [outer]
+    if stage.attach_type == "root":
+        stage.parallel(stage.fuse(*data))
 
 
 def schedule_matmul(s: Schedule, t: Tensor) -> None:
@@ -128,6 +135,12 @@ def _feeds_only(n: Node, out: Node, group: set[Node], users: dict[Node, list[Nod
     return True
 
 
+def _is_row_member(stage: Stage) -> bool:
+    """Stages attached by row fusion (not the per-lane partials of a reduction, which are meant to be wide)."""
+    return not stage.op.name.endswith(("_partial", "_lanes")) and "_partial_" not in stage.op.name \
+        and "_lanes_" not in stage.op.name
+
+
 def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Schedule:
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
     s = jitop.create_schedule([t.op for t in out_tensors])
@@ -152,8 +165,8 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
     kind = st.kind.get(t)
     if kind == "injective":
         schedule_injective(s, t)
-    elif kind == "reduce":
-        schedule_reduce(s, t)
+    elif kind in ("reduce", "reduce_outer"):
+        schedule_reduce(s, t, vectorize_last=kind == "reduce_outer")
         consumer = t
         for p in st.partials.get(t, []):
             schedule_partial(s, p, consumer)
@@ -161,3 +174,20 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
     elif kind == "matmul":
         schedule_matmul(s, t)
     # argreduce's helper stages keep the default (serial) schedule
+
+
+def undo_wide_row_fusion(s: Schedule, args: list[Tensor]) -> None:
+    """A row-fused stage must need one row per output row; if bound inference says it needs more (it is
+    read along another axis), computing it inside the row loop would redo it every row: compute it once."""
+    from jitop.tir.lower import Lowering
+    low = Lowering(s, args)
+    low.infer()
+    for stage in s.stages:
+        if stage.attach_type != "scope" or not stage.op.axis:
+            continue
+        extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
+        if any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1 and _is_row_member(stage)):
+            stage.compute_root()
+            first = stage.leaf_iter_vars[0]
+            if first.kind == "data" and first not in stage.iter_kind:
+                stage.parallel(first)

@@ -102,7 +102,8 @@ class ToTE:
         def body(*i: Expr) -> Expr:
             return _REDUCERS[op](self.at(src, _merge(i, rs, axes, src.ndim)), axis=rs)
         t = te.compute(n.shape, body, name=self._name(op))
-        self.st.kind[t] = "reduce"
+        # reducing leading axes leaves the contiguous last axis as a data axis: vectorize along it
+        self.st.kind[t] = "reduce" if last in axes else "reduce_outer"
         return t
 
     def _rfactor(self, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
