@@ -14,7 +14,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", "2048"]),
            ("Elementwise chain (issue 2)", ["bench_chain.py"]),
            ("Compile and load time (issue 2)", ["bench_compile.py"]),
-           ("Parallel launch overhead (issue 2)", ["bench_launch.py"])]
+           ("Parallel launch overhead (issue 2)", ["bench_launch.py"]),
+           ("@jitop.kernel targets (issue 3)", ["bench_kernel.py"])]
 
 
 def _old_sections() -> dict[str, str]:
