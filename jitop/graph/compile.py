@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -36,18 +36,38 @@ class Executable:
     func: Any = None  # the lowered loop IR, for explain()
 
     def __post_init__(self) -> None:
-        self._getters = [_getter(kind, what) for kind, what in self.plan.inputs]
-        n_real = len(self.plan.outputs) - self.plan.n_scratch
-        self._allocs = [_allocator(shape, dt, scratch=k >= n_real) for k, (shape, dt) in enumerate(self.plan.outputs)]
-        self._identity_slots = self.plan.result_slots == list(range(len(self.plan.outputs)))
+        self.run = _specialised_runner(self.plan, self.module)
 
-    def run(self, args: list[Any]) -> list[np.ndarray]:
-        """Run on the argument values (already matched to this signature); the output arrays."""
-        outs = [alloc() for alloc in self._allocs]
-        self.module.call_arrays(*[get(args) for get in self._getters], *outs)
-        if self.module._error is not None:
-            self.module.raise_if_error()
-        return outs if self._identity_slots else [outs[k] for k in self.plan.result_slots]
+
+def _specialised_runner(plan: Plan, module: Module) -> Callable[[Sequence[Any]], list[np.ndarray]]:
+    """run(args) -> outputs, generated as straight-line Python for this plan (the per-call hot path)."""
+    n_real = len(plan.outputs) - plan.n_scratch
+    env: dict[str, Any] = {"call": module.call_arrays, "check": module.raise_if_error,
+                           "contiguous": np.ascontiguousarray, "asarray": np.asarray}
+    lines = ["def run(args):"]
+    names = []
+    for k, (kind, what) in enumerate(plan.inputs):
+        name = f"i{k}"
+        names.append(name)
+        if kind == "arg":
+            lines += [f"    {name} = args[{what}]", f"    f = {name}.flags",
+                      f"    if not (f.c_contiguous and f.aligned): {name} = contiguous({name})"]
+        elif kind == "scalar":
+            env[f"dt{k}"] = what[1]
+            lines.append(f"    {name} = asarray(args[{what[0]}], dt{k})")
+        else:
+            env[f"c{k}"] = what
+            lines.append(f"    {name} = c{k}")
+    for k, (shape, dt) in enumerate(plan.outputs):
+        env[f"alloc{k}"] = _allocator(shape, dt, scratch=k >= n_real)
+        lines.append(f"    o{k} = alloc{k}()")
+        names.append(f"o{k}")
+    lines.append(f"    call({', '.join(names)})")
+    if module.checked:
+        lines.append("    check()")
+    lines.append(f"    return [{', '.join(f'o{k}' for k in plan.result_slots)}]")
+    exec("\n".join(lines), env)  # noqa: S102 - generated from the plan above, no user input
+    return env["run"]
 
 
 REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
@@ -73,18 +93,6 @@ def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> C
     return alloc
 
 
-def _getter(kind: str, what: Any) -> Callable[[list[Any]], np.ndarray]:
-    """How one kernel input is taken from the call's arguments (contiguous, aligned numpy arrays)."""
-    if kind == "arg":
-        def array_arg(args: list[Any], k: int = what) -> np.ndarray:
-            a = args[k]
-            flags = a.flags
-            return a if flags.c_contiguous and flags.aligned else np.ascontiguousarray(a)
-        return array_arg
-    if kind == "scalar":
-        pos, dt = what
-        return lambda args: np.asarray(args[pos], dtype=dt)
-    return lambda args: what
 
 
 def _fresh(r: Node) -> Node:
