@@ -94,6 +94,10 @@ def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
     shape = broadcast_shapes(*(s.shape for s in srcs))
     in_names = tuple(_dtype(d).name for d in ins)
     weak = all(s.weak for s in srcs)
+    if all(s.prim == "const" for s in srcs):  # constant folding: numpy computes it now, exactly
+        with np.errstate(all="ignore"):
+            value = ufunc(*(np.asarray(s.param("value"), dtype=d) for s, d in zip(srcs, ins)), dtype=outs[0])
+        return wrap(node("const", (), _dtype(outs[0]), weak=weak, value=value.item()))
     return wrap(node("ufunc", shape, _dtype(outs[0]), srcs, weak=weak, name=ufunc.__name__, in_dtypes=in_names))
 
 
@@ -436,6 +440,22 @@ def round_(a, decimals=0, out=None):
 def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
     n = as_node(a)
     return wrap(cast_node(n, _dtype(np.dtype(dtype))))
+
+
+@implements(np.shape)
+def shape_(a):
+    return as_node(a).shape
+
+
+@implements(np.ndim)
+def ndim_(a):
+    return as_node(a).ndim
+
+
+@implements(np.size)
+def size_(a, axis=None):
+    n = as_node(a)
+    return n.size if axis is None else n.shape[axis]
 
 
 # ** matmul family **
