@@ -14,6 +14,7 @@ import jitop
 from jitop import config
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.to_te import Stages
+from jitop.topi import matmul as topi_matmul
 from jitop.schedule.schedule import Schedule, Stage
 from jitop.te.tensor import IterVar, Tensor
 
@@ -77,27 +78,6 @@ def schedule_reduce(s: Schedule, t: Tensor, vectorize_last: bool = False) -> Non
         stage.parallel(stage.fuse(*data))
 
 
-def schedule_matmul(s: Schedule, t: Tensor) -> None:
-    stage = s[t]
-    *batch, i, j = stage.op.axis
-    lanes = lanes_for(t)
-    mr, nr = min(4, i.extent) or 1, min(2 * lanes, j.extent) or 1
-    cache = s.cache_write(t, "local")
-    io, jo, ii, ji = stage.tile(i, j, mr, nr)
-    outer = stage.fuse(*batch, io) if batch else io
-    stage.vectorize(ji)
-    stage.parallel(outer)
-    cs = s[cache]
-    s[cache].compute_at(stage, jo)
-    *_, xc, yc = cs.op.axis
-    (k,) = cs.op.reduce_axis
-    ko, ki = cs.split(k, factor=min(4, k.extent) or 1)
-    cs.reorder(ko, ki, xc, yc)
-    cs.unroll(ki)
-    cs.unroll(xc)
-    cs.vectorize(yc)
-
-
 def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node]) -> list[Node]:
     """Materialized nodes that only `out` (directly or through each other) reads, one output row at a time."""
     if out.ndim < 2 or out.prim in ("reduce", "argreduce", "matmul"):
@@ -135,12 +115,6 @@ def _feeds_only(n: Node, out: Node, group: set[Node], users: dict[Node, list[Nod
     return True
 
 
-def _is_row_member(stage: Stage) -> bool:
-    """Stages attached by row fusion (not the per-lane partials of a reduction, which are meant to be wide)."""
-    return not stage.op.name.endswith(("_partial", "_lanes")) and "_partial_" not in stage.op.name \
-        and "_lanes_" not in stage.op.name
-
-
 def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Schedule:
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
     s = jitop.create_schedule([t.op for t in out_tensors])
@@ -154,6 +128,7 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Sch
             if rows is not None and mt not in attached:
                 s[mt].compute_at(s[t], rows)
                 attached.add(mt)
+    s.row_fused = [s[mt] for mt in attached]  # checked by undo_wide_row_fusion
     for n, t in st.tensors.items():
         if n in outputs and st.kind.get(t) == "injective":
             continue
@@ -172,7 +147,8 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
             schedule_partial(s, p, consumer)
             consumer = p
     elif kind == "matmul":
-        schedule_matmul(s, t)
+        packed, cfg = st.matmul[t]
+        topi_matmul.schedule(s, t, packed, cfg)
     # argreduce's helper stages keep the default (serial) schedule
 
 
@@ -182,11 +158,11 @@ def undo_wide_row_fusion(s: Schedule, args: list[Tensor]) -> None:
     from jitop.tir.lower import Lowering
     low = Lowering(s, args)
     low.infer()
-    for stage in s.stages:
-        if stage.attach_type != "scope" or not stage.op.axis:
+    for stage in getattr(s, "row_fused", []):
+        if not stage.op.axis:
             continue
         extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
-        if any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1 and _is_row_member(stage)):
+        if any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1):
             stage.compute_root()
             first = stage.leaf_iter_vars[0]
             if first.kind == "data" and first not in stage.iter_kind:

@@ -11,6 +11,7 @@ from jitop import dtypes, te
 from jitop.graph.fusion import INPUTS
 from jitop.graph.ir import Node
 from jitop.graph.ufuncs import UFUNCS
+from jitop.topi import matmul as topi_matmul
 from jitop.te.expr import Expr, const
 
 Index = tuple[Expr, ...]
@@ -28,6 +29,7 @@ class Stages:
     partials: dict[te.Tensor, list[te.Tensor]] = field(default_factory=dict)  # reduction -> its partial stages,
     #                                                                              consumer first
     kind: dict[te.Tensor, str] = field(default_factory=dict)          # "injective" | "reduce" | "matmul" | ...
+    matmul: dict[te.Tensor, tuple] = field(default_factory=dict)      # matmul -> (packed B, config)
 
 
 def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
@@ -151,21 +153,17 @@ class ToTE:
 
     def _matmul(self, n: Node) -> te.Tensor:
         a, b = n.src
-        k = te.reduce_axis((0, a.shape[-1]), "k")
+        m, k, cols = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = n.shape[:-2]
-
-        def body(*i: Expr) -> Expr:
-            ai = broadcast_index(a.shape[:-2], batch, i[:-2]) + (i[-2], k.var)
-            bi = broadcast_index(b.shape[:-2], batch, i[:-2]) + (k.var, i[-1])
-            return te.sum(self.at(a, ai) * self.at(b, bi), axis=k)
-        t = te.compute(n.shape, body, name=self._name("matmul"))
-        self.st.kind[t] = "matmul"
-        return t
-
-
-def _vector(n: Node) -> int:
-    """Lanes of one 512-bit register for n's dtype."""
-    return max(64 // n.dtype.itemsize, 1)
+        cfg = topi_matmul.default_config(m, cols, k, n.dtype.itemsize)
+        c, packed = topi_matmul.matmul(
+            lambda bi, i, r: self.at(a, broadcast_index(a.shape[:-2], batch, bi) + (i, r)),
+            lambda bi, r, j: self.at(b, bi + (r, j)),
+            batch, m, cols, k, n.dtype, cfg, name=self._name("matmul"), b_batch=b.shape[:-2],
+            b_index=lambda bi: broadcast_index(b.shape[:-2], batch, bi))
+        self.st.kind[c] = "matmul"
+        self.st.matmul[c] = (packed, cfg)
+        return c
 
 
 def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:
