@@ -166,6 +166,11 @@ class ToTE:
         return c
 
 
+def _vector(n: Node) -> int:
+    """Lanes of one 512-bit register for n's dtype."""
+    return max(64 // n.dtype.itemsize, 1)
+
+
 def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:
     """A source index from the output's data index and the reduce axes at positions `axes`."""
     it, out = iter(data), []
