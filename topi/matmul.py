@@ -34,7 +34,8 @@ def default_config(m: int, n: int, k: int, itemsize: int) -> MatmulConfig:
     lanes = 64 // itemsize
     bn = min(4 * lanes, lanes * math.ceil(n / lanes)) or lanes
     mr = max(1, min(6 if bn >= 4 * lanes else 8, m))
-    return MatmulConfig(mr=mr, bn=bn, k_unroll=max(1, min(4, k)), panel_outer=True)
+    # panel-outer order parallelises over B panels: worth it only when there are enough of them
+    return MatmulConfig(mr=mr, bn=bn, k_unroll=max(1, min(4, k)), panel_outer=math.ceil(n / bn) >= 8)
 
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int, dtype, cfg: MatmulConfig,
@@ -62,10 +63,17 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int,
     return te.compute(batch + (m, n), body, name=name), packed
 
 
-def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig) -> None:
-    """Register-tiled schedule: C tile in registers, packing and the outer loop parallel."""
+def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
+             epilogue: te.Tensor | None = None) -> None:
+    """Register-tiled schedule: C tile in registers, packing and the outer loop parallel.
+
+    With `epilogue` (an elementwise consumer of C of the same shape, e.g. bias + activation), the
+    epilogue is computed straight from the register tile: C never goes to memory.
+    """
     cache = s.cache_write(c, "local")
-    stage = s[c]
+    if epilogue is not None:
+        s[c].compute_inline()
+    stage = s[epilogue if epilogue is not None else c]
     *batch, i, j = stage.op.axis
     io, jo, ii, ji = stage.tile(i, j, cfg.mr, cfg.bn)
     if cfg.panel_outer:

@@ -115,11 +115,36 @@ def _feeds_only(n: Node, out: Node, group: set[Node], users: dict[Node, list[Nod
     return True
 
 
+_ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
+
+
+def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> Node | None:
+    """The output that applies only same-shape elementwise operations to matmul `m` (bias, activation):
+    it reads m at its own index, so it can run on m's register tile."""
+    users = consumers(toposort(outputs))
+    for out in outputs:
+        if out is m or out.shape != m.shape or not _feeds_only(m, out, set(), users, materialized):
+            continue
+        on_path = [n for n in toposort([out]) if n is not m and m in set(toposort([n]))]
+        if all(n.prim in _ELEMENTWISE and n.shape == m.shape for n in on_path):
+            return out
+    return None
+
+
 def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Schedule:
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
     s = jitop.create_schedule([t.op for t in out_tensors])
+    # matmul epilogues (bias, activation) run on the register tile
+    epilogues = {}
+    for m, t in st.tensors.items():
+        if st.kind.get(t) == "matmul" and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)):
+            epilogues[out] = t
+            packed, cfg = st.matmul[t]
+            topi_matmul.schedule(s, t, packed, cfg, epilogue=st.tensors[out])
     attached: set[Tensor] = set()
     for n in dict.fromkeys(outputs):
+        if n in epilogues:
+            continue
         t = st.tensors[n]
         members = row_group(n, materialized, outputs) if st.kind.get(t) == "injective" else []
         rows = schedule_injective(s, t) if st.kind.get(t) == "injective" else None
@@ -130,7 +155,7 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Sch
                 attached.add(mt)
     s.row_fused = [s[mt] for mt in attached]  # checked by undo_wide_row_fusion
     for n, t in st.tensors.items():
-        if n in outputs and st.kind.get(t) == "injective":
+        if (n in outputs and st.kind.get(t) == "injective") or t in epilogues.values():
             continue
         _schedule_stage(s, st, t)
     return s

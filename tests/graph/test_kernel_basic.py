@@ -75,3 +75,26 @@ def test_fallback_false_raises() -> None:
         return a if a.sum() > 0 else -a
     with pytest.raises(jitop.FallbackError, match="control flow"):
         branchy(np.ones(3))
+
+
+@pytest.mark.parametrize("shape", [(200, 300, 100), (1, 5, 1), (67, 45, 33), (130, 64, 520)])
+def test_matmul_epilogue_is_fused_and_correct(shape) -> None:
+    @jitop.kernel
+    def dense_relu(x, w, b):
+        return np.maximum(x @ w + b, 0)
+    m, k, n = shape
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_allclose(dense_relu(x, w, b), dense_relu.fn(x, w, b), rtol=1e-4, atol=1e-4)
+    ir = str(next(iter(dense_relu.cache.values())).exe.func)
+    assert "matmul:" not in ir.split(":\n")[0], "the matmul result should not be a separate buffer"
+
+
+def test_batched_matmul_broadcasts_like_numpy() -> None:
+    @jitop.kernel
+    def bmm(a, b):
+        return a @ b
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 1, 5, 7)), rng.standard_normal((4, 7, 2))
+    np.testing.assert_allclose(bmm(a, b), a @ b, rtol=1e-12)
