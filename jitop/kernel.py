@@ -96,7 +96,7 @@ class KernelFunction:
         values, key = self._bind(args, kwargs)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._compile(key, values)
+            entry = self._compile(key, values, lambda: self.fn(*args, **kwargs))
         else:
             self.hits += 1
         if entry is _FALLBACK:
@@ -125,7 +125,7 @@ class KernelFunction:
             key = ("unhashable", tuple(id(v) for v in values))
         return values, key
 
-    def _compile(self, key: tuple, values: list[Any]) -> Any:
+    def _compile(self, key: tuple, values: list[Any], run_numpy: Callable[[], Any] | None = None) -> Any:
         with self._lock:
             if key in self.cache:
                 return self.cache[key]
@@ -134,6 +134,12 @@ class KernelFunction:
                 entry = self._trace_and_build(values)
             except (Unsupported, TracerConversionError, NotImplementedError) as err:
                 entry = self._fall_back(err)
+            except Exception as err:
+                # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
+                # succeeds, jitop failed on valid code: run it as numpy rather than break it
+                if run_numpy is None or self._numpy_raises(run_numpy):
+                    raise
+                entry = self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
             if key[0] != "unhashable":
                 self.cache[key] = entry
             return entry
@@ -171,6 +177,14 @@ class KernelFunction:
         tr.inputs.append(n)
         tr.names.append(name)
         return Tracer(n)
+
+    @staticmethod
+    def _numpy_raises(run_numpy: Callable[[], Any]) -> bool:
+        try:
+            run_numpy()
+        except Exception:
+            return True
+        return False
 
     # ** fallback **
     def _fall_back(self, err: Exception) -> Any:
