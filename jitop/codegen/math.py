@@ -19,6 +19,8 @@ def emit_call(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value]) ->
         ty = args[0].type
         fn = ops.declare_intrinsic(b.module, _LLVM[name], [ty], ir.FunctionType(ty, [a.type for a in args]))
         return b.call(fn, args)
+    if name == "ipow":
+        return _int_power(b, dtype, args[0], args[1])
     if name == "fmod":
         return b.frem(args[0], args[1])
     if name == "rsqrt":
@@ -56,3 +58,17 @@ def _per_lane_libm(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value
         i = ir.Constant(ir.IntType(32), k)
         out = b.insert_element(out, b.call(fn, [b.extract_element(a, i) for a in args]), i)
     return out
+
+
+def _int_power(b: ir.IRBuilder, dtype: DType, x: ir.Value, y: ir.Value) -> ir.Value:
+    """x ** y for integers by binary exponentiation over y's bits, branch-free (wraps like numpy;
+    numpy rejects negative exponents at run time, here they use the exponent's bit pattern)."""
+    lanes = ops.lanes_of(x)
+    one, zero = ops.constant(dtype, 1, lanes), ops.constant(dtype, 0, lanes)
+    result, base = one, x
+    for bit in range(dtype.bits):
+        take = b.icmp_unsigned("!=", b.and_(y, ops.constant(dtype, 1 << bit if bit < dtype.bits - 1 else
+                                                         (-(1 << bit) if dtype.is_signed else 1 << bit), lanes)), zero)
+        result = b.select(take, b.mul(result, base), result)
+        base = b.mul(base, base)
+    return result

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from jitop import te
-from jitop.te.expr import Expr, Op, binary, const
+from jitop.te.expr import Expr, Op, binary, call, const
 
 
 def _zero(x: Expr) -> Expr:
@@ -19,25 +19,19 @@ def _one(x: Expr) -> Expr:
 
 
 def _power(x: Expr, y: Expr) -> Expr:
-    return te.pow(x, y) if x.dtype.is_float else _int_power(x, y)
-
-
-def _int_power(x: Expr, y: Expr) -> Expr:
-    """Integer power by repeated squaring over the exponent's bits (wraps like numpy; negative exponents,
-    which numpy rejects at run time, are not detected)."""
-    result, base = _one(x), x
-    for bit in range(x.dtype.bits - (1 if x.dtype.is_signed else 0)):
-        take = ((y >> const(bit, y.dtype)) & _one(y)) == _one(y)
-        result = te.select(take, result * base, result)
-        base = base * base
-    return result
+    # integer power is one intrinsic (binary exponentiation in the code generator): as an expression
+    # tree, repeated squaring would share subterms exponentially often
+    return te.pow(x, y) if x.dtype.is_float else call("ipow", x, y)
 
 
 def _reciprocal(x: Expr) -> Expr:
     if x.dtype.is_float:
         return _one(x) / x
-    # numpy: 1 // x for integers, with 1 // 0 == 0
-    return binary(Op.FLOORDIV, _one(x), x) if x.dtype.is_signed else te.select(x == _one(x), _one(x), _zero(x))
+    if not x.dtype.is_signed:
+        return te.select(x == _one(x), _one(x), _zero(x))
+    # numpy: C's 1 / x (truncating), and the most negative value for 1 / 0
+    lowest = const(int(np.iinfo(x.dtype.np).min), x.dtype)
+    return te.select(x == _zero(x), lowest, binary(Op.TRUNCDIV, _one(x), x))
 
 
 def _logaddexp(x: Expr, y: Expr) -> Expr:
@@ -49,7 +43,7 @@ def _logaddexp(x: Expr, y: Expr) -> Expr:
 def _logaddexp2(x: Expr, y: Expr) -> Expr:
     big = te.max(x, y)
     both_inf = (x == y) & te.isinf(x)
-    return te.select(both_inf, x, big + te.log2(1.0 + te.exp2(-te.abs(x - y))))
+    return te.select(both_inf, x, big + te.log1p(te.exp2(-te.abs(x - y))) * (1.0 / math.log(2.0)))
 
 
 def _fmax(x: Expr, y: Expr) -> Expr:
@@ -86,7 +80,8 @@ def _arcsinh(x: Expr) -> Expr:
 
 
 def _arccosh(x: Expr) -> Expr:
-    return te.select(x > 1e8, te.log(x) + math.log(2.0), te.log(x + te.sqrt(x * x - 1.0)))
+    value = te.select(x > 1e8, te.log(x) + math.log(2.0), te.log(x + te.sqrt(x * x - 1.0)))
+    return te.select(x < 1.0, te.const(float("nan"), x.dtype), value)  # NaN below the domain, like numpy
 
 
 def _arctanh(x: Expr) -> Expr:

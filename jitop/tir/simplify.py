@@ -161,16 +161,22 @@ def prove(cond: Expr, ranges: Ranges) -> bool | None:
 def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
     """Canonicalise integer arithmetic and decide comparisons the ranges settle."""
     ranges = ranges or {}
-    if e.dtype.is_int and e.op in _LINEAR:
-        return from_lin(to_lin(e, ranges), e.dtype)
-    if e.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
-        src = tuple(simplify(s, ranges) for s in e.src)
-        node = rebuild(e, src)
-        p = prove(node, ranges)
-        return node if p is None else const(p)
-    if not e.src:
-        return e
-    return rebuild(e, tuple(simplify(s, ranges) for s in e.src))
+    memo: dict[Expr, Expr] = {}  # expressions are DAGs: visit each shared node once
+
+    def visit(node: Expr) -> Expr:
+        if node in memo:
+            return memo[node]
+        if node.dtype.is_int and node.op in _LINEAR:
+            out = from_lin(to_lin(node, ranges), node.dtype)
+        elif node.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
+            out = rebuild(node, tuple(visit(s) for s in node.src))
+            p = prove(out, ranges)
+            out = out if p is None else const(p)
+        else:
+            out = rebuild(node, tuple(visit(s) for s in node.src)) if node.src else node
+        memo[node] = out
+        return out
+    return visit(e)
 
 
 def depends_on(e: Expr, v: Expr) -> bool:
