@@ -76,17 +76,46 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
     return ufunc_call(ufunc, [as_node(x) for x in inputs], dtype)
 
 
-def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
+_COMPARISONS = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
+
+
+def _resolve(ufunc: np.ufunc, srcs: list[Node], dtype: Any) -> tuple[tuple, tuple]:
+    """numpy's loop dtypes (inputs, outputs); dtype= fixes the computation's dtype, as in numpy."""
     sig = tuple(weak_proxy(s) for s in srcs) + (None,) * ufunc.nout
     if dtype is not None:
-        sig = sig[:-1] + (np.dtype(dtype),)
+        sig = (np.dtype(dtype),) * ufunc.nin + ((None,) if ufunc.__name__ in _COMPARISONS else (np.dtype(dtype),))
     try:
-        resolved = ufunc.resolve_dtypes(sig)
+        resolved = ufunc.resolve_dtypes(sig, casting="unsafe" if dtype is not None else "same_kind")
     except TypeError:
         names = ", ".join(s.dtype.name for s in srcs)
         raise TypeError(f"ufunc '{ufunc.__name__}' not supported for the input types ({names})") from None
     ins, outs = resolved[:ufunc.nin], resolved[ufunc.nin:]
-    if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS:
+    return _check_python_ints(ufunc, srcs, ins), outs
+
+
+def _check_python_ints(ufunc: np.ufunc, srcs: list[Node], ins: tuple) -> tuple:
+    """NEP 50: a Python int that does not fit the array's integer dtype is an error, except that numpy 2
+    compares it exactly (we widen the comparison to int64, or float64 beyond that)."""
+    out = list(ins)
+    for s, d in zip(srcs, ins):
+        if not (s.weak and s.prim == "const" and s.dtype.is_int and d.kind in "iu"):
+            continue
+        v, info = s.param("value"), np.iinfo(d)
+        if info.min <= v <= info.max:
+            continue
+        if ufunc.__name__ not in _COMPARISONS:
+            raise OverflowError(f"Python integer {v} out of bounds for {d}")
+        wide = np.dtype("int64") if -(1 << 63) <= v < (1 << 63) else np.dtype("float64")
+        out = [wide] * len(out)
+    return tuple(out)
+
+
+def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
+    ins, outs = _resolve(ufunc, srcs, dtype)
+    if ufunc is np.power and srcs[1].prim == "const" and outs[0].kind in "iu" and srcs[1].param("value") < 0:
+        raise ValueError("Integers to negative integer powers are not allowed.")
+    if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS \
+            and (outs[0].kind == "f" or srcs[1].param("value") > 0):
         # numpy computes x**2 as x*x, x**0.5 as sqrt(x), ... (exactly, and much faster than pow)
         name = _POWER_SHORTCUTS[srcs[1].param("value")]
         return wrap(node("ufunc", srcs[0].shape, _dtype(outs[0]), srcs[:1], weak=srcs[0].weak, name=name,
@@ -137,6 +166,8 @@ def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool 
         if any(n.shape[a] == 0 for a in axes):
             raise ValueError(f"zero-size array to reduction operation {op} which has no identity")
     src = cast_node(n, out_dt) if op not in ("all", "any") else cast_node(n, dtypes.bool_)
+    if not axes:  # nothing to reduce (a 0-d array, or axis=()): the value itself
+        return wrap(src) if src is not n else wrap(node("copy", n.shape, n.dtype, (n,)))
     shape = tuple(d for i, d in enumerate(n.shape) if i not in axes)
     r = node("reduce", shape, out_dt, (src,), op=op, axes=axes)
     return _keepdims(wrap(r), n.shape, axes, keepdims)
@@ -209,6 +240,8 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
 
 def _argreduce(a: Any, op: str, axis: Any, keepdims: bool) -> Tracer:
     n = as_node(a)
+    if axis is None and keepdims:
+        return reshape(_argreduce(a, op, None, False), (1,) * n.ndim)
     if axis is None:
         n = reshape(wrap(n), (-1,)).node
         axis = 0

@@ -189,8 +189,9 @@ def _fmin(x: Expr, y: Expr) -> Expr:
 
 _REDUCERS: dict[str, te.Reducer] = {
     "sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min, "all": te.min, "any": te.max,
-    "fmax": te.comm_reducer(_fmax, lambda dt: -np.inf if dt.is_float else np.iinfo(dt.np).min, "fmax"),
-    "fmin": te.comm_reducer(_fmin, lambda dt: np.inf if dt.is_float else np.iinfo(dt.np).max, "fmin"),
+    # NaN is the identity of fmax/fmin (they ignore it), so an all-NaN slice stays NaN as in numpy
+    "fmax": te.comm_reducer(_fmax, lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).min, "fmax"),
+    "fmin": te.comm_reducer(_fmin, lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).max, "fmin"),
 }
 
 

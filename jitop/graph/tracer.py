@@ -64,8 +64,8 @@ def array_const(a: np.ndarray) -> Node:
 
 def weak_proxy(n: Node) -> Any:
     """What numpy's type resolution should see for this node: a dtype, or a Python type if weak."""
-    if n.weak:
-        return bool if n.dtype.is_bool else (int if n.dtype.is_int else float)
+    if n.weak:  # a Python bool promotes like the bool dtype (it is the lowest kind anyway)
+        return n.dtype.np if n.dtype.is_bool else (int if n.dtype.is_int else float)
     return n.dtype.np
 
 

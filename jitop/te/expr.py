@@ -128,7 +128,10 @@ class Expr:
 
     def __bool__(self) -> bool:
         # Interned nodes are equal iff identical. A dict lookup compares two keys with equal hashes
-        # (a hash collision): that must answer, not raise. Any other truth test is a mistake.
+        # (a hash collision, e.g. the constants -1 and -2): that must answer, not raise. A folded
+        # constant's truth is known. Any other truth test is a mistake.
+        if self.op is Op.CONST:
+            return bool(self.value)
         if self.op in (Op.EQ, Op.NE) and (self.src[0] is self.src[1] or hash(self.src[0]) == hash(self.src[1])):
             same = self.src[0] is self.src[1]
             return same if self.op is Op.EQ else not same

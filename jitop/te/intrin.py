@@ -64,8 +64,11 @@ def abs(x: Any) -> Expr:  # noqa: A001
 def sign(x: Any) -> Expr:
     """-1, 0 or 1 in x's dtype; NaN stays NaN."""
     e = as_expr(x)
-    zero = e * 0 if e.dtype.is_float else const(0, e.dtype)
-    return select(e > 0, const(1, e.dtype), select(e < 0, const(-1, e.dtype) if e.dtype.is_signed else zero, zero))
+    zero = const(0, e.dtype)
+    rest = select(e < 0, const(-1, e.dtype) if e.dtype.is_signed else zero, zero)
+    if e.dtype.is_float:
+        rest = select(e != e, e, rest)  # NaN stays NaN; -0.0 gives +0.0 as in numpy
+    return select(e > 0, const(1, e.dtype), rest)
 
 
 def fmod(x: Any, y: Any) -> Expr:
