@@ -93,6 +93,8 @@ class KernelFunction:
 
     # ** calling **
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
+            return self.fn(*args, **kwargs)  # called from inside another kernel's trace: trace through
         values, key = self._bind(args, kwargs)
         entry = self.cache.get(key)
         if entry is None:
@@ -153,19 +155,31 @@ class KernelFunction:
     def trace(self, values: list[Any]) -> Trace:
         """Run the function on tracers; the graph of every array it returns."""
         tr = Trace()
-        args = [self._tracer_for(k, name, v, tr) for k, (name, v) in enumerate(zip(self.signature.parameters, values))]
-        result = self.fn(*args)
+        pos, kw = [], {}
+        for k, (name, v) in enumerate(zip(self.signature.parameters, values)):
+            param = self.signature.parameters[name]
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise Unsupported("a function with *args or **kwargs parameters")
+            t = self._tracer_for(k, name, v, tr)
+            if param.kind is param.KEYWORD_ONLY:
+                kw[name] = t
+            else:
+                pos.append(t)
+        result = self.fn(*pos, **kw)
         tr.results, tr.rebuild = _flatten(result)
         return tr
 
     def _tracer_for(self, k: int, name: str, value: Any, tr: Trace) -> Any:
         if name in self.static:
             return value
+        if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+            raise Unsupported(f"argument '{name}' of type {type(value).__name__} (an ndarray subclass)")
         if isinstance(value, np.ndarray):
             if value.dtype.name not in dtypes.DTYPES:
                 raise Unsupported(f"argument '{name}' of dtype {value.dtype}")
             n = node("arg", value.shape, dtypes.as_dtype(value.dtype), index=k)
-            tr.plan.append(("arg", k))
+            # a non-native byte order is converted on each call (the kernel reads native values)
+            tr.plan.append(("arg", k) if value.dtype.isnative else ("arg_swapped", (k, value.dtype.newbyteorder("="))))
         elif isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, np.ndarray):
             dt = dtypes.scalar_dtype(value)
             if isinstance(value, np.generic) and value.dtype.name not in dtypes.DTYPES:
@@ -176,7 +190,7 @@ class KernelFunction:
             return value  # other Python objects act as constants of this trace (part of the key)
         tr.inputs.append(n)
         tr.names.append(name)
-        return Tracer(n)
+        return Tracer(n, array0d=n.prim == "arg")
 
     @staticmethod
     def _numpy_raises(run_numpy: Callable[[], Any]) -> bool:
@@ -201,7 +215,7 @@ class KernelFunction:
         code = getattr(self.fn, "__code__", None)
         frames = [f for f in traceback.extract_tb(err.__traceback__) if code and f.filename == code.co_filename]
         if not frames:
-            return "source line unknown"
+            return f"{code.co_filename}:{code.co_firstlineno}: def {self.__name__}" if code else "source line unknown"
         f = frames[-1]
         return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
 
@@ -228,7 +242,9 @@ def _flatten(result: Any) -> tuple[list[Node], Callable[[list[Any]], Any]]:
         if isinstance(x, Tracer):
             k = len(leaves)
             leaves.append(x.node)
-            return lambda outs: outs[k][()] if outs[k].ndim == 0 else outs[k]
+            if x.node.ndim == 0 and not x.array0d:
+                return lambda outs: outs[k][()]  # numpy gives a scalar for a 0-d computation
+            return lambda outs: outs[k]
         if isinstance(x, (tuple, list)):
             parts = [walk(v) for v in x]
             return lambda outs: type(x)(p(outs) for p in parts)

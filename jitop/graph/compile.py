@@ -52,6 +52,9 @@ def _specialised_runner(plan: Plan, module: Module) -> Callable[[Sequence[Any]],
         if kind == "arg":
             lines += [f"    {name} = args[{what}]", f"    f = {name}.flags",
                       f"    if not (f.c_contiguous and f.aligned): {name} = contiguous({name})"]
+        elif kind == "arg_swapped":
+            env[f"dt{k}"] = what[1]
+            lines.append(f"    {name} = contiguous(args[{what[0]}], dt{k})")
         elif kind == "scalar":
             env[f"dt{k}"] = what[1]
             lines.append(f"    {name} = asarray(args[{what[0]}], dt{k})")
@@ -103,7 +106,15 @@ def _fresh(r: Node) -> Node:
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                   results: list[Node]) -> Executable:
     """Fuse, lower to te, schedule and build the graph computing `results` from `inputs`."""
-    outputs = [_fresh(r) for r in results]
+    # every returned array is its own buffer, even if two results are the same expression
+    seen: set[Node] = set()
+    outputs = []
+    for k, r in enumerate(results):
+        r = _fresh(r)
+        if r in seen:
+            r = node("copy", r.shape, r.dtype, (r,), slot=k)
+        seen.add(r)
+        outputs.append(r)
     unique = list(dict.fromkeys(outputs))
     why = materialize(unique)
     lowering = ToTE(why)

@@ -30,7 +30,7 @@ def _sum_out(x: Any, term: str, keep: set[str]) -> tuple[Any, str]:
     """Sum away the indices of `term` not in `keep`."""
     axes = tuple(i for i, c in enumerate(term) if c not in keep)
     if axes:
-        x = np.sum(x, axis=axes)
+        x = np.sum(x, axis=axes, dtype=x.dtype)  # einsum keeps the operand dtype
     return x, "".join(c for c in term if c in keep)
 
 

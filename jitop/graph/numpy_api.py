@@ -220,7 +220,8 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     count = math.prod(n.shape[i] for i in axes)
     acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
     total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
-    return np.true_divide(total, count) if dtype is None else np.true_divide(total, count).astype(dtype)
+    quotient = np.true_divide(total, count)
+    return quotient if dtype is None else _cast(quotient, dtype)
 
 
 @implements(np.var)
@@ -284,8 +285,8 @@ def reshape(a, *shape, order="C", newshape=None, copy=None):
     if math.prod(target) != n.size:
         raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
     if target == n.shape:
-        return wrap(n)
-    return wrap(node("reshape", target, n.dtype, (n,), weak=n.weak))
+        return Tracer(n, array0d=True)
+    return Tracer(node("reshape", target, n.dtype, (n,), weak=n.weak), array0d=True)
 
 
 @implements(np.ravel)
@@ -300,8 +301,8 @@ def transpose(a, axes=None):
     if sorted(perm) != list(range(n.ndim)):
         raise ValueError("axes don't match array")
     if perm == tuple(range(n.ndim)):
-        return wrap(n)
-    return wrap(node("transpose", tuple(n.shape[p] for p in perm), n.dtype, (n,), perm=perm))
+        return Tracer(n, array0d=True)
+    return Tracer(node("transpose", tuple(n.shape[p] for p in perm), n.dtype, (n,), perm=perm), array0d=True)
 
 
 @implements(np.swapaxes)
@@ -350,7 +351,7 @@ def broadcast_to(a, shape, subok=False):
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if broadcast_shapes(n.shape, shape) != shape:
         raise ValueError(f"cannot broadcast array of shape {n.shape} to {shape}")
-    return wrap(n) if n.shape == shape else wrap(node("broadcast", shape, n.dtype, (n,), weak=n.weak))
+    return Tracer(n if n.shape == shape else node("broadcast", shape, n.dtype, (n,), weak=n.weak), array0d=True)
 
 
 @implements(np.concatenate)
@@ -461,8 +462,11 @@ def round_(a, decimals=0, out=None):
     if out is not None:
         raise Unsupported("np.round(..., out=...)")
     n = as_node(a)
-    if n.dtype.kind in "biu":
+    if n.dtype.kind in "biu" and decimals >= 0:
         return wrap(n)
+    if n.dtype.kind in "biu":  # round to tens/hundreds..., half to even, as numpy
+        scale = 10 ** -decimals
+        return _cast(np.multiply(np.rint(np.true_divide(_cast(a, np.float64), scale)), scale), n.dtype.np)
     if decimals == 0:
         return np.rint(a)
     scale = 10.0 ** decimals
@@ -470,9 +474,14 @@ def round_(a, decimals=0, out=None):
         np.multiply(np.rint(np.true_divide(a, 10.0 ** -decimals)), 10.0 ** -decimals)
 
 
+def _cast(a: Any, dtype: Any) -> Tracer:
+    """An internal conversion (its 0-d result is a scalar, unlike the user's .astype())."""
+    return wrap(cast_node(as_node(a), _dtype(np.dtype(dtype))))
+
+
 def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
     n = as_node(a)
-    return wrap(cast_node(n, _dtype(np.dtype(dtype))))
+    return Tracer(cast_node(n, _dtype(np.dtype(dtype))), array0d=True)
 
 
 @implements(np.shape)
@@ -494,9 +503,11 @@ def size_(a, axis=None):
 # ** matmul family **
 
 @implements(np.matmul)
-def matmul(a, b, out=None, **kwargs):
+def matmul(a, b, out=None, dtype=None, **kwargs):
     if out is not None:
         raise Unsupported("np.matmul(..., out=...)")
+    if dtype is not None:
+        return matmul(_cast(a, dtype), _cast(b, dtype))
     x, y = as_node(a), as_node(b)
     if x.ndim == 0 or y.ndim == 0:
         raise ValueError("matmul: Input operand does not have enough dimensions")
@@ -516,14 +527,14 @@ def matmul(a, b, out=None, **kwargs):
         r = squeeze(r, -2)
     if y1:
         r = squeeze(r, -1)
-    return r
+    return wrap(r.node)  # 1-D @ 1-D is a scalar in numpy
 
 
 @implements(np.dot)
 def dot(a, b, out=None):
     x, y = as_node(a), as_node(b)
-    if x.ndim == 0 or y.ndim == 0:
-        return np.multiply(a, b)
+    if x.ndim == 0 or y.ndim == 0:  # np.dot makes Python scalars arrays (strong dtypes)
+        return np.multiply(*(np.asarray(v) if isinstance(v, (bool, int, float)) else v for v in (a, b)))
     if x.ndim <= 2 and y.ndim <= 2:
         return matmul(a, b)
     raise Unsupported("np.dot of arrays with more than 2 dimensions", "use np.matmul or np.einsum")
@@ -532,7 +543,8 @@ def dot(a, b, out=None):
 @implements(np.einsum)
 def einsum(subscripts, *operands, **kwargs):
     from jitop.graph.einsum import einsum as impl
-    return impl(subscripts, *operands, **kwargs)
+    r = impl(subscripts, *operands, **kwargs)
+    return wrap(as_node(r)) if isinstance(r, Tracer) else r  # a full contraction is a scalar
 
 
 # ** creation **
@@ -574,7 +586,7 @@ def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
 
 @implements(np.copy)
 def copy(a, order="K", subok=False):
-    return wrap(as_node(a))
+    return Tracer(as_node(a), array0d=True)
 
 
 @implements(np.tril)

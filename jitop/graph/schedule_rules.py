@@ -121,6 +121,8 @@ _ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
 def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> Node | None:
     """The output that applies only same-shape elementwise operations to matmul `m` (bias, activation):
     it reads m at its own index, so it can run on m's register tile."""
+    if m in outputs:  # the matmul itself is returned: it must be written out
+        return None
     users = consumers(toposort(outputs))
     for out in outputs:
         if out is m or out.shape != m.shape or not _feeds_only(m, out, set(), users, materialized):

@@ -202,7 +202,9 @@ def _emit_const(c: ToTE, n: Node, idx: Index) -> Expr:
 
 
 def _emit_ufunc(c: ToTE, n: Node, idx: Index) -> Expr:
-    args = [te.cast(c.at(s, broadcast_index(s.shape, n.shape, idx)), dt)
+    # a constant operand is made in the loop dtype directly (a Python int may not fit int64)
+    args = [const(s.param("value"), dt) if s.prim == "const" else
+            te.cast(c.at(s, broadcast_index(s.shape, n.shape, idx)), dt)
             for s, dt in zip(n.src, n.param("in_dtypes"))]
     return te.cast(UFUNCS[n.param("name")](*args), n.dtype)
 
@@ -245,7 +247,7 @@ def _emit_concat(c: ToTE, n: Node, idx: Index) -> Expr:
             continue
         part = c.at(s, idx[:ax] + (idx[ax] - lo,) + idx[ax + 1:])
         value = part if value is None else te.if_then_else(idx[ax] < lo + s.shape[ax], part, value)
-    return value
+    return value if value is not None else const(0, n.dtype)  # every part empty: so is the result
 
 
 def _emit_where(c: ToTE, n: Node, idx: Index) -> Expr:

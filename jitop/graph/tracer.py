@@ -42,9 +42,11 @@ def as_node(x: Any) -> Node:
 
 
 def scalar_const(value: Any, dtype: Any = None, weak: bool = False) -> Node:
-    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.scalar_dtype(value)
     if isinstance(value, complex) or (dtype is not None and np.dtype(dtype).kind == "c"):
         raise Unsupported("complex numbers")
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.scalar_dtype(value)
+    if weak and isinstance(value, int) and not isinstance(value, bool):
+        return node("const", (), dt, weak=True, value=int(value))  # exact: it may not fit int64 (NEP 50)
     return node("const", (), dt, weak=weak, value=_canonical(value, dt))
 
 
@@ -72,11 +74,12 @@ def weak_proxy(n: Node) -> Any:
 class Tracer:
     """A stand-in for a numpy array during tracing; shape and dtype are known, values are not."""
 
-    __slots__ = ("node",)
+    __slots__ = ("node", "array0d")
     __array_priority__ = 1000
 
-    def __init__(self, n: Node):
+    def __init__(self, n: Node, array0d: bool = False):
         self.node = n
+        self.array0d = array0d  # a 0-d result numpy returns as an array (shape functions), not a scalar
 
     # ** what numpy users read off an array **
     @property
@@ -132,6 +135,11 @@ class Tracer:
     def __index__(self): self._concrete("use as an index")
     def item(self, *args): self._concrete(".item()")
     def tolist(self): self._concrete(".tolist()")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise Unsupported(f"ndarray.{name}")
 
     def __setitem__(self, key, value):
         raise Unsupported("in-place assignment to an array (a[...] = ...)",
