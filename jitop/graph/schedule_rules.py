@@ -185,12 +185,13 @@ def undo_wide_row_fusion(s: Schedule, args: list[Tensor]) -> None:
     from jitop.tir.lower import Lowering
     low = Lowering(s, args)
     low.infer()
-    for stage in getattr(s, "row_fused", []):
-        if not stage.op.axis:
-            continue
-        extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
-        if any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1):
-            stage.compute_root()
-            first = stage.leaf_iter_vars[0]
-            if first.kind == "data" and first not in stage.iter_kind:
-                stage.parallel(first)
+    members = getattr(s, "row_fused", [])
+    wide = any(st.op.axis and (any(e > 1 for e in ext[:-1]) or (len(ext) == 1 and ext[0] > 1))
+               for st in members for ext in [[low.loops[st].extent[iv] for iv in st.op.axis]])
+    if not wide:
+        return
+    for stage in members:  # all or none: a member may read another's row buffer
+        stage.compute_root()
+        first = stage.leaf_iter_vars[0]
+        if first.kind == "data" and first not in stage.iter_kind:
+            stage.parallel(first)

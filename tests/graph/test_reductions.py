@@ -1,0 +1,392 @@
+"""Conformance of @jitop.kernel reductions against numpy: values, dtype and shape.
+
+sum prod mean max min amax amin argmax argmin var std all any, as np.* functions and as array
+methods, over axis None / int / negative / tuple, with keepdims, dtype= (sum, mean), ddof (var, std),
+NaN handling, integer widening, empty reductions and long float32 sums.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import jitop
+
+
+# ** helpers **
+
+def assert_same(got, expected, rtol: float | None = None) -> None:
+    """Same container kind (array vs numpy scalar), dtype, shape and values (NaN == NaN)."""
+    assert isinstance(got, np.ndarray) == isinstance(expected, np.ndarray), (type(got), type(expected))
+    if not isinstance(expected, np.ndarray):
+        assert isinstance(got, np.generic), type(got)
+    g, e = np.asarray(got), np.asarray(expected)
+    assert g.dtype == e.dtype, (g.dtype, e.dtype)
+    assert g.shape == e.shape, (g.shape, e.shape)
+    if rtol is None or e.dtype.kind != "f":
+        np.testing.assert_array_equal(g, e, strict=True)
+    else:
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=0, equal_nan=True, strict=True)
+
+
+def numpy_ref(fn, *args):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # mean of empty slice, ddof >= n
+        return fn(*args)
+
+
+def jit_call(k, *args):
+    """Call a kernel; a fallback warning is an error (it would make the comparison vacuous)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("error", jitop.JitopFallbackWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return k(*args)
+
+
+_BATCHES: dict[tuple, dict | None] = {}
+
+
+def batched(tag: str, fns: dict, x: np.ndarray) -> dict | None:
+    """{name: fn(x)} from ONE kernel (one compile; the tests stay one per function). None if that kernel
+    raised or fell back: each test then compiles its own function."""
+    key = (tag, x.dtype.str, x.shape)
+    if key not in _BATCHES:
+        def many(a):
+            return {n: fn(a) for n, fn in fns.items()}
+        try:
+            _BATCHES[key] = jit_call(jitop.kernel(many), x)
+        except Exception:
+            _BATCHES[key] = None
+    return _BATCHES[key]
+
+
+def compiled_result(tag: str, fns: dict, name, x: np.ndarray):
+    res = batched(tag, fns, x)
+    if res is not None:
+        return res[name]
+    return jit_call(jitop.kernel(fns[name]), x)
+
+
+# float results: sums in a different order than numpy's pairwise summation
+RTOL = {np.dtype("float32"): 2e-6, np.dtype("float64"): 1e-13}
+
+
+def tol(expected) -> float | None:
+    return RTOL.get(np.asarray(expected).dtype)
+
+
+def data(dtype: str, shape=(3, 4, 5), seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    lo = max(np.iinfo(dt).min, -100)
+    return rng.integers(lo, 100, shape).astype(dt)
+
+
+# ** every reduction, as function and method, over every kind of axis **
+
+NAMES = ["sum", "prod", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "all", "any"]
+AXES = [None, 1, -1, (0, 2), (-1, 0)]
+R_DTYPES = ["float64", "float32", "int8", "bool"]  # uint8 and int64: see the widening and dtype= tests
+
+def _fns(name: str) -> dict:
+    out = {}
+    for axis in AXES:
+        if name in ("argmax", "argmin") and isinstance(axis, tuple):
+            continue
+        for kd in (False, True):
+            fn = getattr(np, name)
+            out[("fn", axis, kd)] = (lambda a, fn=fn, axis=axis, kd=kd: fn(a, axis=axis, keepdims=kd))
+            if name not in ("amax", "amin") and (kd is False or axis is None):
+                out[("method", axis, kd)] = (lambda a, axis=axis, kd=kd: getattr(a, name)(axis=axis, keepdims=kd))
+    return out
+
+
+@pytest.mark.parametrize("dtype", R_DTYPES)
+@pytest.mark.parametrize("name", NAMES)
+def test_reduction(name: str, dtype: str) -> None:
+    """Every axis/keepdims/function-or-method form of one reduction; all mismatches reported together."""
+    x = data(dtype)
+    fns = _fns(name)
+    failures = []
+    for key, fn in fns.items():
+        try:
+            expected = numpy_ref(fn, x)
+        except TypeError as e:  # e.g. np.var of bool: numpy has no boolean subtract
+            try:
+                jit_call(jitop.kernel(fn), x)
+                failures.append(f"{key}: numpy raises {type(e).__name__}, jitop does not")
+            except type(e):
+                pass
+            continue
+        try:
+            assert_same(compiled_result(name, fns, key, x), expected, tol(expected))
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            failures.append(f"{key}: {type(e).__name__}: {str(e).strip()[:400]}")
+    assert not failures, f"{len(failures)} of {len(fns)} forms differ from numpy:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_argreduce_axis_none_keepdims(name: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return getattr(np, name)(a, axis=None, keepdims=True), getattr(a, name)(keepdims=True)
+    x = data("float64")
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("name", NAMES)  # 0-d: fell back as an internal error until commit 49c8327
+def test_reduction_of_0d_and_size_one(name: str) -> None:
+    @jitop.kernel
+    def f(a, b, c):
+        fn = getattr(np, name)
+        return fn(a), fn(b), fn(b, axis=0), fn(c, axis=1, keepdims=True), fn(c)
+    a, b, c = np.array(2.5), np.array([3.5]), np.arange(6.0).reshape(6, 1)
+    for g, e in zip(jit_call(f, a, b, c), numpy_ref(f.fn, a, b, c)):
+        assert_same(g, e, tol(e))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (minor): numpy accepts axis=0 when reducing a 0-d array (np.sum(np.array(2.0), "
+                   "axis=0) == 2.0, also max/argmax); jitop fails with an internal IndexError ('tuple index out of "
+                   "range') and falls back (FallbackError with fallback=False)")
+def test_reduction_of_0d_array_with_axis_0() -> None:
+    @jitop.kernel(fallback=False)
+    def f(a):
+        return np.sum(a, axis=0), a.max(axis=0, keepdims=True), np.argmax(a, axis=0)
+    a = np.array(2.0)
+    for g, e in zip(f(a), f.fn(a)):
+        assert_same(g, e)
+
+
+def test_axis_out_of_bounds_raises_axis_error() -> None:
+    @jitop.kernel
+    def f(a):
+        return a.sum(axis=3)
+    with pytest.raises(np.exceptions.AxisError):
+        f.fn(np.ones((2, 3)))
+    with pytest.raises(np.exceptions.AxisError):
+        jit_call(f, np.ones((2, 3)))
+
+
+# ** dtype=, ddof, integer widening **
+
+@pytest.mark.parametrize("src", ["int8", "uint8", "bool", "float32"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "uint64"])
+def test_sum_and_mean_dtype_argument(src: str, dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return (np.sum(a, dtype=dtype), a.sum(axis=1, dtype=dtype), np.mean(a, axis=0, dtype=dtype),
+                a.mean(dtype=dtype), np.prod(a[:, :3], axis=-1, dtype=dtype))
+    x = data(src, (4, 6))
+    if dtype.startswith("u"):
+        x = abs(x)  # casting a negative float to uint64 is undefined (numpy's answer is platform-specific)
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e, tol(e))
+
+
+@pytest.mark.parametrize("dtype, wide", [("int8", "int64"), ("uint8", "uint64"), ("int32", "int64"),
+                                         ("uint64", "uint64"), ("bool", "int64")])
+def test_integer_sums_widen(dtype: str, wide: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return a.sum(), np.sum(a, axis=0), a.prod(axis=1), a.sum(keepdims=True)
+    x = np.full((50, 7), 100 if dtype != "bool" else True, dtype=dtype)  # 50*7*100 overflows int8/uint8
+    got = jit_call(f, x)
+    for g, e in zip(got, numpy_ref(f.fn, x)):
+        assert_same(g, e)
+    assert np.asarray(got[0]).dtype == np.dtype(wide)
+    assert int(got[0]) == (35000 if dtype != "bool" else 350)
+
+
+def test_integer_product_wraps_like_numpy() -> None:
+    @jitop.kernel
+    def f(a):
+        return a.prod(), a.prod(axis=0)
+    x = np.arange(1, 41, dtype=np.int64).reshape(20, 2)  # 40! overflows int64
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_var_std_ddof(dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return [(np.var(a, ddof=ddof), np.std(a, axis=0, ddof=ddof), a.var(axis=1, ddof=ddof, keepdims=True),
+                 a.std(axis=(0, 1), ddof=ddof)) for ddof in (0, 1, 2, 5, 7)]  # 5 rows, 6 columns: ddof >= n too
+    x = data(dtype, (5, 6))
+    got, expected = jit_call(f, x), numpy_ref(f.fn, x)
+    assert isinstance(got, list) and len(got) == 5
+    for g, e in zip(sum(got, ()), sum(expected, ())):
+        assert_same(g, e, tol(e) * 10 if tol(e) else None)
+
+
+# ** NaN and inf **
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nan_propagates_through_max_min_sum_and_argmax_finds_it(dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return (a.max(), a.min(axis=1), np.amax(a, axis=0), a.sum(axis=1), a.mean(), np.argmax(a, axis=1),
+                np.argmin(a), a.argmin(axis=0), np.any(a, axis=1), np.all(a, axis=0), a.prod(axis=0),
+                np.maximum.reduce(a, axis=1), np.minimum.reduce(a), a.var(axis=1), a.std())
+    x = data(dtype, (4, 33))
+    x[1, 5] = np.nan
+    x[2, 30] = np.nan
+    x[2, 2] = np.nan
+    x[3, 0] = np.inf
+    x[0, 32] = -np.inf
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e, tol(e))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fmax_fmin_reduce_of_all_nan_slice_is_nan(dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return np.fmax.reduce(a, axis=1), np.fmin.reduce(a, axis=1)
+    x = data(dtype, (3, 5))
+    x[1, :] = np.nan
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fmax_fmin_reduce_ignore_nan(dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return np.fmax.reduce(a, axis=1), np.fmin.reduce(a, axis=0), np.fmax.reduce(a, axis=None)
+    x = data(dtype, (4, 33))
+    x[1, 1:] = np.nan
+    x[2, 7] = np.nan
+    x[0, 0] = np.nan
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_ufunc_reduce_methods(dtype: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return (np.add.reduce(a), np.add.reduce(a, axis=1), np.multiply.reduce(a, axis=-1),
+                np.maximum.reduce(a, axis=0), np.minimum.reduce(a, axis=None), np.logical_and.reduce(a, axis=0),
+                np.logical_or.reduce(a, axis=1), np.add.reduce(a, axis=(0, 1)))
+    x = data(dtype, (3, 7))
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e, tol(e))
+
+
+# ** empty reductions **
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_empty_reductions_with_identity(dtype: str) -> None:
+    @jitop.kernel
+    def f(a, b):
+        return (a.sum(), a.prod(), np.all(a), np.any(a), b.sum(axis=0), b.prod(axis=0), b.sum(axis=1),
+                b.max(axis=1), b.argmax(axis=1), b.any(axis=0), b.all(axis=0), b.sum(axis=0, keepdims=True))
+    a, b = np.zeros(0, dtype), np.zeros((0, 3), dtype)
+    for g, e in zip(jit_call(f, a, b), numpy_ref(f.fn, a, b)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_mean_var_of_empty_are_nan(dtype: str) -> None:
+    @jitop.kernel
+    def f(a, b):
+        return a.mean(), b.mean(axis=0), a.var(), b.std(axis=0)
+    a, b = np.zeros(0, dtype), np.zeros((0, 3), dtype)
+    for g, e in zip(jit_call(f, a, b), numpy_ref(f.fn, a, b)):
+        assert_same(g, e)
+
+
+@pytest.mark.parametrize("op", ["max", "min", "amax", "argmax", "argmin"])
+def test_reduction_without_identity_of_empty_raises_value_error(op: str) -> None:
+    @jitop.kernel
+    def f(a):
+        return getattr(np, op)(a)
+
+    @jitop.kernel
+    def g(b):
+        return getattr(np, op)(b, axis=0)
+    with pytest.raises(ValueError):
+        f.fn(np.zeros(0))
+    with pytest.raises(ValueError):
+        jit_call(f, np.zeros(0))
+    with pytest.raises(ValueError):
+        g.fn(np.zeros((0, 3)))
+    with pytest.raises(ValueError):
+        jit_call(g, np.zeros((0, 3)))
+
+
+# ** long sums **
+
+@pytest.mark.parametrize("n", [1_000_003, 4097])
+def test_float32_sum_of_many_elements(n: int) -> None:
+    @jitop.kernel
+    def f(a):
+        return a.sum(), a.mean(), np.sum(a * 2.0), a.reshape(-1, 1).sum(axis=0)
+    x = (np.random.default_rng(0).random(n, dtype=np.float32) + np.float32(0.1)).astype(np.float32)
+    exact = x.astype(np.float64).sum()
+    got = jit_call(f, x)
+    for g, e in zip(got, numpy_ref(f.fn, x)):
+        assert_same(g, e, 1e-5)
+    assert abs(float(got[0]) - exact) <= 1e-5 * exact
+
+
+def test_float32_column_sum_of_many_rows() -> None:
+    @jitop.kernel
+    def f(a):
+        return a.sum(axis=0), a.mean(axis=0), a.max(axis=0)
+    x = np.random.default_rng(1).random((20001, 3), dtype=np.float32)
+    for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
+        assert_same(g, e, 1e-5)
+
+
+# ** fused reduction patterns **
+
+
+
+@pytest.mark.parametrize("shape, axis", [
+    pytest.param((3, 3, 3), 0),
+    pytest.param((3, 3, 3), 1),
+    pytest.param((2, 64, 64), 1),
+    ((3, 3, 3), 2), ((4, 5, 6), 0), ((4, 5, 6), 1), ((8, 1000), 0), ((1000, 8), 1), ((5, 7, 9, 3), 2),
+], ids=str)
+def test_softmax_over_any_axis(shape, axis: int) -> None:
+    @jitop.kernel(fallback=False)
+    def f(a):
+        e = np.exp(a - a.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert_same(f(a), f.fn(a), 1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_layernorm_and_logsumexp(axis: int) -> None:
+    @jitop.kernel(fallback=False)
+    def f(a, g):
+        mu = a.mean(axis=axis, keepdims=True)
+        var = ((a - mu) ** 2).mean(axis=axis, keepdims=True)
+        m = a.max(axis=axis, keepdims=True)
+        return (a - mu) / np.sqrt(var + 1e-5) * g, np.log(np.exp(a - m).sum(axis=axis)) + m.squeeze(axis)
+    a = np.random.default_rng(1).standard_normal((6, 33)).astype(np.float64)
+    g = np.linspace(0.5, 1.5, 33)
+    for x, e in zip(f(a, g), f.fn(a, g)):
+        assert_same(x, e, 1e-12)
+
+
+# ** unsupported keyword arguments fall back to numpy's answer **
+
+def test_where_and_initial_fall_back_to_numpy() -> None:
+    @jitop.kernel
+    def f(a):
+        return np.sum(a, where=a > 0), np.max(a, initial=10.0)
+    x = data("float64", (3, 4))
+    with pytest.warns(jitop.JitopFallbackWarning):
+        got = f(x)
+    for g, e in zip(got, f.fn(x)):
+        assert_same(g, e)
