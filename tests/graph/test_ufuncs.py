@@ -19,6 +19,7 @@ import pytest
 
 import jitop
 from jitop.graph.numpy_api import SUPPORTED_UFUNCS
+from kernel_checks import assert_same  # noqa: E402
 
 DTYPES = ["bool", "int8", "int32", "int64", "uint8", "uint64", "float32", "float64"]
 
@@ -55,20 +56,6 @@ def sample(dtype: str, n: int = 37, seed: int = 0) -> np.ndarray:
     special = special[:n]
     v[:len(special)] = np.array(special).astype(dt)
     return v
-
-
-def assert_same(got, expected, rtol: float | None = None) -> None:
-    """Same container kind (array vs numpy scalar), dtype, shape and values (NaN == NaN)."""
-    assert isinstance(got, np.ndarray) == isinstance(expected, np.ndarray), (type(got), type(expected))
-    if not isinstance(expected, np.ndarray):
-        assert isinstance(got, np.generic), type(got)
-    g, e = np.asarray(got), np.asarray(expected)
-    assert g.dtype == e.dtype, (g.dtype, e.dtype)
-    assert g.shape == e.shape, (g.shape, e.shape)
-    if rtol is None or e.dtype.kind != "f":
-        np.testing.assert_array_equal(g, e, strict=True)
-    else:
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=0, equal_nan=True, strict=True)
 
 
 def numpy_ref(fn, *args):
