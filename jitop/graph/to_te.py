@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from jitop import dtypes, te
+from jitop import te
 from jitop.graph.fusion import INPUTS
 from jitop.graph.ir import Node
 from jitop.graph.ufuncs import UFUNCS
@@ -179,19 +179,11 @@ def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> 
     return tuple(out)
 
 
-def _fmax(x: Expr, y: Expr) -> Expr:
-    return te.select(te.isnan(x), y, te.select(te.isnan(y), x, te.max(x, y)))
-
-
-def _fmin(x: Expr, y: Expr) -> Expr:
-    return te.select(te.isnan(x), y, te.select(te.isnan(y), x, te.min(x, y)))
-
-
 _REDUCERS: dict[str, te.Reducer] = {
     "sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min, "all": te.min, "any": te.max,
     # NaN is the identity of fmax/fmin (they ignore it), so an all-NaN slice stays NaN as in numpy
-    "fmax": te.comm_reducer(_fmax, lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).min, "fmax"),
-    "fmin": te.comm_reducer(_fmin, lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).max, "fmin"),
+    "fmax": te.comm_reducer(UFUNCS["fmax"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).min, "fmax"),
+    "fmin": te.comm_reducer(UFUNCS["fmin"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).max, "fmin"),
 }
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from jitop.errors import ScheduleError, axis_already_transformed, axis_not_in_stage
 from jitop.te.expr import Expr, Op, rewrite, substitute
-from jitop.te.tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute
+from jitop.te.tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute, read_tensors
 
 
 class ForKind(enum.Enum):
@@ -71,11 +71,7 @@ class Stage:
         return self.op.outputs
 
     def input_tensors(self) -> list[Tensor]:
-        seen: dict[int, Tensor] = {}
-        for b in self.body:
-            for n in _loads(b):
-                seen.setdefault(id(n.arg), n.arg)
-        return list(seen.values())
+        return read_tensors(self.body)
 
     def __repr__(self) -> str:
         return f"Stage({self.name}, loops=[{', '.join(iv.name for iv in self.leaf_iter_vars)}])"
@@ -211,11 +207,6 @@ class Stage:
         """Undo compute_at/compute_inline: compute the whole tensor before its consumers."""
         self._check_compute("compute_root")
         self.attach_type, self.attach_stage, self.attach_ivar = "root", None, None
-
-
-def _loads(e: Expr) -> Iterable[Expr]:
-    from jitop.te.expr import walk
-    return (n for n in walk(e) if n.op is Op.LOAD and isinstance(n.arg, Tensor))
 
 
 def _as_ops(ops: Any) -> list[Operation]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -154,17 +154,21 @@ class ComputeOp(Operation):
 
     @property
     def input_tensors(self) -> list[Tensor]:
-        found: dict[int, Tensor] = {}
-        for b in self.body:
-            for n in walk(b):
-                if n.op is Op.LOAD and isinstance(n.arg, Tensor):
-                    found.setdefault(id(n.arg), n.arg)
-                if n.op is Op.REDUCE:
-                    for src in n.src:
-                        for m in walk(src):
-                            if m.op is Op.LOAD and isinstance(m.arg, Tensor):
-                                found.setdefault(id(m.arg), m.arg)
-        return list(found.values())
+        return read_tensors(self.body)
+
+
+def tensor_loads(e: Expr) -> Iterator[Expr]:
+    """The reads of tensors in `e` (each distinct LOAD node once; walk also enters reductions)."""
+    return (n for n in walk(e) if n.op is Op.LOAD and isinstance(n.arg, Tensor))
+
+
+def read_tensors(bodies: Sequence[Expr]) -> list[Tensor]:
+    """The distinct tensors that `bodies` read, in first-read order."""
+    found: dict[int, Tensor] = {}
+    for b in bodies:
+        for n in tensor_loads(b):
+            found.setdefault(id(n.arg), n.arg)
+    return list(found.values())
 
 
 def _shape(shape: Any, what: str) -> tuple[int, ...]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from jitop import dtypes
 from jitop.errors import LoweringError
-from jitop.schedule.schedule import Fuse, Schedule, Split, Stage
+from jitop.schedule.schedule import Schedule, Split, Stage
 from jitop.te.expr import Expr, Op, const, free_vars, rewrite, substitute
-from jitop.te.tensor import IterVar, PlaceholderOp, Tensor
-from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq
+from jitop.te.tensor import IterVar, PlaceholderOp, Tensor, tensor_loads
+from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
 from jitop.tir.passes import partition_loops, simplify_stmt
 from jitop.tir.simplify import Lin, atom_bounds, from_lin, prove, simplify, to_lin
 
@@ -139,7 +139,7 @@ class Lowering:
         for consumer in self.sch.stages:
             if consumer.is_placeholder or consumer.attach_type == "inline" or consumer is stage:
                 continue
-            indices = [n.src for b in self.inlined_body(consumer) for n in _tensor_loads(b)
+            indices = [n.src for b in self.inlined_body(consumer) for n in tensor_loads(b)
                        if n.arg.op is stage.op]
             if not indices:
                 continue
@@ -333,11 +333,6 @@ def _guard(body: Stmt, conds: list[Expr]) -> Stmt:
     for c in conds:
         body = IfThenElse(c, body)
     return body
-
-
-def _tensor_loads(e: Expr):
-    from jitop.te.expr import walk
-    return (n for n in walk(e) if n.op is Op.LOAD and isinstance(n.arg, Tensor))
 
 
 def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc:

@@ -1,11 +1,11 @@
-"""Loop-IR passes: small functions from PrimFunc/Stmt to Stmt."""
+"""Loop-IR passes: small functions from Stmt to Stmt."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Callable
 
 from jitop.te.expr import Expr, Op, const, free_vars, substitute, var
-from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq, walk_stmts
+from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, Seq, Stmt, Store, seq, walk_stmts
 from jitop.tir.simplify import Ranges, lin_bounds, simplify, to_lin, Lin
 
 
@@ -48,9 +48,6 @@ def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
     out = map_stmt(s, visit)
     return out if out is not None else Seq(())
 
-
-def simplify_func(f: PrimFunc, ranges: Ranges) -> PrimFunc:
-    return replace(f, body=simplify_stmt(f.body, ranges))
 
 
 def substitute_stmt(s: Stmt, mapping: dict[Expr, Expr], ranges: Ranges | None = None) -> Stmt:
