@@ -44,6 +44,19 @@ def accuracy(got: np.ndarray, a, b, c) -> tuple[float, float]:
     return float(ulp.max()), float(np.abs(got - exact).max())
 
 
+def numba_chain():
+    """The chain as a numba parallel loop (raises ImportError without numba)."""
+    import numba
+
+    @numba.njit(parallel=True, fastmath=False)
+    def nb(a, b, c):
+        out = np.empty_like(a)
+        for i in numba.prange(a.shape[0]):
+            out[i] = np.tanh(a[i] * b[i] + c[i]) * np.float32(0.5) + np.exp(-a[i] * a[i])
+        return out
+    return nb
+
+
 def peers(a, b, c) -> list[list[object]]:
     rows = [["numpy", best_of(lambda: numpy_chain(a, b, c)) * 1e3, ""]]
     try:
@@ -53,14 +66,7 @@ def peers(a, b, c) -> list[list[object]]:
     except ImportError:
         rows.append(["numexpr", "not installed", ""])
     try:
-        import numba
-
-        @numba.njit(parallel=True, fastmath=False)
-        def nb(a, b, c):
-            out = np.empty_like(a)
-            for i in numba.prange(a.shape[0]):
-                out[i] = np.tanh(a[i] * b[i] + c[i]) * np.float32(0.5) + np.exp(-a[i] * a[i])
-            return out
+        nb = numba_chain()
         rows.append(["numba (parallel)", best_of(lambda: nb(a, b, c)) * 1e3, ""])
     except ImportError:
         rows.append(["numba", "not installed", ""])

@@ -121,14 +121,8 @@ def case_chain(n: int) -> str:
         return lambda: numexpr.evaluate("tanh(a*b+c)*0.5 + exp(-a*a)", local_dict={"a": a, "b": b, "c": c})
 
     def numba_call():
-        import numba
-
-        @numba.njit(parallel=True, fastmath=False)
-        def nb(a, b, c):
-            out = np.empty_like(a)
-            for i in numba.prange(a.shape[0]):
-                out[i] = np.tanh(a[i] * b[i] + c[i]) * np.float32(0.5) + np.exp(-a[i] * a[i])
-            return out
+        from bench_chain import numba_chain
+        nb = numba_chain()
         return lambda: nb(a, b, c)
 
     def torch_chain(a, b, c):
