@@ -287,10 +287,10 @@ class KernelCodegen:
         v = self.vec
         if v is None:
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
-        if lanes_ptr == "uniform" and v.mask is None:
-            return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
         if lanes_ptr == "uniform":
-            lanes_ptr = ops.splat(self.b, ptr, v.lanes)
+            if v.mask is not None:  # one scalar load, redirected to element 0 when no lane is active
+                ptr = self.b.select(self._any(v.mask), ptr, self.st.ptrs[buf])
+            return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
         vt = ir.VectorType(elem, v.lanes)
         if lanes_ptr is None:
             if v.mask is None:
@@ -302,6 +302,11 @@ class KernelCodegen:
             mask = v.mask if v.mask is not None else _all_true(v.lanes)
             out = self._masked_intrinsic("llvm.masked.gather", vt, [lanes_ptr, ir.Constant(ir.IntType(32), buf.dtype.itemsize), mask, ir.Constant(vt, ir.Undefined)])
         return ops.from_memory(self.b, buf.dtype, out)
+
+    def _any(self, mask: ir.Value) -> ir.Value:
+        fn = ops.declare_intrinsic(self.module, "llvm.vector.reduce.or", [mask.type],
+                                   ir.FunctionType(ir.IntType(1), [mask.type]))
+        return self.b.call(fn, [mask])
 
     def _masked_intrinsic(self, name: str, vt: ir.VectorType, args: list[ir.Value]) -> ir.Value:
         ptr_ty = args[0].type

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jitop.te.expr import Expr, Op
 from jitop.tir.nodes import Buffer
-from jitop.tir.simplify import Ranges, bounds
+from jitop.tir.simplify import Ranges, bounds, to_lin
 
 
 def _conjuncts(cond: Expr, positive: bool) -> list[tuple[Expr, int]]:
@@ -32,8 +32,9 @@ class BoundsCheck:
     """Loop ranges plus a stack of facts from the guards enclosing the current point."""
 
     def __init__(self, ranges: Ranges):
-        self.ranges = ranges
+        self.ranges = ranges  # narrowed by single-variable guards (`if v < 42`) inside them, restored on pop
         self.facts: list[tuple[Expr, int]] = []
+        self.narrowed: list[list[tuple[Expr, tuple[int, int]]]] = []
 
     def in_bounds(self, idx: Expr, dim: int) -> bool:
         b = bounds(idx, self.ranges)
@@ -58,7 +59,27 @@ class BoundsCheck:
     def push(self, cond: Expr, positive: bool = True) -> int:
         facts = _conjuncts(cond, positive)
         self.facts.extend(facts)
+        self.narrowed.append([self._narrow(e, bound) for e, bound in facts])
         return len(facts)
+
+    def _narrow(self, e: Expr, bound: int) -> tuple[Expr, tuple[int, int]] | None:
+        """`c*v + k <= bound` tightens v's range: an index like 6*v + i is then bounded exactly."""
+        lin = to_lin(e, self.ranges)
+        if len(lin.terms) != 1:
+            return None
+        (v, c), = lin.terms.items()
+        if v not in self.ranges:
+            return None
+        old = lo, hi = self.ranges[v]
+        if c > 0:
+            hi = min(hi, (bound - lin.const) // c)
+        else:
+            lo = max(lo, -((bound - lin.const) // -c))
+        self.ranges[v] = (lo, hi)
+        return v, old
 
     def pop(self, n: int) -> None:
         del self.facts[len(self.facts) - n:]
+        for undo in reversed(self.narrowed.pop()):
+            if undo is not None:
+                self.ranges[undo[0]] = undo[1]

@@ -107,8 +107,10 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
 
 
 def _partition(loop: For, cut: int, ranges: Ranges) -> Stmt:
-    # fresh variables for both parts, so the shared range table stays exact for each
     extent = int(loop.extent.value)
+    if loop.kind is ForKind.PARALLEL:
+        return _partition_parallel(loop, cut, ranges)
+    # fresh variables for both parts, so the shared range table stays exact for each
     parts = []
     for start, n in ((0, cut), (cut, extent - cut)):
         v = var(loop.var.name)
@@ -116,6 +118,20 @@ def _partition(loop: For, cut: int, ranges: Ranges) -> Stmt:
         body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
         parts.append(_loop(v, n, loop.kind, body, ranges))
     return seq(*parts)
+
+
+def _partition_parallel(loop: For, cut: int, ranges: Ranges) -> Stmt:
+    """`if v < cut: main else: tail` inside one parallel loop: peeling the tail out would run it on one
+    thread while the others wait. Each branch is simplified with v's range narrowed to it."""
+    v, extent = loop.var, int(loop.extent.value)
+    branches = []
+    for lo, hi in ((0, cut - 1), (cut, extent - 1)):
+        ranges[v] = (lo, hi)
+        # a one-iteration tail gets v as a constant, so guards in its unrolled loops fold away
+        body = substitute_stmt(loop.body, {v: const(lo)}, ranges) if lo == hi else loop.body
+        branches.append(partition_loops(simplify_stmt(body, ranges), ranges))
+    ranges[v] = (0, extent - 1)
+    return For(v, loop.extent, loop.kind, IfThenElse(v < cut, branches[0], branches[1]))
 
 
 def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges) -> Stmt:
