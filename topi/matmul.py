@@ -14,28 +14,58 @@ from typing import Callable
 from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr
+from jitop.topi.cpu import CPU, host
+from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[tuple[Expr, ...], Expr, Expr], Expr]  # (batch index, row, col) -> value
 
 
 @dataclass(frozen=True)
 class MatmulConfig:
-    """Knobs of the template: register tile rows (mr), panel width (bn, a multiple of the vector width),
-    k unroll, and whether the panel loop is outermost (keeps a B panel in L2)."""
+    """Typed view of a point of `config_space`: register tile rows (mr), panel width (bn, a multiple of
+    the vector width), k unroll, and whether the panel loop is outermost (keeps a B panel in L2 and
+    parallelises over panels) or the row-block loop is (parallel over row blocks)."""
 
     mr: int = 6
     bn: int = 64
     k_unroll: int = 4
     panel_outer: bool = True
 
+    @staticmethod
+    def from_config(cfg: Config) -> "MatmulConfig":
+        return MatmulConfig(mr=cfg["tile_m"][-1], bn=cfg["tile_n"][-1], k_unroll=cfg["tile_k"][-1],
+                            panel_outer=cfg["order"] == "panel_outer")
 
-def default_config(m: int, n: int, k: int, itemsize: int) -> MatmulConfig:
-    """A fast configuration from the shape and the vector width (64-byte registers)."""
-    lanes = 64 // itemsize
-    bn = min(4 * lanes, lanes * math.ceil(n / lanes)) or lanes
-    mr = max(1, min(6 if bn >= 4 * lanes else 8, m))
-    # panel-outer order parallelises over B panels: worth it only when there are enough of them
-    return MatmulConfig(mr=mr, bn=bn, k_unroll=max(1, min(4, k)), panel_outer=math.ceil(n / bn) >= 8)
+    def to_config(self, m: int, n: int, k: int) -> Config:
+        return Config.of(tile_m=(math.ceil(m / self.mr), self.mr), tile_n=(math.ceil(n / self.bn), self.bn),
+                         tile_k=(math.ceil(k / self.k_unroll), self.k_unroll),
+                         order="panel_outer" if self.panel_outer else "row_outer")
+
+
+def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> ConfigSpace:
+    """Every schedule the template can build for C[m, n] = A[m, k] @ B[k, n] (all are correct)."""
+    lanes = (cpu or host()).lanes(itemsize)
+    space = ConfigSpace()
+    # the register tile: mr rows x bn columns of C, at most 32 vector registers with A and B operands
+    space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(m, 12) + 1)])
+    space.define_split("tile_n", n, candidates=[(math.ceil(n / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
+                                               if v == 1 or (v - 1) * lanes < n])
+    space.define_split("tile_k", k, candidates=[(math.ceil(k / u), u) for u in (1, 2, 4, 8) if u == 1 or u <= k])
+    space.define_knob("order", ["panel_outer", "row_outer"])
+    return space
+
+
+def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> MatmulConfig:
+    """A fast point of the space from the shape and the CPU: the widest register tile that fits the
+    vector registers (4 vectors x 6 rows = 24 accumulators with AVX-512), k unrolled by 4, and the panel
+    loop outermost when there are enough panels to keep every thread busy."""
+    cpu = cpu or host()
+    lanes = cpu.lanes(itemsize)
+    vectors = min(4 if cpu.vector_registers >= 32 else 2, math.ceil(n / lanes)) or 1
+    bn = vectors * lanes
+    mr = max(1, min(6 if vectors >= 4 else 8, m, (cpu.vector_registers - vectors - 2) // vectors))
+    panels = math.ceil(n / bn)
+    return MatmulConfig(mr=mr, bn=bn, k_unroll=4 if k >= 4 else 2 if k >= 2 else 1, panel_outer=panels >= 4 * cpu.threads)
 
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int, dtype, cfg: MatmulConfig,

@@ -57,6 +57,11 @@ class Config:
                 return v
         raise KeyError(f"config has no knob '{name}'; knobs: {[k for k, _ in self.values]}")
 
+    @staticmethod
+    def of(**values: Any) -> "Config":
+        """Config.of(tile_m=(4, 8), order="panel_outer")."""
+        return Config(tuple((k, _freeze(v)) for k, v in sorted(values.items())))
+
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in self.values}, sort_keys=True)
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from jitop.graph.ir import Node, consumers, toposort
 
 INPUTS = frozenset({"arg", "scalar_arg", "array_const"})
-OPAQUE = frozenset({"reduce", "argreduce", "matmul"})
+COMPLEX = frozenset({"matmul", "conv2d"})  # complex-out-fusable: elementwise consumers run on their tiles
+OPAQUE = frozenset({"reduce", "argreduce"}) | COMPLEX
 EXPENSIVE_UFUNCS = frozenset("""exp exp2 expm1 log log2 log10 log1p logaddexp logaddexp2 sin cos tan arcsin arccos
 arctan arctan2 sinh cosh tanh arcsinh arccosh arctanh power float_power sqrt cbrt hypot divide true_divide
 floor_divide remainder mod fmod""".split())
@@ -52,7 +53,7 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
         if n in outputs:
             why[n] = "output of the function"
         elif n.prim in OPAQUE:
-            why[n] = f"{n.prim} (reductions and matmuls get their own loop nest)"
+            why[n] = f"{n.prim} (reductions, matmuls and convolutions get their own loop nest)"
     memo: dict[Node, tuple[int, bool]] = {}
     for n in reversed(order):  # consumers first, so a shared subtree is judged as a whole
         if n in why or n.prim in INPUTS or n.prim == "const" or len(users[n]) < 2:

@@ -4,7 +4,8 @@
 - row fusion: reductions (and shared intermediates) that an output reads row by row are computed
   inside the output's row loop, so a softmax or layer norm is one pass over memory per row;
 - reductions: a row reduction keeps one partial per lane (vectorized), others vectorize a data axis;
-- matmul: a register tile of C in vector registers (cache_write + unroll + vectorize).
+- matmul, conv2d: their topi template (a register tile of the output in vector registers), with an
+  elementwise epilogue (bias, residual, activation) computed from the tile.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import itertools
 
 import jitop
 from jitop import config
+from jitop.graph.fusion import OPAQUE
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.to_te import Stages
-from jitop.topi import matmul as topi_matmul
 from jitop.schedule.schedule import Schedule, Stage
 from jitop.te.tensor import IterVar, Tensor
 
@@ -80,12 +81,12 @@ def schedule_reduce(s: Schedule, t: Tensor, vectorize_last: bool = False) -> Non
 
 def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node]) -> list[Node]:
     """Materialized nodes that only `out` (directly or through each other) reads, one output row at a time."""
-    if out.ndim < 2 or out.prim in ("reduce", "argreduce", "matmul"):
+    if out.ndim < 2 or out.prim in OPAQUE:
         return []
     lead = out.shape[:-1]
 
     def row_shaped(n: Node) -> bool:
-        if n.prim in ("argreduce", "matmul") or n in outputs:
+        if n.prim in OPAQUE - {"reduce"} or n in outputs:
             return False
         return n.shape == lead or (n.ndim == out.ndim and n.shape[:-1] == lead and n.shape[-1] in (1, out.shape[-1]))
     users = consumers(toposort(outputs))
@@ -139,10 +140,9 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Sch
     # matmul epilogues (bias, activation) run on the register tile
     epilogues = {}
     for m, t in st.tensors.items():
-        if st.kind.get(t) == "matmul" and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)):
+        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)):
             epilogues[out] = t
-            packed, cfg = st.matmul[t]
-            topi_matmul.schedule(s, t, packed, cfg, epilogue=st.tensors[out])
+            st.templates[t](s, st.tensors[out])
     attached: set[Tensor] = set()
     for n in dict.fromkeys(outputs):
         if n in epilogues:
@@ -173,9 +173,8 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
         for p in st.partials.get(t, []):
             schedule_partial(s, p, consumer)
             consumer = p
-    elif kind == "matmul":
-        packed, cfg = st.matmul[t]
-        topi_matmul.schedule(s, t, packed, cfg)
+    elif t in st.templates:
+        st.templates[t](s)
     # argreduce's helper stages keep the default (serial) schedule
 
 

@@ -29,7 +29,8 @@ class Stages:
     partials: dict[te.Tensor, list[te.Tensor]] = field(default_factory=dict)  # reduction -> its partial stages,
     #                                                                              consumer first
     kind: dict[te.Tensor, str] = field(default_factory=dict)          # "injective" | "reduce" | "matmul" | ...
-    matmul: dict[te.Tensor, tuple] = field(default_factory=dict)      # matmul -> (packed B, config)
+    # complex-out-fusable stage (matmul, conv2d) -> its template's schedule(s, epilogue or None)
+    templates: dict[te.Tensor, Callable] = field(default_factory=dict)
 
 
 def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
@@ -162,7 +163,7 @@ class ToTE:
             batch, m, cols, k, n.dtype, cfg, name=self._name("matmul"), b_batch=b.shape[:-2],
             b_index=lambda bi: broadcast_index(b.shape[:-2], batch, bi))
         self.st.kind[c] = "matmul"
-        self.st.matmul[c] = (packed, cfg)
+        self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, c, packed, cfg, epilogue)
         return c
 
 

@@ -112,4 +112,6 @@ UFUNCS: dict[str, Callable[..., Expr]] = {
     "bitwise_and": lambda x, y: x & y, "bitwise_or": lambda x, y: x | y, "bitwise_xor": lambda x, y: x ^ y,
     "invert": lambda x: ~x, "bitwise_not": lambda x: ~x,
     "left_shift": lambda x, y: x << y, "right_shift": lambda x, y: x >> y,
+    # not a numpy ufunc: reached through jitop.gelu (numpy has no erf)
+    "erf": te.erf,
 }

@@ -1,0 +1,54 @@
+"""Argument checks shared by the operator library: clear errors that name the argument."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jitop.graph.tracer import Tracer
+
+ArrayLike = Any
+
+
+def array(x: ArrayLike, name: str, op: str) -> Any:
+    """x as an ndarray (a tracer inside @jitop.kernel stays a tracer)."""
+    if isinstance(x, (np.ndarray, Tracer)):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - say which argument, keep numpy's reason
+        raise TypeError(f"{op}: argument '{name}' must be an array, got {type(x).__name__} ({exc})") from None
+
+
+def ndim(x: Any, name: str, op: str, allowed: tuple[int, ...], what: str = "") -> None:
+    if x.ndim not in allowed:
+        want = " or ".join(map(str, allowed))
+        raise ValueError(f"{op}: argument '{name}' must have {want} dimensions{what}, got shape {tuple(x.shape)}")
+
+
+def floating(x: Any, name: str, op: str) -> None:
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"{op}: argument '{name}' must be a floating-point array (float32 or float64), "
+                        f"got {np.dtype(x.dtype)}")
+
+
+def numeric(x: Any, name: str, op: str) -> None:
+    if np.dtype(x.dtype).kind not in "iuf":
+        raise TypeError(f"{op}: argument '{name}' must be an integer or floating-point array, got {np.dtype(x.dtype)}")
+
+
+def pair(v: Any, name: str, op: str, minimum: int = 0) -> tuple[int, int]:
+    """An int or a pair of ints (torch's convention for stride, padding, dilation, kernel_size)."""
+    vals = (v, v) if isinstance(v, (int, np.integer)) else tuple(v) if isinstance(v, (tuple, list)) else None
+    if vals is None or len(vals) != 2 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                  for x in vals):
+        raise TypeError(f"{op}: '{name}' must be an int or a pair of ints, got {v!r}")
+    if any(x < minimum for x in vals):
+        raise ValueError(f"{op}: '{name}' must be >= {minimum}, got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
+def layout(value: str, op: str) -> str:
+    if value not in ("NCHW", "NHWC"):
+        raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {value!r}")
+    return value
