@@ -15,7 +15,7 @@ True
 from jitop import te
 from jitop.driver import build, lower
 from jitop.kernel import FallbackError, JitopFallbackWarning, explain, kernel
-from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
+from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
                        matmul, max_pool2d, relu, sigmoid, softmax)
 from jitop.runtime.module import Module, load_module
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
@@ -25,4 +25,4 @@ __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "
            "explain", "FallbackError", "JitopFallbackWarning", "__version__",
            # operator library (jitop.ops on jitop.topi templates)
            "matmul", "dense", "batch_matmul", "softmax", "log_softmax", "layer_norm", "batch_norm", "relu", "gelu",
-           "sigmoid", "max_pool2d", "avg_pool2d", "global_avg_pool2d"]
+           "sigmoid", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "conv2d"]

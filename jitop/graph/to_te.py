@@ -11,6 +11,7 @@ from jitop import te
 from jitop.graph.fusion import INPUTS
 from jitop.graph.ir import Node
 from jitop.graph.ufuncs import UFUNCS
+from jitop.topi import conv2d as topi_conv2d
 from jitop.topi import matmul as topi_matmul
 from jitop.te.expr import Expr, const
 
@@ -166,6 +167,20 @@ class ToTE:
         self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, c, packed, cfg, epilogue)
         return c
 
+    def _conv2d(self, n: Node) -> te.Tensor:
+        x, w = n.src
+        layout = n.param("layout")
+        nb, c, h, wd = x.shape if layout == "NCHW" else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
+        wl = topi_conv2d.Workload(nb, c, h, wd, w.shape[0], w.shape[2], w.shape[3], n.param("stride"),
+                                  n.param("pads"), n.param("dilation"), n.param("groups"), layout, n.dtype.itemsize)
+        cfg = topi_conv2d.default_config(wl)
+        t = topi_conv2d.conv2d(
+            lambda b, ch, y, xx: self.at(x, (b, ch, y, xx) if layout == "NCHW" else (b, y, xx, ch)),
+            lambda o, i, r, s: self.at(w, (o, i, r, s)), wl, n.dtype, cfg, name=self._name("conv2d"))
+        self.st.kind[t.out] = "conv2d"
+        self.st.templates[t.out] = lambda s, epilogue=None: topi_conv2d.schedule(s, t, wl, cfg, epilogue)
+        return t.out
+
 
 def _vector(n: Node) -> int:
     """Lanes of one 512-bit register for n's dtype."""
@@ -264,5 +279,6 @@ EMIT: dict[str, Callable[[ToTE, Node, Index], Expr]] = {
 }
 BUILD: dict[str, Callable[[ToTE, Node], te.Tensor]] = {
     "reduce": ToTE._reduce, "argreduce": ToTE._argreduce, "matmul": ToTE._matmul,
+    "conv2d": ToTE._conv2d,
 }
 assert not (set(EMIT) & INPUTS)

@@ -7,3 +7,6 @@ __all__ = ["matmul", "dense", "batch_matmul", "softmax", "log_softmax", "layer_n
 from jitop.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d  # noqa: E402
 
 __all__ += ["max_pool2d", "avg_pool2d", "global_avg_pool2d"]
+from jitop.ops.conv import conv2d  # noqa: E402
+
+__all__ += ["conv2d"]

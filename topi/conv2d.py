@@ -1,0 +1,246 @@
+"""2-D convolution: padded channels-last input, packed weights, and a register-tiled direct schedule.
+
+out[n, oc, oh, ow] = sum_{r, s, i} P[n, oh*sh + r*dh, ow*sw + s*dw, g*ICg + i] * W[oc // bn, r, s, i, oc % bn]
+
+P is the input, zero-padded and channels-last (one pass over the input); W holds the weights of bn
+output channels contiguously per (r, s, i) (zero beyond OC). The register tile is mr output columns x bn
+output channels: per reduction step, mr scalars of P are broadcast and multiplied with bn/lanes vectors
+of W into mr x bn/lanes accumulators that never leave vector registers, as in TVM's x86 NCHW[x]c
+schedule. The output is written in the requested layout (NCHW: channel lanes are scattered; NHWC:
+contiguous), so there is no layout pass afterwards, and an epilogue (bias, residual, activation) is
+computed straight from the tile.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from jitop import te
+from jitop.schedule.schedule import Schedule
+from jitop.te.expr import Expr
+from jitop.topi.cpu import CPU, host
+from jitop.tuner.space import Config, ConfigSpace
+
+Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The static description of one convolution (what a config is chosen for)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    oc: int
+    kh: int
+    kw: int
+    stride: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    layout: str = "NCHW"
+    itemsize: int = 4
+
+    @property
+    def icg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def ocg(self) -> int:
+        return self.oc // self.groups
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pads[0] + self.pads[1] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pads[2] + self.pads[3] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.oc, self.oh, self.ow) if self.layout == "NCHW" else (self.n, self.oh, self.ow, self.oc)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.n * self.oc * self.oh * self.ow * self.icg * self.kh * self.kw
+
+
+@dataclass(frozen=True)
+class Conv2dConfig:
+    """Typed view of a point of `config_space`."""
+
+    mr: int = 7                 # output columns in the register tile
+    bn: int = 64                # output channels in the register tile (a multiple of the vector width)
+    ic_unroll: int = 4          # input channels per unrolled reduction step
+    oc_outer: bool = True       # channel panels outside output rows (a weight panel stays in cache)
+    pack_per_panel: bool = False  # pack each weight panel inside the parallel loop, not all up front
+
+    @staticmethod
+    def from_config(cfg: Config) -> "Conv2dConfig":
+        return Conv2dConfig(mr=cfg["tile_ow"][-1], bn=cfg["tile_oc"][-1], ic_unroll=cfg["tile_ic"][-1],
+                            oc_outer=cfg["order"] == "oc_outer", pack_per_panel=cfg["pack"] == "panel")
+
+    def to_config(self, wl: Workload) -> Config:
+        return Config.of(tile_ow=(math.ceil(wl.ow / self.mr), self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
+                         tile_ic=(wl.icg // self.ic_unroll, self.ic_unroll),
+                         order="oc_outer" if self.oc_outer else "rows_outer",
+                         pack="panel" if self.pack_per_panel else "root")
+
+
+def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
+    """Every schedule the template can build for this workload (all are correct)."""
+    lanes = (cpu or host()).lanes(wl.itemsize)
+    space = ConfigSpace()
+    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, 8) + 1)])
+    space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
+                                                    if v == 1 or (v - 1) * lanes < wl.oc])
+    space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, min(wl.icg, 8) + 1)
+                                                     if wl.icg % u == 0])
+    space.define_knob("order", ["oc_outer", "rows_outer"])
+    space.define_knob("pack", ["root", "panel"])
+    return space
+
+
+def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
+    """A fast point of the space from the workload and the CPU.
+
+    bn: up to 4 vectors of output channels, dividing the channels of a group when there are groups (so
+    the broadcast input channel is the same for the whole tile); mr: the widest tile the 32 vector
+    registers hold (7 x 4 accumulators + 4 weight vectors) that wastes least on the output width;
+    weights packed per panel inside the parallel loop when there are panels enough for every thread.
+    """
+    cpu = cpu or host()
+    lanes = cpu.lanes(wl.itemsize)
+    per_group = wl.oc if wl.groups == 1 or wl.icg == 1 and wl.ocg == 1 else wl.ocg
+    vectors = min(4 if cpu.vector_registers >= 32 else 2, math.ceil(per_group / lanes))
+    if wl.groups > 1 and per_group != wl.oc:
+        vectors = max([v for v in range(1, vectors + 1) if per_group % (v * lanes) == 0] or [1])
+    bn = vectors * lanes
+    max_mr = max(1, min(8, (cpu.vector_registers - vectors) // vectors, wl.ow))
+    # tiles x (tile width + ~2 steps of loop and store overhead): few, full, wide tiles
+    mr = min(range(1, max_mr + 1), key=lambda r: (math.ceil(wl.ow / r) * (r + 2), -r))
+    unroll = max(u for u in range(1, min(wl.icg, 4) + 1) if wl.icg % u == 0)
+    panels = math.ceil(wl.oc / bn)
+    return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
+                        pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1)
+
+
+def conv2d(read_input: Reader, read_weight: Reader, wl: Workload, dtype, cfg: Conv2dConfig,
+           name: str = "conv2d") -> "ConvTensors":
+    """The convolution's stages. read_input(n, c, y, x) and read_weight(oc, ic, r, s) give
+    values at logical NCHW / OIHW coordinates, whatever the memory layout."""
+    (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
+    hp, wp = (wl.oh - 1) * sh + (wl.kh - 1) * dh + 1, (wl.ow - 1) * sw + (wl.kw - 1) * dw + 1
+    zero = te.const(0, dtype)
+
+    def pad(n: Expr, row: Expr, col: Expr, ch: Expr) -> Expr:
+        yy, xx = row - top, col - left
+        inside = []
+        if top:
+            inside.append(yy >= 0)
+        if top + wl.h < hp:
+            inside.append(yy < wl.h)
+        if left:
+            inside.append(xx >= 0)
+        if left + wl.w < wp:
+            inside.append(xx < wl.w)
+        value = read_input(n, ch, yy, xx)
+        if not inside:
+            return value
+        cond = inside[0]
+        for extra in inside[1:]:
+            cond = cond & extra
+        return te.if_then_else(cond, value, zero)
+    padded = te.compute((wl.n, hp, wp, wl.c), pad, name=f"{name}_padded")
+
+    bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
+
+    def pack(o: Expr, r: Expr, s: Expr, i: Expr, lane: Expr) -> Expr:
+        oc = o * bn + lane
+        value = read_weight(oc, i, r, s)
+        return te.if_then_else(oc < wl.oc, value, zero) if wl.oc % bn else value
+    packed = te.compute((panels, wl.kh, wl.kw, wl.icg, bn), pack, name=f"{name}_packedW")
+
+    r = te.reduce_axis((0, wl.kh), "r")
+    s = te.reduce_axis((0, wl.kw), "s")
+    i = te.reduce_axis((0, wl.icg), "i")
+
+    def value(n: Expr, y: Expr, x: Expr, oc: Expr) -> Expr:
+        channel = (oc // wl.ocg) * wl.icg + i.var if wl.groups > 1 else i.var
+        p = padded[n, y * sh + r.var * dh, x * sw + s.var * dw, channel]
+        return te.sum(p * packed[oc // bn, r.var, s.var, i.var, oc % bn], axis=[r, s, i])
+    # computed channels-last, so the register tile (a cache of this stage) has channels innermost
+    core = te.compute((wl.n, wl.oh, wl.ow, wl.oc), value, name=name if wl.layout == "NHWC" else f"{name}_nhwc")
+    out = core if wl.layout == "NHWC" else \
+        te.compute(wl.out_shape, lambda n, oc, y, x: core[n, y, x, oc], name=name)
+    return ConvTensors(out, core, padded, packed)
+
+
+@dataclass(frozen=True)
+class ConvTensors:
+    """The stages of one convolution: `out` in the requested layout (the same tensor as `core`, the
+    channels-last result, for NHWC), the padded input and the packed weights."""
+
+    out: te.Tensor
+    core: te.Tensor
+    padded: te.Tensor
+    packed: te.Tensor
+
+
+def schedule(s: Schedule, t: ConvTensors, wl: Workload, cfg: Conv2dConfig, epilogue: te.Tensor | None = None) -> None:
+    """The register-tiled direct schedule; with `epilogue` (an elementwise consumer of `out` of the same
+    shape) the epilogue is computed from the tile and `out` never goes to memory."""
+    out, padded, packed = t.out, t.padded, t.packed
+    cache = s.cache_write(t.core, "local")
+    if t.core is not out:
+        s[t.core].compute_inline()
+    if epilogue is not None:
+        s[out].compute_inline()
+    stage = s[epilogue if epilogue is not None else out]
+    if wl.layout == "NCHW":
+        n, oc, oh, ow = stage.op.axis
+    else:
+        n, oh, ow, oc = stage.op.axis
+    oco, oci = stage.split(oc, factor=cfg.bn)
+    owo, owi = stage.split(ow, factor=cfg.mr)
+    rows = (n, oco, oh) if cfg.oc_outer else (n, oh, oco)
+    stage.reorder(*rows, owo, owi, oci)
+    stage.vectorize(oci)
+    s[cache].compute_at(stage, owo)
+    _schedule_tile(s[cache], wl, cfg)
+    if cfg.pack_per_panel and cfg.oc_outer:
+        outer = stage.fuse(n, oco)
+        s[packed].compute_at(stage, outer)
+        _schedule_pack(s, packed, parallel=False)
+    else:
+        outer = stage.fuse(*rows)
+        _schedule_pack(s, packed, parallel=True)
+    stage.parallel(outer)
+    ps = s[padded]
+    pn, py, _, pc = ps.op.axis
+    _, lanes = ps.split(pc, factor=min(wl.c, 64 // wl.itemsize))
+    ps.vectorize(lanes)
+    ps.parallel(ps.fuse(pn, py))
+
+
+def _schedule_tile(cs, wl: Workload, cfg: Conv2dConfig) -> None:
+    _, _, ow, oc = cs.op.axis
+    r, s_, i = cs.op.reduce_axis
+    io, ii = cs.split(i, factor=cfg.ic_unroll)
+    cs.reorder(r, s_, io, ii, ow, oc)
+    cs.unroll(ii)
+    cs.unroll(ow)
+    cs.vectorize(oc)
+
+
+def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
+    ws = s[packed]
+    o, r, s_, i, lane = ws.op.axis
+    # read the OIHW weights in memory order: the lanes' (r, s) rows share cache lines across steps
+    ws.reorder(o, i, r, s_, lane)
+    ws.vectorize(lane)
+    if parallel:
+        ws.parallel(ws.fuse(o, i))
