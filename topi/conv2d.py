@@ -23,6 +23,7 @@ from jitop.topi.cpu import CPU, host
 from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
+MAX_MR = 16  # widest register tile along the output row
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
     """Every schedule the template can build for this workload (all are correct)."""
     lanes = (cpu or host()).lanes(wl.itemsize)
     space = ConfigSpace()
-    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, 8) + 1)])
+    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, MAX_MR) + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
     space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, min(wl.icg, 8) + 1)
@@ -107,21 +108,27 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
 def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
     """A fast point of the space from the workload and the CPU.
 
-    bn: up to 4 vectors of output channels, dividing the channels of a group when there are groups (so
-    the broadcast input channel is the same for the whole tile); mr: the widest tile the 32 vector
-    registers hold (7 x 4 accumulators + 4 weight vectors) that wastes least on the output width;
-    weights packed per panel inside the parallel loop when there are panels enough for every thread.
+    The register tile (mr columns x v vectors of channels) must fit the vector registers with its operands
+    (mr*v accumulators + v weight vectors + 1 broadcast: spilling one costs a third of the speed), load
+    few operands per FMA (mr*v / (mr + v) >= 1.5 keeps the FMA pipes the bottleneck), and waste little on
+    the output width and channels. With groups, v*lanes divides the channels of a group, so the broadcast
+    input channel is the same across the tile.
     """
     cpu = cpu or host()
     lanes = cpu.lanes(wl.itemsize)
     per_group = wl.oc if wl.groups == 1 or wl.icg == 1 and wl.ocg == 1 else wl.ocg
-    vectors = min(4 if cpu.vector_registers >= 32 else 2, math.ceil(per_group / lanes))
-    if wl.groups > 1 and per_group != wl.oc:
-        vectors = max([v for v in range(1, vectors + 1) if per_group % (v * lanes) == 0] or [1])
+    grouped = wl.groups > 1 and per_group != wl.oc
+    choices = [(mr, v) for v in range(1, 5) for mr in range(1, min(wl.ow, MAX_MR) + 1)
+               if mr * v + v + 1 <= cpu.vector_registers and (v - 1) * lanes < per_group
+               and (not grouped or per_group % (v * lanes) == 0 or v == 1)]
+
+    def score(choice: tuple[int, int]) -> tuple[float, int]:
+        mr, v = choice
+        used = wl.ow / (math.ceil(wl.ow / mr) * mr) * wl.oc / (math.ceil(wl.oc / (v * lanes)) * v * lanes)
+        reuse = min(mr * v / (mr + v), 1.5) / 1.5
+        return used * reuse * mr / (mr + 1.5), mr * v
+    mr, vectors = max(choices, key=score)
     bn = vectors * lanes
-    max_mr = max(1, min(8, (cpu.vector_registers - vectors) // vectors, wl.ow))
-    # tiles x (tile width + ~2 steps of loop and store overhead): few, full, wide tiles
-    mr = min(range(1, max_mr + 1), key=lambda r: (math.ceil(wl.ow / r) * (r + 2), -r))
     unroll = max(u for u in range(1, min(wl.icg, 4) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
@@ -207,8 +214,15 @@ def schedule(s: Schedule, t: ConvTensors, wl: Workload, cfg: Conv2dConfig, epilo
     oco, oci = stage.split(oc, factor=cfg.bn)
     owo, owi = stage.split(ow, factor=cfg.mr)
     rows = (n, oco, oh) if cfg.oc_outer else (n, oh, oco)
-    stage.reorder(*rows, owo, owi, oci)
-    stage.vectorize(oci)
+    if wl.layout == "NCHW":
+        # channel lanes scatter to channel planes: one register (16 planes) at a time along the row,
+        # not all bn planes per column, keeps the lines being written few
+        ocv, ocl = stage.split(oci, factor=64 // wl.itemsize)
+        stage.reorder(*rows, owo, ocv, owi, ocl)
+        stage.vectorize(ocl)
+    else:
+        stage.reorder(*rows, owo, owi, oci)
+        stage.vectorize(oci)
     s[cache].compute_at(stage, owo)
     _schedule_tile(s[cache], wl, cfg)
     if cfg.pack_per_panel and cfg.oc_outer:
