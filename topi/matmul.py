@@ -47,7 +47,7 @@ def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) 
     lanes = (cpu or host()).lanes(itemsize)
     space = ConfigSpace()
     # the register tile: mr rows x bn columns of C, at most 32 vector registers with A and B operands
-    space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(m, 12) + 1)])
+    space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(max(m, 1), 12) + 1)])
     space.define_split("tile_n", n, candidates=[(math.ceil(n / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                if v == 1 or (v - 1) * lanes < n])
     space.define_split("tile_k", k, candidates=[(math.ceil(k / u), u) for u in (1, 2, 4, 8) if u == 1 or u <= k])

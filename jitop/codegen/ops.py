@@ -135,8 +135,9 @@ def _shift(b: ir.IRBuilder, dt: DType, x: ir.Value, y: ir.Value, left: bool) -> 
 
 
 def _minmax(b: ir.IRBuilder, dt: DType, x: ir.Value, y: ir.Value, is_min: bool) -> ir.Value:
-    if dt.is_float:  # NaN-propagating like np.minimum / np.maximum
-        return _intrinsic(b, "llvm.minimum" if is_min else "llvm.maximum", [x, y])
+    if dt.is_float:  # numpy's (a > b || isnan(a)) ? a : b (ties give b): x86's maxps plus a NaN blend
+        pick_x = b.or_(b.fcmp_ordered("<" if is_min else ">", x, y), b.fcmp_unordered("uno", x, x))
+        return b.select(pick_x, x, y)
     if dt.is_signed:
         return b.select(b.icmp_signed("<" if is_min else ">", x, y), x, y)
     return b.select(b.icmp_unsigned("<" if is_min else ">", x, y), x, y)

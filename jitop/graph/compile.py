@@ -34,6 +34,7 @@ class Executable:
     plan: Plan
     groups: list[Group] = field(default_factory=list)
     func: Any = None  # the lowered loop IR, for explain()
+    templates: list[str] = field(default_factory=list)  # operator templates and their configs, for explain()
 
     def __post_init__(self) -> None:
         self.run = _specialised_runner(self.plan, self.module)
@@ -134,4 +135,4 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     module = compile_func(func)
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
     plan = Plan(input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
-    return Executable(module, plan, groups(unique, why), func)
+    return Executable(module, plan, groups(unique, why), func, list(lowering.st.chosen.values()))

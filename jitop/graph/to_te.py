@@ -32,6 +32,7 @@ class Stages:
     kind: dict[te.Tensor, str] = field(default_factory=dict)          # "injective" | "reduce" | "matmul" | ...
     # complex-out-fusable stage (matmul, conv2d) -> its template's schedule(s, epilogue or None)
     templates: dict[te.Tensor, Callable] = field(default_factory=dict)
+    chosen: dict[te.Tensor, str] = field(default_factory=dict)  # template stage -> its config, for explain()
 
 
 def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
@@ -164,6 +165,9 @@ class ToTE:
             batch, m, cols, k, n.dtype, cfg, name=self._name("matmul"), b_batch=b.shape[:-2],
             b_index=lambda bi: broadcast_index(b.shape[:-2], batch, bi))
         self.st.kind[c] = "matmul"
+        space = topi_matmul.config_space(m, cols, k, n.dtype.itemsize)
+        self.st.chosen[c] = (f"{c.name}: topi.matmul, default config {cfg.to_config(m, cols, k).to_json()} "
+                             f"(one of {len(space)} in its space)")
         self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, c, packed, cfg, epilogue)
         return c
 
@@ -178,6 +182,8 @@ class ToTE:
             lambda b, ch, y, xx: self.at(x, (b, ch, y, xx) if layout == "NCHW" else (b, y, xx, ch)),
             lambda o, i, r, s: self.at(w, (o, i, r, s)), wl, n.dtype, cfg, name=self._name("conv2d"))
         self.st.kind[t.out] = "conv2d"
+        self.st.chosen[t.out] = (f"{t.out.name}: topi.conv2d, default config {cfg.to_config(wl).to_json()} "
+                                 f"(one of {len(topi_conv2d.config_space(wl))} in its space)")
         self.st.templates[t.out] = lambda s, epilogue=None: topi_conv2d.schedule(s, t, wl, cfg, epilogue)
         return t.out
 

@@ -33,9 +33,10 @@ def _dense_bias(x, weight, bias):
 
 def _check_core(a: Any, b: Any, op: str) -> tuple[int, ...]:
     """np.matmul's shape rule; returns the result shape."""
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"{op}: arguments must have at least 1 dimension, got shapes {tuple(a.shape)} and "
-                         f"{tuple(b.shape)} (use '*' to multiply by a scalar)")
+    for x, name in ((a, "a"), (b, "b")):
+        if x.ndim == 0:
+            raise ValueError(f"{op}: argument '{name}' must have at least 1 dimension, got shapes {tuple(a.shape)} "
+                             f"and {tuple(b.shape)} (use '*' to multiply by a scalar)")
     ka, kb = a.shape[-1], b.shape[0] if b.ndim == 1 else b.shape[-2]
     if ka != kb:
         raise ValueError(f"{op}: the last dimension of 'a' ({ka}) must equal the "
@@ -64,6 +65,9 @@ def matmul(a: Any, b: Any, out: np.ndarray | None = None) -> Any:
     out: an array of the result's shape to write into (numpy's 'same_kind' casting); returned.
     bool and complex operands run as numpy's matmul.
     """
+    if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 == b.ndim
+            and a.shape[1] == b.shape[0] and a.dtype.kind in _COMPILED_KINDS and b.dtype.kind in _COMPILED_KINDS):
+        return _matmul(a, b)  # the common case, checked in a few attribute reads (small products are µs)
     a, b = checks.array(a, "a", "matmul"), checks.array(b, "b", "matmul")
     shape = _check_core(a, b, "matmul")
     if out is not None and (isinstance(a, Tracer) or isinstance(b, Tracer)):

@@ -21,15 +21,29 @@ from jitop.ops import checks
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
-    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < max(ndim, 1):
+    """axis normalised to 0..ndim-1; a 0-d array takes axis 0 or -1, as in torch."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise ValueError(f"{op}: axis {axis!r} is out of range for an array of {ndim} dimensions")
     return int(axis) % max(ndim, 1)
+
+
+def _row_op(kernel_fn: Any, x: Any, axis: int) -> Any:
+    """softmax/log_softmax along axis: a 0-d x is a row of one, an empty row has nothing to normalise
+    (np.max over it has no identity)."""
+    if x.ndim == 0:
+        return kernel_fn(x.reshape(1), 0).reshape(())
+    if x.shape[axis] == 0:
+        return np.zeros_like(x)
+    return kernel_fn(x, axis)
 
 
 @kernel(static_argnames=("axis",))
 def _softmax(x, axis):
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    # one division per row, then a multiply per element (as torch does): within 1 ulp of e / sum
+    return e * (1 / np.sum(e, axis=axis, keepdims=True))
 
 
 @kernel(static_argnames=("axis",))
@@ -46,7 +60,7 @@ def softmax(x: Any, axis: int = -1) -> Any:
     """
     x = checks.array(x, "x", "softmax")
     checks.floating(x, "x", "softmax")
-    return _softmax(x, _axis(axis, x.ndim, "softmax"))
+    return _row_op(_softmax, x, _axis(axis, x.ndim, "softmax"))
 
 
 def log_softmax(x: Any, axis: int = -1) -> Any:
@@ -57,7 +71,7 @@ def log_softmax(x: Any, axis: int = -1) -> Any:
     """
     x = checks.array(x, "x", "log_softmax")
     checks.floating(x, "x", "log_softmax")
-    return _log_softmax(x, _axis(axis, x.ndim, "log_softmax"))
+    return _row_op(_log_softmax, x, _axis(axis, x.ndim, "log_softmax"))
 
 
 @kernel(static_argnames=("axes",))
@@ -83,12 +97,21 @@ def layer_norm(x: Any, normalized_shape: int | Sequence[int], weight: Any = None
     """
     x = checks.array(x, "x", "layer_norm")
     checks.floating(x, "x", "layer_norm")
-    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    shape = _int_shape(normalized_shape)
     if not shape or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
         raise ValueError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions of x, "
                          f"whose shape is {tuple(x.shape)}")
     params = [_param(p, name, shape, x, "layer_norm") for p, name in ((weight, "weight"), (bias, "bias"))]
     return _layer_norm(x, *params, float(eps), tuple(range(x.ndim - len(shape), x.ndim)))
+
+
+def _int_shape(normalized_shape: Any) -> tuple[int, ...]:
+    """An int or a sequence of ints (torch's normalized_shape) as a tuple."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    return tuple(int(n) for n in shape)
 
 
 def _param(p: Any, name: str, shape: tuple[int, ...], x: Any, op: str) -> Any:
