@@ -1,13 +1,17 @@
-"""Shared helpers for the benchmarks: timing, machine description, numpy under both OpenBLAS settings."""
+"""Shared helpers for the benchmarks: timing, machine description, numpy under both OpenBLAS settings
+(matmul and an im2col conv2d), markdown tables."""
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
+import time
 import timeit
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -32,25 +36,135 @@ def machine() -> str:
             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
 
 
-_NUMPY_MATMUL = """
-import json, sys, timeit, numpy as np
-n, m, k, repeat = map(int, sys.argv[1:5])
-a = np.random.rand(n, k).astype(np.float32); b = np.random.rand(k, m).astype(np.float32)
-a @ b
-t = min(timeit.repeat(lambda: a @ b, number=1, repeat=repeat))
-print(json.dumps(t))
-"""
+def best_time(fn: Callable[[], object], repeat: int = 7, min_total: float = 0.5, max_calls: int = 20000) -> float:
+    """Best wall time of one call (seconds), after one warm-up call: the minimum over single calls, at least
+    `repeat` of them and, for short calls, as many as fit in `min_total` seconds (at most `max_calls`); the
+    garbage collector is off meanwhile, as in timeit. Single calls over a stretch of time rather than a few
+    batches: on a shared machine the minimum then finds calls nothing interrupted, and a library whose worker
+    threads take a while to come up to speed (torch's first ~10 small calls take ~15 ms each here) is timed
+    once they have."""
+    fn()
+    best, calls = math.inf, 0
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        end = time.perf_counter() + min_total
+        while calls < max_calls and (calls < repeat or time.perf_counter() < end):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+            calls += 1
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return best
 
 
-def numpy_matmul_seconds(n: int, m: int, k: int, coretype: str | None, repeat: int = 7) -> float:
-    """np.matmul time in a fresh process with OPENBLAS_CORETYPE set to `coretype` (None: unset)."""
+def run_with_coretype(code: str, args: Sequence[object], coretype: str | None) -> Any:
+    """Run `code` in a fresh Python with OPENBLAS_CORETYPE set to `coretype` (None: unset) and return the JSON
+    it prints. `args` arrive as sys.argv[1:]; the benchmarks directory is on sys.path (`from common import ...`)."""
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     if coretype:
         env["OPENBLAS_CORETYPE"] = coretype
-    out = subprocess.run([sys.executable, "-c", _NUMPY_MATMUL, str(n), str(m), str(k), str(repeat)],
+    prelude = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+    out = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+_NUMPY_MATMUL = """
+import json, sys, numpy as np
+from common import best_time
+n, m, k, repeat = map(int, sys.argv[1:5])
+a = np.random.rand(n, k).astype(np.float32); b = np.random.rand(k, m).astype(np.float32)
+print(json.dumps(best_time(lambda: a @ b, repeat)))
+"""
+
+
+def numpy_matmul_seconds(n: int, m: int, k: int, coretype: str | None, repeat: int = 7) -> float:
+    """np.matmul time of (n, k) @ (k, m) float32 in a fresh process with OPENBLAS_CORETYPE set to `coretype`
+    (None: unset)."""
+    return run_with_coretype(_NUMPY_MATMUL, [n, m, k, repeat], coretype)
+
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
+
+
+class Im2colConv2d:
+    """conv2d as numpy users write it: im2col into a buffer allocated once, then one sgemm.
+
+    torch.nn.functional.conv2d's semantics for NCHW input, (OC, IC, KH, KW) weight, groups=1, no bias.
+    A call copies the input into a zero-bordered buffer (when padded), copies the KH*KW shifted (strided)
+    windows into the (N, IC*KH*KW, OH*OW) column matrix, and multiplies (OC, IC*KH*KW) @ columns.
+    """
+
+    def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], stride: int | Sequence[int] = 1,
+                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, dtype: Any = np.float32):
+        n, c, h, w = x_shape
+        oc, ic, kh, kw = w_shape
+        if ic != c:
+            raise ValueError(f"Im2colConv2d: input has {c} channels, weight expects {ic} (groups=1 only)")
+        (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        self.out_shape = (n, oc, oh, ow)
+        self.padded = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype) if ph or pw else None  # borders stay 0
+        self.cols = np.empty((n, c, kh, kw, oh, ow), dtype)
+        self.inner = (slice(None), slice(None), slice(ph, ph + h), slice(pw, pw + w))
+        self.windows = [(i, j, (slice(None), slice(None), slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+                                slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)))
+                        for i in range(kh) for j in range(kw)]
+
+    def __call__(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        n, oc, oh, ow = self.out_shape
+        src = x
+        if self.padded is not None:
+            self.padded[self.inner] = x
+            src = self.padded
+        cols = self.cols
+        for i, j, window in self.windows:
+            cols[:, :, i, j] = src[window]
+        w2 = weight.reshape(oc, -1)
+        if n == 1:
+            return np.matmul(w2, cols.reshape(-1, oh * ow)).reshape(self.out_shape)
+        return np.matmul(w2, cols.reshape(n, -1, oh * ow)).reshape(self.out_shape)
+
+
+_NUMPY_CONV2D = """
+import json, sys, numpy as np
+from common import Im2colConv2d, best_time
+n, c, h, w, oc, kh, kw, sh, sw, ph, pw, repeat = map(int, sys.argv[1:13])
+x = np.random.rand(n, c, h, w).astype(np.float32); wt = np.random.rand(oc, c, kh, kw).astype(np.float32)
+conv = Im2colConv2d(x.shape, wt.shape, (sh, sw), (ph, pw))
+print(json.dumps(best_time(lambda: conv(x, wt), repeat)))
+"""
+
+
+def numpy_conv2d_seconds(x_shape: Sequence[int], w_shape: Sequence[int], stride: int | Sequence[int],
+                         padding: int | Sequence[int], coretype: str | None, repeat: int = 7) -> float:
+    """Im2colConv2d time (float32, NCHW) in a fresh process with OPENBLAS_CORETYPE set to `coretype` (None: unset)."""
+    return run_with_coretype(_NUMPY_CONV2D, [*x_shape, w_shape[0], *w_shape[2:], *_pair(stride), *_pair(padding),
+                                             repeat], coretype)
+
+
+def busy_cores(seconds: float = 0.5) -> float | None:
+    """Cores kept busy by other processes: /proc/stat sampled while this process sleeps `seconds` (None off Linux).
+    Unlike the load average it does not remember a benchmark that ran just before."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        return sum(ticks[:8]), ticks[3] + ticks[4]  # (total, idle + iowait); guest time is inside user
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 == total0:
+        return 0.0
+    return (1 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:

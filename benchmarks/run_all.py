@@ -15,7 +15,8 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
            ("Elementwise chain (issue 2)", ["bench_chain.py"]),
            ("Compile and load time (issue 2)", ["bench_compile.py"]),
            ("Parallel launch overhead (issue 2)", ["bench_launch.py"]),
-           ("@jitop.kernel targets (issue 3)", ["bench_kernel.py"])]
+           ("@jitop.kernel targets (issue 3)", ["bench_kernel.py"]),
+           ("Operator library, default configs", ["bench_ops.py"])]
 
 
 def _old_sections() -> dict[str, str]:
