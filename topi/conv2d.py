@@ -98,8 +98,8 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
     space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, MAX_MR) + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
-    space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, min(wl.icg, 8) + 1)
-                                                     if wl.icg % u == 0])
+    space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, max(1, min(wl.icg, 8)) + 1)
+                                                     if wl.icg % u == 0])  # icg == 0 (no input channels): (0, 1)
     space.define_knob("order", ["oc_outer", "rows_outer"])
     space.define_knob("pack", ["root", "panel"])
     return space
@@ -129,7 +129,7 @@ def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
         return used * reuse * mr / (mr + 1.5), mr * v
     mr, vectors = max(choices, key=score)
     bn = vectors * lanes
-    unroll = max(u for u in range(1, min(wl.icg, 4) + 1) if wl.icg % u == 0)
+    unroll = max(u for u in range(1, max(1, min(wl.icg, 4)) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
                         pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1)
@@ -235,7 +235,7 @@ def schedule(s: Schedule, t: ConvTensors, wl: Workload, cfg: Conv2dConfig, epilo
     stage.parallel(outer)
     ps = s[padded]
     pn, py, _, pc = ps.op.axis
-    _, lanes = ps.split(pc, factor=min(wl.c, 64 // wl.itemsize))
+    _, lanes = ps.split(pc, factor=max(1, min(wl.c, 64 // wl.itemsize)))
     ps.vectorize(lanes)
     ps.parallel(ps.fuse(pn, py))
 
