@@ -40,11 +40,14 @@ there has libm tanf's 1.4 ulp.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from fractions import Fraction
 
 from llvmlite import ir
+
+from jitop.codegen.target import host_cpu
 
 __all__ = ["MATH_FUNCTIONS", "emit_math"]
 
@@ -159,6 +162,11 @@ def _bits(v: float, f64: bool) -> int:
     return struct.unpack("<q", struct.pack("<d", v))[0] if f64 else struct.unpack("<i", struct.pack("<f", v))[0]
 
 
+@functools.cache
+def _has_avx512() -> bool:
+    return "+avx512f" in host_cpu()[1].split(",")
+
+
 def _suffix(ty: ir.Type) -> str:
     """LLVM's overload suffix: f32, f64, v16f32, v8f64."""
     if isinstance(ty, ir.VectorType):
@@ -271,6 +279,31 @@ class _E:
         n1 = self.b.ashr(n, self.i(1))
         return self.mul(self.mul(p, self.pow2i(n1)), self.pow2i(self.b.sub(n, n1)))
 
+    def scale_by(self, p, nf, n):
+        """p * 2**nf (nf integral, as a float; n the same as an int): AVX-512's vscalef, one instruction
+        rounding once, where the host has it and the vector is whole registers; else `scale`."""
+        lanes = 8 if self.f64 else 16
+        if not (self.n and self.n % lanes == 0 and _has_avx512()):
+            return self.scale(p, n)
+        name = f"llvm.x86.avx512.mask.scalef.{'pd' if self.f64 else 'ps'}.512"
+        reg = ir.VectorType(self.elt, lanes)
+        mask_ty = ir.IntType(lanes)
+        fn = self.b.module.globals.get(name) or ir.Function(
+            self.b.module, ir.FunctionType(reg, [reg, reg, reg, mask_ty, ir.IntType(32)]), name)
+        parts = []
+        for k in range(0, self.n, lanes):
+            idx = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(k, k + lanes)))
+            a, b = (self.b.shuffle_vector(v, v, idx) for v in (p, nf))
+            parts.append(self.b.call(fn, [a, b, a, ir.Constant(mask_ty, -1), ir.Constant(ir.IntType(32), 4)]))
+        while len(parts) > 1:  # concatenate pairwise back to the full width
+            joined = []
+            for a, b in zip(parts[::2], parts[1::2]):
+                width = a.type.count * 2
+                joined.append(self.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                                        list(range(width)))))
+            parts = joined
+        return parts[0]
+
     def any(self, cond):
         """i1: is any lane of cond true."""
         if not self.n:
@@ -282,11 +315,12 @@ class _E:
 # exp family
 
 
-def _reduce_ln2(e: _E, x):
+def _reduce_ln2(e: _E, x, with_float: bool = False):
     """x = n*ln2 + r with |r| <= ln2/2 (Cody-Waite; with FMA the first step is exact)."""
     nf, n = e.round_int(x, e.k.LOG2E[0])
     r = e.fma(nf, -e.k.LN2[0], x)
-    return e.fma(nf, -e.k.LN2[1], r), n
+    r = e.fma(nf, -e.k.LN2[1], r)
+    return (r, nf, n) if with_float else (r, n)
 
 
 def _expm1_poly(e: _E, r, lo=None):
@@ -299,8 +333,8 @@ def _expm1_poly(e: _E, r, lo=None):
 
 def _exp(e: _E, x):
     # clamping makes +-inf and out-of-range x scale to exactly inf / 0; NaN passes through
-    r, n = _reduce_ln2(e, e.clamp(x, e.k.EXP_LO, e.k.EXP_HI))
-    return e.scale(e.add(1.0, _expm1_poly(e, r)), n)
+    r, nf, n = _reduce_ln2(e, e.clamp(x, e.k.EXP_LO, e.k.EXP_HI), with_float=True)
+    return e.scale_by(e.add(1.0, _expm1_poly(e, r)), nf, n)
 
 
 def _exp2(e: _E, x):

@@ -206,6 +206,10 @@ _REDUCERS: dict[str, te.Reducer] = {
     # NaN is the identity of fmax/fmin (they ignore it), so an all-NaN slice stays NaN as in numpy
     "fmax": te.comm_reducer(UFUNCS["fmax"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).min, "fmax"),
     "fmin": te.comm_reducer(UFUNCS["fmin"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).max, "fmin"),
+    # a max whose NaN handling is unspecified (one maxps per vector): for a shift like softmax's, where a
+    # NaN in the row makes the result NaN anyway
+    "shift_max": te.comm_reducer(lambda a, b: te.select(a > b, a, b),
+                                 lambda dt: -np.inf if dt.is_float else np.iinfo(dt.np).min, "shift_max"),
 }
 
 

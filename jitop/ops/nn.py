@@ -39,16 +39,28 @@ def _row_op(kernel_fn: Any, x: Any, axis: int) -> Any:
     return kernel_fn(x, axis)
 
 
+def _shift(x: Any, axis: int) -> Any:
+    """The row maximum subtracted for stability. Traced, it is a max with unspecified NaN handling (one
+    instruction per vector instead of three): a NaN in the row makes exp(x - m) and so the whole row
+    NaN whatever m is, as with np.max."""
+    if not isinstance(x, Tracer):
+        return np.max(x, axis=axis, keepdims=True)
+    n = x.node
+    shape = n.shape[:axis] + (1,) + n.shape[axis + 1:]
+    r = node("reduce", n.shape[:axis] + n.shape[axis + 1:], n.dtype, (n,), op="shift_max", axes=(axis,))
+    return Tracer(node("reshape", shape, n.dtype, (r,)))
+
+
 @kernel(static_argnames=("axis",))
 def _softmax(x, axis):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e = np.exp(x - _shift(x, axis))
     # one division per row, then a multiply per element (as torch does): within 1 ulp of e / sum
     return e * (1 / np.sum(e, axis=axis, keepdims=True))
 
 
 @kernel(static_argnames=("axis",))
 def _log_softmax(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - _shift(x, axis)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
