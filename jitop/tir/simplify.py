@@ -68,9 +68,36 @@ def _divmod_lin(e: Expr, ranges: Ranges) -> Lin:
     rb = lin_bounds(r, ranges)
     if rb is not None and 0 <= rb[0] and rb[1] < c:
         return q if e.op is Op.FLOORDIV else r  # the remainder never crosses a multiple of c
+    inner = from_lin(r, e.dtype)
     if e.op is Op.FLOORDIV:
-        return q + Lin({Expr(Op.FLOORDIV, e.dtype, (from_lin(r, e.dtype), e.src[1])): 1})
-    return Lin({Expr(Op.FLOORMOD, e.dtype, (from_lin(r, e.dtype), e.src[1])): 1})
+        if inner.op is Op.FLOORDIV and inner.src[1].op is Op.CONST and inner.src[1].value > 0:
+            # (x // a) // c == x // (a * c): one canonical atom, so x // 9 meets (x // 3) // 3
+            return q + Lin({Expr(Op.FLOORDIV, e.dtype, (inner.src[0], const(c * int(inner.src[1].value), e.dtype))): 1})
+        return q + Lin({Expr(Op.FLOORDIV, e.dtype, (inner, e.src[1])): 1})
+    return Lin({Expr(Op.FLOORMOD, e.dtype, (inner, e.src[1])): 1})
+
+
+def merge_divmod(lin: Lin, ranges: Ranges) -> Lin:
+    """c*(x % m) + c*m*(x // m) == c*x: index math that splits a flat index (p // W, p % W) and
+    flattens it again (row * W + col) becomes p, so the access is seen as contiguous."""
+    changed = True
+    while changed:
+        changed = False
+        for atom, coef in list(lin.terms.items()):
+            if atom.op is not Op.FLOORMOD or atom.src[1].op is not Op.CONST or atom.src[1].value <= 0 \
+                    or atom not in lin.terms:
+                continue
+            x, m = atom.src[0], int(atom.src[1].value)
+            div = _divmod_lin(Expr(Op.FLOORDIV, atom.dtype, (x, atom.src[1])), ranges)
+            if len(div.terms) != 1 or div.const:
+                continue
+            (q, qc), = div.terms.items()
+            if qc != 1 or lin.terms.get(q) != coef * m:
+                continue
+            terms = {a: v for a, v in lin.terms.items() if a is not atom and a is not q}
+            lin = Lin(terms, lin.const) + to_lin(x, ranges).scale(coef)
+            changed = True
+    return lin
 
 
 def _simplify_atom(e: Expr, ranges: Ranges) -> Expr:
@@ -167,7 +194,7 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
         if node in memo:
             return memo[node]
         if node.dtype.is_int and node.op in _LINEAR:
-            out = from_lin(to_lin(node, ranges), node.dtype)
+            out = from_lin(merge_divmod(to_lin(node, ranges), ranges), node.dtype)
         elif node.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
             out = rebuild(node, tuple(visit(s) for s in node.src))
             p = prove(out, ranges)
