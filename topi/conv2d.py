@@ -19,6 +19,7 @@ from typing import Callable
 from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr
+from jitop.topi import matmul as topi_matmul
 from jitop.topi.cpu import CPU, host
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -78,17 +79,19 @@ class Conv2dConfig:
     ic_unroll: int = 4          # input channels per unrolled reduction step
     oc_outer: bool = True       # channel panels outside output rows (a weight panel stays in cache)
     pack_per_panel: bool = False  # pack each weight panel inside the parallel loop, not all up front
+    algorithm: str = "direct"   # "gemm": weights as A of a matmul with the im2col'd input as packed B
 
     @staticmethod
     def from_config(cfg: Config) -> "Conv2dConfig":
         return Conv2dConfig(mr=cfg["tile_ow"][-1], bn=cfg["tile_oc"][-1], ic_unroll=cfg["tile_ic"][-1],
-                            oc_outer=cfg["order"] == "oc_outer", pack_per_panel=cfg["pack"] == "panel")
+                            oc_outer=cfg["order"] == "oc_outer", pack_per_panel=cfg["pack"] == "panel",
+                            algorithm=cfg["algorithm"])
 
     def to_config(self, wl: Workload) -> Config:
         return Config.of(tile_ow=(math.ceil(wl.ow / self.mr), self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
                          tile_ic=(wl.icg // self.ic_unroll, self.ic_unroll),
                          order="oc_outer" if self.oc_outer else "rows_outer",
-                         pack="panel" if self.pack_per_panel else "root")
+                         pack="panel" if self.pack_per_panel else "root", algorithm=self.algorithm)
 
 
 def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
@@ -102,7 +105,14 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
                                                      if wl.icg % u == 0])  # icg == 0 (no input channels): (0, 1)
     space.define_knob("order", ["oc_outer", "rows_outer"])
     space.define_knob("pack", ["root", "panel"])
+    # gemm uses the matmul template's default tile for (OC, OH*OW, C*KH*KW); the tile knobs are unused
+    space.define_knob("algorithm", ["direct", "gemm"] if gemm_applies(wl) else ["direct"])
     return space
+
+
+def gemm_applies(wl: Workload) -> bool:
+    """The gemm formulation reads OIHW weights as matmul rows and writes NCHW output rows: one group."""
+    return wl.layout == "NCHW" and wl.groups == 1
 
 
 def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
@@ -131,14 +141,18 @@ def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
     bn = vectors * lanes
     unroll = max(u for u in range(1, max(1, min(wl.icg, 4)) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)
+    # gemm packs the im2col'd input (K x OH*OW) instead of the weights (OC x K): worth it when OC >> OH*OW
+    algorithm = "gemm" if gemm_applies(wl) and wl.oc > 2 * wl.oh * wl.ow else "direct"
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
-                        pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1)
+                        pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1, algorithm=algorithm)
 
 
 def conv2d(read_input: Reader, read_weight: Reader, wl: Workload, dtype, cfg: Conv2dConfig,
-           name: str = "conv2d") -> "ConvTensors":
+           name: str = "conv2d") -> "ConvTensors | GemmConv":
     """The convolution's stages. read_input(n, c, y, x) and read_weight(oc, ic, r, s) give
     values at logical NCHW / OIHW coordinates, whatever the memory layout."""
+    if cfg.algorithm == "gemm":
+        return _conv2d_gemm(read_input, read_weight, wl, dtype, name)
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     hp, wp = (wl.oh - 1) * sh + (wl.kh - 1) * dh + 1, (wl.ow - 1) * sw + (wl.kw - 1) * dw + 1
     zero = te.const(0, dtype)
@@ -197,9 +211,15 @@ class ConvTensors:
     packed: te.Tensor
 
 
-def schedule(s: Schedule, t: ConvTensors, wl: Workload, cfg: Conv2dConfig, epilogue: te.Tensor | None = None) -> None:
+def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Workload, cfg: Conv2dConfig,
+             epilogue: te.Tensor | None = None) -> None:
     """The register-tiled direct schedule; with `epilogue` (an elementwise consumer of `out` of the same
     shape) the epilogue is computed from the tile and `out` never goes to memory."""
+    if isinstance(t, GemmConv):
+        if epilogue is not None:
+            s[t.out].compute_inline()
+        topi_matmul.schedule(s, t.c, t.packed, t.cfg, epilogue=epilogue if epilogue is not None else t.out)
+        return
     out, padded, packed = t.out, t.padded, t.packed
     cache = s.cache_write(t.core, "local")
     if t.core is not out:
@@ -238,6 +258,51 @@ def schedule(s: Schedule, t: ConvTensors, wl: Workload, cfg: Conv2dConfig, epilo
     _, lanes = ps.split(pc, factor=max(1, min(wl.c, 64 // wl.itemsize)))
     ps.vectorize(lanes)
     ps.parallel(ps.fuse(pn, py))
+
+
+@dataclass(frozen=True)
+class GemmConv:
+    """The stages of a convolution computed as a matmul: c[n, oc, p] = W[oc, :] . im2col[n, :, p]
+    (packed in panels of p, like matmul's B), `out` its (N, OC, OH, OW) view."""
+
+    out: te.Tensor
+    c: te.Tensor
+    packed: te.Tensor
+    cfg: topi_matmul.MatmulConfig
+
+
+def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, name: str) -> GemmConv:
+    (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
+    area, taps = wl.oh * wl.ow, wl.kh * wl.kw
+    k = wl.c * taps
+    zero = te.const(0, dtype)
+
+    def tap(kk: Expr) -> tuple[Expr, Expr, Expr]:  # k in OIHW order: (input channel, kernel row, column)
+        return kk // taps, (kk // wl.kw) % wl.kh, kk % wl.kw
+
+    def weight(bi: tuple, oc: Expr, kk: Expr) -> Expr:
+        return read_weight(oc, *tap(kk))  # flattens back to oc * K + kk: a contiguous row of A
+
+    cfg = topi_matmul.default_config(wl.oc, area, k, wl.itemsize)
+    # C is as wide as its panels, so every register tile is whole (no masked lanes); `out` drops the pad
+    width = math.ceil(area / cfg.bn) * cfg.bn
+
+    def column(bi: tuple, kk: Expr, p: Expr) -> Expr:
+        i, r, s_ = tap(kk)
+        y, x = (p // wl.ow) * sh + r * dh - top, (p % wl.ow) * sw + s_ * dw - left
+        y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
+        inside = [c for c, needed in ((p < area, width > area), (y >= 0, top > 0), (y < wl.h, y_end >= wl.h),
+                                      (x >= 0, left > 0), (x < wl.w, x_end >= wl.w)) if needed]
+        value = read_input(bi[0], i, y, x)
+        if not inside:
+            return value
+        cond = inside[0]
+        for extra in inside[1:]:
+            cond = cond & extra
+        return te.if_then_else(cond, value, zero)
+    c, packed = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
+    out = te.compute(wl.out_shape, lambda n, oc, y, x: c[n, oc, y * wl.ow + x], name=name)
+    return GemmConv(out, c, packed, cfg)
 
 
 def _schedule_tile(cs, wl: Workload, cfg: Conv2dConfig) -> None:

@@ -14,6 +14,7 @@ from typing import Callable
 from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr
+from jitop.te.tensor import read_tensors
 from jitop.topi.cpu import CPU, host
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -90,7 +91,21 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int,
     def body(*idx: Expr) -> Expr:
         bi, i, j = idx[:-2], idx[-2], idx[-1]
         return te.sum(a(bi, i, r.var) * packed[b_index(bi) + (j // bn, r.var, j % bn)], axis=r)
-    return te.compute(batch + (m, n), body, name=name), packed
+    if n % bn == 0:
+        return te.compute(batch + (m, n), body, name=name), packed
+    # computed as wide as the panels, so the last panel's register tile is whole too (no masked lanes,
+    # no odd-width vectors); C is the first n columns of it
+    full = te.compute(batch + (m, panels * bn), body, name=f"{name}{FULL}")
+    return te.compute(batch + (m, n), lambda *idx: full[idx], name=name), packed
+
+
+FULL = "_full"
+
+
+def _core(c: te.Tensor) -> te.Tensor:
+    """The panel-wide product behind C (C itself when n is a multiple of the panel width)."""
+    inner = read_tensors([c.op.body[0]]) if hasattr(c.op, "body") else []
+    return inner[0] if len(inner) == 1 and inner[0].name == c.name + FULL else c
 
 
 def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
@@ -98,13 +113,20 @@ def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
     """Register-tiled schedule: C tile in registers, packing and the outer loop parallel.
 
     With `epilogue` (an elementwise consumer of C of the same shape, e.g. bias + activation), the
-    epilogue is computed straight from the register tile: C never goes to memory.
+    epilogue is computed straight from the register tile: C never goes to memory. The epilogue may view
+    C's last axis as several (a convolution's output rows x columns): they are fused back into one.
     """
-    cache = s.cache_write(c, "local")
+    core = _core(c)
+    cache = s.cache_write(core, "local")
+    if core is not c:
+        s[core].compute_inline()
     if epilogue is not None:
         s[c].compute_inline()
     stage = s[epilogue if epilogue is not None else c]
-    *batch, i, j = stage.op.axis
+    axes = list(stage.op.axis)
+    if len(axes) > c.ndim:
+        axes = axes[:c.ndim - 1] + [stage.fuse(*axes[c.ndim - 1:])]
+    *batch, i, j = axes
     io, jo, ii, ji = stage.tile(i, j, cfg.mr, cfg.bn)
     if cfg.panel_outer:
         stage.reorder(*batch, jo, io, ii, ji)
@@ -121,6 +143,9 @@ def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
     outer = jo if cfg.panel_outer else io
     stage.parallel(stage.fuse(*batch, outer) if batch else outer)
     ps = s[packed]
-    *pb, px, _, pz = ps.op.axis
+    *pb, px, pk, pz = ps.op.axis
     ps.vectorize(pz)
-    ps.parallel(ps.fuse(*pb, px) if pb else px)
+    outer = ps.fuse(*pb, px) if pb else px
+    if outer.extent < 2 * host().threads:  # few panels: parallel over k as well
+        outer = ps.fuse(outer, pk)
+    ps.parallel(outer)
