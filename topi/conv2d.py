@@ -80,18 +80,20 @@ class Conv2dConfig:
     oc_outer: bool = True       # channel panels outside output rows (a weight panel stays in cache)
     pack_per_panel: bool = False  # pack each weight panel inside the parallel loop, not all up front
     algorithm: str = "direct"   # "gemm": weights as A of a matmul with the im2col'd input as packed B
+    channels_outer: bool = False  # reduction order: input-channel blocks outside the kernel taps
 
     @staticmethod
     def from_config(cfg: Config) -> "Conv2dConfig":
         return Conv2dConfig(mr=cfg["tile_ow"][-1], bn=cfg["tile_oc"][-1], ic_unroll=cfg["tile_ic"][-1],
                             oc_outer=cfg["order"] == "oc_outer", pack_per_panel=cfg["pack"] == "panel",
-                            algorithm=cfg["algorithm"])
+                            algorithm=cfg["algorithm"], channels_outer=cfg["reduction"] == "channels_outer")
 
     def to_config(self, wl: Workload) -> Config:
         return Config.of(tile_ow=(math.ceil(wl.ow / self.mr), self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
                          tile_ic=(wl.icg // self.ic_unroll, self.ic_unroll),
                          order="oc_outer" if self.oc_outer else "rows_outer",
-                         pack="panel" if self.pack_per_panel else "root", algorithm=self.algorithm)
+                         pack="panel" if self.pack_per_panel else "root", algorithm=self.algorithm,
+                         reduction="channels_outer" if self.channels_outer else "taps_outer")
 
 
 def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
@@ -105,6 +107,7 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
                                                      if wl.icg % u == 0])  # icg == 0 (no input channels): (0, 1)
     space.define_knob("order", ["oc_outer", "rows_outer"])
     space.define_knob("pack", ["root", "panel"])
+    space.define_knob("reduction", ["taps_outer", "channels_outer"])
     # gemm uses the matmul template's default tile for (OC, OH*OW, C*KH*KW); the tile knobs are unused
     space.define_knob("algorithm", ["direct", "gemm"] if gemm_applies(wl) else ["direct"])
     return space
@@ -309,7 +312,10 @@ def _schedule_tile(cs, wl: Workload, cfg: Conv2dConfig) -> None:
     _, _, ow, oc = cs.op.axis
     r, s_, i = cs.op.reduce_axis
     io, ii = cs.split(i, factor=cfg.ic_unroll)
-    cs.reorder(r, s_, io, ii, ow, oc)
+    if cfg.channels_outer:  # each input-channel block visits every kernel tap
+        cs.reorder(io, r, s_, ii, ow, oc)
+    else:
+        cs.reorder(r, s_, io, ii, ow, oc)
     cs.unroll(ii)
     cs.unroll(ow)
     cs.vectorize(oc)

@@ -41,7 +41,12 @@ def _sample(space: ConfigSpace, limit: int | None, always: tuple[int, ...] = ())
     k = math.ceil(n / limit)
     while any(math.gcd(k, len(knob)) != 1 for knob in space.knobs):
         k += 1
-    return sorted(set(range(0, n, k)) | {n - 1} | set(always))
+    picked = set(range(0, n, k)) | {n - 1} | set(always)
+    offset = k // 2  # a coprime step may be much larger than n / limit: a second sweep keeps the sample dense
+    while len(picked) < limit * 3 // 4 and offset < k:
+        picked |= set(range(offset, n, k))
+        offset += 1
+    return sorted(picked)
 
 
 def _build(s, args):
