@@ -221,7 +221,7 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Workload, cfg: Conv2d
     if isinstance(t, GemmConv):
         if epilogue is not None:
             s[t.out].compute_inline()
-        topi_matmul.schedule(s, t.c, t.packed, t.cfg, epilogue=epilogue if epilogue is not None else t.out)
+        topi_matmul.schedule(s, t.mm, t.cfg, epilogue=epilogue if epilogue is not None else t.out)
         return
     out, padded, packed = t.out, t.padded, t.packed
     cache = s.cache_write(t.core, "local")
@@ -269,8 +269,7 @@ class GemmConv:
     (packed in panels of p, like matmul's B), `out` its (N, OC, OH, OW) view."""
 
     out: te.Tensor
-    c: te.Tensor
-    packed: te.Tensor
+    mm: topi_matmul.MatmulTensors
     cfg: topi_matmul.MatmulConfig
 
 
@@ -303,9 +302,9 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, n
         for extra in inside[1:]:
             cond = cond & extra
         return te.if_then_else(cond, value, zero)
-    c, packed = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
-    out = te.compute(wl.out_shape, lambda n, oc, y, x: c[n, oc, y * wl.ow + x], name=name)
-    return GemmConv(out, c, packed, cfg)
+    mm = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
+    out = te.compute(wl.out_shape, lambda n, oc, y, x: mm.out[n, oc, y * wl.ow + x], name=name)
+    return GemmConv(out, mm, cfg)
 
 
 def _schedule_tile(cs, wl: Workload, cfg: Conv2dConfig) -> None:

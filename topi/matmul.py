@@ -14,7 +14,6 @@ from typing import Callable
 from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr
-from jitop.te.tensor import read_tensors
 from jitop.topi.cpu import CPU, host
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -31,16 +30,17 @@ class MatmulConfig:
     bn: int = 64
     k_unroll: int = 4
     panel_outer: bool = True
+    k_chunk: int = 0  # K rows per chunk (0: all of K in one)
 
     @staticmethod
     def from_config(cfg: Config) -> "MatmulConfig":
         return MatmulConfig(mr=cfg["tile_m"][-1], bn=cfg["tile_n"][-1], k_unroll=cfg["tile_k"][-1],
-                            panel_outer=cfg["order"] == "panel_outer")
+                            panel_outer=cfg["order"] == "panel_outer", k_chunk=cfg["k_chunk"])
 
     def to_config(self, m: int, n: int, k: int) -> Config:
         return Config.of(tile_m=(math.ceil(m / self.mr), self.mr), tile_n=(math.ceil(n / self.bn), self.bn),
                          tile_k=(math.ceil(k / self.k_unroll), self.k_unroll),
-                         order="panel_outer" if self.panel_outer else "row_outer")
+                         order="panel_outer" if self.panel_outer else "row_outer", k_chunk=self.k_chunk)
 
 
 def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> ConfigSpace:
@@ -53,6 +53,8 @@ def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) 
                                                if v == 1 or (v - 1) * lanes < n])
     space.define_split("tile_k", k, candidates=[(math.ceil(k / u), u) for u in (1, 2, 4, 8) if u == 1 or u <= k])
     space.define_knob("order", ["panel_outer", "row_outer"])
+    # K chunks (0: none): a chunk's B panel (chunk x bn) should stay in L2 while row blocks stream past
+    space.define_knob("k_chunk", [0] + [c for c in (256, 512, 1024, 2048) if c < k])
     return space
 
 
@@ -66,73 +68,110 @@ def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None
     bn = vectors * lanes
     mr = max(1, min(6 if vectors >= 4 else 8, m, (cpu.vector_registers - vectors - 2) // vectors))
     panels = math.ceil(n / bn)
-    return MatmulConfig(mr=mr, bn=bn, k_unroll=4 if k >= 4 else 2 if k >= 2 else 1, panel_outer=panels >= 4 * cpu.threads)
+    # a B panel of a quarter of L2 leaves room for the streaming A rows (LRU: a panel that just fits misses)
+    fits = max(256, 1 << (cpu.l2_bytes // (4 * bn * itemsize)).bit_length() - 1)
+    panel_outer = panels >= 4 * cpu.threads
+    # (with row blocks outermost the threads share the panels, and chunks only add passes over C)
+    return MatmulConfig(mr=mr, bn=bn, k_unroll=4 if k >= 4 else 2 if k >= 2 else 1, panel_outer=panel_outer,
+                        k_chunk=fits if panel_outer and k > fits and fits <= 2048 else 0)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One K chunk: its product `core` (panel-wide when n is not a multiple of bn), its packed B, and
+    `acc`, the result through this chunk (previous acc + core; core's first n columns for the first)."""
+
+    core: te.Tensor
+    packed: te.Tensor
+    acc: te.Tensor
+
+
+@dataclass(frozen=True)
+class MatmulTensors:
+    """C = A @ B as stages: `out` (the last part's acc) and the parts, one per K chunk."""
+
+    out: te.Tensor
+    parts: tuple[Part, ...]
 
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int, dtype, cfg: MatmulConfig,
            name: str = "matmul", b_batch: tuple[int, ...] | None = None,
-           b_index: Callable[[tuple[Expr, ...]], tuple[Expr, ...]] | None = None) -> tuple[te.Tensor, te.Tensor]:
-    """(C, packedB) for C = A @ B, reading A and B through `a(batch_idx, i, k)` / `b(batch_idx, k, j)`.
+           b_index: Callable[[tuple[Expr, ...]], tuple[Expr, ...]] | None = None) -> MatmulTensors:
+    """C = A @ B, reading A and B through `a(batch_idx, i, k)` / `b(batch_idx, k, j)`.
 
-    B may have fewer batch dimensions than C (`b_batch`, with `b_index` mapping C's batch index to B's):
-    it is packed once per B matrix, not once per C matrix.
+    B is packed in zero-padded panels of bn columns. B may have fewer batch dimensions than C (`b_batch`,
+    with `b_index` mapping C's batch index to B's): it is packed once per B matrix, not once per C matrix.
+    With cfg.k_chunk < k, K is cut into chunks whose B panels fit in L2; each chunk's product is added
+    to the previous ones in its register tile's epilogue.
     """
-    bn, panels = cfg.bn, math.ceil(n / cfg.bn)
     b_batch = batch if b_batch is None else b_batch
     b_index = b_index or (lambda bi: bi)
+    chunk = cfg.k_chunk if 0 < cfg.k_chunk < k else max(k, 1)
+    parts: list[Part] = []
+    for t, k0 in enumerate(range(0, max(k, 1), chunk)):
+        suffix = f"_k{t}" if chunk < k else ""
+        core, packed = _chunk(a, b, batch, b_batch, b_index, m, n, k0, min(chunk, k - k0), dtype, cfg,
+                              f"{name}{suffix}")
+        if not parts:
+            acc = core if core.shape[-1] == n else \
+                te.compute(batch + (m, n), lambda *idx, core=core: core[idx], name=f"{name}{suffix}_cols")
+        else:
+            prev = parts[-1].acc
+            acc = te.compute(batch + (m, n), lambda *idx, prev=prev, core=core: prev[idx] + core[idx],
+                             name=f"{name}{suffix}_acc")
+        parts.append(Part(core, packed, acc))
+    return MatmulTensors(parts[-1].acc, tuple(parts))
+
+
+def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...], b_index: Callable, m: int, n: int,
+           k0: int, k: int, dtype, cfg: MatmulConfig, name: str) -> tuple[te.Tensor, te.Tensor]:
+    """(product over rows k0 .. k0 + k of B, its packed panels)."""
+    bn, panels = cfg.bn, math.ceil(n / cfg.bn)
 
     def pack(*idx: Expr) -> Expr:
         bi, x, y, z = idx[:-3], idx[-3], idx[-2], idx[-1]
         col = x * bn + z
-        return te.if_then_else(col < n, b(bi, y, col), te.const(0, dtype)) if n % bn else b(bi, y, col)
+        return te.if_then_else(col < n, b(bi, y + k0, col), te.const(0, dtype)) if n % bn else b(bi, y + k0, col)
     packed = te.compute(b_batch + (panels, k, bn), pack, name=f"{name}_packedB")
     r = te.reduce_axis((0, k), "k")
 
     def body(*idx: Expr) -> Expr:
         bi, i, j = idx[:-2], idx[-2], idx[-1]
-        return te.sum(a(bi, i, r.var) * packed[b_index(bi) + (j // bn, r.var, j % bn)], axis=r)
-    if n % bn == 0:
-        return te.compute(batch + (m, n), body, name=name), packed
-    # computed as wide as the panels, so the last panel's register tile is whole too (no masked lanes,
-    # no odd-width vectors); C is the first n columns of it
-    full = te.compute(batch + (m, panels * bn), body, name=f"{name}{FULL}")
-    return te.compute(batch + (m, n), lambda *idx: full[idx], name=name), packed
+        return te.sum(a(bi, i, r.var + k0) * packed[b_index(bi) + (j // bn, r.var, j % bn)], axis=r)
+    # as wide as the panels, so the last panel's register tile is whole too (no masked lanes, no odd-width
+    # vectors); the first n columns are used
+    return te.compute(batch + (m, panels * bn), body, name=name if n % bn == 0 else f"{name}_full"), packed
 
 
-FULL = "_full"
-
-
-def _core(c: te.Tensor) -> te.Tensor:
-    """The panel-wide product behind C (C itself when n is a multiple of the panel width)."""
-    inner = read_tensors([c.op.body[0]]) if hasattr(c.op, "body") else []
-    return inner[0] if len(inner) == 1 and inner[0].name == c.name + FULL else c
-
-
-def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
-             epilogue: te.Tensor | None = None) -> None:
-    """Register-tiled schedule: C tile in registers, packing and the outer loop parallel.
+def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tensor | None = None) -> None:
+    """Register-tiled schedule: each chunk's C tile in registers, packing and the outer loop parallel.
 
     With `epilogue` (an elementwise consumer of C of the same shape, e.g. bias + activation), the
     epilogue is computed straight from the register tile: C never goes to memory. The epilogue may view
     C's last axis as several (a convolution's output rows x columns): they are fused back into one.
     """
-    core = _core(c)
-    cache = s.cache_write(core, "local")
-    if core is not c:
-        s[core].compute_inline()
-    if epilogue is not None:
-        s[c].compute_inline()
-    stage = s[epilogue if epilogue is not None else c]
+    for k, part in enumerate(t.parts):
+        last = k == len(t.parts) - 1
+        cache = s.cache_write(part.core, "local")
+        target = epilogue if last and epilogue is not None else part.acc
+        if part.acc is not part.core and target is not part.acc:
+            s[part.acc].compute_inline()
+        if part.core is not target:
+            s[part.core].compute_inline()
+        _tile(s, s[target], s[cache], t.out.ndim, cfg)
+        _schedule_pack(s, part.packed)
+
+
+def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig) -> None:
     axes = list(stage.op.axis)
-    if len(axes) > c.ndim:
-        axes = axes[:c.ndim - 1] + [stage.fuse(*axes[c.ndim - 1:])]
+    if len(axes) > ndim:
+        axes = axes[:ndim - 1] + [stage.fuse(*axes[ndim - 1:])]
     *batch, i, j = axes
     io, jo, ii, ji = stage.tile(i, j, cfg.mr, cfg.bn)
     if cfg.panel_outer:
         stage.reorder(*batch, jo, io, ii, ji)
     stage.vectorize(ji)
-    s[cache].compute_at(stage, io if cfg.panel_outer else jo)
-    cs = s[cache]
+    cs.compute_at(stage, io if cfg.panel_outer else jo)
     *_, xc, yc = cs.op.axis
     (kk,) = cs.op.reduce_axis
     ko, ki = cs.split(kk, factor=cfg.k_unroll)
@@ -142,6 +181,9 @@ def schedule(s: Schedule, c: te.Tensor, packed: te.Tensor, cfg: MatmulConfig,
     cs.vectorize(yc)
     outer = jo if cfg.panel_outer else io
     stage.parallel(stage.fuse(*batch, outer) if batch else outer)
+
+
+def _schedule_pack(s: Schedule, packed: te.Tensor) -> None:
     ps = s[packed]
     *pb, px, pk, pz = ps.op.axis
     ps.vectorize(pz)

@@ -159,16 +159,17 @@ class ToTE:
         m, k, cols = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = n.shape[:-2]
         cfg = topi_matmul.default_config(m, cols, k, n.dtype.itemsize)
-        c, packed = topi_matmul.matmul(
+        t = topi_matmul.matmul(
             lambda bi, i, r: self.at(a, broadcast_index(a.shape[:-2], batch, bi) + (i, r)),
             lambda bi, r, j: self.at(b, bi + (r, j)),
             batch, m, cols, k, n.dtype, cfg, name=self._name("matmul"), b_batch=b.shape[:-2],
             b_index=lambda bi: broadcast_index(b.shape[:-2], batch, bi))
+        c = t.out
         self.st.kind[c] = "matmul"
         space = topi_matmul.config_space(m, cols, k, n.dtype.itemsize)
         self.st.chosen[c] = (f"{c.name}: topi.matmul, default config {cfg.to_config(m, cols, k).to_json()} "
                              f"(one of {len(space)} in its space)")
-        self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, c, packed, cfg, epilogue)
+        self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, t, cfg, epilogue)
         return c
 
     def _conv2d(self, n: Node) -> te.Tensor:

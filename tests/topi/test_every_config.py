@@ -83,6 +83,9 @@ MATMUL = {  # name: (batch of C, batch of B, m, n, k, dtype, limit on the config
     "b2x1_3x20x2_f32_broadcast_B": ((2, 3), (1, 3), 3, 20, 2, "float32", None),
     "1x1x1_f32": ((), (), 1, 1, 1, "float32", None),
     "2x70x1_f64": ((), (), 2, 70, 1, "float64", None),
+    # K long enough for K chunks (k_chunk 256 / 512: the last chunk partial), sampled
+    "5x37x600_f32_k_chunks": ((), (), 5, 37, 600, "float32", 30),
+    "b2_3x20x300_f64_shared_B_k_chunks": ((2,), (), 3, 20, 300, "float64", 30),
 }
 
 
@@ -123,10 +126,11 @@ def test_matmul_every_config(name, idx):
 
     def b_index(bi):  # numpy broadcasting of B's batch dims against C's
         return tuple(te.const(0) if d == 1 else bi[lead + j] for j, d in enumerate(b_batch))
-    C, packed = tm.matmul(lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)], batch, m, n, k, dtype,
-                          cfg, b_batch=b_batch, b_index=b_index)
+    t = tm.matmul(lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)], batch, m, n, k, dtype,
+                  cfg, b_batch=b_batch, b_index=b_index)
+    C = t.out
     s = jitop.create_schedule(C.op)
-    tm.schedule(s, C, packed, cfg)
+    tm.schedule(s, t, cfg)
     f = _build(s, [A, B, C])
     a, b, ref, magnitude = _matmul_data(name)
     _close(f(a, b), ref, magnitude, dtype)
