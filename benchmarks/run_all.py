@@ -16,7 +16,7 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
            ("Compile and load time (issue 2)", ["bench_compile.py"]),
            ("Parallel launch overhead (issue 2)", ["bench_launch.py"]),
            ("@jitop.kernel targets (issue 3)", ["bench_kernel.py"]),
-           ("Operator library, default configs", ["bench_ops.py"])]
+           ("Operator library, default configs (issue 4)", ["bench_ops.py"])]
 
 
 def _old_sections() -> dict[str, str]:
