@@ -31,16 +31,19 @@ class MatmulConfig:
     k_unroll: int = 4
     panel_outer: bool = True
     k_chunk: int = 0  # K rows per chunk (0: all of K in one)
+    pack_b: bool = True  # copy B into contiguous panels first (pays off when several row blocks reread them)
 
     @staticmethod
     def from_config(cfg: Config) -> "MatmulConfig":
         return MatmulConfig(mr=cfg["tile_m"][-1], bn=cfg["tile_n"][-1], k_unroll=cfg["tile_k"][-1],
-                            panel_outer=cfg["order"] == "panel_outer", k_chunk=cfg["k_chunk"])
+                            panel_outer=cfg["order"] == "panel_outer", k_chunk=cfg["k_chunk"],
+                            pack_b=cfg["pack_b"])
 
     def to_config(self, m: int, n: int, k: int) -> Config:
         return Config.of(tile_m=(math.ceil(m / self.mr), self.mr), tile_n=(math.ceil(n / self.bn), self.bn),
                          tile_k=(math.ceil(k / self.k_unroll), self.k_unroll),
-                         order="panel_outer" if self.panel_outer else "row_outer", k_chunk=self.k_chunk)
+                         order="panel_outer" if self.panel_outer else "row_outer", k_chunk=self.k_chunk,
+                         pack_b=self.pack_b)
 
 
 def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> ConfigSpace:
@@ -49,13 +52,19 @@ def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) 
     space = ConfigSpace()
     # the register tile: mr rows x bn columns of C, at most 32 vector registers with A and B operands
     space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(max(m, 1), 12) + 1)])
-    space.define_split("tile_n", n, candidates=[(math.ceil(n / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
+    space.define_split("tile_n", n, candidates=[(math.ceil(n / (v * lanes)), v * lanes) for v in _vector_counts(m)
                                                if v == 1 or (v - 1) * lanes < n])
     space.define_split("tile_k", k, candidates=[(math.ceil(k / u), u) for u in (1, 2, 4, 8) if u == 1 or u <= k])
     space.define_knob("order", ["panel_outer", "row_outer"])
     # K chunks (0: none): a chunk's B panel (chunk x bn) should stay in L2 while row blocks stream past
     space.define_knob("k_chunk", [0] + [c for c in (256, 512, 1024, 2048) if c < k])
+    space.define_knob("pack_b", [True, False])
     return space
+
+
+def _vector_counts(m: int) -> tuple[int, ...]:
+    """Register-tile widths in vectors; a single row (a vector-matrix product) streams B best in wide rows."""
+    return (1, 2, 3, 4, 8, 16) if m == 1 else (1, 2, 3, 4)
 
 
 def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> MatmulConfig:
@@ -64,16 +73,21 @@ def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None
     loop outermost when there are enough panels to keep every thread busy."""
     cpu = cpu or host()
     lanes = cpu.lanes(itemsize)
-    vectors = min(4 if cpu.vector_registers >= 32 else 2, math.ceil(n / lanes)) or 1
+    widest = 16 if m == 1 else 4 if cpu.vector_registers >= 32 else 2
+    # powers of two only: LLVM splits a 3-register vector badly (a 48-lane tile runs 10x slower)
+    vectors = max(v for v in _vector_counts(m) if v <= widest and v & (v - 1) == 0 and (v == 1 or (v - 1) * lanes < n))
     bn = vectors * lanes
     mr = max(1, min(6 if vectors >= 4 else 8, m, (cpu.vector_registers - vectors - 2) // vectors))
     panels = math.ceil(n / bn)
     # a B panel of a quarter of L2 leaves room for the streaming A rows (LRU: a panel that just fits misses)
     fits = max(256, 1 << (cpu.l2_bytes // (4 * bn * itemsize)).bit_length() - 1)
-    panel_outer = panels >= 4 * cpu.threads
+    row_blocks = math.ceil(m / mr)
+    # few row blocks: parallel over panels; B read in place (packing would copy it for at most two reads)
+    panel_outer = panels >= 4 * cpu.threads or row_blocks < 2 * cpu.threads
+    pack_b = row_blocks > 2
     # (with row blocks outermost the threads share the panels, and chunks only add passes over C)
     return MatmulConfig(mr=mr, bn=bn, k_unroll=4 if k >= 4 else 2 if k >= 2 else 1, panel_outer=panel_outer,
-                        k_chunk=fits if panel_outer and k > fits and fits <= 2048 else 0)
+                        k_chunk=fits if panel_outer and pack_b and k > fits and fits <= 2048 else 0, pack_b=pack_b)
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ class Part:
     `acc`, the result through this chunk (previous acc + core; core's first n columns for the first)."""
 
     core: te.Tensor
-    packed: te.Tensor
+    packed: te.Tensor | None
     acc: te.Tensor
 
 
@@ -125,8 +139,12 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int,
 
 def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...], b_index: Callable, m: int, n: int,
            k0: int, k: int, dtype, cfg: MatmulConfig, name: str) -> tuple[te.Tensor, te.Tensor]:
-    """(product over rows k0 .. k0 + k of B, its packed panels)."""
+    """(product over rows k0 .. k0 + k of B, its packed panels or None)."""
     bn, panels = cfg.bn, math.ceil(n / cfg.bn)
+    if not cfg.pack_b:  # the register tile reads rows of B in place; the last panel's lanes are masked
+        r = te.reduce_axis((0, k), "k")
+        return te.compute(batch + (m, n), lambda *idx: te.sum(
+            a(idx[:-2], idx[-2], r.var + k0) * b(b_index(idx[:-2]), r.var + k0, idx[-1]), axis=r), name=name), None
 
     def pack(*idx: Expr) -> Expr:
         bi, x, y, z = idx[:-3], idx[-3], idx[-2], idx[-1]
@@ -159,7 +177,8 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
         if part.core is not target:
             s[part.core].compute_inline()
         _tile(s, s[target], s[cache], t.out.ndim, cfg)
-        _schedule_pack(s, part.packed)
+        if part.packed is not None:
+            _schedule_pack(s, part.packed)
 
 
 def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig) -> None:
@@ -180,6 +199,12 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig) -> None:
     cs.unroll(xc)
     cs.vectorize(yc)
     outer = jo if cfg.panel_outer else io
+    extent, tile = (j.extent, cfg.bn) if cfg.panel_outer else (i.extent, cfg.mr)
+    if batch and extent % tile and math.prod(b.extent for b in batch) >= 2 * host().threads:
+        # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
+        # kept apart, its tail is split off (loop partitioning) and the batch alone is parallel
+        stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
+        return
     stage.parallel(stage.fuse(*batch, outer) if batch else outer)
 
 

@@ -5,12 +5,12 @@ inside another @jitop.kernel it traces through (bias and activation after it fus
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from jitop.graph.tracer import Tracer, Unsupported
-from jitop.kernel import kernel
+from jitop.kernel import Compiled, kernel
 from jitop.ops import checks
 
 _COMPILED_KINDS = "iuf"  # bool and complex matmul run as numpy's
@@ -29,6 +29,22 @@ def _dense(x, weight):
 @kernel
 def _dense_bias(x, weight, bias):
     return np.matmul(x, weight.T) + bias
+
+
+_RUNNERS: dict[tuple, Callable[[tuple], Any]] = {}  # (dtype, shape) of a and b -> the compiled call
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """_matmul without the dispatcher's generic argument binding: a few µs matter for small products."""
+    key = ((a.dtype, a.shape), (b.dtype, b.shape))
+    run = _RUNNERS.get(key)
+    if run is not None:
+        return run((a, b))
+    result = _matmul(a, b)
+    entry = _matmul.cache.get(key)
+    if isinstance(entry, Compiled):
+        _RUNNERS[key] = entry.call
+    return result
 
 
 def _check_core(a: Any, b: Any, op: str) -> tuple[int, ...]:
@@ -67,7 +83,7 @@ def matmul(a: Any, b: Any, out: np.ndarray | None = None) -> Any:
     """
     if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 == b.ndim
             and a.shape[1] == b.shape[0] and a.dtype.kind in _COMPILED_KINDS and b.dtype.kind in _COMPILED_KINDS):
-        return _matmul(a, b)  # the common case, checked in a few attribute reads (small products are µs)
+        return _matmul_2d(a, b)  # the common case, checked in a few attribute reads (small products are µs)
     a, b = checks.array(a, "a", "matmul"), checks.array(b, "b", "matmul")
     shape = _check_core(a, b, "matmul")
     if out is not None and (isinstance(a, Tracer) or isinstance(b, Tracer)):
