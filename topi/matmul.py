@@ -32,18 +32,20 @@ class MatmulConfig:
     panel_outer: bool = True
     k_chunk: int = 0  # K rows per chunk (0: all of K in one)
     pack_b: bool = True  # copy B into contiguous panels first (pays off when several row blocks reread them)
+    pack_per_panel: bool = False  # with panel_outer: pack each panel inside the parallel loop, just before
+    #                               its row blocks use it (it stays in L2; no pass over all of B first)
 
     @staticmethod
     def from_config(cfg: Config) -> "MatmulConfig":
         return MatmulConfig(mr=cfg["tile_m"][-1], bn=cfg["tile_n"][-1], k_unroll=cfg["tile_k"][-1],
                             panel_outer=cfg["order"] == "panel_outer", k_chunk=cfg["k_chunk"],
-                            pack_b=cfg["pack_b"])
+                            pack_b=cfg["pack_b"] != "none", pack_per_panel=cfg["pack_b"] == "panel")
 
     def to_config(self, m: int, n: int, k: int) -> Config:
         return Config.of(tile_m=(math.ceil(m / self.mr), self.mr), tile_n=(math.ceil(n / self.bn), self.bn),
                          tile_k=(math.ceil(k / self.k_unroll), self.k_unroll),
                          order="panel_outer" if self.panel_outer else "row_outer", k_chunk=self.k_chunk,
-                         pack_b=self.pack_b)
+                         pack_b="none" if not self.pack_b else "panel" if self.pack_per_panel else "root")
 
 
 def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> ConfigSpace:
@@ -58,7 +60,7 @@ def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) 
     space.define_knob("order", ["panel_outer", "row_outer"])
     # K chunks (0: none): a chunk's B panel (chunk x bn) should stay in L2 while row blocks stream past
     space.define_knob("k_chunk", [0] + [c for c in (256, 512, 1024, 2048) if c < k])
-    space.define_knob("pack_b", [True, False])
+    space.define_knob("pack_b", ["root", "panel", "none"])
     return space
 
 
@@ -79,15 +81,14 @@ def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None
     bn = vectors * lanes
     mr = max(1, min(6 if vectors >= 4 else 8, m, (cpu.vector_registers - vectors - 2) // vectors))
     panels = math.ceil(n / bn)
-    # a B panel of a quarter of L2 leaves room for the streaming A rows (LRU: a panel that just fits misses)
-    fits = max(256, 1 << (cpu.l2_bytes // (4 * bn * itemsize)).bit_length() - 1)
     row_blocks = math.ceil(m / mr)
     # few row blocks: parallel over panels; B read in place (packing would copy it for at most two reads)
     panel_outer = panels >= 4 * cpu.threads or row_blocks < 2 * cpu.threads
     pack_b = row_blocks > 2
-    # (with row blocks outermost the threads share the panels, and chunks only add passes over C)
+    # each panel packed inside the parallel loop right before its row blocks use it: it is still in L2
+    # then, which measured better than K chunks sized to L2 (k_chunk, left to tuning)
     return MatmulConfig(mr=mr, bn=bn, k_unroll=4 if k >= 4 else 2 if k >= 2 else 1, panel_outer=panel_outer,
-                        k_chunk=fits if panel_outer and pack_b and k > fits and fits <= 2048 else 0, pack_b=pack_b)
+                        pack_b=pack_b, pack_per_panel=pack_b and panel_outer)
 
 
 @dataclass(frozen=True)
@@ -176,12 +177,19 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
             s[part.acc].compute_inline()
         if part.core is not target:
             s[part.core].compute_inline()
-        _tile(s, s[target], s[cache], t.out.ndim, cfg)
-        if part.packed is not None:
+        outer = _tile(s, s[target], s[cache], t.out.ndim, cfg)
+        if part.packed is None:
+            continue
+        if cfg.pack_per_panel and cfg.panel_outer and outer is not None:
+            s[part.packed].compute_at(s[target], outer)
+            s[part.packed].vectorize(s[part.packed].op.axis[-1])
+        else:
             _schedule_pack(s, part.packed)
 
 
-def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig) -> None:
+def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig):
+    """Tile `stage` around the register tile `cs`; returns the parallel loop if it holds one panel per
+    iteration (where a panel can be packed), else None."""
     axes = list(stage.op.axis)
     if len(axes) > ndim:
         axes = axes[:ndim - 1] + [stage.fuse(*axes[ndim - 1:])]
@@ -204,8 +212,10 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig) -> None:
         # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
         # kept apart, its tail is split off (loop partitioning) and the batch alone is parallel
         stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
-        return
-    stage.parallel(stage.fuse(*batch, outer) if batch else outer)
+        return None
+    outer = stage.fuse(*batch, outer) if batch else outer
+    stage.parallel(outer)
+    return outer
 
 
 def _schedule_pack(s: Schedule, packed: te.Tensor) -> None:
