@@ -522,12 +522,42 @@ def matmul(a, b, out=None, dtype=None, **kwargs):
                          f"(n?,k),(k,m?)->(n?,m?) (size {y.shape[-2]} is different from {x.shape[-1]})")
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
     shape = batch + (x.shape[-2], y.shape[-1])
-    r = wrap(node("matmul", shape, dt, (cast_node(x, dt), cast_node(y, dt))))
+    if _rows_of_transposed(x, y):
+        r = _dot_rows(cast_node(x, dt), cast_node(y.src[0], dt), dt)
+    elif _is_transposed(y) and x.ndim == 2 == y.ndim and 4 * x.shape[0] <= y.shape[1]:
+        # x @ w.T = (w @ x.T).T: the template gathers its B operand into panels, here x.T, much the smaller
+        ct = node("matmul", shape[::-1], dt, (cast_node(y.src[0], dt), cast_node(transpose(wrap(x)).node, dt)))
+        r = transpose(wrap(ct))
+    else:
+        r = wrap(node("matmul", shape, dt, (cast_node(x, dt), cast_node(y, dt))))
     if x1:
         r = squeeze(r, -2)
     if y1:
         r = squeeze(r, -1)
     return wrap(r.node)  # 1-D @ 1-D is a scalar in numpy
+
+
+SMALL_M = 4  # up to this many rows, x @ w.T is computed as dot products of rows
+
+
+def _is_transposed(y: Node) -> bool:
+    """y is w.T (its last two axes swapped) of a w stored row by row, like a dense layer's weights."""
+    if y.prim != "transpose":
+        return False
+    perm = y.param("perm")
+    return perm == tuple(range(len(perm) - 2)) + (len(perm) - 1, len(perm) - 2)
+
+
+def _rows_of_transposed(x: Node, y: Node) -> bool:
+    """x has few rows and y is w.T: C[i, j] is the dot product of two contiguous rows, so a vectorized
+    row reduction reads w once, in place, where the matmul template would gather w.T into panels first."""
+    return _is_transposed(y) and x.shape[-2] <= SMALL_M and (x.dtype.is_float or x.dtype.is_int)
+
+
+def _dot_rows(x: Node, w: Node, dt) -> Tracer:
+    rows = expand_dims(wrap(x), -2)    # (..., m, 1, k)
+    cols = expand_dims(wrap(w), -3)    # (..., 1, n, k)
+    return reduce(ufunc_call(np.multiply, [rows.node, cols.node]), "sum", axis=-1, dtype=dt.np)
 
 
 @implements(np.dot)

@@ -223,6 +223,24 @@ def test_dense_dtypes_follow_numpy(dx, dw, db):
     assert_close(got, expected, rtol=rtol, atol=rtol)
 
 
+# x @ w.T has three lowerings: row dot products (up to 4 rows), (w @ x.T).T (rows <= columns / 4), and the
+# matmul template gathering w.T; each must be numpy's matmul, for floats and exactly for integers
+@pytest.mark.parametrize("m,k,n", [(1, 37, 50), (4, 130, 33), (5, 70, 20), (7, 33, 64), (16, 9, 200), (40, 17, 30)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64], ids=lambda d: np.dtype(d).name)
+def test_x_times_w_transposed_every_lowering(m, k, n, dtype):
+    x, w = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype)
+    assert_matmul(jitop.matmul(x, w.T), x, w.T)
+    assert_matmul(jitop.kernel(lambda a, b: a @ b.T)(x, w), x, w.T)
+
+
+def test_few_rows_times_w_transposed_is_a_row_reduction_not_a_matmul():
+    x, w = rand(rng, (2, 300), np.float32), rand(rng, (64, 300), np.float32)
+    f = jitop.kernel(lambda a, b: a @ b.T)
+    text = jitop.explain(f, x, w)
+    assert "topi.matmul" not in text and "sum" in text
+    assert_matmul(f(x, w), x, w.T)
+
+
 @pytest.mark.parametrize("x,w,b,match", [
     ((3, 5), (4,), None, r"'weight' must have 2 dimensions"),
     ((3, 5), (2, 4, 5), None, r"'weight' must have 2 dimensions"),
