@@ -287,10 +287,12 @@ class KernelCodegen:
         v = self.vec
         if v is None:
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
-        if lanes_ptr == "uniform":
+        if lanes_ptr == "uniform" and (v.mask is None or math.prod(buf.shape) > 0):
             if v.mask is not None:  # one scalar load, redirected to element 0 when no lane is active
                 ptr = self.b.select(self._any(v.mask), ptr, self.st.ptrs[buf])
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
+        if lanes_ptr == "uniform":  # an empty buffer has no element 0: a gather masked off entirely
+            lanes_ptr = ops.splat(self.b, ptr, v.lanes)
         vt = ir.VectorType(elem, v.lanes)
         if lanes_ptr is None:
             if v.mask is None:

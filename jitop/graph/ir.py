@@ -5,6 +5,7 @@ A Node is an array value: its primitive, static shape, dtype, inputs and hashabl
 from __future__ import annotations
 
 import hashlib
+import struct
 import weakref
 from typing import Any, Iterable
 
@@ -57,12 +58,17 @@ def _stable(params: tuple) -> str:
     return repr(tuple((k, v.hex() if isinstance(v, bytes) else v) for k, v in params))
 
 
+def _exact(v: Any) -> Any:
+    """A parameter as an interning key: -0.0 and 0.0 are equal but different constants."""
+    return ("float", struct.pack("<d", v)) if type(v) is float else v
+
+
 def node(prim: str, shape: tuple[int, ...], dtype: DType, src: Iterable[Node] = (), weak: bool = False,
          **params: Any) -> Node:
     """The unique node for (prim, shape, dtype, src, params)."""
     src = tuple(src)
     ps = tuple(sorted(params.items()))
-    key = (prim, tuple(shape), dtype, tuple(id(s) for s in src), ps, weak)
+    key = (prim, tuple(shape), dtype, tuple(id(s) for s in src), tuple((k, _exact(v)) for k, v in ps), weak)
     found = Node._intern.get(key)
     if found is not None and all(a is b for a, b in zip(found.src, src)):
         return found

@@ -140,7 +140,9 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Sch
     # matmul epilogues (bias, activation) run on the register tile
     epilogues = {}
     for m, t in st.tensors.items():
-        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)):
+        # one template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory
+        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)) \
+                and out not in epilogues:
             epilogues[out] = t
             st.templates[t](s, st.tensors[out])
     attached: set[Tensor] = set()

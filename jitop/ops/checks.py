@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from jitop.dtypes import DTYPES
 from jitop.graph.tracer import Tracer
 
 ArrayLike = Any
@@ -26,15 +27,25 @@ def ndim(x: Any, name: str, op: str, allowed: tuple[int, ...], what: str = "") -
         raise ValueError(f"{op}: argument '{name}' must have {want} dimensions{what}, got shape {tuple(x.shape)}")
 
 
+def supported(x: Any, name: str, op: str) -> None:
+    """jitop compiles bool, int8-64, uint8-64, float32 and float64; other dtypes get a clear error."""
+    if np.dtype(x.dtype).name not in DTYPES:
+        raise TypeError(f"{op}: argument '{name}' has dtype {np.dtype(x.dtype)}, which jitop does not compile "
+                        f"(it supports bool, int8-64, uint8-64, float32, float64); convert it, e.g. "
+                        f"{name}.astype(np.float32)")
+
+
 def floating(x: Any, name: str, op: str) -> None:
     if np.dtype(x.dtype).kind != "f":
         raise TypeError(f"{op}: argument '{name}' must be a floating-point array (float32 or float64), "
                         f"got {np.dtype(x.dtype)}")
+    supported(x, name, op)
 
 
 def numeric(x: Any, name: str, op: str) -> None:
     if np.dtype(x.dtype).kind not in "iuf":
         raise TypeError(f"{op}: argument '{name}' must be an integer or floating-point array, got {np.dtype(x.dtype)}")
+    supported(x, name, op)
 
 
 def pair(v: Any, name: str, op: str, minimum: int = 0) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jitop.dtypes import DTYPES
 from jitop.graph.tracer import Tracer, Unsupported
 from jitop.kernel import Compiled, kernel
 from jitop.ops import checks
@@ -68,7 +69,8 @@ def _check_core(a: Any, b: Any, op: str) -> tuple[int, ...]:
 
 
 def _compiled(*arrays: Any) -> bool:
-    return all(np.dtype(x.dtype).kind in _COMPILED_KINDS for x in arrays)
+    """Dtypes jitop compiles (bool, complex, float16, longdouble run as numpy's matmul)."""
+    return all(np.dtype(x.dtype).kind in _COMPILED_KINDS and np.dtype(x.dtype).name in DTYPES for x in arrays)
 
 
 def matmul(a: Any, b: Any, out: np.ndarray | None = None) -> Any:
@@ -82,7 +84,7 @@ def matmul(a: Any, b: Any, out: np.ndarray | None = None) -> Any:
     bool and complex operands run as numpy's matmul.
     """
     if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 == b.ndim
-            and a.shape[1] == b.shape[0] and a.dtype.kind in _COMPILED_KINDS and b.dtype.kind in _COMPILED_KINDS):
+            and a.shape[1] == b.shape[0] and _compiled(a, b)):
         return _matmul_2d(a, b)  # the common case, checked in a few attribute reads (small products are µs)
     a, b = checks.array(a, "a", "matmul"), checks.array(b, "b", "matmul")
     shape = _check_core(a, b, "matmul")

@@ -98,3 +98,14 @@ def test_batched_matmul_broadcasts_like_numpy() -> None:
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((3, 1, 5, 7)), rng.standard_normal((4, 7, 2))
     np.testing.assert_allclose(bmm(a, b), a @ b, rtol=1e-12)
+
+
+def test_signed_zero_constants_stay_distinct():
+    # -0.0 == 0.0, but x * -0.0 is -0.0: the graph must not merge the two constants
+    @jitop.kernel
+    def f(x):
+        return x * 0.0, x * -0.0, np.maximum(x - x, -0.0)
+
+    x = np.ones(3, np.float32)
+    for got, want in zip(f(x), (x * 0.0, x * -0.0, np.maximum(x - x, -0.0))):
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -405,3 +405,22 @@ def test_random_geometry(case):
     (n, c, h, w, oc, kh, kw, groups, layout, dtype, bias), kwargs = case
     x, wt, b = _inputs(n, c, h, w, oc, kh, kw, groups=groups, layout=layout, dtype=dtype, bias=bias)
     check(x, wt, b, **kwargs)
+
+
+# ** two templates feeding one output: one gets the epilogue, the other writes its result first **
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_two_convolutions_into_one_output_compile(layout):
+    # a ResNet projection shortcut: relu(conv(h, w2) + conv(x, wp)); used to fall back to numpy
+    x, w1, _ = _inputs(1, 4, 9, 9, 6, 3, 3, layout=layout)
+    wp = _data((6, 4, 1, 1), np.float32)
+    f = jitop.kernel(lambda x, w1, wp: np.maximum(jitop.conv2d(x, w1, padding=1, layout=layout)
+                                                  + jitop.conv2d(x, wp, layout=layout), 0), fallback=False)
+    ref = np.maximum(naive_conv2d(x, w1, padding=1, layout=layout) + naive_conv2d(x, wp, layout=layout), 0)
+    np.testing.assert_allclose(f(x, w1, wp), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_two_matmuls_into_one_output_compile():
+    a, b, c = _data((5, 6), np.float32), _data((6, 7), np.float32), _data((6, 7), np.float32)
+    f = jitop.kernel(lambda a, b, c: a @ b + a @ c, fallback=False)
+    np.testing.assert_allclose(f(a, b, c), a.astype(np.float64) @ b + a.astype(np.float64) @ c, rtol=1e-5, atol=1e-5)

@@ -360,15 +360,18 @@ def test_gelu_bad_approximate():
             jitop.gelu(np.ones(3, np.float32), approximate=approximate)
 
 
-def test_float16_runs_as_numpy():
-    # float16 is not a jitop dtype: the ops still give numpy's answer, in float16 (a fallback warning is allowed)
-    x = rand(rng, (3, 8), np.float16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", jitop.JitopFallbackWarning)
-        for op, ref in ((jitop.softmax, ref_softmax), (jitop.gelu, ref_gelu), (jitop.sigmoid, ref_sigmoid)):
-            assert_close(op(x), ref(x), rtol=2e-3, atol=1e-3)
-        assert_close(jitop.relu(x), np.where(x < 0, np.float16(0), x))
-        assert_close(jitop.layer_norm(x, 8), ref_layer_norm(x, 1), rtol=5e-3, atol=5e-3)
+@pytest.mark.parametrize("op", [jitop.softmax, jitop.gelu, jitop.sigmoid, jitop.relu, lambda x: jitop.layer_norm(x, 8)])
+def test_uncompiled_dtypes_are_a_clear_error(op):
+    # float16 is not a jitop dtype: a TypeError that names the argument and the fix, not a silent fallback
+    with pytest.raises(TypeError, match=r"argument 'x' has dtype float16.*x\.astype\(np\.float32\)"):
+        op(rand(rng, (3, 8), np.float16))
+
+
+def test_float16_matmul_is_numpys():
+    a, b = rand(rng, (3, 8), np.float16), rand(rng, (8, 5), np.float16)
+    got = jitop.matmul(a, b)
+    assert got.dtype == np.float16
+    assert_close(got, np.matmul(a, b))
 
 
 # ---- inside @jitop.kernel ----
