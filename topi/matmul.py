@@ -169,6 +169,7 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
     epilogue is computed straight from the register tile: C never goes to memory. The epilogue may view
     C's last axis as several (a convolution's output rows x columns): they are fused back into one.
     """
+    serial = _flops(t) < SERIAL_FLOPS
     for k, part in enumerate(t.parts):
         last = k == len(t.parts) - 1
         cache = s.cache_write(part.core, "local")
@@ -177,8 +178,11 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
             s[part.acc].compute_inline()
         if part.core is not target:
             s[part.core].compute_inline()
-        outer = _tile(s, s[target], s[cache], t.out.ndim, cfg)
+        outer = _tile(s, s[target], s[cache], t.out.ndim, cfg, serial)
         if part.packed is None:
+            continue
+        if serial:
+            s[part.packed].vectorize(s[part.packed].op.axis[-1])
             continue
         if cfg.pack_per_panel and cfg.panel_outer and outer is not None:
             s[part.packed].compute_at(s[target], outer)
@@ -187,7 +191,15 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
             _schedule_pack(s, part.packed)
 
 
-def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig):
+SERIAL_FLOPS = 1 << 20  # below this a product runs on one thread: waking another costs more than it saves
+
+
+def _flops(t: MatmulTensors) -> int:
+    k = sum(p.core.op.reduce_axis[0].extent for p in t.parts)
+    return 2 * math.prod(t.out.shape) * k
+
+
+def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, serial: bool = False):
     """Tile `stage` around the register tile `cs`; returns the parallel loop if it holds one panel per
     iteration (where a panel can be packed), else None."""
     axes = list(stage.op.axis)
@@ -207,6 +219,8 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig):
     cs.unroll(xc)
     cs.vectorize(yc)
     outer = jo if cfg.panel_outer else io
+    if serial:
+        return None
     extent, tile = (j.extent, cfg.bn) if cfg.panel_outer else (i.extent, cfg.mr)
     if batch and extent % tile and math.prod(b.extent for b in batch) >= 2 * host().threads:
         # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
