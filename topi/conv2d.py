@@ -150,6 +150,16 @@ def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
                         pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1, algorithm=algorithm)
 
 
+def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
+    """value where every condition holds (read only there: padding never touches memory), else zero."""
+    if not conditions:
+        return value
+    cond = conditions[0]
+    for extra in conditions[1:]:
+        cond = cond & extra
+    return te.if_then_else(cond, value, zero)
+
+
 def conv2d(read_input: Reader, read_weight: Reader, wl: Workload, dtype, cfg: Conv2dConfig,
            name: str = "conv2d") -> "ConvTensors | GemmConv":
     """The convolution's stages. read_input(n, c, y, x) and read_weight(oc, ic, r, s) give
@@ -171,13 +181,7 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Workload, dtype, cfg: Co
             inside.append(xx >= 0)
         if left + wl.w < wp:
             inside.append(xx < wl.w)
-        value = read_input(n, ch, yy, xx)
-        if not inside:
-            return value
-        cond = inside[0]
-        for extra in inside[1:]:
-            cond = cond & extra
-        return te.if_then_else(cond, value, zero)
+        return _where_all(inside, read_input(n, ch, yy, xx), zero)
     padded = te.compute((wl.n, hp, wp, wl.c), pad, name=f"{name}_padded")
 
     bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
@@ -295,13 +299,7 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, n
         y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
         inside = [c for c, needed in ((p < area, width > area), (y >= 0, top > 0), (y < wl.h, y_end >= wl.h),
                                       (x >= 0, left > 0), (x < wl.w, x_end >= wl.w)) if needed]
-        value = read_input(bi[0], i, y, x)
-        if not inside:
-            return value
-        cond = inside[0]
-        for extra in inside[1:]:
-            cond = cond & extra
-        return te.if_then_else(cond, value, zero)
+        return _where_all(inside, read_input(bi[0], i, y, x), zero)
     mm = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
     out = te.compute(wl.out_shape, lambda n, oc, y, x: mm.out[n, oc, y * wl.ow + x], name=name)
     return GemmConv(out, mm, cfg)

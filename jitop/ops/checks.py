@@ -27,12 +27,12 @@ def ndim(x: Any, name: str, op: str, allowed: tuple[int, ...], what: str = "") -
         raise ValueError(f"{op}: argument '{name}' must have {want} dimensions{what}, got shape {tuple(x.shape)}")
 
 
-_NATIVE = frozenset(np.dtype(name) for name in DTYPES)
+NATIVE = frozenset(np.dtype(name) for name in DTYPES)  # compiled dtypes, native byte order: a set lookup
 
 
 def supported(x: Any, name: str, op: str) -> None:
     """jitop compiles bool, int8-64, uint8-64, float32 and float64; other dtypes get a clear error."""
-    if x.dtype not in _NATIVE and np.dtype(x.dtype).name not in DTYPES:  # (the set first: .name costs µs)
+    if x.dtype not in NATIVE and np.dtype(x.dtype).name not in DTYPES:  # (the set first: .name costs µs)
         raise TypeError(f"{op}: argument '{name}' has dtype {np.dtype(x.dtype)}, which jitop does not compile "
                         f"(it supports bool, int8-64, uint8-64, float32, float64); convert it, e.g. "
                         f"{name}.astype(np.float32)")

@@ -68,8 +68,7 @@ def _check_core(a: Any, b: Any, op: str) -> tuple[int, ...]:
     return batch + ((a.shape[-2],) if a.ndim > 1 else ()) + ((b.shape[-1],) if b.ndim > 1 else ())
 
 
-_NATIVE = frozenset(np.dtype(name) for name in DTYPES if np.dtype(name).kind in _COMPILED_KINDS)  # a set lookup:
-#                                                                      dtype.name costs µs
+_NATIVE = frozenset(d for d in checks.NATIVE if d.kind in _COMPILED_KINDS)  # dtype.name would cost µs
 
 
 def _compiled(*arrays: Any) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitop.graph.ir import node
+from jitop.graph.numpy_api import reduce
 from jitop.graph.tracer import Tracer
 from jitop.kernel import kernel
 from jitop.ops import checks
@@ -45,10 +46,7 @@ def _shift(x: Any, axis: int) -> Any:
     NaN whatever m is, as with np.max."""
     if not isinstance(x, Tracer):
         return np.max(x, axis=axis, keepdims=True)
-    n = x.node
-    shape = n.shape[:axis] + (1,) + n.shape[axis + 1:]
-    r = node("reduce", n.shape[:axis] + n.shape[axis + 1:], n.dtype, (n,), op="shift_max", axes=(axis,))
-    return Tracer(node("reshape", shape, n.dtype, (r,)))
+    return reduce(x, "shift_max", axis=axis, keepdims=True)
 
 
 @kernel(static_argnames=("axis",))
