@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jitop
-from kernel_checks import assert_same  # noqa: E402
+from kernel_checks import assert_same, batched  # noqa: E402
 
 
 # ** helpers **
@@ -31,25 +31,8 @@ def jit_call(k, *args):
         return k(*args)
 
 
-_BATCHES: dict[tuple, dict | None] = {}
-
-
-def batched(tag: str, fns: dict, x: np.ndarray) -> dict | None:
-    """{name: fn(x)} from ONE kernel (one compile; the tests stay one per function). None if that kernel
-    raised or fell back: each test then compiles its own function."""
-    key = (tag, x.dtype.str, x.shape)
-    if key not in _BATCHES:
-        def many(a):
-            return {n: fn(a) for n, fn in fns.items()}
-        try:
-            _BATCHES[key] = jit_call(jitop.kernel(many), x)
-        except Exception:
-            _BATCHES[key] = None
-    return _BATCHES[key]
-
-
 def compiled_result(tag: str, fns: dict, name, x: np.ndarray):
-    res = batched(tag, fns, x)
+    res = batched(tag, fns, jit_call, x)
     if res is not None:
         return res[name]
     return jit_call(jitop.kernel(fns[name]), x)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jitop
+from kernel_checks import batched
 
 
 # ** helpers **
@@ -50,23 +51,6 @@ def jit_call(k, *args, **kwargs):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("error", jitop.JitopFallbackWarning)
         return k(*args, **kwargs)
-
-
-_BATCHES: dict[tuple, dict | None] = {}
-
-
-def batched(tag: str, fns: dict, x: np.ndarray) -> dict | None:
-    """{name: fn(x)} from ONE kernel (one compile; the tests stay one per case). None if that kernel
-    raised or fell back: each test then compiles its own function."""
-    key = (tag, x.dtype.str, x.shape)
-    if key not in _BATCHES:
-        def many(a):
-            return {n: fn(a) for n, fn in fns.items()}
-        try:
-            _BATCHES[key] = jit_call(jitop.kernel(many), x)
-        except Exception:
-            _BATCHES[key] = None
-    return _BATCHES[key]
 
 
 # ** one-array cases, by group (each group is one batch kernel per dtype) **
@@ -259,7 +243,7 @@ def test_shape_case(group: str, name: str, dtype: str) -> None:
     fn = CASES[group][name]
     expected = numpy_ref(fn, x)
     bugs = {n for (g, n, d) in KNOWN_BUGS if g == group and d == dtype}
-    batch = batched(group, {n: f for n, f in CASES[group].items() if n not in bugs}, x)
+    batch = batched(group, {n: f for n, f in CASES[group].items() if n not in bugs}, jit_call, x)
     got = batch[name] if batch is not None and name not in bugs else jit_call(jitop.kernel(fn), x)
     assert_same(got, expected, RTOL_GROUPS.get(group))
 

@@ -19,7 +19,7 @@ import pytest
 
 import jitop
 from jitop.graph.numpy_api import SUPPORTED_UFUNCS
-from kernel_checks import assert_same  # noqa: E402
+from kernel_checks import assert_same, batched  # noqa: E402
 
 DTYPES = ["bool", "int8", "int32", "int64", "uint8", "uint64", "float32", "float64"]
 
@@ -94,26 +94,9 @@ def tol_for(name: str, result_dtype: np.dtype) -> float | None:
     return RTOL.get(np.dtype(result_dtype)) if name in INEXACT else None
 
 
-_BATCHES: dict[tuple, dict | None] = {}
-
-
-def batched(tag: str, fns: dict, x: np.ndarray, y: np.ndarray) -> dict | None:
-    """{name: fn(x, y)} from ONE kernel: one compile instead of one per function, while the tests stay
-    one per function. None if that kernel raised or fell back; each test then compiles its function alone."""
-    key = (tag, x.dtype.str, x.shape, y.dtype.str, y.shape)
-    if key not in _BATCHES:
-        def many(a, b):
-            return {n: fn(a, b) for n, fn in fns.items()}
-        try:
-            _BATCHES[key] = jit_call(jitop.kernel(many), x, y)
-        except Exception:
-            _BATCHES[key] = None
-    return _BATCHES[key]
-
-
 def compiled_result(tag: str, fns: dict, name: str, x: np.ndarray, y: np.ndarray):
     """fns[name](x, y) through jitop: from the batch kernel, else from a kernel of its own."""
-    res = batched(tag, fns, x, y)
+    res = batched(tag, fns, jit_call, x, y)
     if res is not None:
         return res[name]
     return jit_call(jitop.kernel(fns[name]), x, y)

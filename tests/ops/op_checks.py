@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import jitop
+from kernel_checks import assert_close, assert_like  # noqa: F401 - shared with tests/graph
 
 
 @pytest.fixture(autouse=True)
@@ -16,26 +17,6 @@ def no_fallback():
     with warnings.catch_warnings():
         warnings.simplefilter("error", jitop.JitopFallbackWarning)
         yield
-
-
-def assert_like(got, expected) -> None:
-    """Same container kind (array vs numpy scalar), dtype and shape as the numpy reference."""
-    assert isinstance(got, np.ndarray) == isinstance(expected, np.ndarray), (type(got), type(expected))
-    if not isinstance(expected, np.ndarray):
-        assert isinstance(got, np.generic), type(got)
-    g, e = np.asarray(got), np.asarray(expected)
-    assert g.dtype == e.dtype, (g.dtype, e.dtype)
-    assert g.shape == e.shape, (g.shape, e.shape)
-
-
-def assert_close(got, expected, rtol: float = 0.0, atol: float = 0.0) -> None:
-    """assert_like, then values within rtol/atol (exact when both are 0); NaN matches NaN, inf matches inf."""
-    assert_like(got, expected)
-    g, e = np.asarray(got), np.asarray(expected)
-    if rtol == 0 and atol == 0:
-        np.testing.assert_array_equal(g, e, strict=True)
-    else:
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, equal_nan=True, strict=True)
 
 
 def assert_matmul(got, a, b) -> None:
