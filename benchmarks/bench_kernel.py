@@ -18,7 +18,6 @@ served by inductor's on-disk cache from an earlier run.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ import numpy as np
 import jitop
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import best_of, machine, table  # noqa: E402
+from common import best_of, machine, table, versions  # noqa: E402
 
 HEADERS = ["implementation", "ms", "max abs diff vs numpy", "notes"]
 
@@ -298,16 +297,6 @@ def case_first_call() -> str:
             f"decorations on shapes {', '.join(map(str, shapes))}\n\n" + table(HEADERS, rows))
 
 
-def versions() -> str:
-    parts = []
-    for name in ("numexpr", "numba", "torch", "llvmlite"):
-        try:
-            parts.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    return ", ".join(parts)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=2 ** 24, help="elements of the chain's inputs")
@@ -316,7 +305,7 @@ def main() -> None:
     args = p.parse_args()
     shape = (args.rows, args.cols)
     start = time.perf_counter()
-    print(f"@jitop.kernel (issue 3) — {machine()}; {versions()}; "
+    print(f"@jitop.kernel (issue 3) — {machine()}; {versions('numexpr', 'numba', 'torch', 'llvmlite')}; "
           f"1-min load average at start {os.getloadavg()[0]:.2f}\n")
     for section in (case_chain(args.n), case_softmax(shape), case_layer_norm(shape), case_overhead(),
                     case_first_call()):

@@ -26,7 +26,6 @@ processes (sampled from /proc/stat): 2-thread figures are only meaningful on an 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import math
 import os
 import sys
@@ -48,7 +47,7 @@ from bench_kernel import layer_norm as numpy_layer_norm  # noqa: E402
 from bench_kernel import reason  # noqa: E402
 from bench_kernel import softmax as numpy_softmax  # noqa: E402
 from common import (Im2colConv2d, best_time, busy_cores, machine, numpy_conv2d_seconds,  # noqa: E402
-                    numpy_matmul_seconds, table)
+                    numpy_matmul_seconds, table, versions)
 
 try:
     import torch
@@ -311,16 +310,6 @@ def busy_text(busy: float | None) -> str:
     return "CPU use of other processes unknown" if busy is None else f"other processes busy {busy:.2f} cores"
 
 
-def versions() -> str:
-    parts = []
-    for name in ("torch", "llvmlite"):
-        try:
-            parts.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    return ", ".join(parts)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes only (smoke test, not for the targets)")
@@ -337,7 +326,7 @@ def main() -> None:
     quick = " (--quick: small sizes, not the targets)" if args.quick else ""
     print(f"Operator library, default configs, float32{quick} — {machine()}; "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, torch threads="
-          f"{torch.get_num_threads() if torch is not None else 'n/a'}; {versions()}; peak {args.peak:.0f} GFLOP/s; "
+          f"{torch.get_num_threads() if torch is not None else 'n/a'}; {versions('torch', 'llvmlite')}; peak {args.peak:.0f} GFLOP/s; "
           f"1-min load average at start {os.getloadavg()[0]:.2f}; {busy_text(busy)} at start\n", flush=True)
     if busy is not None and busy > BUSY_LIMIT:
         print(BUSY_WARNING + "\n", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import json
 import math
 import os
@@ -20,6 +21,17 @@ def best_of(fn: Callable[[], object], repeat: int = 7, number: int = 1) -> float
     """Best wall time of one call (seconds), after one warm-up call."""
     fn()
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def versions(*packages: str) -> str:
+    """'name version' of each package, or 'name not installed'."""
+    parts = []
+    for name in packages:
+        try:
+            parts.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
 
 
 def machine() -> str:
