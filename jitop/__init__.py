@@ -1,7 +1,13 @@
 """jitop: a numpy-compatible JIT compiler for tensor operators, on llvmlite.
 
 >>> import numpy as np, jitop
->>> from jitop import te
+>>> from jitop import config as _config
+from jitop import te
+from jitop.cache.store import DiskStore as _DiskStore
+from jitop.cache.store import NullStore as _NullStore
+from jitop.errors import JitopError, TargetMismatchError
+from jitop.runtime import parallel as _parallel
+from jitop.target import Target
 >>> A = te.placeholder((1000,), "float32", name="A")
 >>> B = te.compute((1000,), lambda i: te.exp(A[i]) + 1.0, name="B")
 >>> s = jitop.create_schedule(B.op)
@@ -12,7 +18,13 @@
 >>> bool(np.allclose(f(a), np.exp(a) + 1))
 True
 """
+from jitop import config as _config
 from jitop import te
+from jitop.cache.store import DiskStore as _DiskStore
+from jitop.cache.store import NullStore as _NullStore
+from jitop.errors import JitopError, TargetMismatchError
+from jitop.runtime import parallel as _parallel
+from jitop.target import Target
 from jitop.driver import build, lower
 from jitop.kernel import FallbackError, JitopFallbackWarning, explain, kernel
 from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
@@ -21,8 +33,12 @@ from jitop.runtime.module import Module, load_module
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 
 __version__ = "0.1.0"
+
+# the thread pool keeps its object code in the persistent cache (read where JITOP_CACHE_DIR points when
+# the pool is first built)
+_parallel.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
 __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
-           "explain", "FallbackError", "JitopFallbackWarning", "__version__",
+           "explain", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
            # operator library (jitop.ops on jitop.topi templates)
            "matmul", "dense", "batch_matmul", "softmax", "log_softmax", "layer_norm", "batch_norm", "relu", "gelu",
            "sigmoid", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "conv2d"]

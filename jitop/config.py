@@ -34,6 +34,11 @@ def opt_level() -> int:
     return _env_int("JITOP_OPT_LEVEL", 3)
 
 
+def cpu_override() -> str:
+    """JITOP_CPU: build for this CPU instead of the host ("haswell", "x86-64-v3" or "llvm -mcpu=... -mattr=...")."""
+    return os.environ.get("JITOP_CPU", "").strip()
+
+
 def full_tracebacks() -> bool:
     """Show jitop's internal frames in errors (JITOP_FULL_TRACEBACKS=1)."""
     return _env_int("JITOP_FULL_TRACEBACKS", 0) != 0

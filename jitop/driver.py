@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Sequence
 
 from jitop.codegen.kernel import KernelCodegen
-from jitop.codegen.target import compile_ir, target_key
+from jitop.codegen.target import compile_ir, llvm_version
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.module import Module
 from jitop.schedule.schedule import Schedule
 from jitop.te.tensor import Tensor
 from jitop.tir.lower import lower as _lower
+from jitop.target import Target
 from jitop.tir.nodes import PrimFunc
 
 
@@ -26,15 +28,18 @@ def lower(s: Schedule, args: Sequence[Tensor], name: str = "main", simple_mode: 
     return _lower(s, args, name)
 
 
-def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: str = "llvm",
+def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: str | Target | None = None,
           name: str = "main") -> Module:
-    """Compile a schedule (or lowered function) for the host CPU and load it.
+    """Compile a schedule (or lowered function) and load it if this machine can run it.
+
+    target: a `jitop.Target`, a string ("llvm", "llvm -mcpu=haswell -mattr=+avx2,-avx512f") or None for
+    `Target.current()` (the host, or JITOP_CPU). Code for a CPU this machine does not cover can be built,
+    inspected and saved, but calling it raises `jitop.TargetMismatchError`.
 
     >>> f = jitop.build(s, [A, B])   # doctest: +SKIP
     >>> f(a, b)                       # doctest: +SKIP
     """
-    if not target.startswith("llvm"):
-        raise ValueError(f"target {target!r} is not supported; jitop generates code for the host CPU ('llvm')")
+    target = resolve_target(target)
     if isinstance(s, Schedule):
         if args is None:
             raise TypeError("build(schedule, args): give the argument tensors (inputs, then outputs)")
@@ -43,17 +48,28 @@ def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: 
         func = s
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"build: name {name!r} must be an identifier")
-    return compile_func(func)
+    return compile_func(func, target)
 
 
-def compile_func(func: PrimFunc) -> Module:
-    """Generate LLVM IR for a PrimFunc, optimise it, emit object code, load it."""
-    digest = hashlib.sha256(str(func).encode()).hexdigest()[:16]
+def resolve_target(target: str | Target | None) -> Target:
+    """A Target from build()'s `target` argument."""
+    if target is None or isinstance(target, Target):
+        return target or Target.current()
+    if not isinstance(target, str) or not target.split()[:1] == ["llvm"]:
+        raise ValueError(f"target {target!r} is not supported; jitop generates x86-64 code: give 'llvm', "
+                         "'llvm -mcpu=NAME -mattr=+a,-b' or a jitop.Target")
+    return Target.current() if target.strip() == "llvm" else Target.from_string(target)
+
+
+def compile_func(func: PrimFunc, target: Target) -> Module:
+    """Generate LLVM IR for a PrimFunc, optimise it, emit object code for `target`, load it if it runs here."""
+    digest = hashlib.sha256(f"{func}|{target.key}".encode()).hexdigest()[:16]
     symbol = f"jitop_{func.name}_{digest}"
-    cg = KernelCodegen(func, symbol)
+    cg = KernelCodegen(func, symbol, target)
     ll = str(cg.build())
-    optimised, obj = compile_ir(ll)
+    optimised, obj = compile_ir(ll, target)
     params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs) for k, b in enumerate(func.params)]
     meta = {"name": func.name, "symbol": symbol, "params": [p.to_json() for p in params],
-            "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked, "target": target_key()}
+            "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked,
+            "target": json.loads(target.to_json()), "llvm": llvm_version()}
     return Module(meta, obj, str(optimised))

@@ -10,6 +10,10 @@ class ScheduleError(JitopError, ValueError):
     """A schedule primitive was applied in a way that cannot work."""
 
 
+class TargetMismatchError(JitopError, RuntimeError):
+    """Native code was built for a CPU whose features this machine lacks; it is never executed."""
+
+
 class LoweringError(JitopError, ValueError):
     """A schedule could not be lowered to loops."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from jitop import config, dtypes
+from jitop import dtypes
 from jitop.codegen import ops
 from jitop.dtypes import DType
 from jitop.te.expr import Expr, Op, const, free_vars, substitute, walk
@@ -22,6 +22,7 @@ from jitop.tir.bounds import BoundsCheck
 from jitop.tir.passes import substitute_stmt
 from jitop.te.printer import expr_str
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
+from jitop.target import Target
 
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
@@ -70,9 +71,10 @@ def _libc(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir
 class KernelCodegen:
     """Builds one LLVM module with the kernel `func.name` (one pointer argument per buffer)."""
 
-    def __init__(self, func: PrimFunc, symbol: str):
-        self.func, self.symbol = func, symbol
+    def __init__(self, func: PrimFunc, symbol: str, target: Target):
+        self.func, self.symbol, self.target = func, symbol, target
         self.module = ir.Module(name=symbol)
+        self.module.target_features = target.required_features  # read by vecmath (AVX-512 intrinsics)
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(func.params)), symbol)
         for arg in fn.args:
             arg.add_attribute("noalias")
@@ -181,7 +183,7 @@ class KernelCodegen:
             return self._unrolled(s, extent)
         if s.kind is ForKind.VECTORIZED and self.vec is None and _vectorizable(s):
             return self._vectorized(s, extent)
-        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None and _worth_threads(s):
+        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None and _worth_threads(s, self.target.parallel_min_work):
             return self._parallel(s, extent)
         self._serial(s.var, ir.Constant(I64, 0), ir.Constant(I64, extent), lambda: self.stmt(s.body))
 
@@ -543,11 +545,11 @@ def _vectorizable(s: For) -> bool:
     return True
 
 
-def _worth_threads(s: For) -> bool:
+def _worth_threads(s: For, min_work: int) -> bool:
     work = int(s.extent.value)
     for node in walk_stmts(s.body):
         if isinstance(node, For):
             work *= max(int(node.extent.value), 1)
-            if work >= config.parallel_min_work():
+            if work >= min_work:
                 return True
-    return work >= config.parallel_min_work()
+    return work >= min_work

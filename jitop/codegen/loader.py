@@ -6,6 +6,7 @@ import threading
 import llvmlite.binding as llvm
 
 from jitop.codegen.target import init_llvm, target_machine
+from jitop.target import Target
 
 _lock = threading.Lock()
 _engines: list[llvm.ExecutionEngine] = []  # kept alive: their code must outlive every caller
@@ -15,7 +16,7 @@ def load_object(obj: bytes, symbols: list[str], variables: list[str] = ()) -> di
     """Link `obj` into the process; return the address of each function in `symbols` and global in `variables`."""
     init_llvm()
     with _lock:
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(Target.host()))
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
         _engines.append(engine)

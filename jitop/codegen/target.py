@@ -1,10 +1,12 @@
-"""The host target: LLVM initialisation, the CPU's name and features, a TargetMachine."""
+"""LLVM for a jitop Target: initialisation, a TargetMachine per Target, optimisation and object code."""
 from __future__ import annotations
 
 import functools
 
 import llvmlite
 import llvmlite.binding as llvm
+
+from jitop.target import Target
 
 
 @functools.cache
@@ -15,45 +17,48 @@ def init_llvm() -> None:
     llvm.initialize_native_asmparser()
 
 
-@functools.cache
-def host_cpu() -> tuple[str, str]:
-    """(cpu name, feature string) of the machine we run on, e.g. ("znver5", "+avx512f,...")."""
-    init_llvm()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+def llvm_version() -> str:
+    """llvmlite and LLVM versions (object code from another LLVM may differ: cache-key material)."""
+    return f"llvmlite {llvmlite.__version__}, LLVM {'.'.join(map(str, llvm.llvm_version_info))}"
+
+
+def target_machine(target: Target) -> llvm.TargetMachine:
+    """A TargetMachine for `target`'s CPU and features, PIC so object code can be loaded anywhere."""
+    return _machine(target.triple, target.cpu, target.features, target.opt_level)
 
 
 @functools.cache
-def target_machine(opt: int = 3) -> llvm.TargetMachine:
-    """A TargetMachine for the host CPU, PIC so object code can be loaded anywhere."""
+def _machine(triple: str, cpu: str, features: str, opt: int) -> llvm.TargetMachine:
     init_llvm()
-    cpu, features = host_cpu()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default", jit=False)
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=min(max(opt, 0), 3), reloc="pic", codemodel="default", jit=False)
 
 
-def target_key() -> dict[str, str]:
-    """The parts of the target that make compiled object code valid (cache-key material)."""
-    cpu, features = host_cpu()
-    return {"triple": llvm.get_process_triple(), "cpu": cpu, "features": features,
-            "llvmlite": llvmlite.__version__, "llvm": ".".join(map(str, llvm.llvm_version_info))}
-
-
-def optimize(mod: llvm.ModuleRef, speed_level: int = 3) -> None:
-    """Run LLVM's new-pass-manager O<speed_level> pipeline on `mod` in place."""
-    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pb = llvm.create_pass_builder(target_machine(), pto)
+def optimize(mod: llvm.ModuleRef, target: Target, speed_level: int | None = None) -> None:
+    """Run LLVM's new-pass-manager O<level> pipeline on `mod` in place (level: the target's opt_level)."""
+    level = target.opt_level if speed_level is None else speed_level
+    pto = llvm.create_pipeline_tuning_options(speed_level=min(max(level, 0), 3))
+    pto.loop_vectorization = level >= 2
+    pto.slp_vectorization = level >= 2
+    pb = llvm.create_pass_builder(target_machine(target), pto)
     pb.getModulePassManager().run(mod, pb)
 
 
-def compile_ir(ll: str, speed_level: int = 3) -> tuple[llvm.ModuleRef, bytes]:
-    """Parse, verify, optimise textual LLVM IR; return (optimised module, object code)."""
+def compile_ir(ll: str, target: Target | None = None, speed_level: int | None = None) -> tuple[llvm.ModuleRef, bytes]:
+    """Parse, verify, optimise textual LLVM IR; return (optimised module, object code for `target`,
+    by default this machine)."""
     init_llvm()
+    target = target or Target.host()
     mod = llvm.parse_assembly(ll)
     mod.verify()
-    tm = target_machine()
-    mod.triple = llvm.get_process_triple()
+    tm = target_machine(target)
+    mod.triple = target.triple
     mod.data_layout = str(tm.target_data)
-    optimize(mod, speed_level)
+    optimize(mod, target, speed_level)
     return mod, tm.emit_object(mod)
+
+
+def emit_assembly(ll: str, target: Target) -> str:
+    """The machine code of optimised IR `ll` for `target`, as assembly text."""
+    init_llvm()
+    return target_machine(target).emit_assembly(llvm.parse_assembly(ll))

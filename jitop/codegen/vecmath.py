@@ -40,14 +40,12 @@ there has libm tanf's 1.4 ulp.
 """
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable
 from fractions import Fraction
 
 from llvmlite import ir
 
-from jitop.codegen.target import host_cpu
 
 __all__ = ["MATH_FUNCTIONS", "emit_math"]
 
@@ -162,9 +160,9 @@ def _bits(v: float, f64: bool) -> int:
     return struct.unpack("<q", struct.pack("<d", v))[0] if f64 else struct.unpack("<i", struct.pack("<f", v))[0]
 
 
-@functools.cache
-def _has_avx512() -> bool:
-    return "+avx512f" in host_cpu()[1].split(",")
+def _has_avx512(module: ir.Module) -> bool:
+    """Whether the module is built for AVX-512 (KernelCodegen records its Target's features on it)."""
+    return "avx512f" in getattr(module, "target_features", ())
 
 
 def _suffix(ty: ir.Type) -> str:
@@ -283,7 +281,7 @@ class _E:
         """p * 2**nf (nf integral, as a float; n the same as an int): AVX-512's vscalef, one instruction
         rounding once, where the host has it and the vector is whole registers; else `scale`."""
         lanes = 8 if self.f64 else 16
-        if not (self.n and self.n % lanes == 0 and _has_avx512()):
+        if not (self.n and self.n % lanes == 0 and _has_avx512(self.b.module)):
             return self.scale(p, n)
         name = f"llvm.x86.avx512.mask.scalef.{'pd' if self.f64 else 'ps'}.512"
         reg = ir.VectorType(self.elt, lanes)

@@ -132,7 +132,8 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
                and st.op not in {o.op for o in out_tensors} for t in st.outputs]
     func = jitop.lower(sch, placeholders + out_tensors + scratch, name=name)
     from jitop.driver import compile_func
-    module = compile_func(func)
+    from jitop.target import Target
+    module = compile_func(func, Target.current())
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
     plan = Plan(input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups(unique, why), func, list(lowering.st.chosen.values()))

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
+from jitop.target import Target
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta['target'] is a jitop Target
 
 
 def _data_offset_ok() -> bool:
@@ -42,14 +43,27 @@ class Module:
     """
 
     def __init__(self, meta: dict, object_code: bytes, ll: str | None = None):
-        from jitop.codegen.loader import load_object
         self.meta, self.object_code, self._ll = meta, object_code, ll
         self.params = [ParamSpec.from_json(p) for p in meta["params"]]
         self.n_inputs = sum(not p.is_output for p in self.params)
+        self.target = Target.from_json(meta["target"])
+        self.checked = meta.get("checked_accesses", [])
+        self.runnable = not self.target.missing_on(Target.host())
+        if self.runnable:  # code for a CPU this one does not cover is never linked in, let alone run
+            self._load()
+        else:
+            self.call_arrays = self._refuse
+            self._error = None
+
+    def _refuse(self, *_: Any) -> None:
+        self.target.check_runs_on(what=f"kernel '{self.name}'")
+
+    def _load(self) -> None:
+        from jitop.codegen.loader import load_object
+        meta, object_code = self.meta, self.object_code
         if meta.get("uses_parallel"):
             from jitop.runtime.parallel import parallel_for_address
             parallel_for_address()  # links jitop_parallel_for before the object that calls it
-        self.checked = meta.get("checked_accesses", [])
         flag = [f"{meta['symbol']}_error"] if self.checked else []
         addrs = load_object(object_code, [meta["symbol"], f"{meta['symbol']}_objects"], flag)
         n = len(self.params)
@@ -74,6 +88,8 @@ class Module:
         return None
 
     def _run(self, arrays: list) -> None:
+        if not self.runnable:
+            self._refuse()
         if len(arrays) != len(self.params):
             sig = ", ".join(p.name for p in self.params)
             raise TypeError(f"{self.name}({sig}) takes {len(self.params)} arrays (or the {self.n_inputs} inputs), "
@@ -98,10 +114,8 @@ class Module:
             raise ValueError("this module was loaded without its LLVM IR; rebuild it to see the source")
         if fmt == "ll":
             return self._ll
-        import llvmlite.binding as llvm
-        from jitop.codegen.target import init_llvm, target_machine
-        init_llvm()
-        return target_machine().emit_assembly(llvm.parse_assembly(self._ll))
+        from jitop.codegen.target import emit_assembly
+        return emit_assembly(self._ll, self.target)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write object code + metadata (+ LLVM IR) to one file; jitop.load_module reads it back."""
@@ -141,6 +155,9 @@ class Module:
 def load_module(path: str | os.PathLike) -> Module:
     """Load a module written by Module.save (no LLVM optimisation or code generation runs).
 
+    Raises `jitop.TargetMismatchError` (and runs nothing) if the module was built for a CPU whose
+    features this machine lacks.
+
     >>> f = jitop.load_module("kernel.jitop")   # doctest: +SKIP
     """
     with zipfile.ZipFile(path) as z:
@@ -148,5 +165,8 @@ def load_module(path: str | os.PathLike) -> Module:
         if meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path}: saved by an incompatible jitop (format {meta.get('format')}, "
                              f"expected {FORMAT_VERSION}); rebuild and save it again")
+        if not isinstance(meta.get("target"), dict) or "features" not in meta["target"]:
+            raise ValueError(f"{path}: saved without a jitop Target (an older jitop); rebuild and save it again")
+        Target.from_json(meta["target"]).check_runs_on(what=f"{os.fspath(path)}")
         ll = z.read("kernel.ll").decode() if "kernel.ll" in z.namelist() else None
         return Module(meta, z.read("kernel.o"), ll)

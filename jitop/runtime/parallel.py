@@ -58,7 +58,8 @@ import llvmlite.binding as llvm
 
 from jitop import config
 from jitop.codegen.loader import load_object
-from jitop.codegen.target import compile_ir, target_key
+from jitop.codegen.target import compile_ir, llvm_version
+from jitop.target import Target
 
 __all__ = ["MAX_THREADS", "get_num_threads", "parallel_for_address", "pool_object_code", "run_parallel",
            "set_num_threads"]
@@ -482,16 +483,34 @@ def _build_pool() -> _Pool:
     return pool
 
 
+class _NoStore:
+    def get(self, key: str) -> None:
+        return None
+
+    def put(self, key: str, value: bytes) -> None:
+        pass
+
+
+_object_store = _NoStore  # makes the persistent cache; installed by the layer that owns it (use_object_store)
+
+
+def use_object_store(make_store) -> None:
+    """Where the pool keeps its object code between processes: `make_store()` (called when the pool is
+    first built) returns anything with get(key) -> bytes | None and put(key, bytes)."""
+    global _object_store
+    _object_store = make_store
+
+
 def _pool_object(ll: str) -> bytes:
-    """Object code of the pool: from the persistent cache, else compiled (and cached for later processes)."""
-    from jitop.cache.store import DiskStore, NullStore
-    store = DiskStore(config.cache_dir()) if config.cache_enabled() else NullStore()
-    key = "pool-" + hashlib.sha256(json.dumps([ll, target_key()]).encode()).hexdigest()
+    """Object code of the pool for this machine: from the object store, else compiled (and stored)."""
+    host = Target.host()
+    key = "pool-" + hashlib.sha256(json.dumps([ll, host.triple, host.cpu, host.features, llvm_version()]).encode()).hexdigest()
+    store = _object_store()
     obj = store.get(key)
     if obj is None:
         # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
         # optimiser leaves it unchanged (measured) and would double the first-use compile time.
-        _, obj = compile_ir(ll, speed_level=0)
+        _, obj = compile_ir(ll, host, speed_level=0)
         store.put(key, obj)
     return obj
 

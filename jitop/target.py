@@ -1,0 +1,270 @@
+"""The machine code is built for: one frozen, hashable, JSON-serialisable description per compile.
+
+A Target names the instruction set (LLVM triple, CPU name, feature string), the facts schedules are
+derived from (vector width and registers, FMA units, caches, threads) and the build options that change
+the code (optimisation level, the parallel-loop threshold). It is made once per compile and passed down;
+nothing below the pipeline reads the host or the environment on its own, so `target.key` names all a
+compiled kernel depends on.
+
+>>> t = Target.from_string("llvm -mcpu=haswell")
+>>> (t.cpu, t.vector_bytes, t.vector_registers, t.lanes(4))
+('haswell', 32, 16, 8)
+>>> Target.from_json(t.to_json()) == t
+True
+>>> "avx512f" in Target.from_string("llvm -mcpu=znver4").required_features
+True
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from jitop import config
+from jitop.errors import TargetMismatchError
+
+# x86-64 micro-architecture levels (the psABI's), in LLVM's feature names
+_V2 = frozenset("cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3".split())
+_V3 = _V2 | frozenset("avx avx2 bmi bmi2 f16c fma lzcnt movbe xsave".split())
+_V4 = _V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".split())
+_ZEN = frozenset("adx sse4a clzero".split())
+_ICELAKE = _V4 | frozenset("adx avx512vnni avx512vbmi avx512vbmi2 avx512bitalg avx512vpopcntdq avx512ifma".split())
+
+# CPU name -> (features it implies, FMA units per core, bytes per FMA unit); 0 units: unknown
+KNOWN_CPUS: dict[str, tuple[frozenset[str], int, int]] = {
+    "x86-64": (frozenset(), 0, 16),
+    "x86-64-v2": (_V2, 0, 16),
+    "x86-64-v3": (_V3, 0, 32),
+    "x86-64-v4": (_V4, 0, 64),
+    "haswell": (_V3, 2, 32),
+    "broadwell": (_V3 | {"adx"}, 2, 32),
+    "skylake": (_V3 | {"adx"}, 2, 32),
+    "alderlake": (_V3 | {"adx", "avxvnni"}, 2, 32),
+    "skylake-avx512": (_V4 | {"adx"}, 2, 64),
+    "cascadelake": (_V4 | {"adx", "avx512vnni"}, 2, 64),
+    "icelake-server": (_ICELAKE, 2, 64),
+    "sapphirerapids": (_ICELAKE | frozenset("avx512bf16 avx512fp16 amx-tile amx-int8 amx-bf16".split()), 2, 64),
+    "znver2": (_V3 | _ZEN, 2, 32),
+    "znver3": (_V3 | _ZEN, 2, 32),
+    "znver4": (_ICELAKE | _ZEN | {"avx512bf16"}, 2, 32),   # AVX-512 executed on 256-bit units
+    "znver5": (_ICELAKE | _ZEN | {"avx512bf16"}, 2, 64),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What code is built for and what its schedules assume. Make one with `Target.current()` (the host,
+    or JITOP_CPU), `Target.host()` (this machine) or `Target.from_string("llvm -mcpu=haswell")`.
+
+    >>> Target.from_string("llvm -mcpu=haswell -mattr=+avx512f").vector_bytes
+    64
+    """
+
+    triple: str
+    cpu: str
+    features: str                  # LLVM feature string, every feature explicit: "+avx2,+fma,-avx512f,..."
+    vector_bytes: int              # 64 with AVX-512, 32 with AVX/AVX2, 16 otherwise
+    vector_registers: int          # 32 with AVX-512 (zmm0-31), else 16
+    fma_units: int = 0             # FMA pipes per core (0: unknown)
+    fma_bytes: int = 0             # width of one FMA pipe
+    l1d_bytes: int = 32 << 10
+    l2_bytes: int = 1 << 20
+    l3_bytes: int = 8 << 20
+    threads: int = 1
+    opt_level: int = 3             # build options: they change the code, so they are part of the key
+    parallel_min_work: int = 1 << 15
+
+    # ** derived facts **
+    def lanes(self, itemsize: int) -> int:
+        """Elements of this size in one vector register."""
+        return max(1, self.vector_bytes // itemsize)
+
+    @property
+    def required_features(self) -> frozenset[str]:
+        """Features the code may use: a CPU without one of them must not run it."""
+        return frozenset(f[1:] for f in self.features.split(",") if f.startswith("+"))
+
+    @property
+    def isa(self) -> str:
+        """A short name for the vector instruction set: 'avx512', 'avx2', 'avx' or 'sse'."""
+        req = self.required_features
+        return next((name for name in ("avx512f", "avx2", "avx") if name in req), "sse").removesuffix("f")
+
+    @property
+    def key(self) -> str:
+        """A stable string naming everything compiled code depends on (part of every cache key)."""
+        digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        return f"{self.cpu}-{self.isa}-t{self.threads}-{digest}"
+
+    def describe(self) -> str:
+        """One line for benchmark headers and `explain`."""
+        fma = f", {self.fma_units}x{self.fma_bytes * 8}-bit FMA" if self.fma_units else ""
+        return (f"{self.cpu} ({self.isa}, {self.vector_bytes * 8}-bit vectors x {self.vector_registers}{fma}), "
+                f"L2 {self.l2_bytes >> 10} KiB, {self.threads} threads")
+
+    # ** compatibility **
+    def missing_on(self, host: "Target") -> list[str]:
+        """Features this target's code needs that `host` lacks (empty: the host can run it)."""
+        missing = sorted(self.required_features - host.required_features)
+        if self.triple.split("-")[0] != host.triple.split("-")[0]:
+            missing.insert(0, f"architecture {self.triple.split('-')[0]}")
+        return missing
+
+    def check_runs_on(self, host: "Target | None" = None, what: str = "this code") -> None:
+        """Raise TargetMismatchError unless `host` (default: this machine) can execute code for this target."""
+        host = host or Target.host()
+        missing = self.missing_on(host)
+        if missing:
+            raise TargetMismatchError(
+                f"{what} was built for {self.cpu} ({self.isa}) and needs {', '.join(missing)}, which this CPU "
+                f"({host.cpu}) lacks; it was not run. Rebuild it here (or for a CPU this one covers, e.g. "
+                f"JITOP_CPU=x86-64-v3 or jitop.build(..., target='llvm -mcpu=haswell')).")
+
+    # ** construction **
+    def replace(self, **changes: Any) -> "Target":
+        """A copy with some fields changed, e.g. target.replace(threads=1)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | dict) -> "Target":
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        names = {f.name for f in dataclasses.fields(Target)}
+        unknown = set(data) - names
+        if unknown or not {"triple", "cpu", "features"} <= set(data):
+            raise ValueError(f"not a jitop Target description (unknown fields {sorted(unknown)}, "
+                             f"needs triple, cpu, features)")
+        return Target(**data)
+
+    @staticmethod
+    def host() -> "Target":
+        """This machine as it is: its CPU name and features, caches, and the configured thread count."""
+        cpu, features = _native_cpu()
+        return _with_build_options(_make(_process_triple(), cpu, features))
+
+    @staticmethod
+    def current() -> "Target":
+        """The default target of a compile: JITOP_CPU if set (a CPU name or a target string), else the host."""
+        override = config.cpu_override()
+        return Target.from_string(override) if override else Target.host()
+
+    @staticmethod
+    def from_string(text: str) -> "Target":
+        """Parse "llvm -mcpu=NAME -mattr=+a,-b" (or just "NAME"); -mcpu=native is this machine.
+
+        >>> Target.from_string("haswell").isa
+        'avx2'
+        """
+        cpu, mattr = _parse(text)
+        if cpu in ("", "native"):
+            cpu, base = _native_cpu()
+        elif cpu in KNOWN_CPUS:
+            base = ",".join(f"+{f}" for f in sorted(KNOWN_CPUS[cpu][0]))
+        else:
+            raise ValueError(f"target {text!r}: unknown CPU {cpu!r}; known: native, {', '.join(KNOWN_CPUS)}")
+        return _with_build_options(_make(_process_triple(), cpu, _merge_features(base, mattr)))
+
+
+def _parse(text: str) -> tuple[str, str]:
+    words = shlex.split(text.strip())
+    if words and words[0] == "llvm":
+        words = words[1:]
+    cpu, mattr = "", ""
+    for w in words:
+        if w.startswith("-mcpu="):
+            cpu = w.split("=", 1)[1]
+        elif w.startswith("-mattr="):
+            mattr = w.split("=", 1)[1]
+        elif w.startswith("-") or cpu:
+            raise ValueError(f"target {text!r}: unknown option {w!r}; expected 'llvm -mcpu=NAME -mattr=+a,-b'")
+        else:
+            cpu = w
+    for f in filter(None, mattr.split(",")):
+        if f[0] not in "+-":
+            raise ValueError(f"target {text!r}: -mattr entry {f!r} must start with + or -")
+    return cpu, mattr
+
+
+def _merge_features(base: str, mattr: str) -> str:
+    """base's features with mattr's +/- entries applied; every feature stated once, sorted."""
+    state: dict[str, bool] = {}
+    for f in filter(None, (base + "," + mattr).split(",")):
+        state[f[1:]] = f[0] == "+"
+    if not state.get("avx", True) or not state.get("avx2", True):
+        state["avx512f"] = False  # disabling AVX(2) disables AVX-512 too (LLVM implies the same)
+    if not state.get("avx512f", True):
+        state.update({name: False for name in state if name.startswith(("avx512", "amx", "avx10"))})
+    return ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(state.items()))
+
+
+def _make(triple: str, cpu: str, features: str) -> Target:
+    on = {f[1:] for f in features.split(",") if f.startswith("+")}
+    wide = "avx512f" in on
+    vector_bytes = 64 if wide else 32 if "avx" in on else 16
+    _, units, unit_bytes = KNOWN_CPUS.get(cpu, (None, 0, 0))
+    l1, l2, l3 = _host_caches()
+    return Target(triple=triple, cpu=cpu, features=features, vector_bytes=vector_bytes,
+                  vector_registers=32 if wide else 16, fma_units=units, fma_bytes=min(unit_bytes, vector_bytes),
+                  l1d_bytes=l1, l2_bytes=l2, l3_bytes=l3)
+
+
+def _with_build_options(t: Target) -> Target:
+    # the caches and thread count are the machine's whatever ISA is chosen: it runs here
+    return t.replace(threads=config.num_threads(), opt_level=config.opt_level(),
+                     parallel_min_work=config.parallel_min_work())
+
+
+@functools.cache
+def _llvm():
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+    return llvm
+
+
+@functools.cache
+def _process_triple() -> str:
+    return _llvm().get_process_triple()
+
+
+@functools.cache
+def _native_cpu() -> tuple[str, str]:
+    llvm = _llvm()
+    features = llvm.get_host_cpu_features()
+    return llvm.get_host_cpu_name(), ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(features.items()))
+
+
+@functools.cache
+def _host_caches() -> tuple[int, int, int]:
+    return _cache_bytes(1, 32 << 10), _cache_bytes(2, 1 << 20), _cache_bytes(3, 8 << 20)
+
+
+def _cache_bytes(level: int, default: int) -> int:
+    """Size of this CPU's level-`level` data cache (per core for L1/L2) from sysfs; `default` elsewhere."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            if not entry.startswith("index"):
+                continue
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                if int(f.read()) != level:
+                    continue
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
