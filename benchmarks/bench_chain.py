@@ -2,6 +2,9 @@
 (and numexpr, numba, torch.compile when installed).
 
     python benchmarks/bench_chain.py [--n 16777216]
+
+The kernel is built for jitop.Target.current() (the host, or JITOP_CPU=haswell for AVX2 code), one vector
+register of lanes per inner loop.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import best_of, machine, table  # noqa: E402
 
 
-def chain_schedule(n: int, lanes: int = 16, parallel: bool = True):
+def chain_schedule(n: int, lanes: int | None = None, parallel: bool = True):
+    """The chain, split by `lanes` (default: one vector register of float32 on Target.current()) and vectorized."""
+    lanes = lanes or jitop.Target.current().lanes(4)
     a, b, c = (te.placeholder((n,), "float32", name) for name in "abc")
     d = te.compute((n,), lambda i: te.tanh(a[i] * b[i] + c[i]) * 0.5 + te.exp(-a[i] * a[i]), name="d")
     s = jitop.create_schedule(d.op)

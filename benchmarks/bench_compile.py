@@ -1,6 +1,9 @@
 """Compile time (lower + LLVM) and load time of a saved module.
 
     python benchmarks/bench_compile.py
+
+Built for jitop.Target.current() (the host, or the CPU named by JITOP_CPU); the GEMM kernel is the
+walk-through's register-tile step (bench_gemm.register_tile: its tile follows the Target).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import jitop
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_chain import chain_schedule  # noqa: E402
-from bench_gemm import write_cache  # noqa: E402
+from bench_gemm import TILE, register_tile_step  # noqa: E402
 from common import machine, table  # noqa: E402
 
 
@@ -30,7 +33,7 @@ def timed(fn, repeat: int = 5) -> tuple[float, object]:
 def run() -> str:
     rows = []
     cases = [("chain (2**24, vectorized, parallel)", lambda: chain_schedule(2 ** 24)),
-             ("GEMM 1024 register tile 6x64", lambda: write_cache(1024, parallel=True, mr=6, bn=64))]
+             (f"GEMM 1024 register tile {TILE}", lambda: register_tile_step(1024))]
     with tempfile.TemporaryDirectory() as d:
         for name, make in cases:
             lower_s, _ = timed(lambda: jitop.lower(*make()))

@@ -10,16 +10,19 @@ cost of the same ctypes call that launches nothing.
 from __future__ import annotations
 
 import ctypes
-import os
-import platform
 import statistics
+import sys
 import time
 
 import llvmlite
 
 from jitop.codegen.loader import load_object
-from jitop.codegen.target import compile_ir, host_cpu
+from jitop.codegen.target import compile_ir
 from jitop.runtime.parallel import parallel_for_address, set_num_threads
+from jitop.target import Target
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import machine  # noqa: E402
 
 LAUNCHES = 100_000
 REPEATS = 7
@@ -50,7 +53,7 @@ out:
 
 def load_driver():
     parallel_for_address()  # compiles the pool and registers the symbol the driver links to
-    addrs = load_object(compile_ir(DRIVER_IR)[1], ["drive"])
+    addrs = load_object(compile_ir(DRIVER_IR, Target.current())[1], ["drive"])
     return ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64)(addrs["drive"])
 
 
@@ -79,16 +82,15 @@ def idle_launch_us(drive, samples: int = 200) -> list[float]:
 
 
 def main() -> None:
-    cpu, _ = host_cpu()
-    print(f"machine: {platform.processor() or platform.machine()} ({cpu}), {os.cpu_count()} CPUs, "
-          f"Linux {platform.release()}, Python {platform.python_version()}, llvmlite {llvmlite.__version__}")
+    threads_all = max(2, Target.current().threads)
+    print(f"Parallel launch overhead — {machine()}; llvmlite {llvmlite.__version__}")
     drive = load_driver()
     rows = []
-    for threads in (1, 2):
+    for threads in (1, threads_all):
         set_num_threads(threads)
         rows.append((threads, "hot (back-to-back)", hot_launch_us(drive)))
-    set_num_threads(2)
-    rows.append((2, "after idle (futex wake)", idle_launch_us(drive)))
+    set_num_threads(threads_all)
+    rows.append((threads_all, "after idle (futex wake)", idle_launch_us(drive)))
     print(f"\n{'threads':>7}  {'launch':<24} {'median us':>10} {'min us':>8}")
     for threads, mode, times in rows:
         print(f"{threads:>7}  {mode:<24} {statistics.median(times):>10.3f} {min(times):>8.3f}")

@@ -1,11 +1,13 @@
 """The operator library with its default configs, float32, 2 threads, next to numpy and torch, in one run.
 
 1. jitop.matmul, GFLOP/s: square N = 64 ... 4096, 1000^3 and (M, N, K) = (127, 513, 255) (a is (M, K));
-   peers np.matmul with OPENBLAS_CORETYPE=Haswell (AVX2) and unset (AVX-512, what users get), torch.matmul.
+   peers np.matmul with OPENBLAS_CORETYPE=Haswell (AVX2 kernels) and unset (the kernels OpenBLAS detects,
+   what users get; the column names them, e.g. SkylakeX), torch.matmul; "% of peak" against the FP32 FMA
+   peak measured at the start of the run (benchmarks/peak.py) for the Target's thread count.
 2. jitop.conv2d, GFLOP/s (2*N*OC*OH*OW*IC*KH*KW), batch 1, the ResNet-18 layers, NCHW and NHWC; peers
    torch NCHW and channels_last, and numpy im2col + one sgemm (common.Im2colConv2d) under both OpenBLAS
    settings; geometric means and the target ratios (jitop NCHW / torch NCHW geomean >= 0.8, jitop / numpy
-   im2col (AVX-512) >= 1.3 per layer).
+   im2col (OPENBLAS_CORETYPE unset) >= 1.3 per layer).
 3. jitop.softmax and jitop.layer_norm on (4096, 1024), ms; peers numpy (as users write it) and torch.
 
 Every figure is the best of several single calls (more of them when a call is short), the first
@@ -19,7 +21,11 @@ rows are skipped when the function does not exist. JITOP_NUM_THREADS and OPENBLA
 here; torch.set_num_threads follows jitop's thread count. The header and footer give the CPU use of other
 processes (sampled from /proc/stat): 2-thread figures are only meaningful on an otherwise idle machine.
 
-    python benchmarks/bench_ops.py [--quick] [--sections matmul conv2d norm] [--peak 488]
+    python benchmarks/bench_ops.py [--quick] [--sections matmul conv2d norm] [--peak GFLOPS]
+    JITOP_CPU=haswell python benchmarks/bench_ops.py    # AVX2 code (and AVX2 peak) on an AVX-512 machine
+
+The code is built for jitop.Target.current() (the host, or the CPU named by JITOP_CPU); the header states
+it and the measured peak. --peak overrides the measured peak (GFLOP/s of the threads used).
 
 --quick: small sizes only (a smoke test of the script; its figures say nothing about the targets).
 """
@@ -46,16 +52,13 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_kernel import layer_norm as numpy_layer_norm  # noqa: E402
 from bench_kernel import reason  # noqa: E402
 from bench_kernel import softmax as numpy_softmax  # noqa: E402
-from common import (Im2colConv2d, best_time, busy_cores, machine, numpy_conv2d_seconds,  # noqa: E402
-                    numpy_matmul_seconds, table, versions)
+from common import (CORETYPES, Im2colConv2d, best_time, busy_cores, machine, numpy_conv2d_seconds,  # noqa: E402
+                    numpy_label, numpy_matmul_seconds, pct_of_peak, peak_gflops, table, versions)
 
 try:
     import torch
 except ImportError:  # torch is optional: its columns say so
     torch = None
-
-# Zen 5, 2 cores: two 512-bit FMA pipes = 2 x 16 lanes x 2 FLOP = 64 FLOP/cycle/core, ~3.8 GHz
-PEAK_GFLOPS = 488.0
 
 MATMUL = [(n, n, n) for n in (64, 128, 256, 512, 1024, 2048, 4096)] + [(1000, 1000, 1000), (127, 513, 255)]
 MATMUL_QUICK = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (127, 513, 255)]
@@ -70,7 +73,6 @@ LAYERS_QUICK = [("64x14x14 -> 64, 3x3/1 p1", 64, 14, 64, 3, 1, 1),
 NORM_SHAPE, NORM_SHAPE_QUICK = (4096, 1024), (512, 1024)
 NORM_TARGET_MS = {"softmax": 1.2, "layer_norm": 0.8}
 CONV_TORCH_TARGET, CONV_NUMPY_TARGET = 0.8, 1.3
-CORETYPES = (("Haswell", "Haswell"), ("AVX-512", None))  # (column label, OPENBLAS_CORETYPE)
 
 Result = Any  # seconds (float) or why there is no time (str)
 
@@ -166,7 +168,11 @@ def no_torch() -> tuple[Result, str]:
 
 # ** 1. matmul **
 
-def section_matmul(sizes: list[tuple[int, int, int]], peak: float) -> str:
+def fmt_peak(peak: float | None, unit: bool = True) -> str:
+    return "not measured" if not peak else f"{peak:.0f} GFLOP/s" if unit else f"{peak:.0f}"
+
+
+def section_matmul(sizes: list[tuple[int, int, int]], peak: float | None) -> str:
     rows = []
     rng = np.random.default_rng(0)
     for m, n, k in sizes:
@@ -185,18 +191,21 @@ def section_matmul(sizes: list[tuple[int, int, int]], peak: float) -> str:
         jit_g, tch_g = gflops(flops, jit), gflops(flops, tch)
         np_h, np_a = (gflops(flops, t) for t in nps)
         label = str(m) if m == n == k else f"{m}x{n}x{k}"
-        pct = f"{jit_g / peak * 100:.0f}%" if isinstance(jit_g, float) else "n/a"
-        rows.append([label, jit_g, np_h, np_a, tch_g, fmt_ratio(ratio(jit_g, np_a)), pct, jit_err])
-    return (f"### 1. matmul, float32, GFLOP/s (2*M*N*K / time); peak {peak:.0f} GFLOP/s\n\n"
-            "Size N is N x N x N; MxNxK is (M, K) @ (K, N). numpy (Haswell): OPENBLAS_CORETYPE=Haswell (AVX2); "
-            "numpy (AVX-512): OPENBLAS_CORETYPE unset. Error: max |C - C64| / max |C64| against a float64 product.\n\n"
-            + table(["size", "jitop", "numpy (Haswell)", "numpy (AVX-512)", "torch", "jitop / numpy (AVX-512)",
-                     f"jitop % of peak ({peak:.0f})", "jitop max rel err"], rows))
+        rows.append([label, jit_g, np_h, np_a, tch_g, fmt_ratio(ratio(jit_g, np_a)), pct_of_peak(jit_g, peak),
+                     jit_err])
+    np_h_label, np_d_label = (numpy_label(core, short=True) for _, core in CORETYPES)
+    return (f"### 1. matmul, float32, GFLOP/s (2*M*N*K / time); peak {fmt_peak(peak)}\n\n"
+            f"Size N is N x N x N; MxNxK is (M, K) @ (K, N). {np_h_label}: OPENBLAS_CORETYPE=Haswell (AVX2 kernels); "
+            f"{np_d_label}: OPENBLAS_CORETYPE unset, the kernels OpenBLAS detects. % of peak: of the peak measured "
+            "at the start of this run. Error: max |C - C64| / max |C64| against a float64 product.\n\n"
+            + table(["size", "jitop", np_h_label, np_d_label, "torch", f"jitop / {np_d_label}",
+                     f"jitop % of peak ({fmt_peak(peak, unit=False)})", "jitop max rel err"], rows))
 
 
 # ** 2. conv2d **
 
-def section_conv2d(layers: list[tuple], peak: float) -> str:
+def section_conv2d(layers: list[tuple], peak: float | None) -> str:
+    np_h, np_d = (numpy_label(core, short=True) for _, core in CORETYPES)
     has_conv = hasattr(jitop, "conv2d")
     rng = np.random.default_rng(1)
     perf, checks = [], []
@@ -249,21 +258,21 @@ def section_conv2d(layers: list[tuple], peak: float) -> str:
         if all(isinstance(r, float) for r in rs):
             worst = min(range(len(rs)), key=lambda i: rs[i])
             hits = sum(r >= CONV_NUMPY_TARGET for r in rs)
-            lines.append(f"- {name} / numpy im2col (AVX-512), per layer: {hits} of {len(rs)} layers >= "
+            lines.append(f"- {name} / {np_d} im2col, per layer: {hits} of {len(rs)} layers >= "
                          f"{CONV_NUMPY_TARGET}, lowest {rs[worst]:.2f} ({layers[worst][0]}): "
                          f"{verdict(hits == len(rs))}")
     if not has_conv:
         lines.append("- jitop.conv2d does not exist in this checkout: jitop rows skipped")
-    return (f"### 2. conv2d, batch 1, float32, GFLOP/s (2*N*OC*OH*OW*IC*KH*KW / time); peak {peak:.0f} GFLOP/s\n\n"
+    return (f"### 2. conv2d, batch 1, float32, GFLOP/s (2*N*OC*OH*OW*IC*KH*KW / time); peak {fmt_peak(peak)}\n\n"
             "jitop NHWC: layout=\"NHWC\" (input (N, H, W, C), output (N, OH, OW, OC)); torch channels_last: input "
             "and weight in torch.channels_last; numpy im2col: common.Im2colConv2d (padded copy + KH*KW strided "
             "copies into a preallocated column matrix + one np.matmul, all timed) with OPENBLAS_CORETYPE=Haswell "
-            "and unset (AVX-512).\n\n"
-            + table(["layer", "jitop NCHW", "jitop NHWC", "torch NCHW", "torch channels_last", "numpy im2col (Haswell)",
-                     "numpy im2col (AVX-512)"], perf)
+            f"({np_h} im2col) and unset ({np_d} im2col, the kernels OpenBLAS detects).\n\n"
+            + table(["layer", "jitop NCHW", "jitop NHWC", "torch NCHW", "torch channels_last", f"{np_h} im2col",
+                     f"{np_d} im2col"], perf)
             + "\n\nRatios (GFLOP/s over GFLOP/s) and jitop's max |y - y64| / max |y64| against a float64 im2col:\n\n"
-            + table(["layer", "jitop NCHW / torch NCHW", "jitop NCHW / numpy im2col (AVX-512)",
-                     "jitop NHWC / numpy im2col (AVX-512)", "jitop NHWC / torch channels_last",
+            + table(["layer", "jitop NCHW / torch NCHW", f"jitop NCHW / {np_d} im2col",
+                     f"jitop NHWC / {np_d} im2col", "jitop NHWC / torch channels_last",
                      "jitop NCHW max rel err", "jitop NHWC max rel err"], checks)
             + ("\n\n" + "\n".join(lines) if lines else ""))
 
@@ -315,25 +324,28 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small sizes only (smoke test, not for the targets)")
     p.add_argument("--sections", nargs="+", choices=["matmul", "conv2d", "norm"],
                    default=["matmul", "conv2d", "norm"])
-    p.add_argument("--peak", type=float, default=PEAK_GFLOPS, help="peak float32 GFLOP/s of the cores used")
+    p.add_argument("--peak", type=float, default=None,
+                   help="peak float32 GFLOP/s of the threads used (default: measured at the start, peak.py)")
     args = p.parse_args()
     strict_ops()
     threads = config.num_threads()
+    peak = args.peak or peak_gflops(threads)
     if torch is not None:
         torch.set_num_threads(threads)
     start = time.perf_counter()
     busy = busy_cores()
     quick = " (--quick: small sizes, not the targets)" if args.quick else ""
+    given = f"peak given by --peak: {args.peak:.0f} GFLOP/s (used for % of peak); " if args.peak else ""
     print(f"Operator library, default configs, float32{quick} — {machine()}; "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, torch threads="
-          f"{torch.get_num_threads() if torch is not None else 'n/a'}; {versions('torch', 'llvmlite')}; peak {args.peak:.0f} GFLOP/s; "
-          f"1-min load average at start {os.getloadavg()[0]:.2f}; {busy_text(busy)} at start\n", flush=True)
+          f"{torch.get_num_threads() if torch is not None else 'n/a'}; {versions('torch', 'llvmlite')}; "
+          f"{given}1-min load average at start {os.getloadavg()[0]:.2f}; {busy_text(busy)} at start\n", flush=True)
     if busy is not None and busy > BUSY_LIMIT:
         print(BUSY_WARNING + "\n", flush=True)
     if "matmul" in args.sections:
-        print(section_matmul(MATMUL_QUICK if args.quick else MATMUL, args.peak) + "\n", flush=True)
+        print(section_matmul(MATMUL_QUICK if args.quick else MATMUL, peak) + "\n", flush=True)
     if "conv2d" in args.sections:
-        print(section_conv2d(LAYERS_QUICK if args.quick else LAYERS, args.peak) + "\n", flush=True)
+        print(section_conv2d(LAYERS_QUICK if args.quick else LAYERS, peak) + "\n", flush=True)
     if "norm" in args.sections:
         print(section_norm(NORM_SHAPE_QUICK if args.quick else NORM_SHAPE) + "\n", flush=True)
     total = time.perf_counter() - start

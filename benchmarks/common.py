@@ -35,17 +35,33 @@ def versions(*packages: str) -> str:
 
 
 def machine() -> str:
+    """The CPU, the jitop Target the benchmarks build for (Target.current(): the host, or JITOP_CPU) with the
+    FP32 peak measured at the start of this run (peak.py), and the library settings."""
     cpu = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    import llvmlite.binding as llvm
-    from jitop import config
-    return (f"{cpu} ({llvm.get_host_cpu_name()}), {os.cpu_count()} cores, jitop threads={config.num_threads()}, "
+    from jitop import Target
+    from peak import peak
+    override = os.environ.get("JITOP_CPU")
+    chosen = f"JITOP_CPU={override}" if override else "host"
+    return (f"{cpu}, {os.cpu_count()} cores; Target ({chosen}): {Target.current().describe()}; {peak().describe()}; "
             f"Python {platform.python_version()}, numpy {np.__version__}, "
             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+
+
+def peak_gflops(threads: int | None = None) -> float | None:
+    """The FP32 peak measured in this run for `threads` threads (default: the Target's), None if not measured."""
+    from jitop import Target
+    from peak import peak
+    return peak().per_thread(threads or Target.current().threads)
+
+
+def pct_of_peak(gflops: object, peak: float | None) -> str:
+    """'87%' of `peak`, or 'n/a'."""
+    return f"{gflops / peak * 100:.0f}%" if isinstance(gflops, float) and peak else "n/a"
 
 
 def best_time(fn: Callable[[], object], repeat: int = 7, min_total: float = 0.5, max_calls: int = 20000) -> float:
@@ -83,6 +99,46 @@ def run_with_coretype(code: str, args: Sequence[object], coretype: str | None) -
     out = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+# numpy is measured under both OpenBLAS settings: (column label, OPENBLAS_CORETYPE; None: unset)
+CORETYPES = (("Haswell", "Haswell"), ("unset", None))
+
+_OPENBLAS_CORE = """
+import ctypes, glob, json, os, numpy as np
+name = "unknown"
+libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+for path in glob.glob(os.path.join(libs, "*openblas*")):
+    lib = ctypes.CDLL(path)
+    for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                "openblas_get_corename"):
+        f = getattr(lib, sym, None)
+        if f is not None:
+            f.restype = ctypes.c_char_p
+            name = f().decode()
+            break
+print(json.dumps(name))
+"""
+
+_cores: dict[str | None, str] = {}
+
+
+def openblas_core(coretype: str | None) -> str:
+    """The kernel set OpenBLAS (numpy's) picks with OPENBLAS_CORETYPE=`coretype` (None: unset, what it detects),
+    e.g. 'Haswell' or 'SkylakeX'; 'unknown' where it cannot be asked."""
+    if coretype not in _cores:
+        try:
+            _cores[coretype] = run_with_coretype(_OPENBLAS_CORE, [], coretype)
+        except Exception:  # no bundled OpenBLAS (numpy on another BLAS): say so, the timing still runs
+            _cores[coretype] = "unknown"
+    return _cores[coretype]
+
+
+def numpy_label(coretype: str | None, short: bool = False) -> str:
+    """Label of numpy under an OpenBLAS setting, naming the kernels OpenBLAS detects when it is unset:
+    'numpy (OPENBLAS_CORETYPE unset: SkylakeX)', short 'numpy (unset: SkylakeX)'."""
+    setting = f"={coretype}" if coretype else f" unset: {openblas_core(None)}"
+    return f"numpy ({setting.lstrip('= ')})" if short else f"numpy (OPENBLAS_CORETYPE{setting})"
 
 
 _NUMPY_MATMUL = """

@@ -1,13 +1,7 @@
 """jitop: a numpy-compatible JIT compiler for tensor operators, on llvmlite.
 
 >>> import numpy as np, jitop
->>> from jitop import config as _config
-from jitop import te
-from jitop.cache.store import DiskStore as _DiskStore
-from jitop.cache.store import NullStore as _NullStore
-from jitop.errors import JitopError, TargetMismatchError
-from jitop.runtime import parallel as _parallel
-from jitop.target import Target
+>>> from jitop import te
 >>> A = te.placeholder((1000,), "float32", name="A")
 >>> B = te.compute((1000,), lambda i: te.exp(A[i]) + 1.0, name="B")
 >>> s = jitop.create_schedule(B.op)
@@ -20,6 +14,7 @@ True
 """
 from jitop import config as _config
 from jitop import te
+from jitop import topi as _topi  # noqa: F401 - registers the operator templates (matmul, conv2d)
 from jitop.cache.store import DiskStore as _DiskStore
 from jitop.cache.store import NullStore as _NullStore
 from jitop.errors import JitopError, TargetMismatchError

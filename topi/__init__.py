@@ -1,1 +1,2 @@
-"""jitop.topi: see ../shared/DESIGN.md; filled in by later issues."""
+"""Operator templates (jitop.topi): each module registers its template with jitop.tuner.registry on import."""
+from jitop.topi import conv2d, matmul  # noqa: F401 - imported to register the templates

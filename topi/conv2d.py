@@ -12,15 +12,18 @@ computed straight from the tile.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 from jitop import te
-from jitop.schedule.schedule import Schedule
+from jitop.dtypes import as_dtype
+from jitop.schedule.schedule import Schedule, create_schedule
+from jitop.target import Target
 from jitop.te.expr import Expr
 from jitop.topi import matmul as topi_matmul
-from jitop.topi.cpu import CPU, host
+from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
@@ -28,7 +31,7 @@ MAX_MR = 16  # widest register tile along the output row
 
 
 @dataclass(frozen=True)
-class Workload:
+class Conv2dWorkload:
     """The static description of one convolution (what a config is chosen for)."""
 
     n: int
@@ -43,7 +46,11 @@ class Workload:
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
     layout: str = "NCHW"
-    itemsize: int = 4
+    dtype: str = "float32"
+
+    @property
+    def itemsize(self) -> int:
+        return as_dtype(self.dtype).itemsize
 
     @property
     def icg(self) -> int:
@@ -88,7 +95,7 @@ class Conv2dConfig:
                             oc_outer=cfg["order"] == "oc_outer", pack_per_panel=cfg["pack"] == "panel",
                             algorithm=cfg["algorithm"], channels_outer=cfg["reduction"] == "channels_outer")
 
-    def to_config(self, wl: Workload) -> Config:
+    def to_config(self, wl: Conv2dWorkload) -> Config:
         return Config.of(tile_ow=(math.ceil(wl.ow / self.mr), self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
                          tile_ic=(wl.icg // self.ic_unroll, self.ic_unroll),
                          order="oc_outer" if self.oc_outer else "rows_outer",
@@ -96,9 +103,12 @@ class Conv2dConfig:
                          reduction="channels_outer" if self.channels_outer else "taps_outer")
 
 
-def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
-    """Every schedule the template can build for this workload (all are correct)."""
-    lanes = (cpu or host()).lanes(wl.itemsize)
+def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
+    """Every schedule the template can build for this workload (all are correct).
+
+    With algorithm "gemm" the tile knobs describe the matmul's register tile instead: tile_ow's inner
+    factor its rows (output channels), tile_oc's its columns (output pixels), tile_ic's the k unroll."""
+    lanes = target.lanes(wl.itemsize)
     space = ConfigSpace()
     space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, MAX_MR) + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
@@ -108,17 +118,35 @@ def config_space(wl: Workload, cpu: CPU | None = None) -> ConfigSpace:
     space.define_knob("order", ["oc_outer", "rows_outer"])
     space.define_knob("pack", ["root", "panel"])
     space.define_knob("reduction", ["taps_outer", "channels_outer"])
-    # gemm uses the matmul template's default tile for (OC, OH*OW, C*KH*KW); the tile knobs are unused
     space.define_knob("algorithm", ["direct", "gemm"] if gemm_applies(wl) else ["direct"])
     return space
 
 
-def gemm_applies(wl: Workload) -> bool:
+def gemm_applies(wl: Conv2dWorkload) -> bool:
     """The gemm formulation reads OIHW weights as matmul rows and writes NCHW output rows: one group."""
     return wl.layout == "NCHW" and wl.groups == 1
 
 
-def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
+def default_config(wl: Conv2dWorkload, target: Target) -> Config:
+    """A fast point of the space for the Target (see `default_tile`; "gemm" takes the matmul template's
+    default register tile for (OC, OH*OW, C*KH*KW), clamped to the space)."""
+    cfg = default_tile(wl, target)
+    if cfg.algorithm == "gemm":
+        mm = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
+        space = config_space(wl, target)
+        cfg = dataclasses.replace(cfg, mr=_nearest(space, "tile_ow", mm.mr), bn=_nearest(space, "tile_oc", mm.bn),
+                                  ic_unroll=_nearest(space, "tile_ic", mm.k_unroll))
+    return cfg.to_config(wl)
+
+
+def _nearest(space: ConfigSpace, knob: str, value: int) -> int:
+    """The candidate inner factor of a split knob closest to `value` (not above it when possible)."""
+    inner = [c[-1] for c in next(k for k in space.knobs if k.name == knob).candidates]
+    below = [f for f in inner if f <= value]
+    return max(below) if below else min(inner)
+
+
+def default_tile(wl: Conv2dWorkload, cpu: Target) -> Conv2dConfig:
     """A fast point of the space from the workload and the CPU.
 
     The register tile (mr columns x v vectors of channels) must fit the vector registers with its operands
@@ -127,7 +155,6 @@ def default_config(wl: Workload, cpu: CPU | None = None) -> Conv2dConfig:
     the output width and channels. With groups, v*lanes divides the channels of a group, so the broadcast
     input channel is the same across the tile.
     """
-    cpu = cpu or host()
     lanes = cpu.lanes(wl.itemsize)
     per_group = wl.oc if wl.groups == 1 or wl.icg == 1 and wl.ocg == 1 else wl.ocg
     grouped = wl.groups > 1 and per_group != wl.oc
@@ -160,12 +187,41 @@ def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
     return te.if_then_else(cond, value, zero)
 
 
-def conv2d(read_input: Reader, read_weight: Reader, wl: Workload, dtype, cfg: Conv2dConfig,
+def compute(wl: Conv2dWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
+            name: str = "conv2d") -> "ConvTensors | GemmConv":
+    """The template's stages. readers = (read_input(n, c, y, x), read_weight(oc, ic, r, s)) give values at
+    logical NCHW / OIHW coordinates, whatever the memory layout."""
+    return conv2d(*readers, wl, wl.dtype, Conv2dConfig.from_config(config), target, name)
+
+
+def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, config: Config, target: Target,
+             epilogue: te.Tensor | None = None) -> None:
+    """Apply `config` to the stages from `compute` (see `schedule_direct`)."""
+    if isinstance(t, GemmConv):
+        if epilogue is not None:
+            s[t.out].compute_inline()
+        topi_matmul.schedule_tile(s, t.mm, t.cfg, target, epilogue=epilogue if epilogue is not None else t.out)
+    else:
+        schedule_direct(s, t, wl, Conv2dConfig.from_config(config), target, epilogue)
+
+
+def build(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
+    """Standalone: placeholders X (in the workload's layout), W (OIHW) and the scheduled output."""
+    nchw = wl.layout == "NCHW"
+    X = te.placeholder((wl.n, wl.c, wl.h, wl.w) if nchw else (wl.n, wl.h, wl.w, wl.c), wl.dtype, name="X")
+    W = te.placeholder((wl.oc, wl.icg, wl.kh, wl.kw), wl.dtype, name="W")
+    read_x = (lambda b, ch, y, x: X[b, ch, y, x]) if nchw else (lambda b, ch, y, x: X[b, y, x, ch])
+    t = compute(wl, config, target, (read_x, lambda o, i, r, s_: W[o, i, r, s_]))
+    s = create_schedule(t.out.op)
+    schedule(s, t, wl, config, target)
+    return s, [X, W, t.out]
+
+
+def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, cfg: Conv2dConfig, target: Target,
            name: str = "conv2d") -> "ConvTensors | GemmConv":
-    """The convolution's stages. read_input(n, c, y, x) and read_weight(oc, ic, r, s) give
-    values at logical NCHW / OIHW coordinates, whatever the memory layout."""
+    """The convolution's stages for a typed config."""
     if cfg.algorithm == "gemm":
-        return _conv2d_gemm(read_input, read_weight, wl, dtype, name)
+        return _conv2d_gemm(read_input, read_weight, wl, dtype, cfg, target, name)
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     hp, wp = (wl.oh - 1) * sh + (wl.kh - 1) * dh + 1, (wl.ow - 1) * sw + (wl.kw - 1) * dw + 1
     zero = te.const(0, dtype)
@@ -218,15 +274,10 @@ class ConvTensors:
     packed: te.Tensor
 
 
-def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Workload, cfg: Conv2dConfig,
-             epilogue: te.Tensor | None = None) -> None:
+def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv2dConfig, target: Target,
+                    epilogue: te.Tensor | None = None) -> None:
     """The register-tiled direct schedule; with `epilogue` (an elementwise consumer of `out` of the same
     shape) the epilogue is computed from the tile and `out` never goes to memory."""
-    if isinstance(t, GemmConv):
-        if epilogue is not None:
-            s[t.out].compute_inline()
-        topi_matmul.schedule(s, t.mm, t.cfg, epilogue=epilogue if epilogue is not None else t.out)
-        return
     out, padded, packed = t.out, t.padded, t.packed
     cache = s.cache_write(t.core, "local")
     if t.core is not out:
@@ -244,7 +295,7 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Workload, cfg: Conv2d
     if wl.layout == "NCHW":
         # channel lanes scatter to channel planes: one register (16 planes) at a time along the row,
         # not all bn planes per column, keeps the lines being written few
-        ocv, ocl = stage.split(oci, factor=64 // wl.itemsize)
+        ocv, ocl = stage.split(oci, factor=target.lanes(wl.itemsize))
         stage.reorder(*rows, owo, ocv, owi, ocl)
         stage.vectorize(ocl)
     else:
@@ -262,7 +313,7 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Workload, cfg: Conv2d
     stage.parallel(outer)
     ps = s[padded]
     pn, py, _, pc = ps.op.axis
-    _, lanes = ps.split(pc, factor=max(1, min(wl.c, 64 // wl.itemsize)))
+    _, lanes = ps.split(pc, factor=max(1, min(wl.c, target.lanes(wl.itemsize))))
     ps.vectorize(lanes)
     ps.parallel(ps.fuse(pn, py))
 
@@ -277,7 +328,8 @@ class GemmConv:
     cfg: topi_matmul.MatmulConfig
 
 
-def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, name: str) -> GemmConv:
+def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, conv: Conv2dConfig,
+                 target: Target, name: str) -> GemmConv:
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     area, taps = wl.oh * wl.ow, wl.kh * wl.kw
     k = wl.c * taps
@@ -289,7 +341,9 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, n
     def weight(bi: tuple, oc: Expr, kk: Expr) -> Expr:
         return read_weight(oc, *tap(kk))  # flattens back to oc * K + kk: a contiguous row of A
 
-    cfg = topi_matmul.default_config(wl.oc, area, k, wl.itemsize)
+    # the register tile from the conv2d config's tile knobs; the loop order and packing as matmul's default
+    cfg = dataclasses.replace(topi_matmul.default_tile(wl.oc, area, k, wl.itemsize, target), mr=conv.mr, bn=conv.bn,
+                              k_unroll=conv.ic_unroll)
     # C is as wide as its panels, so every register tile is whole (no masked lanes); `out` drops the pad
     width = math.ceil(area / cfg.bn) * cfg.bn
 
@@ -305,7 +359,7 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Workload, dtype, n
     return GemmConv(out, mm, cfg)
 
 
-def _schedule_tile(cs, wl: Workload, cfg: Conv2dConfig) -> None:
+def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig) -> None:
     _, _, ow, oc = cs.op.axis
     r, s_, i = cs.op.reduce_axis
     io, ii = cs.split(i, factor=cfg.ic_unroll)
@@ -326,3 +380,7 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
     ws.vectorize(lane)
     if parallel:
         ws.parallel(ws.fuse(o, i))
+
+
+TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
+                                               schedule, build))

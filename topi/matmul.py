@@ -12,12 +12,50 @@ from dataclasses import dataclass
 from typing import Callable
 
 from jitop import te
-from jitop.schedule.schedule import Schedule
+from jitop.dtypes import as_dtype
+from jitop.schedule.schedule import Schedule, create_schedule
+from jitop.target import Target
 from jitop.te.expr import Expr
-from jitop.topi.cpu import CPU, host
+from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[tuple[Expr, ...], Expr, Expr], Expr]  # (batch index, row, col) -> value
+
+
+@dataclass(frozen=True)
+class MatmulWorkload:
+    """C[batch..., m, n] = A[a_batch..., m, k] @ B[b_batch..., k, n]; the batch dims broadcast as in numpy."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "float32"
+    a_batch: tuple[int, ...] = ()
+    b_batch: tuple[int, ...] = ()
+
+    @property
+    def batch(self) -> tuple[int, ...]:
+        return _broadcast(self.a_batch, self.b_batch)
+
+    @property
+    def itemsize(self) -> int:
+        return as_dtype(self.dtype).itemsize
+
+    @property
+    def flops(self) -> int:
+        return 2 * math.prod(self.batch) * self.m * self.n * self.k
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    width = max(len(a), len(b))
+    a, b = (1,) * (width - len(a)) + a, (1,) * (width - len(b)) + b
+    return tuple(x if y == 1 else y for x, y in zip(a, b))
+
+
+def batch_index(own: tuple[int, ...], batch: tuple[int, ...], bi: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """An operand's batch index from C's (numpy broadcasting: leading dims dropped, size-1 dims pinned to 0)."""
+    lead = len(batch) - len(own)
+    return tuple(te.const(0) if d == 1 and batch[lead + j] != 1 else bi[lead + j] for j, d in enumerate(own))
 
 
 @dataclass(frozen=True)
@@ -48,9 +86,9 @@ class MatmulConfig:
                          pack_b="none" if not self.pack_b else "panel" if self.pack_per_panel else "root")
 
 
-def config_space(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> ConfigSpace:
-    """Every schedule the template can build for C[m, n] = A[m, k] @ B[k, n] (all are correct)."""
-    lanes = (cpu or host()).lanes(itemsize)
+def config_space(wl: MatmulWorkload, target: Target) -> ConfigSpace:
+    """Every schedule the template can build for the workload (all are correct)."""
+    m, n, k, lanes = wl.m, wl.n, wl.k, target.lanes(wl.itemsize)
     space = ConfigSpace()
     # the register tile: mr rows x bn columns of C, at most 32 vector registers with A and B operands
     space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(max(m, 1), 12) + 1)])
@@ -69,13 +107,18 @@ def _vector_counts(m: int) -> tuple[int, ...]:
     return (1, 2, 3, 4, 8, 16) if m == 1 else (1, 2, 3, 4)
 
 
-def default_config(m: int, n: int, k: int, itemsize: int, cpu: CPU | None = None) -> MatmulConfig:
-    """A fast point of the space from the shape and the CPU: the widest register tile that fits the
-    vector registers (4 vectors x 6 rows = 24 accumulators with AVX-512), k unrolled by 4, and the panel
+def default_config(wl: MatmulWorkload, target: Target) -> Config:
+    """A fast point of the space from the shape and the Target (see `default_tile`)."""
+    return default_tile(wl.m, wl.n, wl.k, wl.itemsize, target).to_config(wl.m, wl.n, wl.k)
+
+
+def default_tile(m: int, n: int, k: int, itemsize: int, cpu: Target) -> MatmulConfig:
+    """The widest register tile that fits the Target's vector registers with its operands (AVX-512, 32
+    registers: 6 rows x 4 vectors = 24 accumulators; AVX2, 16: 6 x 2 = 12), k unrolled by 4, and the panel
     loop outermost when there are enough panels to keep every thread busy."""
-    cpu = cpu or host()
     lanes = cpu.lanes(itemsize)
-    widest = 16 if m == 1 else 4 if cpu.vector_registers >= 32 else 2
+    # a single row streams B in wide rows: up to half the registers as accumulators
+    widest = min(16, cpu.vector_registers // 2) if m == 1 else 4 if cpu.vector_registers >= 32 else 2
     # powers of two only: LLVM splits a 3-register vector badly (a 48-lane tile runs 10x slower)
     vectors = max(v for v in _vector_counts(m) if v <= widest and v & (v - 1) == 0 and (v == 1 or (v - 1) * lanes < n))
     bn = vectors * lanes
@@ -107,6 +150,33 @@ class MatmulTensors:
 
     out: te.Tensor
     parts: tuple[Part, ...]
+
+
+def compute(wl: MatmulWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
+            name: str = "matmul") -> MatmulTensors:
+    """The template's stages. readers = (read_a(a_batch_idx, i, r), read_b(b_batch_idx, r, j)), each given
+    its own operand's batch index."""
+    read_a, read_b = readers
+    batch = wl.batch
+    return matmul(lambda bi, i, r: read_a(batch_index(wl.a_batch, batch, bi), i, r), read_b, batch, wl.m, wl.n,
+                  wl.k, wl.dtype, MatmulConfig.from_config(config), name=name, b_batch=wl.b_batch,
+                  b_index=lambda bi: batch_index(wl.b_batch, batch, bi))
+
+
+def schedule(s: Schedule, t: MatmulTensors, wl: MatmulWorkload, config: Config, target: Target,
+             epilogue: te.Tensor | None = None) -> None:
+    """Apply `config` to the stages from `compute` (see `schedule_tile`)."""
+    schedule_tile(s, t, MatmulConfig.from_config(config), target, epilogue)
+
+
+def build(wl: MatmulWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
+    """Standalone: placeholders A, B and the scheduled product C."""
+    A = te.placeholder(wl.a_batch + (wl.m, wl.k), wl.dtype, name="A")
+    B = te.placeholder(wl.b_batch + (wl.k, wl.n), wl.dtype, name="B")
+    t = compute(wl, config, target, (lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)]))
+    s = create_schedule(t.out.op)
+    schedule(s, t, wl, config, target)
+    return s, [A, B, t.out]
 
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int, dtype, cfg: MatmulConfig,
@@ -162,7 +232,8 @@ def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...
     return te.compute(batch + (m, panels * bn), body, name=name if n % bn == 0 else f"{name}_full"), packed
 
 
-def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tensor | None = None) -> None:
+def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Target,
+                  epilogue: te.Tensor | None = None) -> None:
     """Register-tiled schedule: each chunk's C tile in registers, packing and the outer loop parallel.
 
     With `epilogue` (an elementwise consumer of C of the same shape, e.g. bias + activation), the
@@ -173,22 +244,22 @@ def schedule(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, epilogue: te.Tens
     for k, part in enumerate(t.parts):
         last = k == len(t.parts) - 1
         cache = s.cache_write(part.core, "local")
-        target = epilogue if last and epilogue is not None else part.acc
-        if part.acc is not part.core and target is not part.acc:
+        dest = epilogue if last and epilogue is not None else part.acc
+        if part.acc is not part.core and dest is not part.acc:
             s[part.acc].compute_inline()
-        if part.core is not target:
+        if part.core is not dest:
             s[part.core].compute_inline()
-        outer = _tile(s, s[target], s[cache], t.out.ndim, cfg, serial)
+        outer = _tile(s, s[dest], s[cache], t.out.ndim, cfg, target.threads, serial)
         if part.packed is None:
             continue
         if serial:
             s[part.packed].vectorize(s[part.packed].op.axis[-1])
             continue
         if cfg.pack_per_panel and cfg.panel_outer and outer is not None:
-            s[part.packed].compute_at(s[target], outer)
+            s[part.packed].compute_at(s[dest], outer)
             s[part.packed].vectorize(s[part.packed].op.axis[-1])
         else:
-            _schedule_pack(s, part.packed)
+            _schedule_pack(s, part.packed, target.threads)
 
 
 SERIAL_FLOPS = 1 << 20  # below this a product runs on one thread: waking another costs more than it saves
@@ -199,7 +270,7 @@ def _flops(t: MatmulTensors) -> int:
     return 2 * math.prod(t.out.shape) * k
 
 
-def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, serial: bool = False):
+def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, threads: int, serial: bool = False):
     """Tile `stage` around the register tile `cs`; returns the parallel loop if it holds one panel per
     iteration (where a panel can be packed), else None."""
     axes = list(stage.op.axis)
@@ -222,7 +293,7 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, serial: bool = F
     if serial:
         return None
     extent, tile = (j.extent, cfg.bn) if cfg.panel_outer else (i.extent, cfg.mr)
-    if batch and extent % tile and math.prod(b.extent for b in batch) >= 2 * host().threads:
+    if batch and extent % tile and math.prod(b.extent for b in batch) >= 2 * threads:
         # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
         # kept apart, its tail is split off (loop partitioning) and the batch alone is parallel
         stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
@@ -232,11 +303,15 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, serial: bool = F
     return outer
 
 
-def _schedule_pack(s: Schedule, packed: te.Tensor) -> None:
+def _schedule_pack(s: Schedule, packed: te.Tensor, threads: int) -> None:
     ps = s[packed]
     *pb, px, pk, pz = ps.op.axis
     ps.vectorize(pz)
     outer = ps.fuse(*pb, px) if pb else px
-    if outer.extent < 2 * host().threads:  # few panels: parallel over k as well
+    if outer.extent < 2 * threads:  # few panels: parallel over k as well
         outer = ps.fuse(outer, pk)
     ps.parallel(outer)
+
+
+TEMPLATE = registry.register(registry.Template("matmul", MatmulWorkload, config_space, default_config, compute,
+                                               schedule, build))

@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import itertools
 
-import jitop
-from jitop import config
 from jitop.graph.fusion import OPAQUE
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.to_te import Stages
-from jitop.schedule.schedule import Schedule, Stage
+from jitop.schedule.schedule import Schedule, Stage, create_schedule
+from jitop.target import Target
 from jitop.te.tensor import IterVar, Tensor
-
-
-def lanes_for(t: Tensor) -> int:
-    """SIMD lanes for one 512-bit register of t's dtype."""
-    return max(64 // t.dtype.itemsize, 1)
+from jitop.tir.lower import Lowering
 
 
 def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar | None]:
@@ -39,11 +34,11 @@ def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar |
     return rows, inner
 
 
-def schedule_injective(s: Schedule, t: Tensor) -> IterVar | None:
+def schedule_injective(s: Schedule, t: Tensor, target: Target) -> IterVar | None:
     stage = s[t]
-    rows, _ = _lead_and_lanes(stage, lanes_for(t))
+    rows, _ = _lead_and_lanes(stage, target.lanes(t.dtype.itemsize))
     if rows is not None and stage.attach_type == "root":
-        if rows.extent < 2 * config.num_threads() and len(stage.op.axis) > 1:
+        if rows.extent < 2 * target.threads and len(stage.op.axis) > 1:
             leaves = stage.leaf_iter_vars
             rows = stage.fuse(leaves[0], leaves[1])  # few rows: parallelise across rows x chunks
         stage.parallel(rows)
@@ -63,7 +58,7 @@ def schedule_partial(s: Schedule, p: Tensor, consumer: Tensor) -> None:
         stage.compute_at(cons, outer[-1])
 
 
-def schedule_reduce(s: Schedule, t: Tensor, vectorize_last: bool = False) -> None:
+def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool = False) -> None:
     """Data loops outside the reduction; with `vectorize_last`, the last data axis (contiguous in the
     source) is split into lanes inside the reduction loops."""
     stage = s[t]
@@ -71,7 +66,7 @@ def schedule_reduce(s: Schedule, t: Tensor, vectorize_last: bool = False) -> Non
     if not data:
         return
     if vectorize_last:
-        outer, lanes = stage.split(data[-1], factor=max(1, min(lanes_for(t), data[-1].extent)))
+        outer, lanes = stage.split(data[-1], factor=max(1, min(target.lanes(t.dtype.itemsize), data[-1].extent)))
         stage.reorder(*data[:-1], outer, *stage.op.reduce_axis, lanes)
         stage.vectorize(lanes)
         data = data[:-1] + [outer]
@@ -134,9 +129,49 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> 
     return None
 
 
-def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Schedule:
+def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target) -> dict[Node, list[Node]]:
+    """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before
+    scheduling: a probe schedule with only the row attachments is bound-inferred, and if any member would
+    need more than one row per output row (it is read along another axis), nothing is row-fused, since
+    computing it inside the row loop would redo it every row. All or none: a member may read another's
+    row buffer."""
+    groups = {n: members for n in dict.fromkeys(outputs) if st.kind.get(st.tensors[n]) == "injective"
+              and (members := row_group(n, materialized, outputs))}
+    if not groups:
+        return {}
+    probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
+    attached = _attach_rows(probe, st, groups, target)
+    for n, t in st.tensors.items():  # reductions' partials go inside their reduction, as in `apply`
+        if n not in outputs and t not in st.templates:
+            _schedule_stage(probe, st, t, target)
+    low = Lowering(probe, [])
+    low.infer()
+    for stage in attached:
+        extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
+        if extents and (any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1)):
+            return {}
+    return groups
+
+
+def _attach_rows(s: Schedule, st: Stages, groups: dict[Node, list[Node]], target: Target) -> list[Stage]:
+    """Schedule each grouped output's rows and compute its members inside them; the attached stages."""
+    attached: dict[Tensor, Stage] = {}
+    for n, members in groups.items():
+        t = st.tensors[n]
+        rows = schedule_injective(s, t, target)
+        for m in members:
+            mt = st.tensors[m]
+            if rows is not None and mt not in attached:
+                s[mt].compute_at(s[t], rows)
+                attached[mt] = s[mt]
+    return list(attached.values())
+
+
+def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target,
+          groups: dict[Node, list[Node]]) -> Schedule:
+    """The schedule of every stage: template epilogues first, row-fused outputs (`groups`), the rest by kind."""
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
-    s = jitop.create_schedule([t.op for t in out_tensors])
+    s = create_schedule([t.op for t in out_tensors])
     # matmul epilogues (bias, activation) run on the register tile
     epilogues = {}
     for m, t in st.tensors.items():
@@ -145,32 +180,24 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> Sch
                 and out not in epilogues:
             epilogues[out] = t
             st.templates[t](s, st.tensors[out])
-    attached: set[Tensor] = set()
+    _attach_rows(s, st, {n: ms for n, ms in groups.items() if n not in epilogues}, target)
     for n in dict.fromkeys(outputs):
-        if n in epilogues:
-            continue
         t = st.tensors[n]
-        members = row_group(n, materialized, outputs) if st.kind.get(t) == "injective" else []
-        rows = schedule_injective(s, t) if st.kind.get(t) == "injective" else None
-        for m in members:
-            mt = st.tensors[m]
-            if rows is not None and mt not in attached:
-                s[mt].compute_at(s[t], rows)
-                attached.add(mt)
-    s.row_fused = [s[mt] for mt in attached]  # checked by undo_wide_row_fusion
+        if n not in epilogues and n not in groups and st.kind.get(t) == "injective":
+            schedule_injective(s, t, target)
     for n, t in st.tensors.items():
         if (n in outputs and st.kind.get(t) == "injective") or t in epilogues.values():
             continue
-        _schedule_stage(s, st, t)
+        _schedule_stage(s, st, t, target)
     return s
 
 
-def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
+def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
     kind = st.kind.get(t)
     if kind == "injective":
-        schedule_injective(s, t)
+        schedule_injective(s, t, target)
     elif kind in ("reduce", "reduce_outer"):
-        schedule_reduce(s, t, vectorize_last=kind == "reduce_outer")
+        schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer")
         consumer = t
         for p in st.partials.get(t, []):
             schedule_partial(s, p, consumer)
@@ -178,21 +205,3 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor) -> None:
     elif t in st.templates:
         st.templates[t](s)
     # argreduce's helper stages keep the default (serial) schedule
-
-
-def undo_wide_row_fusion(s: Schedule, args: list[Tensor]) -> None:
-    """A row-fused stage must need one row per output row; if bound inference says it needs more (it is
-    read along another axis), computing it inside the row loop would redo it every row: compute it once."""
-    from jitop.tir.lower import Lowering
-    low = Lowering(s, args)
-    low.infer()
-    members = getattr(s, "row_fused", [])
-    wide = any(st.op.axis and (any(e > 1 for e in ext[:-1]) or (len(ext) == 1 and ext[0] > 1))
-               for st in members for ext in [[low.loops[st].extent[iv] for iv in st.op.axis]])
-    if not wide:
-        return
-    for stage in members:  # all or none: a member may read another's row buffer
-        stage.compute_root()
-        first = stage.leaf_iter_vars[0]
-        if first.kind == "data" and first not in stage.iter_kind:
-            stage.parallel(first)

@@ -11,9 +11,10 @@ from jitop import te
 from jitop.graph.fusion import INPUTS
 from jitop.graph.ir import Node
 from jitop.graph.ufuncs import UFUNCS
-from jitop.topi import conv2d as topi_conv2d
-from jitop.topi import matmul as topi_matmul
+from jitop.target import Target
 from jitop.te.expr import Expr, const
+from jitop.tuner import registry
+from jitop.tuner.task import Choice, Task
 
 Index = tuple[Expr, ...]
 # A row reduction keeps per-lane partial results in up to four vector registers, so independent
@@ -33,6 +34,7 @@ class Stages:
     # complex-out-fusable stage (matmul, conv2d) -> its template's schedule(s, epilogue or None)
     templates: dict[te.Tensor, Callable] = field(default_factory=dict)
     chosen: dict[te.Tensor, str] = field(default_factory=dict)  # template stage -> its config, for explain()
+    tasks: dict[te.Tensor, tuple[Task, Choice]] = field(default_factory=dict)  # template stage -> its task
 
 
 def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
@@ -58,12 +60,17 @@ def ravel(idx: Index, shape: tuple[int, ...]) -> Expr:
 
 
 class ToTE:
-    """Builds te tensors for the materialized nodes of a graph."""
+    """Builds te tensors for the materialized nodes of a graph; templated nodes (matmul, conv2d) with the
+    config picked for their task."""
 
-    def __init__(self, materialized: dict[Node, str]):
-        self.materialized = materialized
+    def __init__(self, materialized: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]]):
+        self.materialized, self.target, self.choices = materialized, target, choices
         self.st = Stages()
         self.names: dict[str, int] = {}
+
+    def _vector(self, n: Node) -> int:
+        """Lanes of one vector register of the Target for n's dtype."""
+        return self.target.lanes(n.dtype.itemsize)
 
     def _name(self, base: str) -> str:
         k = self.names.get(base, 0)
@@ -100,7 +107,7 @@ class ToTE:
         axes = n.param("axes")
         op = n.param("op")
         last = src.ndim - 1
-        if axes and axes[-1] == last and src.shape[last] >= 2 * _vector(n) and op in _REDUCERS:
+        if axes and axes[-1] == last and src.shape[last] >= 2 * self._vector(n) and op in _REDUCERS:
             return self._rfactor(n, src, axes, op)
         rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 
@@ -114,8 +121,8 @@ class ToTE:
     def _rfactor(self, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
         """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
         width = src.shape[-1]
-        vectors = max(1, min(RFACTOR_VECTORS, width // (2 * _vector(n))))
-        lanes = vectors * _vector(n)
+        vectors = max(1, min(RFACTOR_VECTORS, width // (2 * self._vector(n))))
+        lanes = vectors * self._vector(n)
         outer = te.reduce_axis((0, math.ceil(width / lanes)), "ko")
         others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
         tail = width % lanes != 0
@@ -127,7 +134,7 @@ class ToTE:
             return _REDUCERS[op](self.at(src, idx), axis=others + [outer], where=(col < width) if tail else None)
         p = te.compute(n.shape + (lanes,), partial, name=self._name(f"{op}_partial"))
         # combine the accumulator vectors lane-wise first (vectorized), then the lanes of one vector
-        vec = _vector(n)
+        vec = self._vector(n)
         j = te.reduce_axis((0, vectors), "j")
         q = te.compute(n.shape + (vec,), lambda *i: _REDUCERS[op](p[i[:-1] + (j * vec + i[-1],)], axis=j),
                        name=self._name(f"{op}_lanes"))
@@ -156,42 +163,29 @@ class ToTE:
 
     def _matmul(self, n: Node) -> te.Tensor:
         a, b = n.src
-        m, k, cols = a.shape[-2], a.shape[-1], b.shape[-1]
-        batch = n.shape[:-2]
-        cfg = topi_matmul.default_config(m, cols, k, n.dtype.itemsize)
-        t = topi_matmul.matmul(
-            lambda bi, i, r: self.at(a, broadcast_index(a.shape[:-2], batch, bi) + (i, r)),
-            lambda bi, r, j: self.at(b, bi + (r, j)),
-            batch, m, cols, k, n.dtype, cfg, name=self._name("matmul"), b_batch=b.shape[:-2],
-            b_index=lambda bi: broadcast_index(b.shape[:-2], batch, bi))
-        c = t.out
-        self.st.kind[c] = "matmul"
-        space = topi_matmul.config_space(m, cols, k, n.dtype.itemsize)
-        self.st.chosen[c] = (f"{c.name}: topi.matmul, default config {cfg.to_config(m, cols, k).to_json()} "
-                             f"(one of {len(space)} in its space)")
-        self.st.templates[c] = lambda s, epilogue=None: topi_matmul.schedule(s, t, cfg, epilogue)
-        return c
+        return self._template(n, (lambda ai, i, r: self.at(a, ai + (i, r)), lambda bi, r, j: self.at(b, bi + (r, j))))
 
     def _conv2d(self, n: Node) -> te.Tensor:
         x, w = n.src
-        layout = n.param("layout")
-        nb, c, h, wd = x.shape if layout == "NCHW" else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
-        wl = topi_conv2d.Workload(nb, c, h, wd, w.shape[0], w.shape[2], w.shape[3], n.param("stride"),
-                                  n.param("pads"), n.param("dilation"), n.param("groups"), layout, n.dtype.itemsize)
-        cfg = topi_conv2d.default_config(wl)
-        t = topi_conv2d.conv2d(
-            lambda b, ch, y, xx: self.at(x, (b, ch, y, xx) if layout == "NCHW" else (b, y, xx, ch)),
-            lambda o, i, r, s: self.at(w, (o, i, r, s)), wl, n.dtype, cfg, name=self._name("conv2d"))
-        self.st.kind[t.out] = "conv2d"
-        self.st.chosen[t.out] = (f"{t.out.name}: topi.conv2d, default config {cfg.to_config(wl).to_json()} "
-                                 f"(one of {len(topi_conv2d.config_space(wl))} in its space)")
-        self.st.templates[t.out] = lambda s, epilogue=None: topi_conv2d.schedule(s, t, wl, cfg, epilogue)
-        return t.out
+        nchw = n.param("layout") == "NCHW"
+        return self._template(n, (lambda b, ch, y, xx: self.at(x, (b, ch, y, xx) if nchw else (b, y, xx, ch)),
+                                  lambda o, i, r, s: self.at(w, (o, i, r, s))))
 
-
-def _vector(n: Node) -> int:
-    """Lanes of one 512-bit register for n's dtype."""
-    return max(64 // n.dtype.itemsize, 1)
+    def _template(self, n: Node, readers: tuple) -> te.Tensor:
+        """The node's template computes it with the config picked for its task; its operands are read
+        through `readers` (the producers inlined into them)."""
+        task, choice = self.choices[n]
+        template = registry.get(task.template)
+        stages = template.compute(task.workload, choice.config, self.target, readers, name=self._name(task.template))
+        out = stages.out
+        self.st.kind[out] = task.template
+        self.st.tasks[out] = (task, choice)
+        size = len(template.config_space(task.workload, self.target))
+        self.st.chosen[out] = (f"{out.name}: template {task.template}, {choice.source} config "
+                               f"{choice.config.to_json()} (one of {size} in its space; task {task.key})")
+        self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, task.workload, choice.config,
+                                                                            self.target, epilogue)
+        return out
 
 
 def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:

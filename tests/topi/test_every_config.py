@@ -2,8 +2,10 @@
 
 For small, awkward workloads (sizes that no tile divides, batches, broadcast operands, strides, dilation,
 groups, depthwise), every point of the template's ConfigSpace is built from te placeholders with the
-template's compute + schedule and `jitop.build`, run, and compared with numpy. Parallel loops are made to
-really run on threads (JITOP_PARALLEL_MIN_WORK=1), as they do at tuning sizes.
+template's `build` (through the registry's functions) and `jitop.build`, run, and compared with numpy, for
+each Target whose code this machine runs: the host and haswell (AVX2: 16 registers, 8 float32 lanes), whose
+spaces differ. Parallel loops are made to really run on threads (the Target's parallel_min_work=1), as
+they do at tuning sizes.
 
 Configs whose loop IR is identical to one already built (e.g. the conv template ignores `pack` when the
 rows are outermost) are lowered and checked but not compiled again. A build costs 0.1-0.9 s, so the two
@@ -22,10 +24,11 @@ import pytest
 
 import jitop
 from jitop import te
+from jitop.target import Target
 from jitop.topi import conv2d as tc
 from jitop.topi import matmul as tm
-from jitop.topi.cpu import CPU, host
 from jitop.tuner.space import Config, ConfigSpace
+from targets import HOST, runnable_targets
 
 RNG = np.random.default_rng(7)
 _BUILT: dict[str, object] = {}  # loop IR text -> compiled module (identical IR is compiled once)
@@ -49,18 +52,13 @@ def _sample(space: ConfigSpace, limit: int | None, always: tuple[int, ...] = ())
     return sorted(picked)
 
 
-def _build(s, args):
+def _build(s, args, target: Target):
     func = jitop.lower(s, args)
-    key = str(func)
+    key = f"{target.key}\n{func}"
     if key not in _BUILT:
-        _BUILT[key] = jitop.build(func)
+        # parallel loops of these small workloads get real threads, not a serial loop
+        _BUILT[key] = jitop.build(func, target=target.replace(parallel_min_work=1))
     return _BUILT[key]
-
-
-@pytest.fixture(autouse=True)
-def _threads(monkeypatch):
-    # read at build time: parallel loops of these small workloads get real threads, not a serial loop
-    monkeypatch.setenv("JITOP_PARALLEL_MIN_WORK", "1")
 
 
 def _close(got, ref, magnitude, dtype) -> None:
@@ -89,17 +87,23 @@ MATMUL = {  # name: (batch of C, batch of B, m, n, k, dtype, limit on the config
 }
 
 
-def _matmul_space(name):
-    _, _, m, n, k, dtype, _ = MATMUL[name]
-    return tm.config_space(m, n, k, np.dtype(dtype).itemsize)
+def _matmul_workload(name) -> tm.MatmulWorkload:
+    batch, b_batch, m, n, k, dtype, _ = MATMUL[name]
+    return tm.MatmulWorkload(m, n, k, dtype, a_batch=batch, b_batch=b_batch)
+
+
+def _matmul_space(name, target=HOST):
+    return tm.config_space(_matmul_workload(name), target)
 
 
 def _matmul_cases():
-    for name, (_, _, m, n, k, dtype, limit) in MATMUL.items():
-        space = _matmul_space(name)
-        default = space.index_of(tm.default_config(m, n, k, np.dtype(dtype).itemsize).to_config(m, n, k))
-        for idx in _sample(space, limit, (default,)):
-            yield pytest.param(name, idx, id=f"{name}-{idx}")
+    for target in runnable_targets():
+        t = target.values[0]
+        for name, (*_, limit) in MATMUL.items():
+            space = _matmul_space(name, t)
+            default = space.index_of(tm.default_config(_matmul_workload(name), t))
+            for idx in _sample(space, limit, (default,)):
+                yield pytest.param(name, idx, t, id=f"{target.id}-{name}-{idx}")
 
 
 _MATMUL_DATA: dict[str, tuple] = {}
@@ -116,50 +120,41 @@ def _matmul_data(name):
     return _MATMUL_DATA[name]
 
 
-@pytest.mark.parametrize("name, idx", list(_matmul_cases()))
-def test_matmul_every_config(name, idx):
-    batch, b_batch, m, n, k, dtype, _ = MATMUL[name]
-    cfg = tm.MatmulConfig.from_config(_matmul_space(name).get(idx))
-    A = te.placeholder(batch + (m, k), dtype, name="A")
-    B = te.placeholder(b_batch + (k, n), dtype, name="B")
-    lead = len(batch) - len(b_batch)
-
-    def b_index(bi):  # numpy broadcasting of B's batch dims against C's
-        return tuple(te.const(0) if d == 1 else bi[lead + j] for j, d in enumerate(b_batch))
-    t = tm.matmul(lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)], batch, m, n, k, dtype,
-                  cfg, b_batch=b_batch, b_index=b_index)
-    C = t.out
-    s = jitop.create_schedule(C.op)
-    tm.schedule(s, t, cfg)
-    f = _build(s, [A, B, C])
+@pytest.mark.parametrize("name, idx, target", list(_matmul_cases()))
+def test_matmul_every_config(name, idx, target):
+    wl = _matmul_workload(name)
+    s, args = tm.TEMPLATE.build(wl, _matmul_space(name, target).get(idx), target)
+    f = _build(s, args, target)
     a, b, ref, magnitude = _matmul_data(name)
-    _close(f(a, b), ref, magnitude, dtype)
+    _close(f(a, b), ref, magnitude, wl.dtype)
 
 
 # ** conv2d **
 
 CONV = {  # name: (Workload, limit on the configs built (None: all))
-    "nchw_1x5x6x7_oc7_3x3_pad1": (tc.Workload(1, 5, 6, 7, 7, 3, 3, pads=(1, 1, 1, 1)), None),
-    "nhwc_stride2_dil2_groups2": (tc.Workload(2, 4, 9, 8, 6, 3, 2, stride=(2, 2), pads=(1, 1, 0, 2),
+    "nchw_1x5x6x7_oc7_3x3_pad1": (tc.Conv2dWorkload(1, 5, 6, 7, 7, 3, 3, pads=(1, 1, 1, 1)), None),
+    "nhwc_stride2_dil2_groups2": (tc.Conv2dWorkload(2, 4, 9, 8, 6, 3, 2, stride=(2, 2), pads=(1, 1, 0, 2),
                                               dilation=(2, 2), groups=2, layout="NHWC"), None),
-    "nchw_depthwise_x2_f64": (tc.Workload(1, 6, 5, 5, 12, 3, 3, pads=(1, 1, 1, 1), groups=6, itemsize=8), None),
-    "nhwc_depthwise_stride_2x1": (tc.Workload(2, 3, 4, 6, 3, 2, 3, stride=(2, 1), pads=(0, 1, 1, 1), groups=3,
+    "nchw_depthwise_x2_f64": (tc.Conv2dWorkload(1, 6, 5, 5, 12, 3, 3, pads=(1, 1, 1, 1), groups=6, dtype="float64"), None),
+    "nhwc_depthwise_stride_2x1": (tc.Conv2dWorkload(2, 3, 4, 6, 3, 2, 3, stride=(2, 1), pads=(0, 1, 1, 1), groups=3,
                                               layout="NHWC"), None),
     # 112 points: sampled (every 3rd, 38 builds); oc 20 = a full and a partial vector of float32 channels
-    "nhwc_groups2_oc20_asym": (tc.Workload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
+    "nhwc_groups2_oc20_asym": (tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
                                            layout="NHWC"), 40),
 }
 
 
 def _conv_cases():
-    for name, (wl, limit) in CONV.items():
-        space = tc.config_space(wl)
-        default = space.index_of(tc.default_config(wl).to_config(wl))
-        for idx in _sample(space, limit, (default,)):
-            yield pytest.param(name, idx, id=f"{name}-{idx}")
+    for target in runnable_targets():
+        t = target.values[0]
+        for name, (wl, limit) in CONV.items():
+            space = tc.config_space(wl, t)
+            default = space.index_of(tc.default_config(wl, t))
+            for idx in _sample(space, limit, (default,)):
+                yield pytest.param(name, idx, t, id=f"{target.id}-{name}-{idx}")
 
 
-def _conv_reference(x, w, wl: tc.Workload):
+def _conv_reference(x, w, wl: tc.Conv2dWorkload):
     """float64 NCHW/NHWC convolution: per output channel and kernel tap, a strided window of the padded input."""
     x = x.astype(np.float64)
     w = w.astype(np.float64)
@@ -184,7 +179,7 @@ _CONV_DATA: dict[str, tuple] = {}
 def _conv_data(name):
     if name not in _CONV_DATA:
         wl, _ = CONV[name]
-        dtype = {4: np.float32, 8: np.float64}[wl.itemsize]
+        dtype = wl.dtype
         x = RNG.standard_normal((wl.n, wl.c, wl.h, wl.w) if wl.layout == "NCHW" else (wl.n, wl.h, wl.w, wl.c))
         w = RNG.standard_normal((wl.oc, wl.icg, wl.kh, wl.kw))
         x, w = x.astype(dtype), w.astype(dtype)
@@ -194,32 +189,19 @@ def _conv_data(name):
     return _CONV_DATA[name]
 
 
-@pytest.mark.parametrize("name, idx", list(_conv_cases()))
-def test_conv2d_every_config(name, idx):
+@pytest.mark.parametrize("name, idx, target", list(_conv_cases()))
+def test_conv2d_every_config(name, idx, target):
     wl, _ = CONV[name]
-    dtype = {4: "float32", 8: "float64"}[wl.itemsize]
-    cfg = tc.Conv2dConfig.from_config(tc.config_space(wl).get(idx))
-    xshape = (wl.n, wl.c, wl.h, wl.w) if wl.layout == "NCHW" else (wl.n, wl.h, wl.w, wl.c)
-    X = te.placeholder(xshape, dtype, name="X")
-    W = te.placeholder((wl.oc, wl.icg, wl.kh, wl.kw), dtype, name="W")
-    if wl.layout == "NCHW":
-        def read_input(b, ch, y, x):
-            return X[b, ch, y, x]
-    else:
-        def read_input(b, ch, y, x):
-            return X[b, y, x, ch]
-    t = tc.conv2d(read_input, lambda o, i, r, s: W[o, i, r, s], wl, dtype, cfg)
-    s = jitop.create_schedule(t.out.op)
-    tc.schedule(s, t, wl, cfg)
-    f = _build(s, [X, W, t.out])
+    s, args = tc.TEMPLATE.build(wl, tc.config_space(wl, target).get(idx), target)
+    f = _build(s, args, target)
     x, w, ref, magnitude = _conv_data(name)
-    _close(f(x, w), ref, magnitude, dtype)
+    _close(f(x, w), ref, magnitude, wl.dtype)
 
 
 def test_samples_cover_every_knob_value():
     """The sampled spaces still try every candidate of every knob (and are a real fraction of the space)."""
     spaces = [(_matmul_space(n), MATMUL[n][-1]) for n in MATMUL] + \
-        [(tc.config_space(wl), limit) for wl, limit in CONV.values()]
+        [(tc.config_space(wl, HOST), limit) for wl, limit in CONV.values()]
     for space, limit in spaces:
         picked = [space.get(i) for i in _sample(space, limit)]
         assert len(picked) >= min(len(space), limit or len(space)) * 3 // 4
@@ -229,11 +211,11 @@ def test_samples_cover_every_knob_value():
 
 # ** defaults lie in the space; configs are plain data **
 
-CPUS = {
-    "host": None,
-    "avx512_64_threads": CPU(vector_bytes=64, vector_registers=32, threads=64),
-    "avx2": CPU(vector_bytes=32, vector_registers=16, threads=8),
-    "sse": CPU(vector_bytes=16, vector_registers=16, threads=1),
+CPUS = {  # defaults are only derived here, never run: any Target will do
+    "host": HOST,
+    "avx512_64_threads": Target.from_string("x86-64-v4").replace(threads=64),
+    "avx2": Target.from_string("haswell").replace(threads=8),
+    "sse": Target.from_string("x86-64-v2").replace(threads=1),
 }
 
 MATMUL_SHAPES = [(1, 1, 1), (1, 1000, 1), (1000, 1, 3), (13, 37, 9), (6, 64, 4), (7, 65, 2), (64, 64, 64),
@@ -243,28 +225,33 @@ MATMUL_SHAPES = [(1, 1, 1), (1, 1000, 1), (1000, 1, 3), (13, 37, 9), (6, 64, 4),
 @pytest.mark.parametrize("cpu", list(CPUS))
 @pytest.mark.parametrize("itemsize", [4, 8])
 def test_matmul_default_config_is_a_point_of_the_space(cpu, itemsize):
+    target = CPUS[cpu]
     for m, n, k in MATMUL_SHAPES:
-        space = tm.config_space(m, n, k, itemsize, CPUS[cpu])
-        cfg = tm.default_config(m, n, k, itemsize, CPUS[cpu])
-        point = cfg.to_config(m, n, k)
+        wl = tm.MatmulWorkload(m, n, k, {4: "float32", 8: "float64"}[itemsize])
+        space = tm.config_space(wl, target)
+        point = tm.default_config(wl, target)
         idx = space.index_of(point)
         assert space.get(idx) == point
-        assert tm.MatmulConfig.from_config(point) == cfg, (m, n, k)
+        typed = tm.MatmulConfig.from_config(point)
+        assert typed.to_config(m, n, k) == point, (m, n, k)
+        # the register tile and its operands fit the Target's vector registers
+        vectors = typed.bn // target.lanes(itemsize)
+        assert typed.mr * vectors + vectors + 1 <= target.vector_registers or m == 1, (m, n, k, typed)
 
 
 CONV_WORKLOADS = [
-    tc.Workload(1, 3, 224, 224, 64, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3)),
-    tc.Workload(1, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)),
-    tc.Workload(8, 256, 14, 14, 512, 1, 1, stride=(2, 2), layout="NHWC"),
-    tc.Workload(1, 32, 112, 112, 32, 3, 3, pads=(1, 1, 1, 1), groups=32),            # depthwise
-    tc.Workload(1, 32, 17, 17, 64, 3, 3, pads=(1, 1, 1, 1), groups=32, itemsize=8),  # depthwise x2
-    tc.Workload(2, 12, 9, 10, 24, 3, 3, pads=(1, 1, 1, 1), groups=3),                # 8 channels per group
-    tc.Workload(2, 12, 9, 10, 60, 3, 3, pads=(1, 1, 1, 1), groups=3),                # 20 channels per group
-    tc.Workload(1, 5, 1, 1, 7, 3, 3, pads=(1, 1, 1, 1)),
-    tc.Workload(1, 1, 7, 11, 1, 1, 1),
-    tc.Workload(1, 7, 30, 3, 100, 2, 2, stride=(1, 1), pads=(0, 1, 0, 1), dilation=(2, 1), layout="NHWC"),
-    tc.Workload(3, 6, 40, 40, 6, 5, 5, stride=(2, 2), pads=(2, 2, 2, 2), groups=2, itemsize=8),
-    tc.Workload(1, 0, 4, 4, 4, 3, 3),                                                # no input channels
+    tc.Conv2dWorkload(1, 3, 224, 224, 64, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3)),
+    tc.Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)),
+    tc.Conv2dWorkload(8, 256, 14, 14, 512, 1, 1, stride=(2, 2), layout="NHWC"),
+    tc.Conv2dWorkload(1, 32, 112, 112, 32, 3, 3, pads=(1, 1, 1, 1), groups=32),            # depthwise
+    tc.Conv2dWorkload(1, 32, 17, 17, 64, 3, 3, pads=(1, 1, 1, 1), groups=32, dtype="float64"),  # depthwise x2
+    tc.Conv2dWorkload(2, 12, 9, 10, 24, 3, 3, pads=(1, 1, 1, 1), groups=3),                # 8 channels per group
+    tc.Conv2dWorkload(2, 12, 9, 10, 60, 3, 3, pads=(1, 1, 1, 1), groups=3),                # 20 channels per group
+    tc.Conv2dWorkload(1, 5, 1, 1, 7, 3, 3, pads=(1, 1, 1, 1)),
+    tc.Conv2dWorkload(1, 1, 7, 11, 1, 1, 1),
+    tc.Conv2dWorkload(1, 7, 30, 3, 100, 2, 2, stride=(1, 1), pads=(0, 1, 0, 1), dilation=(2, 1), layout="NHWC"),
+    tc.Conv2dWorkload(3, 6, 40, 40, 6, 5, 5, stride=(2, 2), pads=(2, 2, 2, 2), groups=2, dtype="float64"),
+    tc.Conv2dWorkload(1, 0, 4, 4, 4, 3, 3),                                                # no input channels
 ]
 
 
@@ -274,12 +261,12 @@ def test_conv2d_default_config_is_a_point_of_the_space(cpu):
         for layout in ("NCHW", "NHWC"):
             wl = dataclasses.replace(base, layout=layout)
             space = tc.config_space(wl, CPUS[cpu])
-            cfg = tc.default_config(wl, CPUS[cpu])
-            point = cfg.to_config(wl)
+            point = tc.default_config(wl, CPUS[cpu])
             idx = space.index_of(point)
             assert space.get(idx) == point
-            assert tc.Conv2dConfig.from_config(point) == cfg, wl
-            assert cfg.bn % (CPUS[cpu] or host()).lanes(wl.itemsize) == 0
+            cfg = tc.Conv2dConfig.from_config(point)
+            assert cfg.to_config(wl) == point, wl
+            assert cfg.bn % CPUS[cpu].lanes(wl.itemsize) == 0
 
 
 def _all_spaces():
@@ -287,7 +274,7 @@ def _all_spaces():
         yield pytest.param(f"matmul-{name}", _matmul_space(name), lambda cfg, n=name:
                            tm.MatmulConfig.from_config(cfg).to_config(*MATMUL[n][2:5]), id=f"matmul-{name}")
     for name, (wl, _) in CONV.items():
-        yield pytest.param(f"conv2d-{name}", tc.config_space(wl), lambda cfg, wl=wl:
+        yield pytest.param(f"conv2d-{name}", tc.config_space(wl, HOST), lambda cfg, wl=wl:
                            tc.Conv2dConfig.from_config(cfg).to_config(wl), id=f"conv2d-{name}")
 
 

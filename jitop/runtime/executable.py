@@ -1,0 +1,419 @@
+"""A compiled traced function: loaded object code + the Plan that turns call arguments into its arrays.
+
+An Executable saves to plain bytes (JSON + object code + .npy constants in a checksummed zip, no
+pickle) and loads back without LLVM's optimiser or code generator and without the tracer:
+
+>>> blob = exe.to_bytes()                              # doctest: +SKIP
+>>> Executable.from_bytes(blob).call([a, b])           # doctest: +SKIP
+
+The function's result structure is data too (a JSON tree, see `rebuild`), so a loaded Executable
+returns what the traced function returned.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import math
+import struct
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitop.runtime.args import ParamSpec
+from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
+from jitop.runtime.module import Module
+from jitop.target import Target
+
+MAGIC = b"JITOPEXE"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sI32s")  # magic, format version, sha256 of the payload
+_DTYPE_KINDS = "biufc"              # numbers only: never object, string, void or datetime arrays
+
+
+@dataclass
+class Plan:
+    """How a call's arguments become the kernel's arrays, and its outputs the function's result."""
+
+    inputs: list[tuple[str, Any]]  # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype)) | ("const", array)
+    outputs: list[tuple[tuple[int, ...], np.dtype]]
+    result_slots: list[int]                  # flat function result k -> output array index
+    n_scratch: int = 0                       # trailing output buffers that are only intermediates
+    result: Any = None                       # result tree (see `rebuild`); None: the flat list of results
+
+
+@dataclass
+class Executable:
+    """A compiled traced function: `call(values)` with the argument values of the original function
+    returns its result; `exe(*values)` does the same after checking them against the compiled signature.
+
+    >>> exe = Executable.from_bytes(blob)      # doctest: +SKIP
+    >>> exe(np.ones(4, np.float32))            # doctest: +SKIP
+    """
+
+    module: Module
+    plan: Plan
+    groups: list[Any] = field(default_factory=list)     # fusion groups, for explain() (not saved)
+    func: Any = None  # the lowered loop IR, for explain() (not saved)
+    templates: list[str] = field(default_factory=list)  # operator templates and their configs, for explain() (not saved)
+
+    def __post_init__(self) -> None:
+        self.run = _specialised_runner(self.plan, self.module)
+        self.set_result(self.plan.result)
+
+    def set_result(self, tree: Any) -> None:
+        """Make `call` return the structure `tree` describes (see `rebuild`); None: the flat list of results."""
+        if tree is not None:
+            _check_tree(tree, len(self.plan.result_slots), allow_objects=True)
+        self.plan.result = tree
+        self.call = self.run if tree is None else _specialised_runner(self.plan, self.module, tree)
+
+    def __call__(self, *values: Any) -> Any:
+        _check_values(self.plan, self.module.params, values)
+        return self.call(values)
+
+    # ** bytes **
+    def to_bytes(self) -> bytes:
+        """Object code, metadata, LLVM IR (if kept), plan, constants and result tree as one blob.
+
+        >>> Executable.from_bytes(exe.to_bytes())(a)   # doctest: +SKIP
+        """
+        plan_json, constants = _plan_to_json(self.plan)
+        try:
+            ll = self.module.get_source("ll")
+        except ValueError:
+            ll = None
+        files = {"plan.json": json.dumps(plan_json).encode(),
+                 "meta.json": json.dumps({**self.module.meta, "format": MODULE_FORMAT}).encode(),
+                 "kernel.o": self.module.object_code}
+        if ll is not None:
+            files["kernel.ll"] = ll.encode()
+        for i, c in enumerate(constants):
+            npy = io.BytesIO()
+            np.save(npy, c, allow_pickle=False)
+            files[f"const{i}.npy"] = npy.getvalue()
+        payload = _zip(files)
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "Executable":
+        """Load a blob written by `to_bytes`: no LLVM optimisation/codegen, no tracing.
+
+        Raises ValueError for a corrupt, truncated or incompatible blob, and `jitop.TargetMismatchError`
+        (loading nothing) if it was built for a CPU whose features this machine lacks.
+
+        >>> exe = Executable.from_bytes(open("f.jitexe", "rb").read())   # doctest: +SKIP
+        """
+        files = _unzip(_payload(data))
+        try:
+            meta, plan_json = json.loads(files["meta.json"]), json.loads(files["plan.json"])
+            target = Target.from_json(meta["target"])
+        except (KeyError, TypeError, ValueError, RecursionError) as err:
+            raise ValueError(f"malformed jitop Executable (metadata: {type(err).__name__}: {err})") from None
+        # before any object code is linked in: foreign code is refused, never loaded
+        target.check_runs_on(what=f"the saved kernel '{meta.get('name', '?')}'")
+        try:
+            plan = _decode(meta, plan_json, files)
+        except (KeyError, TypeError, ValueError, IndexError, RecursionError) as err:
+            raise ValueError(f"malformed jitop Executable ({type(err).__name__}: {err})") from None
+        ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
+        return Executable(Module(meta, files["kernel.o"], ll), plan)
+
+
+# ** the hot path **
+def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callable[[Sequence[Any]], Any]:
+    """run(args) -> outputs (or the result `tree` describes), generated as straight-line Python for this plan
+    (the per-call hot path)."""
+    n_real = len(plan.outputs) - plan.n_scratch
+    env: dict[str, Any] = {"call": module.call_arrays, "check": module.raise_if_error,
+                           "contiguous": np.ascontiguousarray, "asarray": np.asarray}
+    lines = ["def run(args):"]
+    names = []
+    for k, (kind, what) in enumerate(plan.inputs):
+        name = f"i{k}"
+        names.append(name)
+        if kind == "arg":
+            lines += [f"    {name} = args[{what}]", f"    f = {name}.flags",
+                      f"    if not (f.c_contiguous and f.aligned): {name} = contiguous({name})"]
+        elif kind == "arg_swapped":
+            env[f"dt{k}"] = what[1]
+            lines.append(f"    {name} = contiguous(args[{what[0]}], dt{k})")
+        elif kind == "scalar":
+            env[f"dt{k}"] = what[1]
+            lines.append(f"    {name} = asarray(args[{what[0]}], dt{k})")
+        else:
+            env[f"c{k}"] = what
+            lines.append(f"    {name} = c{k}")
+    for k, (shape, dt) in enumerate(plan.outputs):
+        env[f"alloc{k}"] = _allocator(shape, dt, scratch=k >= n_real)
+        lines.append(f"    o{k} = alloc{k}()")
+        names.append(f"o{k}")
+    lines.append(f"    call({', '.join(names)})")
+    if module.checked:
+        lines.append("    check()")
+    results = [f"o{k}" for k in plan.result_slots]
+    if tree is None:
+        lines.append(f"    return [{', '.join(results)}]")
+    else:
+        # the result is built inline: a single array result costs nothing beyond `return o0`
+        build, expr = _result_code(tree, results, env)
+        lines += build + [f"    return {expr}"]
+    exec("\n".join(lines), env)  # noqa: S102 - generated from the plan above; data values only via env
+    return env["run"]
+
+
+REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
+
+
+def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> Callable[[], np.ndarray]:
+    """A fresh output array. A big one reuses the previous call's result if nothing references it any more:
+    its pages are already mapped, which saves the page faults that otherwise dominate memory-bound kernels.
+    Scratch buffers (intermediates) are always recycled that way."""
+    if math.prod(shape) * dt.itemsize < REUSE_BYTES and not scratch:
+        return lambda: np.empty(shape, dt)
+    spare: list[np.ndarray] = []
+
+    def alloc() -> np.ndarray:
+        try:
+            a = spare.pop()  # atomic: two threads never get the same array
+        except IndexError:
+            a = None
+        if a is None or sys.getrefcount(a) > 2:  # someone still holds it (the local and the call's argument)
+            a = np.empty(shape, dt)
+        spare.append(a)
+        return a
+    return alloc
+
+
+# ** result trees **
+# ["out", k, scalar]      flat result k; scalar: a 0-d computation numpy returns as a scalar (outs[k][()])
+# ["tuple", [t, ...]] / ["list", [t, ...]] / ["dict", [[key, t], ...]]   (a key is a "const" or "obj" leaf)
+# ["const", v]            v is None, bool, int, float or str (JSON round-trips it exactly)
+# ["obj", v]              any other Python value: works in memory, cannot be saved
+_CONST_TYPES = (type(None), bool, int, float, str)
+MAX_RESULT_DEPTH = 100
+
+
+def rebuild(tree: Any, outs: Sequence[Any]) -> Any:
+    """The value `tree` describes, taking array k from `outs`.
+
+    >>> outs = [np.arange(3), np.array(2.5)]
+    >>> r = rebuild(["tuple", [["out", 0, False], ["dict", [[["const", "s"], ["out", 1, True]]]]]], outs)
+    >>> r[0] is outs[0], type(r[1]["s"]) is np.float64
+    (True, True)
+    """
+    _check_tree(tree, len(outs), allow_objects=True)
+    env: dict[str, Any] = {}
+    build, expr = _result_code(tree, [f"outs[{k}]" for k in range(len(outs))], env)
+    exec("\n".join(["def rebuild(outs):", *build, f"    return {expr}"]), env)  # noqa: S102 - indices only
+    return env["rebuild"](outs)
+
+
+def leaf(value: Any) -> list:
+    """The tree leaf for a plain Python value: "const" if it survives JSON unchanged, else "obj"."""
+    return ["const", value] if type(value) in _CONST_TYPES else ["obj", value]
+
+
+def _result_code(tree: Any, outs: list[str], env: dict[str, Any]) -> tuple[list[str], str]:
+    """Statements (one per container, so deep trees never nest expressions) and the expression of the result;
+    values go through `env`, never into the source text."""
+    lines: list[str] = []
+    fresh = itertools.count()
+
+    def emit(t: list) -> str:
+        kind = t[0]
+        if kind == "out":
+            return f"{outs[t[1]]}[()]" if t[2] else outs[t[1]]
+        name = f"r{next(fresh)}"
+        if kind in ("const", "obj"):
+            env[name] = t[1]
+            return name
+        if kind == "dict":
+            body = "{" + ", ".join(f"{emit(k)}: {emit(v)}" for k, v in t[1]) + "}"
+        elif kind == "list":
+            body = "[" + ", ".join(emit(s) for s in t[1]) + "]"
+        else:
+            body = "(" + "".join(f"{emit(s)}, " for s in t[1]) + ")"
+        lines.append(f"    {name} = {body}")
+        return name
+    return lines, emit(tree)
+
+
+def _check_tree(tree: Any, n_results: int, allow_objects: bool) -> None:
+    """Raise ValueError unless `tree` is a well-formed result tree over `n_results` arrays."""
+    stack = [(tree, 0)]
+    while stack:
+        t, depth = stack.pop()
+        if not (isinstance(t, list) and t and isinstance(t[0], str)):
+            raise ValueError(f"bad result tree node {t!r}")
+        if depth > MAX_RESULT_DEPTH:  # code generation and JSON recurse over it
+            raise ValueError(f"result nested deeper than {MAX_RESULT_DEPTH} levels")
+        kind = t[0]
+        if kind == "out":
+            if not (len(t) == 3 and type(t[1]) is int and 0 <= t[1] < n_results and type(t[2]) is bool):
+                raise ValueError(f"bad result leaf {t!r} (expected ['out', k < {n_results}, bool])")
+        elif kind in ("const", "obj"):
+            if len(t) != 2 or (kind == "const" and type(t[1]) not in _CONST_TYPES):
+                raise ValueError(f"bad constant in result tree: {t!r}")
+            if kind == "obj" and not allow_objects:
+                raise ValueError(f"a result part of type {type(t[1]).__name__} cannot be saved")
+        elif kind in ("tuple", "list", "dict") and len(t) == 2 and isinstance(t[1], list):
+            if kind == "dict":
+                if not all(isinstance(kv, list) and len(kv) == 2 for kv in t[1]):
+                    raise ValueError(f"bad dict in result tree: {t!r}")
+                for k, v in t[1]:
+                    if not (isinstance(k, list) and k and k[0] in ("const", "obj")):
+                        raise ValueError(f"bad dict key in result tree: {k!r}")
+                    stack += [(k, depth + 1), (v, depth + 1)]
+            else:
+                stack += [(s, depth + 1) for s in t[1]]
+        else:
+            raise ValueError(f"bad result tree node {t!r}")
+
+
+# ** serialisation **
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in files.items():
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)  # same input, same bytes
+    return buf.getvalue()
+
+
+def _payload(data: bytes) -> bytes:
+    """The checked payload of a blob: right magic, version and sha256."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"Executable.from_bytes expects bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEADER.size:
+        raise ValueError(f"not a jitop Executable: {len(data)} bytes is shorter than the header (truncated?)")
+    magic, version, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not a jitop Executable (bad magic bytes)")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"jitop Executable format version {version}, this jitop reads version {FORMAT_VERSION}; "
+                         "rebuild it with this jitop")
+    payload = data[_HEADER.size:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError("jitop Executable checksum mismatch: the blob is corrupt or truncated; rebuild it")
+    return payload
+
+
+def _unzip(payload: bytes) -> dict[str, bytes]:
+    try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as z:
+            infos = z.infolist()
+            if any(i.compress_type != zipfile.ZIP_STORED for i in infos):  # sizes bounded by the blob's
+                raise ValueError("compressed entries")
+            files = {i.filename: z.read(i) for i in infos}
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as err:
+        raise ValueError(f"malformed jitop Executable (container: {err})") from None
+    missing = {"meta.json", "plan.json", "kernel.o"} - set(files)
+    if missing:
+        raise ValueError(f"malformed jitop Executable: missing {sorted(missing)}")
+    return files
+
+
+def _dtype(text: Any) -> np.dtype:
+    """A plan dtype from its string: native-order numbers only (never object/pickled data)."""
+    if not isinstance(text, str):
+        raise ValueError(f"dtype must be a string, got {text!r}")
+    dt = np.dtype(text)
+    if dt.kind not in _DTYPE_KINDS or dt.hasobject or not dt.isnative:
+        raise ValueError(f"dtype {text!r} is not a native numeric dtype")
+    return dt
+
+
+def _position(p: Any) -> int:
+    if type(p) is not int or p < 0:
+        raise ValueError(f"argument position must be a non-negative int, got {p!r}")
+    return p
+
+
+def _plan_to_json(plan: Plan) -> tuple[dict, list[np.ndarray]]:
+    """The plan as JSON (dtypes as strings, constants as indices) and its constants."""
+    if plan.result is not None:
+        try:
+            _check_tree(plan.result, len(plan.result_slots), allow_objects=False)
+        except ValueError as err:
+            raise ValueError(f"this Executable cannot be saved: {err} (only arrays, None, bool, int, float and str "
+                             "in tuples, lists and dicts survive to_bytes)") from None
+    inputs: list[list] = []
+    constants: list[np.ndarray] = []
+    for kind, what in plan.inputs:
+        if kind == "arg":
+            inputs.append([kind, what])
+        elif kind in ("arg_swapped", "scalar"):
+            inputs.append([kind, [what[0], np.dtype(what[1]).str]])
+        else:
+            inputs.append([kind, len(constants)])
+            constants.append(np.asarray(what))
+    return {"inputs": inputs, "outputs": [[list(s), np.dtype(d).str] for s, d in plan.outputs],
+            "result_slots": list(plan.result_slots), "n_scratch": plan.n_scratch, "result": plan.result}, constants
+
+
+def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
+    """The Plan of a blob, checked against the module's parameters so a kernel never sees a wrong buffer."""
+    if meta.get("format") != MODULE_FORMAT:
+        raise ValueError(f"module format {meta.get('format')}, expected {MODULE_FORMAT}")
+    params = [ParamSpec.from_json(p) for p in meta["params"]]
+    inputs: list[tuple[str, Any]] = []
+    for kind, what in plan_json["inputs"]:
+        if kind == "arg":
+            inputs.append((kind, _position(what)))
+        elif kind in ("arg_swapped", "scalar"):
+            inputs.append((kind, (_position(what[0]), _dtype(what[1]))))
+        elif kind == "const":
+            c = np.load(io.BytesIO(files[f"const{_position(what)}.npy"]), allow_pickle=False)
+            if not isinstance(c, np.ndarray):
+                raise ValueError(f"constant {what} is not a .npy array")
+            _dtype(c.dtype.str)
+            c.flags.writeable = False
+            inputs.append((kind, c))
+        else:
+            raise ValueError(f"unknown input kind {kind!r}")
+    outputs = [(tuple(_position(d) for d in s), _dtype(dt)) for s, dt in plan_json["outputs"]]
+    slots = [_position(k) for k in plan_json["result_slots"]]
+    plan = Plan(inputs, outputs, slots, _position(plan_json["n_scratch"]), plan_json["result"])
+    _check_plan(plan, params)
+    return plan
+
+
+def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
+    if len(plan.inputs) + len(plan.outputs) != len(params) or plan.n_scratch > len(plan.outputs):
+        raise ValueError(f"plan has {len(plan.inputs)} inputs and {len(plan.outputs)} outputs for "
+                         f"{len(params)} kernel parameters")
+    for (kind, what), p in zip(plan.inputs, params):
+        if p.is_output or (kind == "const" and (what.shape != p.shape or what.dtype != p.dtype)):
+            raise ValueError(f"plan input {kind} does not match kernel parameter {p.name}: {p.describe()}")
+    for (shape, dt), p in zip(plan.outputs, params[len(plan.inputs):]):
+        if not p.is_output or shape != p.shape or dt != p.dtype:
+            raise ValueError(f"plan output {dt} {shape} does not match kernel parameter {p.name}: {p.describe()}")
+    if any(k >= len(plan.outputs) - plan.n_scratch for k in plan.result_slots):
+        raise ValueError("a result slot points past the kernel's outputs")
+    if plan.result is not None:
+        _check_tree(plan.result, len(plan.result_slots), allow_objects=False)
+
+
+def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any]) -> None:
+    """Raise TypeError/ValueError unless `values` fit the signature the kernel was compiled for."""
+    for (kind, what), p in zip(plan.inputs, params):
+        if kind == "const":
+            continue
+        pos = what if kind == "arg" else what[0]
+        if pos >= len(values):
+            raise TypeError(f"missing argument {pos} ('{p.name}', {p.describe()}); got {len(values)} arguments")
+        v, where = values[pos], f"argument '{p.name}' (position {pos})"
+        if kind == "scalar":
+            if np.ndim(v) != 0:
+                raise ValueError(f"{where} must be a scalar, got shape {np.shape(v)}")
+            continue
+        if not isinstance(v, np.ndarray):
+            raise TypeError(f"{where} must be a numpy.ndarray ({p.describe()}), got {type(v).__name__}")
+        if v.shape != p.shape or v.dtype.newbyteorder("=") != p.dtype or (kind == "arg" and not v.dtype.isnative):
+            raise ValueError(f"{where} must be a {p.describe()}, got a {v.dtype.str} array of shape {v.shape}; "
+                             "the Executable was compiled for that signature")

@@ -1,0 +1,105 @@
+"""Tasks and the schedule choice: `pick(task)` is the one question the compile pipeline asks.
+
+A Task is one workload of one template for one Target; its key is a stable content hash (the unit of
+tuning records and of the cache). `pick` answers with a Choice: the config and where it came from. Sources
+are consulted in order (tuned records, transferred, ... registered by the tuner and the cache with
+`add_source`); the template's default always answers last, so every workload has a schedule.
+
+>>> import jitop
+>>> from jitop.tuner.registry import get
+>>> wl = get("matmul").workload_type(m=64, n=64, k=64, dtype="float32")
+>>> task = Task("matmul", wl, jitop.Target.from_string("haswell"))
+>>> choice = pick(task)
+>>> choice.source
+'default'
+>>> get("matmul").config_space(wl, task.target).index_of(choice.config) >= 0
+True
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from jitop.target import Target
+from jitop.tuner import registry
+from jitop.tuner.space import Config
+
+
+@dataclass(frozen=True)
+class Task:
+    """(template name, workload, target): what one tuned config is chosen for."""
+
+    template: str
+    workload: Any
+    target: Target
+
+    @property
+    def key(self) -> str:
+        """Stable content hash of the template, workload and target key."""
+        text = json.dumps([self.template, registry.workload_to_json(self.workload), self.target.key])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    @property
+    def flops(self) -> int:
+        return int(self.workload.flops)
+
+    def config_space(self):
+        return registry.get(self.template).config_space(self.workload, self.target)
+
+    def to_json(self) -> str:
+        return json.dumps({"template": self.template, "workload": json.loads(registry.workload_to_json(self.workload)),
+                           "target": json.loads(self.target.to_json())}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Task":
+        data = json.loads(text)
+        template = registry.get(data["template"])
+        return Task(data["template"], template.workload_from_json(data["workload"]), Target.from_json(data["target"]))
+
+    def __str__(self) -> str:
+        return f"{self.template}{registry.workload_to_json(self.workload)} on {self.target.cpu}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The config picked for a task and its source: "default" (today), "tuned", "transferred", ..."""
+
+    config: Config
+    source: str
+    note: str = ""
+
+
+Source = Callable[[Task], "Choice | None"]
+_SOURCES: list[Source] = []
+
+
+def add_source(source: Source) -> None:
+    """Consult `source(task)` before the template's default (tuned records, transfer, prediction)."""
+    if source not in _SOURCES:
+        _SOURCES.append(source)
+
+
+def remove_source(source: Source) -> None:
+    if source in _SOURCES:
+        _SOURCES.remove(source)
+
+
+def pick(task: Task) -> Choice:
+    """The config to build `task` with: the first source that answers with a valid point of the task's
+    space, else the template's default for the task's Target."""
+    template = registry.get(task.template)
+    for source in list(_SOURCES):
+        choice = source(task)
+        if choice is not None and _valid(task, choice.config):
+            return choice
+    return Choice(template.default_config(task.workload, task.target), "default")
+
+
+def _valid(task: Task, config: Config) -> bool:
+    try:
+        task.config_space().index_of(config)
+    except (KeyError, ValueError):
+        return False
+    return True
