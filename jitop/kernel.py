@@ -17,9 +17,10 @@ import numpy as np
 
 from jitop import dtypes
 from jitop.errors import JitopError
-from jitop.graph.compile import Executable, compile_graph
+from jitop.graph.compile import compile_graph
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
+from jitop.runtime.executable import Executable, leaf
 
 _FALLBACK = object()  # cache entry: this signature runs as plain numpy
 
@@ -48,14 +49,13 @@ def argspec(value: Any, static: bool) -> tuple:
 
 
 class Compiled:
-    """A cache entry: the executable and how to rebuild the function's result from its outputs."""
+    """A cache entry: the executable (which rebuilds the function's result itself) and its trace."""
 
     __slots__ = ("exe", "trace", "call")
 
     def __init__(self, exe: Executable, trace: "Trace"):
         self.exe, self.trace = exe, trace
-        run, rebuild = exe.run, trace.rebuild
-        self.call = lambda values: rebuild(run(values))
+        self.call = exe.call
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Trace:
     names: list[str] = field(default_factory=list)
     plan: list[tuple[str, Any]] = field(default_factory=list)
     results: list[Node] = field(default_factory=list)
-    rebuild: Callable[[list[Any]], Any] | None = None
+    result: Any = None  # the result's structure as a tree over `results` (jitop.runtime.executable.rebuild)
 
 
 class KernelFunction:
@@ -149,6 +149,7 @@ class KernelFunction:
     def _trace_and_build(self, values: list[Any]) -> "Compiled":
         tr = self.trace(values)
         exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        exe.set_result(tr.result)
         return Compiled(exe, tr)
 
     # ** tracing **
@@ -166,7 +167,7 @@ class KernelFunction:
             else:
                 pos.append(t)
         result = self.fn(*pos, **kw)
-        tr.results, tr.rebuild = _flatten(result)
+        tr.results, tr.result = _flatten(result)
         return tr
 
     def _tracer_for(self, k: int, name: str, value: Any, tr: Trace) -> Any:
@@ -234,28 +235,31 @@ class KernelFunction:
         return text
 
 
-def _flatten(result: Any) -> tuple[list[Node], Callable[[list[Any]], Any]]:
-    """Array leaves of a (nested) tuple/list/dict result and a function that rebuilds it."""
+def _flatten(result: Any) -> tuple[list[Node], list]:
+    """Array leaves of a (nested) tuple/list/dict result and the result's structure as data: a JSON tree
+    (jitop.runtime.executable.rebuild) unless it holds Python objects JSON cannot carry ("obj" leaves).
+
+    >>> _flatten(("n", 3))
+    ([], ['tuple', [['const', 'n'], ['const', 3]]])
+    """
     leaves: list[Node] = []
 
-    def walk(x: Any) -> Callable[[list[Any]], Any]:
+    def walk(x: Any) -> list:
         if isinstance(x, Tracer):
-            k = len(leaves)
             leaves.append(x.node)
-            if x.node.ndim == 0 and not x.array0d:
-                return lambda outs: outs[k][()]  # numpy gives a scalar for a 0-d computation
-            return lambda outs: outs[k]
-        if isinstance(x, (tuple, list)):
-            parts = [walk(v) for v in x]
-            return lambda outs: type(x)(p(outs) for p in parts)
+            # numpy gives a scalar for a 0-d computation, a 0-d array only for a 0-d array argument
+            return ["out", len(leaves) - 1, x.node.ndim == 0 and not x.array0d]
+        if type(x) in (tuple, list):
+            return [type(x).__name__, [walk(v) for v in x]]
+        if isinstance(x, (tuple, list)):  # a namedtuple is not rebuilt from an iterable
+            raise Unsupported(f"returning a {type(x).__name__} (a tuple/list subclass); return a tuple, list or dict")
         if isinstance(x, dict):
-            parts = {k: walk(v) for k, v in x.items()}
-            return lambda outs: {k: p(outs) for k, p in parts.items()}
+            return ["dict", [[leaf(k), walk(v)] for k, v in x.items()]]
         if isinstance(x, np.ndarray):
             raise Unsupported("returning a constant numpy array that does not depend on the arguments")
-        return lambda outs: x
-    rebuild = walk(result)
-    return leaves, rebuild
+        return leaf(x)
+    tree = walk(result)
+    return leaves, tree
 
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),

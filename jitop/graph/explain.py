@@ -24,7 +24,9 @@ def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
     for g in exe.groups:
         inlined = ", ".join(names.get(m, "?") for m in g.members) or "nothing"
         lines.append(f"  {names.get(g.root, '?')}: inlines {inlined}; ends because: {g.reason}")
+    target = exe.module.target
+    lines += ["", f"target: {target.describe()} (key {target.key})"]
     if exe.templates:
-        lines += ["", "operator templates (schedule choice):"] + [f"  {t}" for t in exe.templates]
+        lines += ["", "operator templates (task, schedule choice and its source):"] + [f"  {t}" for t in exe.templates]
     lines += ["", "loop IR (schedule applied):", str(exe.func)]
     return "\n".join(lines)

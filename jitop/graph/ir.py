@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from jitop.dtypes import DType
 
@@ -15,7 +15,7 @@ from jitop.dtypes import DType
 class Node:
     """One array value of a traced function. Build with `node(...)`, never directly."""
 
-    __slots__ = ("prim", "shape", "dtype", "src", "params", "weak", "_hash", "__weakref__")
+    __slots__ = ("prim", "shape", "dtype", "src", "params", "weak", "_hash", "_key", "__weakref__")
     _intern: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
 
     prim: str
@@ -47,11 +47,30 @@ class Node:
 
     @property
     def key(self) -> str:
-        """Stable content hash of the node and everything it depends on."""
-        h = hashlib.sha256(f"{self.prim}|{self.shape}|{self.dtype}|{self.weak}|{_stable(self.params)}".encode())
-        for s in self.src:
-            h.update(s.key.encode())
-        return h.hexdigest()
+        """Stable content hash of the node and everything it depends on (computed once per node).
+
+        >>> from jitop.dtypes import as_dtype
+        >>> a = node("arg", (3,), as_dtype("float32"), index=0)
+        >>> node("neg", (3,), a.dtype, (a,)).key == node("neg", (3,), a.dtype, (a,)).key
+        True
+        """
+        if self._key is None:
+            # inputs first, iteratively: a shared subgraph is hashed once and a deep chain
+            # does not recurse (each node's sources already have their key when it is hashed)
+            for n in toposort([self], skip=_has_key):
+                object.__setattr__(n, "_key", _content_key(n))
+        return self._key
+
+
+def _has_key(n: Node) -> bool:
+    return n._key is not None
+
+
+def _content_key(n: Node) -> str:
+    h = hashlib.sha256(f"{n.prim}|{n.shape}|{n.dtype}|{n.weak}|{_stable(n.params)}".encode())
+    for s in n.src:
+        h.update(s._key.encode())
+    return h.hexdigest()
 
 
 def _stable(params: tuple) -> str:
@@ -74,14 +93,14 @@ def node(prim: str, shape: tuple[int, ...], dtype: DType, src: Iterable[Node] = 
         return found
     n = object.__new__(Node)
     for name, value in (("prim", prim), ("shape", tuple(int(d) for d in shape)), ("dtype", dtype), ("src", src),
-                        ("params", ps), ("weak", weak), ("_hash", hash(key))):
+                        ("params", ps), ("weak", weak), ("_hash", hash(key)), ("_key", None)):
         object.__setattr__(n, name, value)
     Node._intern[key] = n
     return n
 
 
-def toposort(outputs: Iterable[Node]) -> list[Node]:
-    """Every node the outputs depend on, inputs first."""
+def toposort(outputs: Iterable[Node], skip: Callable[[Node], bool] | None = None) -> list[Node]:
+    """Every node the outputs depend on, inputs first; `skip(n)` true leaves out n and what only it reaches."""
     order: list[Node] = []
     seen: set[int] = set()
     stack = [(o, False) for o in outputs]
@@ -90,7 +109,7 @@ def toposort(outputs: Iterable[Node]) -> list[Node]:
         if done:
             order.append(n)
             continue
-        if id(n) in seen:
+        if id(n) in seen or (skip is not None and skip(n)):
             continue
         seen.add(id(n))
         stack.append((n, True))

@@ -73,6 +73,7 @@ class Executable:
         self.call = self.run if tree is None else _specialised_runner(self.plan, self.module, tree)
 
     def __call__(self, *values: Any) -> Any:
+        """The function's result for these arguments, checked first (a mismatch raises, never crashes)."""
         _check_values(self.plan, self.module.params, values)
         return self.call(values)
 
@@ -118,9 +119,9 @@ class Executable:
         target.check_runs_on(what=f"the saved kernel '{meta.get('name', '?')}'")
         try:
             plan = _decode(meta, plan_json, files)
+            ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
         except (KeyError, TypeError, ValueError, IndexError, RecursionError) as err:
             raise ValueError(f"malformed jitop Executable ({type(err).__name__}: {err})") from None
-        ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
         return Executable(Module(meta, files["kernel.o"], ll), plan)
 
 
@@ -360,7 +361,11 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
     """The Plan of a blob, checked against the module's parameters so a kernel never sees a wrong buffer."""
     if meta.get("format") != MODULE_FORMAT:
         raise ValueError(f"module format {meta.get('format')}, expected {MODULE_FORMAT}")
+    if not (isinstance(meta["symbol"], str) and isinstance(meta["name"], str)):
+        raise ValueError("kernel symbol and name must be strings")
     params = [ParamSpec.from_json(p) for p in meta["params"]]
+    for p in params:
+        _dtype(p.dtype.str)
     inputs: list[tuple[str, Any]] = []
     for kind, what in plan_json["inputs"]:
         if kind == "arg":

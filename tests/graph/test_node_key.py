@@ -1,0 +1,79 @@
+"""Node.key: a stable content hash, computed once per node (linear in the graph, no deep recursion). No LLVM."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from jitop.dtypes import as_dtype
+from jitop.graph import ir
+
+F32 = as_dtype("float32")
+
+
+def _reference_key(n: ir.Node) -> str:
+    """The definition, recursively and without memo (exponential on shared graphs: small graphs only)."""
+    h = hashlib.sha256(f"{n.prim}|{n.shape}|{n.dtype}|{n.weak}|{ir._stable(n.params)}".encode())
+    for s in n.src:
+        h.update(_reference_key(s).encode())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[ir.Node]:
+    """The nodes whose key gets computed, in order."""
+    seen: list[ir.Node] = []
+    inner = ir._content_key
+
+    def counting(n: ir.Node) -> str:
+        seen.append(n)
+        return inner(n)
+    monkeypatch.setattr(ir, "_content_key", counting)
+    return seen
+
+
+def _doubling(levels: int, shape: tuple[int, ...]) -> list[ir.Node]:
+    """x, x + x, (x + x) + (x + x), ...: 2**levels paths to the input through levels + 1 nodes."""
+    chain = [ir.node("arg", shape, F32, index=0)]
+    for _ in range(levels):
+        chain.append(ir.node("add", shape, F32, (chain[-1], chain[-1])))
+    return chain
+
+
+def test_key_of_a_deep_shared_graph_hashes_each_node_once(counted):
+    chain = _doubling(40, (3, 5, 7))  # 2**40 paths: unmemoized, this never finishes
+    key = chain[-1].key
+    assert sorted(map(id, counted)) == sorted(map(id, chain))
+    assert chain[-1].key == key and chain[20].key and len(counted) == len(chain)  # later reads: no hashing
+
+
+def test_keys_read_one_after_another_stay_linear(counted, monkeypatch: pytest.MonkeyPatch):
+    walked: list[int] = []
+    inner = ir.toposort
+
+    def counting(*args, **kwargs):
+        order = inner(*args, **kwargs)
+        walked.append(len(order))
+        return order
+    monkeypatch.setattr(ir, "toposort", counting)
+    chain = _doubling(200, (2, 9))
+    for n in chain:
+        assert n.key
+    # each read walks only the nodes without a key yet, not the whole graph again
+    assert len(counted) == len(chain) and sum(walked) == len(chain)
+
+
+def test_very_deep_chain_does_not_recurse():
+    x = ir.node("arg", (4,), F32, index=0)
+    for k in range(20_000):
+        x = ir.node("mul", (4,), F32, (x, ir.node("const", (), F32, value=float(k))))
+    assert len(x.key) == 64
+
+
+def test_key_matches_the_definition_and_is_structural():
+    a = ir.node("arg", (3,), F32, index=0)
+    b = ir.node("scalar_arg", (), F32, weak=True, index=1)
+    y = ir.node("mul", (3,), F32, (ir.node("add", (3,), F32, (a, b)), a), axis=(0,), data=b"\x00\x01")
+    assert y.key == _reference_key(y)
+    assert ir.node("add", (3,), F32, (a, b)).key != ir.node("add", (3,), F32, (b, a)).key
+    assert ir.node("arg", (3,), F32, index=1).key != a.key
