@@ -1,2 +1,48 @@
 """The tests' shared assertion helpers live beside this file (tests/kernel_checks.py); pytest puts this
-directory on sys.path for every test module, in tests/graph and tests/ops alike."""
+directory on sys.path for every test module, in tests/graph and tests/ops alike.
+
+Isolation from the machine's state:
+- the persistent cache (JITOP_CACHE_DIR, where the thread pool keeps its object code) is a fresh temporary
+  directory for the session, set here at import time, before collection imports jitop in the test
+  modules, and removed at the end; child processes the tests start inherit it;
+- after every test, the thread count and the JITOP_* / OMP_NUM_THREADS environment variables are put back
+  as they were before it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+SESSION_CACHE_DIR = tempfile.mkdtemp(prefix="jitop-test-cache-")
+os.environ["JITOP_CACHE_DIR"] = SESSION_CACHE_DIR
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SESSION_CACHE_DIR, ignore_errors=True)
+
+
+def _jitop_environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("JITOP_") or k == "OMP_NUM_THREADS"}
+
+
+@pytest.fixture(autouse=True)
+def restore_global_state():
+    """Undo what a test changed in the thread count and in the JITOP_* / OMP_NUM_THREADS variables."""
+    env = _jitop_environ()
+    # jitop may not be imported yet (the layering test never imports it); then there is nothing to save
+    parallel = sys.modules.get("jitop.runtime.parallel")
+    threads = parallel.get_num_threads() if parallel is not None else None
+    yield
+    for name in set(_jitop_environ()) - set(env):
+        del os.environ[name]
+    os.environ.update(env)
+    parallel = sys.modules.get("jitop.runtime.parallel")
+    if parallel is not None:
+        # first imported during the test: back to the default it computed on import (from the restored env)
+        wanted = threads if threads is not None else parallel._default_num_threads()
+        if parallel.get_num_threads() != wanted:
+            parallel.set_num_threads(wanted)

@@ -546,10 +546,20 @@ def _vectorizable(s: For) -> bool:
 
 
 def _worth_threads(s: For, min_work: int) -> bool:
-    work = int(s.extent.value)
-    for node in walk_stmts(s.body):
-        if isinstance(node, For):
-            work *= max(int(node.extent.value), 1)
-            if work >= min_work:
-                return True
-    return work >= min_work
+    """Whether the loop runs at least `min_work` innermost iterations in all (waking threads costs more
+    below that)."""
+    return _iterations(s) >= min_work
+
+
+def _iterations(s: Stmt) -> int:
+    """Statements executed by `s`: a loop's extent times its body's, a sequence's parts summed (sibling
+    loops add up; they do not multiply)."""
+    if isinstance(s, For):
+        return max(int(s.extent.value), 1) * _iterations(s.body)
+    if isinstance(s, Seq):
+        return sum(_iterations(x) for x in s.stmts)
+    if isinstance(s, IfThenElse):
+        return max(_iterations(s.then), _iterations(s.else_) if s.else_ is not None else 0)
+    if isinstance(s, Allocate):
+        return _iterations(s.body)
+    return 1

@@ -22,7 +22,8 @@ def _unary(name: str):
     def f(x: Any) -> Expr:
         return call(name, _float(x))
     f.__name__ = name
-    f.__doc__ = f"Elementwise {name}(x), computed in x's float dtype (integers become float64).\n\n>>> {name}(te.var('x', 'float32'))"
+    f.__doc__ = (f"Elementwise {name}(x), computed in x's float dtype (integers become float64).\n\n"
+                 f">>> {name}(te.var('x', 'float32'))\n{name}(x)\n")
     return f
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import jitop
 from jitop import te
+from targets import runnable_targets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -404,15 +405,18 @@ def test_get_source_ll_and_asm(saved):
         f.get_source("c")
 
 
-def test_avx512_vector_loop_uses_zmm_registers(saved):
-    if not _has_avx512f():
-        pytest.skip("this CPU lacks avx512f (per /proc/cpuinfo): 16 x float32 lanes need no zmm registers")
+@pytest.mark.parametrize("target", runnable_targets())
+def test_vector_loop_uses_the_targets_widest_registers(saved, target):
+    """A loop vectorized one register wide: zmm with AVX-512, ymm (and never zmm) with AVX2."""
+    lanes = target.lanes(4)
     A = te.placeholder((1024,), "float32", "A")
     B = te.placeholder((1024,), "float32", "B")
     C = te.compute((1024,), lambda i: A[i] * B[i] + 2.0, name="C")
     s = jitop.create_schedule(C.op)
-    o, i = s[C].split(C.op.axis[0], factor=16)
+    o, i = s[C].split(C.op.axis[0], factor=lanes)
     s[C].vectorize(i)
-    f = jitop.build(s, [A, B, C])
-    assert "<16 x float>" in f.get_source("ll")
-    assert "zmm" in f.get_source("asm")
+    f = jitop.build(s, [A, B, C], target=target)
+    assert f"<{lanes} x float>" in f.get_source("ll")
+    asm = f.get_source("asm")
+    assert {64: "zmm", 32: "ymm"}[target.vector_bytes] in asm
+    assert target.vector_bytes == 64 or "zmm" not in asm
