@@ -21,7 +21,8 @@ from jitop.errors import JitopError, TargetMismatchError
 from jitop.runtime import parallel as _parallel
 from jitop.target import Target
 from jitop.driver import build, lower
-from jitop.kernel import FallbackError, JitopFallbackWarning, explain, kernel
+from jitop.errors import FallbackError, JitopFallbackWarning
+from jitop.kernel import explain, kernel
 from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
                        matmul, max_pool2d, relu, sigmoid, softmax)
 from jitop.runtime.module import Module, load_module

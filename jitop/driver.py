@@ -10,10 +10,11 @@ from jitop.codegen.kernel import KernelCodegen
 from jitop.codegen.target import compile_ir, llvm_version
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.module import Module
+from jitop.runtime.parallel import get_num_threads
 from jitop.schedule.schedule import Schedule
 from jitop.te.tensor import Tensor
-from jitop.tir.lower import lower as _lower
 from jitop.target import Target
+from jitop.tir.lower import lower as _lower
 from jitop.tir.nodes import PrimFunc
 
 
@@ -33,7 +34,7 @@ def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: 
     """Compile a schedule (or lowered function) and load it if this machine can run it.
 
     target: a `jitop.Target`, a string ("llvm", "llvm -mcpu=haswell -mattr=+avx2,-avx512f") or None for
-    `Target.current()` (the host, or JITOP_CPU). Code for a CPU this machine does not cover can be built,
+    `default_target()` (the host, or JITOP_CPU). Code for a CPU this machine does not cover can be built,
     inspected and saved, but calling it raises `jitop.TargetMismatchError`.
 
     >>> f = jitop.build(s, [A, B])   # doctest: +SKIP
@@ -51,14 +52,21 @@ def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: 
     return compile_func(func, target)
 
 
+def default_target() -> Target:
+    """The Target of a compile that names none: `Target.current()` (the host or JITOP_CPU) with the thread
+    pool's thread count (so `jitop.runtime.parallel.set_num_threads` reaches schedules too)."""
+    return Target.current().replace(threads=get_num_threads())
+
+
 def resolve_target(target: str | Target | None) -> Target:
-    """A Target from build()'s `target` argument."""
+    """A Target from build()'s `target` argument: a Target, a string, or None for `default_target()`."""
     if target is None or isinstance(target, Target):
-        return target or Target.current()
+        return target or default_target()
     if not isinstance(target, str) or not target.split()[:1] == ["llvm"]:
         raise ValueError(f"target {target!r} is not supported; jitop generates x86-64 code: give 'llvm', "
                          "'llvm -mcpu=NAME -mattr=+a,-b' or a jitop.Target")
-    return Target.current() if target.strip() == "llvm" else Target.from_string(target)
+    chosen = default_target() if target.strip() == "llvm" else Target.from_string(target)
+    return chosen.replace(threads=get_num_threads())
 
 
 def compile_func(func: PrimFunc, target: Target) -> Module:

@@ -18,6 +18,30 @@ class LoweringError(JitopError, ValueError):
     """A schedule could not be lowered to loops."""
 
 
+class Unsupported(JitopError):
+    """A construct jitop cannot trace; `construct` names it for the fallback warning."""
+
+    def __init__(self, construct: str, hint: str = ""):
+        super().__init__(construct + (f"; {hint}" if hint else ""))
+        self.construct = construct
+
+
+class TracerConversionError(JitopError, TypeError):
+    """A traced array was used where a concrete value is needed."""
+
+
+class FallbackError(JitopError, NotImplementedError):
+    """Raised instead of falling back to numpy when the kernel was declared with fallback=False."""
+
+
+class JitopFallbackWarning(UserWarning):
+    """A decorated function (or one signature of it) runs as plain numpy."""
+
+
+class TemplateNotFoundError(JitopError, LookupError):
+    """No operator template is registered under a name."""
+
+
 def axis_already_transformed(stage: str, axis: str, how: str, into: list[str]) -> ScheduleError:
     where = ", ".join(into)
     return ScheduleError(

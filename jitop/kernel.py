@@ -16,21 +16,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop import dtypes
-from jitop.errors import JitopError
+from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.compile import compile_graph
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
 from jitop.runtime.executable import Executable, leaf
 
 _FALLBACK = object()  # cache entry: this signature runs as plain numpy
-
-
-class FallbackError(JitopError, NotImplementedError):
-    """Raised instead of falling back to numpy when the kernel was declared with fallback=False."""
-
-
-class JitopFallbackWarning(UserWarning):
-    """A decorated function (or one signature of it) runs as plain numpy."""
 
 
 def argspec(value: Any, static: bool) -> tuple:

@@ -28,25 +28,35 @@ from typing import Any
 from jitop import config
 from jitop.errors import TargetMismatchError
 
-# x86-64 micro-architecture levels (the psABI's), in LLVM's feature names
-_V2 = frozenset("cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3".split())
+# x86-64 micro-architecture levels (the psABI's), in LLVM's feature names. A named CPU's feature string
+# states every feature LLVM knows here, + or -, so its code can use only what `required_features` lists.
+_BASE = frozenset("64bit cmov cx8 fxsr mmx sse sse2".split())
+_V2 = _BASE | frozenset("cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3 crc32".split())
 _V3 = _V2 | frozenset("avx avx2 bmi bmi2 f16c fma lzcnt movbe xsave".split())
 _V4 = _V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".split())
-_ZEN = frozenset("adx sse4a clzero".split())
-_ICELAKE = _V4 | frozenset("adx avx512vnni avx512vbmi avx512vbmi2 avx512bitalg avx512vpopcntdq avx512ifma".split())
+_INTEL = frozenset("aes pclmul rdrnd fsgsbase invpcid xsaveopt".split())
+_ZEN = frozenset("adx sse4a clzero aes pclmul rdrnd rdseed fsgsbase xsaveopt sha".split())
+_ICELAKE = _V4 | _INTEL | frozenset("adx rdseed avx512vnni avx512vbmi avx512vbmi2 avx512bitalg avx512vpopcntdq "
+                                    "avx512ifma gfni vaes vpclmulqdq sha rdpid".split())
+
+# feature -> features it needs (LLVM enables these with it, and disabling one disables its dependants)
+_IMPLIES = {"sse3": {"sse2"}, "ssse3": {"sse3"}, "sse4.1": {"ssse3"}, "sse4.2": {"sse4.1"}, "avx": {"sse4.2"},
+            "avx2": {"avx"}, "fma": {"avx"}, "f16c": {"avx"}, "avx512f": {"avx2", "fma", "f16c"},
+            "vaes": {"aes", "avx"}, "vpclmulqdq": {"pclmul", "avx"}, "gfni": {"sse2"}, "aes": {"sse2"},
+            "pclmul": {"sse2"}, "amx-int8": {"amx-tile"}, "amx-bf16": {"amx-tile"}, "avxvnni": {"avx2"}}
 
 # CPU name -> (features it implies, FMA units per core, bytes per FMA unit); 0 units: unknown
 KNOWN_CPUS: dict[str, tuple[frozenset[str], int, int]] = {
-    "x86-64": (frozenset(), 0, 16),
+    "x86-64": (_BASE, 0, 16),
     "x86-64-v2": (_V2, 0, 16),
     "x86-64-v3": (_V3, 0, 32),
     "x86-64-v4": (_V4, 0, 64),
-    "haswell": (_V3, 2, 32),
-    "broadwell": (_V3 | {"adx"}, 2, 32),
-    "skylake": (_V3 | {"adx"}, 2, 32),
-    "alderlake": (_V3 | {"adx", "avxvnni"}, 2, 32),
-    "skylake-avx512": (_V4 | {"adx"}, 2, 64),
-    "cascadelake": (_V4 | {"adx", "avx512vnni"}, 2, 64),
+    "haswell": (_V3 | _INTEL, 2, 32),
+    "broadwell": (_V3 | _INTEL | {"adx", "rdseed"}, 2, 32),
+    "skylake": (_V3 | _INTEL | {"adx", "rdseed"}, 2, 32),
+    "alderlake": (_V3 | _INTEL | {"adx", "rdseed", "avxvnni"}, 2, 32),
+    "skylake-avx512": (_V4 | _INTEL | {"adx", "rdseed"}, 2, 64),
+    "cascadelake": (_V4 | _INTEL | {"adx", "rdseed", "avx512vnni"}, 2, 64),
     "icelake-server": (_ICELAKE, 2, 64),
     "sapphirerapids": (_ICELAKE | frozenset("avx512bf16 avx512fp16 amx-tile amx-int8 amx-bf16".split()), 2, 64),
     "znver2": (_V3 | _ZEN, 2, 32),
@@ -131,16 +141,24 @@ class Target:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
+        """Every field as canonical JSON (what `key` hashes and `from_json` reads)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @staticmethod
     def from_json(text: str | dict) -> "Target":
+        """A Target from `to_json`'s text (or its dict); a malformed description raises ValueError."""
         data = json.loads(text) if isinstance(text, str) else dict(text)
         names = {f.name for f in dataclasses.fields(Target)}
         unknown = set(data) - names
         if unknown or not {"triple", "cpu", "features"} <= set(data):
             raise ValueError(f"not a jitop Target description (unknown fields {sorted(unknown)}, "
                              f"needs triple, cpu, features)")
+        for f in dataclasses.fields(Target):
+            value = data.get(f.name, 0 if f.type == "int" else "")
+            ok = isinstance(value, str) if f.type == "str" else type(value) is int and value >= 0
+            if not ok:
+                raise ValueError(f"not a jitop Target description: field {f.name}={value!r} must be "
+                                 f"{'a string' if f.type == 'str' else 'a non-negative integer'}")
         return Target(**data)
 
     @staticmethod
@@ -163,12 +181,14 @@ class Target:
         'avx2'
         """
         cpu, mattr = _parse(text)
-        if cpu in ("", "native"):
-            cpu, base = _native_cpu()
+        native, native_features = _native_cpu()
+        if cpu in ("", "native", native):  # this machine, by any of its names
+            cpu, base = native, {f[1:] for f in native_features.split(",") if f.startswith("+")}
         elif cpu in KNOWN_CPUS:
-            base = ",".join(f"+{f}" for f in sorted(KNOWN_CPUS[cpu][0]))
+            base = set(KNOWN_CPUS[cpu][0])
         else:
-            raise ValueError(f"target {text!r}: unknown CPU {cpu!r}; known: native, {', '.join(KNOWN_CPUS)}")
+            raise ValueError(f"target {text!r}: unknown CPU {cpu!r}; known: native ({native}), "
+                             f"{', '.join(KNOWN_CPUS)}")
         return _with_build_options(_make(_process_triple(), cpu, _merge_features(base, mattr)))
 
 
@@ -192,16 +212,32 @@ def _parse(text: str) -> tuple[str, str]:
     return cpu, mattr
 
 
-def _merge_features(base: str, mattr: str) -> str:
-    """base's features with mattr's +/- entries applied; every feature stated once, sorted."""
-    state: dict[str, bool] = {}
-    for f in filter(None, (base + "," + mattr).split(",")):
-        state[f[1:]] = f[0] == "+"
-    if not state.get("avx", True) or not state.get("avx2", True):
-        state["avx512f"] = False  # disabling AVX(2) disables AVX-512 too (LLVM implies the same)
-    if not state.get("avx512f", True):
-        state.update({name: False for name in state if name.startswith(("avx512", "amx", "avx10"))})
-    return ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(state.items()))
+def _merge_features(base: set[str], mattr: str) -> str:
+    """The feature string of `base` with mattr's +/- entries applied, closed under LLVM's implications
+    (+avx2 brings avx; -avx takes avx2, fma and AVX-512 with it): every known feature stated, sorted."""
+    entries = [f for f in mattr.split(",") if f]
+    on = _with_needs(set(base) | {f[1:] for f in entries if f[0] == "+"})
+    for off in (f[1:] for f in entries if f[0] == "-"):
+        on -= {f for f in on if off in _with_needs({f})}
+    universe = set(_native_features()) | on | {f[1:] for f in entries}
+    return ",".join(f"{'+' if name in on else '-'}{name}" for name in sorted(universe))
+
+
+def _needs(feature: str) -> set[str]:
+    if feature.startswith("avx512") and feature != "avx512f":
+        return {"avx512f"}
+    return _IMPLIES.get(feature, set())
+
+
+def _with_needs(features: set[str]) -> set[str]:
+    """`features` and everything they need, transitively."""
+    out, todo = set(), list(features)
+    while todo:
+        f = todo.pop()
+        if f not in out:
+            out.add(f)
+            todo.extend(_needs(f))
+    return out
 
 
 def _make(triple: str, cpu: str, features: str) -> Target:
@@ -236,10 +272,14 @@ def _process_triple() -> str:
 
 
 @functools.cache
+def _native_features() -> dict[str, bool]:
+    return dict(_llvm().get_host_cpu_features())
+
+
+@functools.cache
 def _native_cpu() -> tuple[str, str]:
-    llvm = _llvm()
-    features = llvm.get_host_cpu_features()
-    return llvm.get_host_cpu_name(), ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(features.items()))
+    features = _native_features()
+    return _llvm().get_host_cpu_name(), ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(features.items()))
 
 
 @functools.cache

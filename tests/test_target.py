@@ -48,7 +48,17 @@ def test_from_string_mattr_adds_and_removes_features() -> None:
     assert not any(f.startswith("avx512") for f in narrow.required_features)
     assert "-avx512vl" in narrow.features.split(",")
     no_avx2 = Target.from_string("llvm -mcpu=sapphirerapids -mattr=-avx2")
-    assert no_avx2.isa == "avx" and "amx-tile" not in no_avx2.required_features
+    # what needs AVX2 goes with it (FMA stays: it needs only AVX); AMX needs none of them (as in LLVM)
+    assert no_avx2.isa == "avx" and no_avx2.vector_bytes == 32
+    assert {"avx2", "avx512f", "avx512bw", "avxvnni", "vaes"} & no_avx2.required_features == {"vaes"}
+    assert "fma" in no_avx2.required_features
+    # implications: +avx2 brings AVX; -avx takes AVX2, FMA and F16C with it
+    assert Target.from_string("llvm -mcpu=x86-64 -mattr=+avx2").vector_bytes == 32
+    no_avx = Target.from_string("llvm -mcpu=haswell -mattr=-avx")
+    assert no_avx.isa == "sse" and not {"avx2", "fma", "f16c"} & no_avx.required_features
+    # a named CPU states every feature this LLVM knows: code for it can use nothing it does not list
+    assert "-gfni" in Target.from_string("haswell").features.split(",")
+    assert "gfni" in Target.from_string("icelake-server").required_features
     # every feature is stated once, sorted
     names = [f[1:] for f in no_avx2.features.split(",")]
     assert names == sorted(set(names))

@@ -28,6 +28,7 @@ from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
 MAX_MR = 16  # widest register tile along the output row
+GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up to 12 whatever the width
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,14 @@ class Conv2dConfig:
 def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
     """Every schedule the template can build for this workload (all are correct).
 
-    With algorithm "gemm" the tile knobs describe the matmul's register tile instead: tile_ow's inner
-    factor its rows (output channels), tile_oc's its columns (output pixels), tile_ic's the k unroll."""
+    With algorithm "gemm" the knobs describe the matmul instead: tile_ow's inner factor is its register
+    tile's rows (output channels), tile_oc's its columns (output pixels), tile_ic's the k unroll; order
+    "rows_outer" puts the pixel panels outermost (matmul's panel_outer), pack "panel" packs each panel
+    inside the parallel loop. The reduction knob has no effect there."""
     lanes = target.lanes(wl.itemsize)
     space = ConfigSpace()
-    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, min(wl.ow, MAX_MR) + 1)])
+    rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0)
+    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, rows + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
     space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, max(1, min(wl.icg, 8)) + 1)
@@ -135,7 +139,8 @@ def default_config(wl: Conv2dWorkload, target: Target) -> Config:
         mm = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
         space = config_space(wl, target)
         cfg = dataclasses.replace(cfg, mr=_nearest(space, "tile_ow", mm.mr), bn=_nearest(space, "tile_oc", mm.bn),
-                                  ic_unroll=_nearest(space, "tile_ic", mm.k_unroll))
+                                  ic_unroll=_nearest(space, "tile_ic", mm.k_unroll), oc_outer=not mm.panel_outer,
+                                  pack_per_panel=mm.pack_per_panel)
     return cfg.to_config(wl)
 
 
@@ -146,7 +151,7 @@ def _nearest(space: ConfigSpace, knob: str, value: int) -> int:
     return max(below) if below else min(inner)
 
 
-def default_tile(wl: Conv2dWorkload, cpu: Target) -> Conv2dConfig:
+def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     """A fast point of the space from the workload and the CPU.
 
     The register tile (mr columns x v vectors of channels) must fit the vector registers with its operands
@@ -155,13 +160,13 @@ def default_tile(wl: Conv2dWorkload, cpu: Target) -> Conv2dConfig:
     the output width and channels. With groups, v*lanes divides the channels of a group, so the broadcast
     input channel is the same across the tile.
     """
-    lanes = cpu.lanes(wl.itemsize)
+    lanes = target.lanes(wl.itemsize)
     per_group = wl.oc if wl.groups == 1 or wl.icg == 1 and wl.ocg == 1 else wl.ocg
     grouped = wl.groups > 1 and per_group != wl.oc
     # powers of two only: LLVM splits a 3-register vector badly (a 3-vector NHWC tile ran at a third of the
     # speed of a 2-vector one on AVX2)
     choices = [(mr, v) for v in (1, 2, 4) for mr in range(1, min(wl.ow, MAX_MR) + 1)
-               if mr * v + v + 1 <= cpu.vector_registers and (v - 1) * lanes < per_group
+               if mr * v + v + 1 <= target.vector_registers and (v - 1) * lanes < per_group
                and (not grouped or per_group % (v * lanes) == 0 or v == 1)]
 
     def score(choice: tuple[int, int]) -> tuple[float, int]:
@@ -176,7 +181,7 @@ def default_tile(wl: Conv2dWorkload, cpu: Target) -> Conv2dConfig:
     # gemm packs the im2col'd input (K x OH*OW) instead of the weights (OC x K): worth it when OC >> OH*OW
     algorithm = "gemm" if gemm_applies(wl) and wl.oc > 2 * wl.oh * wl.ow else "direct"
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
-                        pack_per_panel=panels >= 4 * cpu.threads and wl.n == 1, algorithm=algorithm)
+                        pack_per_panel=panels >= 4 * target.threads and wl.n == 1, algorithm=algorithm)
 
 
 def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
@@ -344,8 +349,10 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
         return read_weight(oc, *tap(kk))  # flattens back to oc * K + kk: a contiguous row of A
 
     # the register tile from the conv2d config's tile knobs; the loop order and packing as matmul's default
-    cfg = dataclasses.replace(topi_matmul.default_tile(wl.oc, area, k, wl.itemsize, target), mr=conv.mr, bn=conv.bn,
-                              k_unroll=conv.ic_unroll)
+    base = topi_matmul.default_tile(wl.oc, area, k, wl.itemsize, target)  # its B packing depends on the shape
+    panel_outer = not conv.oc_outer
+    cfg = dataclasses.replace(base, mr=conv.mr, bn=conv.bn, k_unroll=conv.ic_unroll, panel_outer=panel_outer,
+                              pack_per_panel=base.pack_b and panel_outer and conv.pack_per_panel)
     # C is as wide as its panels, so every register tile is whole (no masked lanes); `out` drops the pad
     width = math.ceil(area / cfg.bn) * cfg.bn
 

@@ -112,21 +112,21 @@ def default_config(wl: MatmulWorkload, target: Target) -> Config:
     return default_tile(wl.m, wl.n, wl.k, wl.itemsize, target).to_config(wl.m, wl.n, wl.k)
 
 
-def default_tile(m: int, n: int, k: int, itemsize: int, cpu: Target) -> MatmulConfig:
+def default_tile(m: int, n: int, k: int, itemsize: int, target: Target) -> MatmulConfig:
     """The widest register tile that fits the Target's vector registers with its operands (AVX-512, 32
     registers: 6 rows x 4 vectors = 24 accumulators; AVX2, 16: 6 x 2 = 12), k unrolled by 4, and the panel
     loop outermost when there are enough panels to keep every thread busy."""
-    lanes = cpu.lanes(itemsize)
+    lanes = target.lanes(itemsize)
     # a single row streams B in wide rows: up to half the registers as accumulators
-    widest = min(16, cpu.vector_registers // 2) if m == 1 else 4 if cpu.vector_registers >= 32 else 2
+    widest = min(16, target.vector_registers // 2) if m == 1 else 4 if target.vector_registers >= 32 else 2
     # powers of two only: LLVM splits a 3-register vector badly (a 48-lane tile runs 10x slower)
     vectors = max(v for v in _vector_counts(m) if v <= widest and v & (v - 1) == 0 and (v == 1 or (v - 1) * lanes < n))
     bn = vectors * lanes
-    mr = max(1, min(6 if vectors >= 4 else 8, m, (cpu.vector_registers - vectors - 2) // vectors))
+    mr = max(1, min(6 if vectors >= 4 else 8, m, (target.vector_registers - vectors - 2) // vectors))
     panels = math.ceil(n / bn)
     row_blocks = math.ceil(m / mr)
     # few row blocks: parallel over panels; B read in place (packing would copy it for at most two reads)
-    panel_outer = panels >= 4 * cpu.threads or row_blocks < 2 * cpu.threads
+    panel_outer = panels >= 4 * target.threads or row_blocks < 2 * target.threads
     pack_b = row_blocks > 2
     # each panel packed inside the parallel loop right before its row blocks use it: it is still in L2
     # then, which measured better than K chunks sized to L2 (k_chunk, left to tuning)

@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from jitop.errors import TemplateNotFoundError
+
 
 @dataclass(frozen=True)
 class Template:
@@ -62,11 +64,12 @@ def get(name: str) -> Template:
     try:
         return _TEMPLATES[name]
     except KeyError:
-        raise KeyError(f"no operator template '{name}' is registered; registered: {sorted(_TEMPLATES)} "
+        raise TemplateNotFoundError(f"no operator template '{name}' is registered; registered: {sorted(_TEMPLATES)} "
                        "(templates register when jitop is imported)") from None
 
 
 def names() -> list[str]:
+    """Names of the registered templates, in registration order."""
     return list(_TEMPLATES)
 
 

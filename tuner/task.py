@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from jitop.target import Target
 from jitop.tuner import registry
-from jitop.tuner.space import Config
+from jitop.tuner.space import Config, ConfigSpace
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,21 @@ class Task:
 
     @property
     def flops(self) -> int:
+        """Floating-point operations of one run of the workload."""
         return int(self.workload.flops)
 
-    def config_space(self):
+    def config_space(self) -> ConfigSpace:
+        """The template's space of configs for this workload and Target."""
         return registry.get(self.template).config_space(self.workload, self.target)
 
     def to_json(self) -> str:
+        """The task as JSON (template name, workload fields, full Target); `from_json` reads it back."""
         return json.dumps({"template": self.template, "workload": json.loads(registry.workload_to_json(self.workload)),
                            "target": json.loads(self.target.to_json())}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Task":
+        """A Task from `to_json`'s text."""
         data = json.loads(text)
         template = registry.get(data["template"])
         return Task(data["template"], template.workload_from_json(data["workload"]), Target.from_json(data["target"]))
@@ -82,19 +87,38 @@ def add_source(source: Source) -> None:
 
 
 def remove_source(source: Source) -> None:
+    """Stop consulting `source`."""
     if source in _SOURCES:
         _SOURCES.remove(source)
 
 
 def pick(task: Task) -> Choice:
     """The config to build `task` with: the first source that answers with a valid point of the task's
-    space, else the template's default for the task's Target."""
+    space, else the template's default for the task's Target. A source that fails or answers with a
+    config outside the space is skipped with one warning: a record never makes a compile fail."""
     template = registry.get(task.template)
     for source in list(_SOURCES):
-        choice = source(task)
-        if choice is not None and _valid(task, choice.config):
+        try:
+            choice = source(task)
+        except Exception as err:  # noqa: BLE001 - a broken source must not break the user's call
+            _warn_once(source, f"failed ({type(err).__name__}: {err})")
+            continue
+        if choice is None:
+            continue
+        if _valid(task, choice.config):
             return choice
+        _warn_once(source, f"answered {choice.config.to_json()}, which is not a point of the space of {task}")
     return Choice(template.default_config(task.workload, task.target), "default")
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(source: Source, what: str) -> None:
+    name = getattr(source, "__qualname__", repr(source))
+    if (name, what.split(" ")[0]) not in _WARNED:
+        _WARNED.add((name, what.split(" ")[0]))
+        warnings.warn(f"jitop: schedule source {name} {what}; using the next source", RuntimeWarning, stacklevel=3)
 
 
 def _valid(task: Task, config: Config) -> bool:

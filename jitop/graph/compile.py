@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from jitop.driver import compile_func, lower
+from jitop.driver import compile_func, default_target, lower
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import materialize
@@ -18,7 +18,6 @@ from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
 from jitop.runtime.executable import Executable, Plan
-from jitop.runtime.parallel import get_num_threads
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
@@ -56,11 +55,6 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
                       templates=list(graph.lowering.st.chosen.values()))
 
 
-def default_target() -> Target:
-    """The Target of a compile: `Target.current()` (the host or JITOP_CPU) with the pool's thread count."""
-    return Target.current().replace(threads=get_num_threads())
-
-
 def distinct_outputs(results: list[Node]) -> list[Node]:
     """One node per returned array: inputs and constants get a copy, a repeated result a second copy."""
     seen: set[Node] = set()
@@ -76,6 +70,7 @@ def distinct_outputs(results: list[Node]) -> list[Node]:
 
 
 def pick_all(tasks: dict[Node, Task]) -> dict[Node, tuple[Task, Choice]]:
+    """Each task with the Choice `pick` made for it."""
     return {n: (task, pick(task)) for n, task in tasks.items()}
 
 
@@ -91,6 +86,7 @@ class TEGraph:
 
 def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]], inputs: list[Node],
           input_names: list[str], input_plan: list[tuple[str, Any]], unique: list[Node]) -> TEGraph:
+    """Placeholders for the arguments and array constants, tensors for the outputs."""
     lowering = ToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
     for n in toposort(unique):  # array constants are arguments too, passed from the plan

@@ -129,14 +129,26 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> 
     return None
 
 
+def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> dict[Node, Tensor]:
+    """Output -> the template stage it is the epilogue of (computed on that template's register tile).
+    One template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory."""
+    epilogues: dict[Node, Tensor] = {}
+    for m, t in st.tensors.items():
+        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)) \
+                and out not in epilogues:
+            epilogues[out] = t
+    return epilogues
+
+
 def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target) -> dict[Node, list[Node]]:
     """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before
     scheduling: a probe schedule with only the row attachments is bound-inferred, and if any member would
     need more than one row per output row (it is read along another axis), nothing is row-fused, since
     computing it inside the row loop would redo it every row. All or none: a member may read another's
     row buffer."""
+    epilogues = template_epilogues(st, outputs, materialized)  # scheduled by their template instead
     groups = {n: members for n in dict.fromkeys(outputs) if st.kind.get(st.tensors[n]) == "injective"
-              and (members := row_group(n, materialized, outputs))}
+              and n not in epilogues and (members := row_group(n, materialized, outputs))}
     if not groups:
         return {}
     probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
@@ -172,15 +184,11 @@ def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str], target
     """The schedule of every stage: template epilogues first, row-fused outputs (`groups`), the rest by kind."""
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
     s = create_schedule([t.op for t in out_tensors])
-    # matmul epilogues (bias, activation) run on the register tile
-    epilogues = {}
-    for m, t in st.tensors.items():
-        # one template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory
-        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)) \
-                and out not in epilogues:
-            epilogues[out] = t
-            st.templates[t](s, st.tensors[out])
-    _attach_rows(s, st, {n: ms for n, ms in groups.items() if n not in epilogues}, target)
+    # matmul/conv epilogues (bias, activation) run on the register tile
+    epilogues = template_epilogues(st, outputs, materialized)
+    for out, t in epilogues.items():
+        st.templates[t](s, st.tensors[out])
+    _attach_rows(s, st, groups, target)
     for n in dict.fromkeys(outputs):
         t = st.tensors[n]
         if n not in epilogues and n not in groups and st.kind.get(t) == "injective":

@@ -11,19 +11,8 @@ from typing import Any
 import numpy as np
 
 from jitop import dtypes
+from jitop.errors import TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
 from jitop.graph.ir import Node, node
-
-
-class Unsupported(Exception):
-    """A construct jitop cannot trace; `construct` names it for the fallback warning."""
-
-    def __init__(self, construct: str, hint: str = ""):
-        super().__init__(construct + (f"; {hint}" if hint else ""))
-        self.construct = construct
-
-
-class TracerConversionError(TypeError):
-    """A traced array was used where a concrete value is needed."""
 
 
 def as_node(x: Any) -> Node:

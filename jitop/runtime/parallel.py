@@ -53,6 +53,7 @@ import os
 import threading
 import time
 import warnings
+from typing import Any, Callable
 
 import llvmlite.binding as llvm
 
@@ -494,7 +495,7 @@ class _NoStore:
 _object_store = _NoStore  # makes the persistent cache; installed by the layer that owns it (use_object_store)
 
 
-def use_object_store(make_store) -> None:
+def use_object_store(make_store: Callable[[], Any]) -> None:
     """Where the pool keeps its object code between processes: `make_store()` (called when the pool is
     first built) returns anything with get(key) -> bytes | None and put(key, bytes)."""
     global _object_store

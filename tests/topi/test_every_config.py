@@ -139,6 +139,8 @@ CONV = {  # name: (Workload, limit on the configs built (None: all))
     "nhwc_depthwise_stride_2x1": (tc.Conv2dWorkload(2, 3, 4, 6, 3, 2, 3, stride=(2, 1), pads=(0, 1, 1, 1), groups=3,
                                               layout="NHWC"), None),
     # 112 points: sampled (every 3rd, 38 builds); oc 20 = a full and a partial vector of float32 channels
+    # many channels on a 3x3 output: the gemm algorithm applies (its knobs describe the matmul), sampled
+    "nchw_gemm_oc24_on_3x3": (tc.Conv2dWorkload(1, 5, 3, 3, 24, 3, 3, pads=(1, 1, 1, 1)), 40),
     "nhwc_groups2_oc20_asym": (tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
                                            layout="NHWC"), 40),
 }
@@ -290,3 +292,16 @@ def test_every_point_round_trips(name, space, typed_round_trip):
         assert typed_round_trip(cfg) == cfg, (name, idx)
         seen.add(cfg)
     assert len(seen) == len(space)  # distinct indices are distinct configs
+
+
+@pytest.mark.parametrize("cpu", list(CPUS))
+def test_conv2d_gemm_default_is_the_matmul_default(cpu):
+    """On a small output (1x1 .. 4x4) the gemm algorithm's register tile is the matmul template's default
+    for the same product (OC x OH*OW x C*KH*KW), not cut down to the output width."""
+    target = CPUS[cpu]
+    for hw in (1, 2, 4):
+        wl = tc.Conv2dWorkload(1, 64, hw, hw, 512, 3, 3, pads=(1, 1, 1, 1))
+        cfg = tc.Conv2dConfig.from_config(tc.default_config(wl, target))
+        mm = tm.default_tile(512, hw * hw, 64 * 9, 4, target)
+        assert cfg.algorithm == "gemm"
+        assert (cfg.mr, cfg.bn, cfg.ic_unroll, not cfg.oc_outer) == (mm.mr, mm.bn, mm.k_unroll, mm.panel_outer), hw
