@@ -71,13 +71,15 @@ def resolve_target(target: str | Target | None) -> Target:
 
 def compile_func(func: PrimFunc, target: Target) -> Module:
     """Generate LLVM IR for a PrimFunc, optimise it, emit object code for `target`, load it if it runs here."""
+    from jitop.runtime.module import signature_json
     digest = hashlib.sha256(f"{func}|{target.key}".encode()).hexdigest()[:16]
     symbol = f"jitop_{func.name}_{digest}"
-    cg = KernelCodegen(func, symbol, target)
+    params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs).to_json() for k, b in enumerate(func.params)]
+    # the object code carries its parameter signature: loading checks the metadata against it
+    cg = KernelCodegen(func, symbol, target, signature=signature_json(params))
     ll = str(cg.build())
     optimised, obj = compile_ir(ll, target)
-    params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs) for k, b in enumerate(func.params)]
-    meta = {"name": func.name, "symbol": symbol, "params": [p.to_json() for p in params],
+    meta = {"name": func.name, "symbol": symbol, "params": params,
             "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked,
             "target": json.loads(target.to_json()), "llvm": llvm_version()}
     return Module(meta, obj, str(optimised))

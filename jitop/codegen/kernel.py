@@ -26,8 +26,7 @@ from jitop.target import Target
 
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
-MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of CHUNK_LANES
-CHUNK_LANES = 16
+MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of one vector register (`_chunk_lanes`)
 MAX_UNROLL = 256
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
 ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
@@ -71,10 +70,12 @@ def _libc(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir
 class KernelCodegen:
     """Builds one LLVM module with the kernel `func.name` (one pointer argument per buffer)."""
 
-    def __init__(self, func: PrimFunc, symbol: str, target: Target):
-        self.func, self.symbol, self.target = func, symbol, target
+    def __init__(self, func: PrimFunc, symbol: str, target: Target, signature: str | None = None):
+        """`signature`: the JSON of the kernel's parameter specs (jitop.runtime.module.signature_json); the
+        object code carries it as `<symbol>_signature`, so a loader can check its metadata against the code."""
+        self.func, self.symbol, self.target, self.signature = func, symbol, target, signature
         self.module = ir.Module(name=symbol)
-        self.module.target_features = target.required_features  # read by vecmath (AVX-512 intrinsics)
+        self.avx512 = "avx512f" in target.required_features  # the math library may use AVX-512 instructions
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(func.params)), symbol)
         for arg in fn.args:
             arg.add_attribute("noalias")
@@ -98,7 +99,18 @@ class KernelCodegen:
         self.stmt(self.func.body)
         self.st.finish()
         self._object_trampoline()
+        if self.signature is not None:
+            self._signature_global(self.signature)
         return self.module
+
+    def _signature_global(self, text: str) -> None:
+        """`<symbol>_signature`: constant, NUL-terminated bytes of `text`. The loader compares it with the
+        metadata shipped beside the object code, so edited metadata cannot make the kernel's buffers look
+        bigger (or of another type) than the code indexes them as."""
+        data = bytearray(text.encode() + b"\0")
+        g = ir.GlobalVariable(self.module, ir.ArrayType(ir.IntType(8), len(data)), f"{self.symbol}_signature")
+        g.initializer = ir.Constant(g.value_type, data)
+        g.global_constant = True
 
     def _object_trampoline(self) -> None:
         """`<symbol>_objects(PyArrayObject*...)`: reads each array's data pointer (the field after
@@ -211,11 +223,19 @@ class KernelCodegen:
     def _vectorized(self, s: For, extent: int) -> None:
         if extent <= MAX_LANES:
             return self._vector_chunk(s, ir.Constant(I64, 0), extent, extent)
-        chunks = math.ceil(extent / CHUNK_LANES)
+        lanes = self._chunk_lanes(s)
+        chunks = math.ceil(extent / lanes)
         chunk = Expr(Op.VAR, dtypes.INDEX, (), (f"{s.var.name}.chunk", id(s)))
         self._serial(chunk, ir.Constant(I64, 0), ir.Constant(I64, chunks),
-                     lambda: self._vector_chunk(s, self.b.mul(self.st.env[chunk], ir.Constant(I64, CHUNK_LANES)),
-                                                CHUNK_LANES, extent))
+                     lambda: self._vector_chunk(s, self.b.mul(self.st.env[chunk], ir.Constant(I64, lanes)),
+                                                lanes, extent))
+
+    def _chunk_lanes(self, s: For) -> int:
+        """Lanes per chunk of a vectorized loop too long to emit at once: one vector register of the
+        widest element the body moves or computes with (16 float32 with AVX-512, 8 with AVX2, 4 float64
+        with AVX2), so each chunk's arithmetic is whole registers, none split or half empty. The lanes
+        are independent (`_vectorizable`), so how they are grouped never changes a result."""
+        return self.target.lanes(_widest_itemsize(s.body))
 
     def _vector_chunk(self, s: For, start: ir.Value, lanes: int, extent: int) -> None:
         b = self.b
@@ -490,7 +510,8 @@ class KernelCodegen:
         from jitop.codegen.math import emit_call
         args = [self.expr(s) for s in e.src]
         lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
-        return emit_call(self.b, e.arg, e.src[0].dtype, [ops.splat(self.b, a, lanes) for a in args])
+        return emit_call(self.b, e.arg, e.src[0].dtype, [ops.splat(self.b, a, lanes) for a in args],
+                         avx512=self.avx512)
 
 
 def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type) -> ir.Value:
@@ -543,6 +564,21 @@ def _vectorizable(s: For) -> bool:
         if isinstance(node, Allocate):
             return False
     return True
+
+
+def _widest_itemsize(body: Stmt) -> int:
+    """Bytes of the widest element `body` loads, stores or computes in floating point (index arithmetic,
+    int64 everywhere, does not count: it is not what fills the vectors)."""
+    widest = 1
+    for node in walk_stmts(body):
+        exprs = (node.value,) if isinstance(node, Store) else (node.cond,) if isinstance(node, IfThenElse) else ()
+        if isinstance(node, Store):
+            widest = max(widest, node.buffer.dtype.itemsize)
+        for e in exprs:
+            for n in walk(e):
+                if n.op is Op.LOAD or n.dtype.is_float:
+                    widest = max(widest, n.dtype.itemsize)
+    return widest
 
 
 def _worth_threads(s: For, min_work: int) -> bool:

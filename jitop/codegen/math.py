@@ -11,8 +11,9 @@ _LLVM = {"sqrt": "llvm.sqrt", "fabs": "llvm.fabs", "floor": "llvm.floor", "ceil"
          "trunc": "llvm.trunc", "rint": "llvm.roundeven", "copysign": "llvm.copysign"}
 
 
-def emit_call(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value]) -> ir.Value:
-    """Emit intrinsic `name` on arguments of dtype `dtype` (scalars or vectors)."""
+def emit_call(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value], avx512: bool = False) -> ir.Value:
+    """Emit intrinsic `name` on arguments of dtype `dtype` (scalars or vectors); `avx512`: the Target has
+    AVX-512F, so the math library may use its instructions (default: it may not)."""
     if name in ("isnan", "isinf", "isfinite"):
         return ops.classify(b, name, dtype, args[0])
     if name in _LLVM:
@@ -31,7 +32,7 @@ def emit_call(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value]) ->
     except ImportError:  # pragma: no cover - vecmath is part of the package
         vecmath = None
     if vecmath is not None and name in vecmath.MATH_FUNCTIONS:
-        return vecmath.emit_math(b, name, args)
+        return vecmath.emit_math(b, name, args, avx512=avx512)
     return _per_lane_libm(b, name, dtype, args)
 
 

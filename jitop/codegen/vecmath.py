@@ -160,11 +160,6 @@ def _bits(v: float, f64: bool) -> int:
     return struct.unpack("<q", struct.pack("<d", v))[0] if f64 else struct.unpack("<i", struct.pack("<f", v))[0]
 
 
-def _has_avx512(module: ir.Module) -> bool:
-    """Whether the module is built for AVX-512 (KernelCodegen records its Target's features on it)."""
-    return "avx512f" in getattr(module, "target_features", ())
-
-
 def _suffix(ty: ir.Type) -> str:
     """LLVM's overload suffix: f32, f64, v16f32, v8f64."""
     if isinstance(ty, ir.VectorType):
@@ -179,8 +174,8 @@ def _suffix(ty: ir.Type) -> str:
 class _E:
     """Shorthands for emitting float/int IR of one scalar-or-vector type; floats become splats."""
 
-    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
-        self.b, self.ty = b, ty
+    def __init__(self, b: ir.IRBuilder, ty: ir.Type, avx512: bool = False):
+        self.b, self.ty, self.avx512 = b, ty, avx512
         self.n = ty.count if isinstance(ty, ir.VectorType) else 0
         self.elt = ty.element if self.n else ty
         self.f64 = isinstance(self.elt, ir.DoubleType)
@@ -192,7 +187,7 @@ class _E:
         return ir.VectorType(t, self.n) if self.n else t
 
     def like(self, elt: ir.Type) -> _E:
-        return _E(self.b, self.vec(elt))
+        return _E(self.b, self.vec(elt), self.avx512)
 
     # constants
     def c(self, v):
@@ -279,9 +274,10 @@ class _E:
 
     def scale_by(self, p, nf, n):
         """p * 2**nf (nf integral, as a float; n the same as an int): AVX-512's vscalef, one instruction
-        rounding once, where the host has it and the vector is whole registers; else `scale`."""
+        rounding once, where the target has it (the caller says so: `emit_math(..., avx512=True)`) and the
+        vector is whole registers; else `scale`."""
         lanes = 8 if self.f64 else 16
-        if not (self.n and self.n % lanes == 0 and _has_avx512(self.b.module)):
+        if not (self.n and self.n % lanes == 0 and self.avx512):
             return self.scale(p, n)
         name = f"llvm.x86.avx512.mask.scalef.{'pd' if self.f64 else 'ps'}.512"
         reg = ir.VectorType(self.elt, lanes)
@@ -570,7 +566,7 @@ def _trig(kind: str):
         big = e.any(e.b.and_(e.gt(ax, _TRIG_LIMIT), e.lt(ax, float("inf"))))
         pre = e.b.block
         with e.b.if_then(big, likely=False):
-            slow = e.b.call(_libm_function(e.b.module, kind, e.ty), [x])
+            slow = e.b.call(_libm_function(e.b.module, kind, e.ty, e.avx512), [x])
             slow_bb = e.b.block
         phi = e.b.phi(e.ty)
         phi.add_incoming(res, pre)
@@ -770,9 +766,10 @@ def _libm_lanes(e: _E, cname: str, *args):
     return out
 
 
-def _libm_function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
+def _libm_function(module: ir.Module, name: str, ty: ir.Type, avx512: bool = False) -> ir.Function:
     """`jitop.math.<name>.libm.<type>`: per-lane libm, out of line (the rarely taken slow path)."""
-    return _define(module, name + ".libm", ty, 1, lambda e, x: _libm_lanes(e, _LIBM[name], x), inline=False)
+    return _define(module, name + ".libm", ty, 1, lambda e, x: _libm_lanes(e, _LIBM[name], x), inline=False,
+                   avx512=avx512)
 
 
 def _by_precision(f32: Callable, f64: Callable) -> Callable:
@@ -811,9 +808,11 @@ _IMPLS: dict[str, tuple[int, Callable]] = {
 MATH_FUNCTIONS: frozenset[str] = frozenset(_IMPLS)
 
 
-def _define(module: ir.Module, name: str, ty: ir.Type, nargs: int, body: Callable, inline: bool = True) -> ir.Function:
-    """The module's `jitop.math.<name>.<type>`, created on first use."""
-    fname = f"jitop.math.{name}.{_suffix(ty)}"
+def _define(module: ir.Module, name: str, ty: ir.Type, nargs: int, body: Callable, inline: bool = True,
+            avx512: bool = False) -> ir.Function:
+    """The module's `jitop.math.<name>.<type>` (`...<type>.avx512` when built with AVX-512 instructions),
+    created on first use."""
+    fname = f"jitop.math.{name}.{_suffix(ty)}" + (".avx512" if avx512 else "")
     fn = module.globals.get(fname)
     if fn is None:
         fn = ir.Function(module, ir.FunctionType(ty, [ty] * nargs), fname)
@@ -821,7 +820,7 @@ def _define(module: ir.Module, name: str, ty: ir.Type, nargs: int, body: Callabl
         fn.attributes.add("alwaysinline" if inline else "noinline")
         fn.attributes.add("nounwind")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.ret(body(_E(b, ty), *fn.args))
+        b.ret(body(_E(b, ty, avx512), *fn.args))
     return fn
 
 
@@ -830,9 +829,10 @@ def _check_type(ty: ir.Type) -> bool:
     return isinstance(elt, (ir.FloatType, ir.DoubleType))
 
 
-def emit_math(builder: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Value:
+def emit_math(builder: ir.IRBuilder, name: str, args: list[ir.Value], avx512: bool = False) -> ir.Value:
     """Emit name(*args) at the builder's position; args all have the same float/double scalar
-    or vector type; returns that type.
+    or vector type; returns that type. `avx512`: the code is for a Target with AVX-512F (the caller
+    passes its Target's fact; default no), so AVX-512-only instructions may be used.
 
     Example: `y = emit_math(builder, "tanh", [x])` with x a `<16 x float>` value.
     """
@@ -845,5 +845,5 @@ def emit_math(builder: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Valu
     if not _check_type(ty) or any(a.type != ty for a in args):
         raise TypeError(f"{name}: arguments must share one float/double scalar or vector type, "
                         f"got {', '.join(str(a.type) for a in args)}")
-    fn = _define(builder.module, name, ty, nargs, impl)
+    fn = _define(builder.module, name, ty, nargs, impl, avx512=avx512)
     return builder.call(fn, list(args))

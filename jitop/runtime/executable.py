@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jitop.errors import TargetMismatchError
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
-from jitop.runtime.module import Module
+from jitop.runtime.module import Module, check_meta
 from jitop.target import Target
 
 MAGIC = b"JITOPEXE"
@@ -107,21 +108,37 @@ class Executable:
         Raises ValueError for a corrupt, truncated or incompatible blob, and `jitop.TargetMismatchError`
         (loading nothing) if it was built for a CPU whose features this machine lacks.
 
+        Trust: the blob holds native code, so loading it is like loading a shared library: only load
+        blobs from a trusted source (keep the persistent cache directory private to the user). The
+        checks (sha256 checksum, the object code is a well-formed x86-64 ELF object, its embedded
+        parameter signature equals the metadata, the plan matches the parameters, the target runs
+        here) protect against corruption and version skew, not against a malicious author: the
+        checksum detects damage, it is not a signature.
+
         >>> exe = Executable.from_bytes(open("f.jitexe", "rb").read())   # doctest: +SKIP
         """
         files = _unzip(_payload(data))
         try:
             meta, plan_json = json.loads(files["meta.json"]), json.loads(files["plan.json"])
+            if not isinstance(meta, dict):
+                raise TypeError(f"meta.json holds a {type(meta).__name__}, not an object")
             target = Target.from_json(meta["target"])
-        except (KeyError, TypeError, ValueError, RecursionError) as err:
+            name = str(meta.get("name", "?"))[:200]
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed jitop Executable (metadata: {type(err).__name__}: {err})") from None
         # before any object code is linked in: foreign code is refused, never loaded
-        target.check_runs_on(what=f"the saved kernel '{meta.get('name', '?')}'")
+        try:
+            target.check_runs_on(what=f"the saved kernel '{name}'")
+        except TargetMismatchError:
+            raise
+        except (TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"malformed jitop Executable (target: {type(err).__name__}: {err})") from None
         try:
             plan = _decode(meta, plan_json, files)
             ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
-        except (KeyError, TypeError, ValueError, IndexError, RecursionError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed jitop Executable ({type(err).__name__}: {err})") from None
+        # loads the object code (checked: a well-formed ELF object whose signature equals meta's params)
         return Executable(Module(meta, files["kernel.o"], ll), plan)
 
 
@@ -361,8 +378,7 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
     """The Plan of a blob, checked against the module's parameters so a kernel never sees a wrong buffer."""
     if meta.get("format") != MODULE_FORMAT:
         raise ValueError(f"module format {meta.get('format')}, expected {MODULE_FORMAT}")
-    if not (isinstance(meta["symbol"], str) and isinstance(meta["name"], str)):
-        raise ValueError("kernel symbol and name must be strings")
+    check_meta(meta)
     params = [ParamSpec.from_json(p) for p in meta["params"]]
     for p in params:
         _dtype(p.dtype.str)
@@ -389,12 +405,28 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
 
 
 def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
+    """Raise ValueError unless every buffer the plan hands the kernel is the one its parameter describes:
+    the kernel indexes each as its parameter's shape and dtype, whatever it is given."""
     if len(plan.inputs) + len(plan.outputs) != len(params) or plan.n_scratch > len(plan.outputs):
         raise ValueError(f"plan has {len(plan.inputs)} inputs and {len(plan.outputs)} outputs for "
                          f"{len(params)} kernel parameters")
+    positions = [what if kind == "arg" else what[0] for kind, what in plan.inputs if kind != "const"]
+    if len(set(positions)) != len(positions):  # the tracer gives each argument one parameter at most
+        raise ValueError(f"plan reads an argument twice (positions {positions})")
     for (kind, what), p in zip(plan.inputs, params):
-        if p.is_output or (kind == "const" and (what.shape != p.shape or what.dtype != p.dtype)):
-            raise ValueError(f"plan input {kind} does not match kernel parameter {p.name}: {p.describe()}")
+        if p.is_output:
+            ok = False
+        elif kind == "const":
+            ok = what.shape == p.shape and what.dtype == p.dtype
+        elif kind == "arg_swapped":  # converted to this dtype on each call: it must be the parameter's
+            ok = np.dtype(what[1]).newbyteorder("=") == p.dtype
+        elif kind == "scalar":       # becomes a 0-d array of this dtype
+            ok = np.dtype(what[1]) == p.dtype and p.shape == ()
+        else:                        # "arg": checked against the parameter on each checked call
+            ok = kind == "arg" and type(what) is int and what >= 0
+        if not ok:
+            raise ValueError(f"plan input {kind} {_describe_input(kind, what)} does not match kernel parameter "
+                             f"{p.name}: {'an output' if p.is_output else p.describe()}")
     for (shape, dt), p in zip(plan.outputs, params[len(plan.inputs):]):
         if not p.is_output or shape != p.shape or dt != p.dtype:
             raise ValueError(f"plan output {dt} {shape} does not match kernel parameter {p.name}: {p.describe()}")
@@ -402,6 +434,14 @@ def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
         raise ValueError("a result slot points past the kernel's outputs")
     if plan.result is not None:
         _check_tree(plan.result, len(plan.result_slots), allow_objects=False)
+
+
+def _describe_input(kind: str, what: Any) -> str:
+    if kind == "const":
+        return f"({what.dtype.name} array of shape {what.shape})"
+    if kind in ("arg_swapped", "scalar"):
+        return f"(argument {what[0]} as {np.dtype(what[1]).name})"
+    return f"(argument {what})"
 
 
 def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any]) -> None:

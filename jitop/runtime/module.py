@@ -16,7 +16,14 @@ import numpy as np
 from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
 from jitop.target import Target
 
-FORMAT_VERSION = 2  # 2: meta['target'] is a jitop Target
+FORMAT_VERSION = 3  # 2: meta['target'] is a jitop Target; 3: the object code carries its signature
+
+
+def signature_json(params: list[dict]) -> str:
+    """The canonical JSON of a kernel's parameter specs (`ParamSpec.to_json()` each, as in meta["params"]):
+    what its object code carries as `<symbol>_signature` (KernelCodegen emits it) and what the metadata's
+    params must still be when the code is loaded."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
 def _data_offset_ok() -> bool:
@@ -59,13 +66,24 @@ class Module:
         self.target.check_runs_on(what=f"kernel '{self.name}'")
 
     def _load(self) -> None:
-        from jitop.codegen.loader import load_object
-        meta, object_code = self.meta, self.object_code
-        if meta.get("uses_parallel"):
+        from jitop.codegen.loader import load_object, read_global
+        meta, object_code, symbol = self.meta, self.object_code, self.meta["symbol"]
+        # the object's own symbol names say whether it calls the pool (edited metadata cannot leave it unlinked)
+        if meta.get("uses_parallel") or b"jitop_parallel_for" in object_code:
             from jitop.runtime.parallel import parallel_for_address
             parallel_for_address()  # links jitop_parallel_for before the object that calls it
-        flag = [f"{meta['symbol']}_error"] if self.checked else []
-        addrs = load_object(object_code, [meta["symbol"], f"{meta['symbol']}_objects"], flag)
+        flag = [f"{symbol}_error"] if self.checked else []
+        try:
+            addrs = load_object(object_code, [symbol, f"{symbol}_objects"], [*flag, f"{symbol}_signature"])
+            signed = read_global(object_code, f"{symbol}_signature", addrs[f"{symbol}_signature"])
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"kernel '{self.name}': its object code cannot be loaded ({err}); rebuild it") from None
+        # linked, not yet run: the code must index its buffers as the metadata's parameters describe them
+        ours = signature_json(self.meta["params"])
+        if signed != ours.encode() + b"\0":
+            raise ValueError(f"kernel '{self.name}': object code and metadata disagree about its parameters: the "
+                             f"code was compiled for {signed.rstrip(bytes(1)).decode('utf-8', 'replace')[:2000]}, "
+                             f"the metadata says {ours[:2000]}; the file was edited or mixed up, rebuild it")
         n = len(self.params)
         self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n)(addrs[meta["symbol"]])
         # fast entry taking the arrays themselves (only for arrays already checked by the caller)
@@ -103,7 +121,8 @@ class Module:
         """Raise the IndexError a run-time bounds check recorded during the last call, if any."""
         if self._error is not None and self._error.value:
             code, self._error.value = self._error.value, 0
-            raise IndexError(f"{self.name}: out-of-bounds {self.checked[code - 1]}; the access was skipped, the "
+            what = self.checked[code - 1] if 0 < code <= len(self.checked) else f"access (check #{code})"
+            raise IndexError(f"{self.name}: out-of-bounds {what}; the access was skipped, the "
                              "outputs are incomplete. Check the compute's index expressions against the shapes")
 
     def get_source(self, fmt: str = "ll") -> str:
@@ -156,17 +175,48 @@ def load_module(path: str | os.PathLike) -> Module:
     """Load a module written by Module.save (no LLVM optimisation or code generation runs).
 
     Raises `jitop.TargetMismatchError` (and runs nothing) if the module was built for a CPU whose
-    features this machine lacks.
+    features this machine lacks, and ValueError for a file that is not a well-formed module.
+
+    Trust: the file holds native code, so loading it is like loading a shared library: only load
+    modules from a trusted source. The checks (the object code is a well-formed x86-64 ELF object, its
+    embedded parameter signature equals the metadata, the target runs here) protect against corruption
+    and version skew, not against a malicious author.
 
     >>> f = jitop.load_module("kernel.jitop")   # doctest: +SKIP
     """
-    with zipfile.ZipFile(path) as z:
-        meta = json.loads(z.read("meta.json"))
-        if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{path}: saved by an incompatible jitop (format {meta.get('format')}, "
-                             f"expected {FORMAT_VERSION}); rebuild and save it again")
-        if not isinstance(meta.get("target"), dict) or "features" not in meta["target"]:
-            raise ValueError(f"{path}: saved without a jitop Target (an older jitop); rebuild and save it again")
-        Target.from_json(meta["target"]).check_runs_on(what=f"{os.fspath(path)}")
-        ll = z.read("kernel.ll").decode() if "kernel.ll" in z.namelist() else None
-        return Module(meta, z.read("kernel.o"), ll)
+    try:
+        with zipfile.ZipFile(path) as z:
+            meta = json.loads(z.read("meta.json"))
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+                found = meta.get("format") if isinstance(meta, dict) else None
+                raise ValueError(f"{path}: saved by an incompatible jitop (format {found}, "
+                                 f"expected {FORMAT_VERSION}); rebuild and save it again")
+            if not isinstance(meta.get("target"), dict) or "features" not in meta["target"]:
+                raise ValueError(f"{path}: saved without a jitop Target (an older jitop); rebuild and save it again")
+            target = Target.from_json(meta["target"])
+            check_meta(meta, f"{path}: ")
+            ll = z.read("kernel.ll").decode() if "kernel.ll" in z.namelist() else None
+            object_code = z.read("kernel.o")
+    except (zipfile.BadZipFile, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not a well-formed jitop module ({type(err).__name__}: {err})") from None
+    target.check_runs_on(what=f"{os.fspath(path)}")
+    return Module(meta, object_code, ll)
+
+
+def check_meta(meta: dict, where: str = "") -> None:
+    """Raise ValueError unless saved metadata's names and parameters have the types a Module uses
+    (KeyError/TypeError for a parameter missing a field or with an unreadable dtype)."""
+    if not (isinstance(meta.get("symbol"), str) and isinstance(meta.get("name"), str)):
+        raise ValueError(f"{where}kernel symbol and name must be strings")
+    checked = meta.get("checked_accesses", [])
+    if not (isinstance(checked, list) and all(isinstance(c, str) for c in checked)):
+        raise ValueError(f"{where}checked_accesses must be a list of strings")
+    params = meta.get("params")
+    if not isinstance(params, list):
+        raise ValueError(f"{where}params must be a list")
+    for p in params:
+        spec = ParamSpec.from_json(p)
+        if (not isinstance(spec.name, str) or type(spec.is_output) is not bool or spec.dtype.kind not in "biuf"
+                or not spec.dtype.isnative or not all(type(d) is int and d >= 0 for d in spec.shape)):
+            raise ValueError(f"{where}malformed parameter {p!r}: expected a name, a native numeric dtype, "
+                             "a shape of non-negative ints and a bool is_output")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import os
 import subprocess
 import sys
@@ -420,3 +421,84 @@ def test_vector_loop_uses_the_targets_widest_registers(saved, target):
     asm = f.get_source("asm")
     assert {64: "zmm", 32: "ymm"}[target.vector_bytes] in asm
     assert target.vector_bytes == 64 or "zmm" not in asm
+
+
+# ---------------------------------------------------------------------------------------------
+# code generation for a Target: lane counts and instruction choices come from the Target passed down
+# ---------------------------------------------------------------------------------------------
+
+def _long_vector_loop(dtype: str, split: int | None = None, math: bool = False):
+    """C[i] = f(A[i]) over 1000 elements (not a multiple of any vector width), vectorized whole (longer
+    than MAX_LANES, so code generation chunks it) or split by `split` first."""
+    A = te.placeholder((1000,), dtype, "A")
+    C = te.compute((1000,), lambda i: te.exp(A[i] * 0.5) + 1.0 if math else A[i] * 3 + 1, name="C")
+    s = jitop.create_schedule(C.op)
+    axis = C.op.axis[0]
+    if split:
+        _, axis = s[C].split(axis, factor=split)
+    s[C].vectorize(axis)
+    return s, [A, C]
+
+
+_LLVM_ELEMENT = {"float32": "float", "float64": "double", "int8": "i8", "int16": "i16"}
+
+
+@pytest.mark.parametrize("cpu", ["x86-64", "haswell", "skylake-avx512"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8"])
+def test_long_vectorized_loop_is_chunked_one_register_wide(cpu, dtype):
+    from jitop.codegen.kernel import KernelCodegen
+    from jitop.target import Target
+    target = Target.from_string(cpu)
+    ll = str(KernelCodegen(jitop.lower(*_long_vector_loop(dtype)), "k", target).build())
+    widths = set(re.findall(rf"<(\d+) x {_LLVM_ELEMENT[dtype]}>", ll))
+    assert widths == {str(target.lanes(np.dtype(dtype).itemsize))}, (target.describe(), widths)
+
+
+def test_chunk_width_follows_the_widest_element_of_the_loop():
+    from jitop.codegen.kernel import KernelCodegen
+    from jitop.target import Target
+    A = te.placeholder((1000,), "float32", "A")
+    C = te.compute((1000,), lambda i: te.cast(A[i], "float64") * 0.5, name="C")  # float32 in, float64 out
+    s = jitop.create_schedule(C.op)
+    s[C].vectorize(C.op.axis[0])
+    ll = str(KernelCodegen(jitop.lower(s, [A, C]), "k", Target.from_string("haswell")).build())
+    assert set(re.findall(r"<(\d+) x (?:float|double)>", ll)) == {"4"}  # one ymm of float64
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_chunked_loop_gives_the_results_of_sixteen_lane_chunks(target, dtype):
+    """The chunk width is the Target's, the results are those of the former fixed 16-lane chunks."""
+    a = np.linspace(-40, 40, 1000).astype(dtype)
+    whole = jitop.build(*_long_vector_loop(dtype, math=True), target=target)(a)
+    by_16 = jitop.build(*_long_vector_loop(dtype, split=16, math=True), target=target)(a)
+    np.testing.assert_array_equal(whole, by_16)
+    np.testing.assert_allclose(whole, np.exp(a * 0.5) + 1, rtol=4e-7 if dtype == "float32" else 1e-15)
+
+
+@pytest.mark.parametrize("avx512", [False, True])
+def test_math_library_takes_avx512_from_its_caller(avx512):
+    from llvmlite import ir
+
+    from jitop import dtypes
+    from jitop.codegen.math import emit_call
+    from jitop.codegen.vecmath import emit_math
+    v16 = ir.VectorType(ir.FloatType(), 16)
+    for emit in (lambda b, x: emit_math(b, "exp", [x], avx512=avx512),
+                 lambda b, x: emit_call(b, "exp", dtypes.float32, [x], avx512=avx512)):
+        mod = ir.Module()
+        fn = ir.Function(mod, ir.FunctionType(v16, [v16]), "k")
+        b = ir.IRBuilder(fn.append_basic_block())
+        b.ret(emit(b, fn.args[0]))
+        assert ("llvm.x86.avx512.mask.scalef" in str(mod)) == avx512
+
+
+@pytest.mark.parametrize("cpu", ["haswell", "skylake-avx512"])
+def test_kernel_passes_its_targets_avx512_to_the_math_library(cpu):
+    from jitop.codegen.kernel import KernelCodegen
+    from jitop.target import Target
+    target = Target.from_string(cpu)
+    cg = KernelCodegen(jitop.lower(*_long_vector_loop("float32", split=16, math=True)), "k", target)
+    ll = str(cg.build())
+    assert not hasattr(cg.module, "target_features")  # no hidden state on llvmlite's module
+    assert ("llvm.x86.avx512.mask.scalef" in ll) == ("avx512f" in target.required_features)
