@@ -8,19 +8,24 @@ import numpy as np
 
 
 def demo(n: int) -> None:
-    """Build tanh(a*b + c)*0.5 + exp(-a*a) as one vectorized, parallel kernel and time it against numpy."""
+    """Build tanh(a*b + c)*0.5 + exp(-a*a) as one vectorized, parallel kernel for the current Target
+    (the host, or JITOP_CPU) and time it against numpy."""
     import jitop
     from jitop import te
+    from jitop.driver import default_target
+
+    target = default_target()
+    print(f"target: {target.describe()}\n")
 
     a, b, c = (te.placeholder((n,), "float32", name) for name in "abc")
     d = te.compute((n,), lambda i: te.tanh(a[i] * b[i] + c[i]) * 0.5 + te.exp(-a[i] * a[i]), name="d")
     s = jitop.create_schedule(d.op)
-    outer, inner = s[d].split(d.op.axis[0], factor=16)
+    outer, inner = s[d].split(d.op.axis[0], factor=target.lanes(4))  # one vector register of float32
     s[d].vectorize(inner)
     s[d].parallel(outer)
     print(jitop.lower(s, [a, b, c, d]))
     t0 = time.perf_counter()
-    f = jitop.build(s, [a, b, c, d])
+    f = jitop.build(s, [a, b, c, d], target=target)
     print(f"\nbuilt in {(time.perf_counter() - t0) * 1e3:.0f} ms")
     rng = np.random.default_rng(0)
     xa, xb, xc = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
