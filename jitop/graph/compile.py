@@ -40,7 +40,7 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
     graph = to_te(why, target, choices, inputs, input_names, input_plan, unique)
     # row fusion: from bound inference on a probe, before anything is scheduled
-    rows = schedule_rules.row_groups(graph.lowering.st, unique, why, target)
+    rows, row_decision = schedule_rules.row_groups(graph.lowering.st, unique, why, target)
     # schedule: template epilogues on the register tile, row-fused outputs, every other stage by its kind
     sch = schedule_rules.apply(graph.lowering.st, unique, why, target, rows)
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
@@ -52,7 +52,7 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
     plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
-                      templates=list(graph.lowering.st.chosen.values()))
+                      templates=list(graph.lowering.st.chosen.values()), decisions=[f"row fusion: {row_decision}"])
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:

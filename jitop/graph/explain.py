@@ -24,6 +24,7 @@ def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
     for g in exe.groups:
         inlined = ", ".join(names.get(m, "?") for m in g.members) or "nothing"
         lines.append(f"  {names.get(g.root, '?')}: inlines {inlined}; ends because: {g.reason}")
+    lines += ["", "pipeline decisions:"] + [f"  {d}" for d in exe.decisions]
     target = exe.module.target
     lines += ["", f"target: {target.describe()} (key {target.key})"]
     if exe.templates:

@@ -140,17 +140,18 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
     return epilogues
 
 
-def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target) -> dict[Node, list[Node]]:
+def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str],
+               target: Target) -> tuple[dict[Node, list[Node]], str]:
     """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before
     scheduling: a probe schedule with only the row attachments is bound-inferred, and if any member would
     need more than one row per output row (it is read along another axis), nothing is row-fused, since
     computing it inside the row loop would redo it every row. All or none: a member may read another's
-    row buffer."""
+    row buffer. Returns the groups and a sentence saying what was decided, for explain()."""
     epilogues = template_epilogues(st, outputs, materialized)  # scheduled by their template instead
     groups = {n: members for n in dict.fromkeys(outputs) if st.kind.get(st.tensors[n]) == "injective"
               and n not in epilogues and (members := row_group(n, materialized, outputs))}
     if not groups:
-        return {}
+        return {}, "no output reads a reduction or shared intermediate row by row"
     probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
     attached = _attach_rows(probe, st, groups, target)
     for n, t in st.tensors.items():  # reductions' partials go inside their reduction, as in `apply`
@@ -161,8 +162,11 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     for stage in attached:
         extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
         if extents and (any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1)):
-            return {}
-    return groups
+            return {}, (f"none: bound inference says '{stage.op.name}' would need {extents} per output row "
+                        "(it is read along another axis), so every member is computed once instead")
+    fused = "; ".join(f"{st.tensors[n].name} computes {', '.join(st.tensors[m].name for m in ms)} in its row loop"
+                      for n, ms in groups.items())
+    return groups, f"{fused} (bound inference: one row each)"
 
 
 def _attach_rows(s: Schedule, st: Stages, groups: dict[Node, list[Node]], target: Target) -> list[Stage]:

@@ -61,6 +61,7 @@ class Executable:
     groups: list[Any] = field(default_factory=list)     # fusion groups, for explain() (not saved)
     func: Any = None  # the lowered loop IR, for explain() (not saved)
     templates: list[str] = field(default_factory=list)  # operator templates and their configs, for explain() (not saved)
+    decisions: list[str] = field(default_factory=list)  # other pipeline decisions, for explain() (not saved)
 
     def __post_init__(self) -> None:
         self.run = _specialised_runner(self.plan, self.module)

@@ -1,0 +1,43 @@
+"""The compile pipeline's decisions are visible: explain() names the Target, the row-fusion decision (made
+from bound inference before scheduling) and each template task's config source; results stay numpy's."""
+from __future__ import annotations
+
+import numpy as np
+
+import jitop
+from kernel_checks import assert_close
+
+
+def test_row_fused_softmax_says_which_stages_run_in_the_row_loop():
+    @jitop.kernel
+    def softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    x = np.random.default_rng(0).standard_normal((37, 70)).astype(np.float32)
+    text = softmax.explain(x)
+    assert "row fusion: divide computes" in text and "in its row loop" in text
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    assert_close(softmax(x), e / e.sum(axis=-1, keepdims=True), rtol=1e-6, atol=1e-7)
+
+
+def test_a_stage_read_along_another_axis_is_computed_once():
+    """A column sum read by every row cannot live in one row: the decision says so, the answer is numpy's."""
+    @jitop.kernel
+    def f(x):
+        s = x.sum(axis=0, keepdims=True)
+        return x / s + s.T[:1]
+    x = np.random.default_rng(1).random((64, 64)).astype(np.float32) + 0.5
+    text = f.explain(x)
+    assert "row fusion: none: bound inference says" in text
+    s = x.sum(axis=0, keepdims=True)
+    assert_close(f(x), x / s + s.T[:1], rtol=1e-6)
+
+
+def test_explain_names_the_target_and_the_task_source():
+    @jitop.kernel
+    def f(a, b):
+        return np.maximum(a @ b + 1, 0)
+    a, b = np.ones((9, 5), np.float32), np.ones((5, 11), np.float32)
+    text = f.explain(a, b)
+    assert f"target: {jitop.Target.current().describe()}" in text
+    assert "template matmul, default config" in text
