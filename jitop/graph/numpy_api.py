@@ -98,6 +98,10 @@ def _check_python_ints(ufunc: np.ufunc, srcs: list[Node], ins: tuple) -> tuple:
     compares it exactly (we widen the comparison to int64, or float64 beyond that)."""
     out = list(ins)
     for s, d in zip(srcs, ins):
+        if s.weak and s.prim == "scalar_arg" and s.dtype.is_int and d.kind in "iu" and d.itemsize < 8 \
+                and ufunc.__name__ in _COMPARISONS:
+            out = [np.dtype("int64")] * len(out)  # a Python int argument may be out of range: compare exactly
+            continue
         if not (s.weak and s.prim == "const" and s.dtype.is_int and d.kind in "iu"):
             continue
         v, info = s.param("value"), np.iinfo(d)

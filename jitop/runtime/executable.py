@@ -40,7 +40,9 @@ _DTYPE_KINDS = "biufc"              # numbers only: never object, string, void o
 class Plan:
     """How a call's arguments become the kernel's arrays, and its outputs the function's result."""
 
-    inputs: list[tuple[str, Any]]  # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype)) | ("const", array)
+    # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype[, (lo, hi)])) | ("const", array);
+    # a scalar's (lo, hi): the range a Python int argument must lie in (NEP 50: else OverflowError)
+    inputs: list[tuple[str, Any]]
     outputs: list[tuple[tuple[int, ...], np.dtype]]
     result_slots: list[int]                  # flat function result k -> output array index
     n_scratch: int = 0                       # trailing output buffers that are only intermediates
@@ -163,6 +165,11 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
             lines.append(f"    {name} = contiguous(args[{what[0]}], dt{k})")
         elif kind == "scalar":
             env[f"dt{k}"] = what[1]
+            if len(what) > 2:  # a Python int must fit the integer dtype it meets, as numpy checks
+                lo, hi = what[2]
+                env[f"overflow{k}"] = _overflow_error(lo, hi)
+                lines.append(f"    if type(args[{what[0]}]) is int and not {lo} <= args[{what[0]}] <= {hi}: "
+                             f"overflow{k}(args[{what[0]}])")
             lines.append(f"    {name} = asarray(args[{what[0]}], dt{k})")
         else:
             env[f"c{k}"] = what
@@ -367,7 +374,7 @@ def _plan_to_json(plan: Plan) -> tuple[dict, list[np.ndarray]]:
         if kind == "arg":
             inputs.append([kind, what])
         elif kind in ("arg_swapped", "scalar"):
-            inputs.append([kind, [what[0], np.dtype(what[1]).str]])
+            inputs.append([kind, [what[0], np.dtype(what[1]).str, *([list(what[2])] if len(what) > 2 else [])]])
         else:
             inputs.append([kind, len(constants)])
             constants.append(np.asarray(what))
@@ -388,7 +395,7 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
         if kind == "arg":
             inputs.append((kind, _position(what)))
         elif kind in ("arg_swapped", "scalar"):
-            inputs.append((kind, (_position(what[0]), _dtype(what[1]))))
+            inputs.append((kind, (_position(what[0]), _dtype(what[1]), *_bounds(what[2:]))))
         elif kind == "const":
             c = np.load(io.BytesIO(files[f"const{_position(what)}.npy"]), allow_pickle=False)
             if not isinstance(c, np.ndarray):
@@ -403,6 +410,28 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
     plan = Plan(inputs, outputs, slots, _position(plan_json["n_scratch"]), plan_json["result"])
     _check_plan(plan, params)
     return plan
+
+
+def _overflow_error(lo: int, hi: int) -> Callable[[int], None]:
+    dtype = next(d for d in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+                 if (int(np.iinfo(d).min), int(np.iinfo(d).max)) == (lo, hi))
+
+    def overflow(value: int) -> None:
+        raise OverflowError(f"Python integer {value} out of bounds for {dtype}")
+    return overflow
+
+
+def _bounds(extra: list) -> list[tuple[int, int]]:
+    """A scalar input's optional (lo, hi): the range of an integer dtype, or nothing."""
+    if not extra:
+        return []
+    if len(extra) != 1 or not isinstance(extra[0], list) or len(extra[0]) != 2:
+        raise ValueError(f"malformed scalar range {extra!r}")
+    lo, hi = extra[0]
+    ranges = {(int(np.iinfo(d).min), int(np.iinfo(d).max)) for d in "bBhHiIqQ"}
+    if type(lo) is not int or type(hi) is not int or (lo, hi) not in ranges:
+        raise ValueError(f"scalar range {extra[0]!r} is not an integer dtype's range")
+    return [(lo, hi)]
 
 
 def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:

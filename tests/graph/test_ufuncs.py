@@ -403,13 +403,7 @@ def test_scalar_operand_as_constant(dtype: str, operand: str) -> None:
         assert_same(g, e)
 
 
-_OVERFLOW_BUG = pytest.mark.xfail(strict=True, reason="BUG: an out-of-range Python int ARGUMENT wraps silently "
-                                  "(f(int8 array, 300) gives a + 44, f(uint8 array, -1) gives a - 1) where numpy "
-                                  "(NEP 50) raises OverflowError (fixed for constants in 49c8327, not for arguments)")
-
-
-@pytest.mark.parametrize("value, dtype", [pytest.param(300, "int8", marks=_OVERFLOW_BUG),
-                                          pytest.param(-1, "uint8", marks=_OVERFLOW_BUG),
+@pytest.mark.parametrize("value, dtype", [(300, "int8"), (-1, "uint8"), (-40000, "int16"), (-1, "uint64"),
                                           (2 ** 64, "uint64"), (2 ** 63, "int64")])
 def test_out_of_range_python_int_raises_overflow_like_numpy(value: int, dtype: str) -> None:
     a = np.ones(3, dtype)
@@ -421,6 +415,28 @@ def test_out_of_range_python_int_raises_overflow_like_numpy(value: int, dtype: s
         f.fn(a, value)
     with pytest.raises(OverflowError):
         jit_call(f, a, value)
+
+
+@pytest.mark.parametrize("value", [300, -129, 2 ** 40])
+def test_out_of_range_python_int_argument_compares_exactly_like_numpy(value: int) -> None:
+    """numpy 2 compares an int8 array with an out-of-range Python int exactly (no error, no wrap)."""
+    a = np.array([-128, 0, 127], np.int8)
+
+    @jitop.kernel
+    def f(x, y):
+        return x < y, x == y, y >= x
+    for got, want in zip(jit_call(f, a, value), f.fn(a, value)):
+        assert_same(got, want)
+
+
+def test_in_range_python_int_argument_still_computes_in_the_array_dtype() -> None:
+    a = np.array([120, -5], np.int8)
+
+    @jitop.kernel
+    def f(x, y):
+        return x + y
+    for v in (7, 127, -128):
+        assert_same(jit_call(f, a, v), f.fn(a, v))
 
 
 @pytest.mark.parametrize("value, dtype", [(300, "int8"), (-1, "uint8")])

@@ -377,3 +377,17 @@ def test_second_process_runs_a_parallel_kernel_from_a_warm_cache_without_llvm(tm
     assert cold.returncode == 0 and cold.stdout.strip().endswith("OK"), cold.stderr[-3000:]
     warm = _child(tmp_path, softmax_and_total, PARALLEL_ARGS, cache)
     assert warm.returncode == 0 and warm.stdout.strip().endswith("OK"), warm.stderr[-3000:]
+
+
+def test_a_python_int_arguments_range_check_survives_bytes():
+    """NEP 50: an out-of-range Python int argument raises OverflowError, also after a round trip."""
+    @jitop.kernel
+    def f(x, y):
+        return x + y
+    a = np.ones(3, np.int8)
+    f(a, 1)
+    (entry,) = [e for e in f.cache.values() if e is not None]
+    loaded = Executable.from_bytes(entry.exe.to_bytes())
+    np.testing.assert_array_equal(loaded.call([a, 5]), a + 5)
+    with pytest.raises(OverflowError, match="300 out of bounds for int8"):
+        loaded.call([a, 300])
