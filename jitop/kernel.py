@@ -230,20 +230,18 @@ class KernelFunction:
 
 def _bound_python_ints(tr: Trace) -> None:
     """NEP 50: a Python int argument that meets an integer array must fit the array's dtype (numpy raises
-    OverflowError otherwise). The kernel receives it as int64 and would wrap it, so the plan checks its range
-    on each call: the intersection of the integer dtypes the function's ufuncs use it as."""
-    bounds: dict[int, tuple[int, int]] = {}
+    OverflowError otherwise). The kernel receives it as int64 and would wrap it, so the plan names the
+    integer dtypes the function's ufuncs use it as, and the call checks the value against each."""
+    meets: dict[int, set[str]] = {}
     for n in toposort(tr.results):
         if n.prim != "ufunc":
             continue
         for s, name in zip(n.src, n.param("in_dtypes")):
             d = np.dtype(name)
             if s.prim == "scalar_arg" and s.weak and s.dtype.is_int and d.kind in "iu" and d != np.int64:
-                k, info = s.param("index"), np.iinfo(d)
-                lo, hi = bounds.get(k, (info.min, info.max))
-                bounds[k] = (max(lo, int(info.min)), min(hi, int(info.max)))
-    tr.plan = [(kind, (what[0], what[1], bounds[what[0]])) if kind == "scalar" and what[0] in bounds else (kind, what)
-               for kind, what in tr.plan]
+                meets.setdefault(s.param("index"), set()).add(d.name)
+    tr.plan = [(kind, (what[0], what[1], tuple(sorted(meets[what[0]])))) if kind == "scalar" and what[0] in meets
+               else (kind, what) for kind, what in tr.plan]
 
 
 def _flatten(result: Any) -> tuple[list[Node], list]:

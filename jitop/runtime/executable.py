@@ -40,8 +40,8 @@ _DTYPE_KINDS = "biufc"              # numbers only: never object, string, void o
 class Plan:
     """How a call's arguments become the kernel's arrays, and its outputs the function's result."""
 
-    # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype[, (lo, hi)])) | ("const", array);
-    # a scalar's (lo, hi): the range a Python int argument must lie in (NEP 50: else OverflowError)
+    # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype[, int dtype names])) | ("const", array);
+    # a scalar's dtype names: the integer dtypes a Python int argument must fit (NEP 50: else OverflowError)
     inputs: list[tuple[str, Any]]
     outputs: list[tuple[tuple[int, ...], np.dtype]]
     result_slots: list[int]                  # flat function result k -> output array index
@@ -165,9 +165,9 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
             lines.append(f"    {name} = contiguous(args[{what[0]}], dt{k})")
         elif kind == "scalar":
             env[f"dt{k}"] = what[1]
-            if len(what) > 2:  # a Python int must fit the integer dtype it meets, as numpy checks
-                lo, hi = what[2]
-                env[f"overflow{k}"] = _overflow_error(lo, hi)
+            if len(what) > 2:  # a Python int must fit every integer dtype it meets, as numpy checks
+                lo, hi = _int_range(what[2])
+                env[f"overflow{k}"] = _overflow_error(what[2])
                 lines.append(f"    if type(args[{what[0]}]) is int and not {lo} <= args[{what[0]}] <= {hi}: "
                              f"overflow{k}(args[{what[0]}])")
             lines.append(f"    {name} = asarray(args[{what[0]}], dt{k})")
@@ -395,7 +395,7 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
         if kind == "arg":
             inputs.append((kind, _position(what)))
         elif kind in ("arg_swapped", "scalar"):
-            inputs.append((kind, (_position(what[0]), _dtype(what[1]), *_bounds(what[2:]))))
+            inputs.append((kind, (_position(what[0]), _dtype(what[1]), *_int_dtypes(what[2:]))))
         elif kind == "const":
             c = np.load(io.BytesIO(files[f"const{_position(what)}.npy"]), allow_pickle=False)
             if not isinstance(c, np.ndarray):
@@ -412,26 +412,30 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
     return plan
 
 
-def _overflow_error(lo: int, hi: int) -> Callable[[int], None]:
-    dtype = next(d for d in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
-                 if (int(np.iinfo(d).min), int(np.iinfo(d).max)) == (lo, hi))
+_NARROW_INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "uint64")  # int64 is checked by asarray
 
+
+def _int_range(names: tuple[str, ...]) -> tuple[int, int]:
+    """The values that fit every one of these integer dtypes."""
+    return (max(int(np.iinfo(d).min) for d in names), min(int(np.iinfo(d).max) for d in names))
+
+
+def _overflow_error(names: tuple[str, ...]) -> Callable[[int], None]:
     def overflow(value: int) -> None:
+        dtype = next(d for d in names if not np.iinfo(d).min <= value <= np.iinfo(d).max)
         raise OverflowError(f"Python integer {value} out of bounds for {dtype}")
     return overflow
 
 
-def _bounds(extra: list) -> list[tuple[int, int]]:
-    """A scalar input's optional (lo, hi): the range of an integer dtype, or nothing."""
+def _int_dtypes(extra: list) -> list[tuple[str, ...]]:
+    """A scalar input's optional integer dtype names (those a Python int argument must fit), or nothing."""
     if not extra:
         return []
-    if len(extra) != 1 or not isinstance(extra[0], list) or len(extra[0]) != 2:
-        raise ValueError(f"malformed scalar range {extra!r}")
-    lo, hi = extra[0]
-    ranges = {(int(np.iinfo(d).min), int(np.iinfo(d).max)) for d in "bBhHiIqQ"}
-    if type(lo) is not int or type(hi) is not int or (lo, hi) not in ranges:
-        raise ValueError(f"scalar range {extra[0]!r} is not an integer dtype's range")
-    return [(lo, hi)]
+    names = extra[0]
+    if len(extra) != 1 or not isinstance(names, list) or not names or \
+            not all(isinstance(n, str) and n in _NARROW_INTS for n in names):
+        raise ValueError(f"malformed scalar dtype list {extra!r}: expected names among {_NARROW_INTS}")
+    return [tuple(names)]
 
 
 def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:

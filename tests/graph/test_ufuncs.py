@@ -439,6 +439,24 @@ def test_in_range_python_int_argument_still_computes_in_the_array_dtype() -> Non
         assert_same(jit_call(f, a, v), f.fn(a, v))
 
 
+@pytest.mark.parametrize("value", [-1, 128, 5])
+def test_python_int_argument_meeting_two_integer_dtypes_must_fit_both(value: int) -> None:
+    """The same Python int added to an int8 and a uint8 array: numpy raises for the one it does not fit."""
+    a, b = np.ones(2, np.int8), np.ones(2, np.uint8)
+
+    @jitop.kernel
+    def f(x, z, y):
+        return x + y, z + y
+    try:
+        want = f.fn(a, b, value)
+    except OverflowError as err:
+        with pytest.raises(OverflowError, match=str(err)):
+            jit_call(f, a, b, value)
+        return
+    for got, w in zip(jit_call(f, a, b, value), want):
+        assert_same(got, w)
+
+
 @pytest.mark.parametrize("value, dtype", [(300, "int8"), (-1, "uint8")])
 def test_out_of_range_python_int_constant_raises_overflow_like_numpy(value: int, dtype: str) -> None:
     a = np.ones(3, dtype)
