@@ -65,7 +65,7 @@ def resolve_target(target: str | Target | None) -> Target:
     if not isinstance(target, str) or not target.split()[:1] == ["llvm"]:
         raise ValueError(f"target {target!r} is not supported; jitop generates x86-64 code: give 'llvm', "
                          "'llvm -mcpu=NAME -mattr=+a,-b' or a jitop.Target")
-    chosen = default_target() if target.strip() == "llvm" else Target.from_string(target)
+    chosen = Target.current() if target.strip() == "llvm" else Target.from_string(target)
     return chosen.replace(threads=get_num_threads())
 
 

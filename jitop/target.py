@@ -258,7 +258,8 @@ def _with_build_options(t: Target) -> Target:
 
 
 @functools.cache
-def _llvm():
+def init_llvm():
+    """llvmlite's binding, with LLVM's native target initialised (once per process)."""
     import llvmlite.binding as llvm
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
@@ -268,18 +269,18 @@ def _llvm():
 
 @functools.cache
 def _process_triple() -> str:
-    return _llvm().get_process_triple()
+    return init_llvm().get_process_triple()
 
 
 @functools.cache
 def _native_features() -> dict[str, bool]:
-    return dict(_llvm().get_host_cpu_features())
+    return dict(init_llvm().get_host_cpu_features())
 
 
 @functools.cache
 def _native_cpu() -> tuple[str, str]:
     features = _native_features()
-    return _llvm().get_host_cpu_name(), ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(features.items()))
+    return init_llvm().get_host_cpu_name(), ",".join(f"{'+' if on else '-'}{name}" for name, on in sorted(features.items()))
 
 
 @functools.cache

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from jitop import te
 from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule, create_schedule
@@ -35,7 +37,7 @@ class MatmulWorkload:
 
     @property
     def batch(self) -> tuple[int, ...]:
-        return _broadcast(self.a_batch, self.b_batch)
+        return tuple(np.broadcast_shapes(self.a_batch, self.b_batch))
 
     @property
     def itemsize(self) -> int:
@@ -44,18 +46,6 @@ class MatmulWorkload:
     @property
     def flops(self) -> int:
         return 2 * math.prod(self.batch) * self.m * self.n * self.k
-
-
-def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    width = max(len(a), len(b))
-    a, b = (1,) * (width - len(a)) + a, (1,) * (width - len(b)) + b
-    return tuple(x if y == 1 else y for x, y in zip(a, b))
-
-
-def batch_index(own: tuple[int, ...], batch: tuple[int, ...], bi: tuple[Expr, ...]) -> tuple[Expr, ...]:
-    """An operand's batch index from C's (numpy broadcasting: leading dims dropped, size-1 dims pinned to 0)."""
-    lead = len(batch) - len(own)
-    return tuple(te.const(0) if d == 1 and batch[lead + j] != 1 else bi[lead + j] for j, d in enumerate(own))
 
 
 @dataclass(frozen=True)
@@ -158,9 +148,9 @@ def compute(wl: MatmulWorkload, config: Config, target: Target, readers: tuple[R
     its own operand's batch index."""
     read_a, read_b = readers
     batch = wl.batch
-    return matmul(lambda bi, i, r: read_a(batch_index(wl.a_batch, batch, bi), i, r), read_b, batch, wl.m, wl.n,
+    return matmul(lambda bi, i, r: read_a(te.broadcast_index(wl.a_batch, batch, bi), i, r), read_b, batch, wl.m, wl.n,
                   wl.k, wl.dtype, MatmulConfig.from_config(config), name=name, b_batch=wl.b_batch,
-                  b_index=lambda bi: batch_index(wl.b_batch, batch, bi))
+                  b_index=lambda bi: te.broadcast_index(wl.b_batch, batch, bi))
 
 
 def schedule(s: Schedule, t: MatmulTensors, wl: MatmulWorkload, config: Config, target: Target,

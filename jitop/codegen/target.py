@@ -6,15 +6,7 @@ import functools
 import llvmlite
 import llvmlite.binding as llvm
 
-from jitop.target import Target
-
-
-@functools.cache
-def init_llvm() -> None:
-    """Initialise LLVM's native target once per process (llvmlite 0.50 does the core itself)."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    llvm.initialize_native_asmparser()
+from jitop.target import Target, init_llvm  # noqa: F401 - init_llvm is used from here by codegen and runtime
 
 
 def llvm_version() -> str:

@@ -39,10 +39,13 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     choices = pick_all(tasks)
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
     graph = to_te(why, target, choices, inputs, input_names, input_plan, unique)
+    st = graph.lowering.st
+    # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
+    epilogues = schedule_rules.template_epilogues(st, unique, why)
     # row fusion: from bound inference on a probe, before anything is scheduled
-    rows, row_decision = schedule_rules.row_groups(graph.lowering.st, unique, why, target)
+    rows, row_decision = schedule_rules.row_groups(st, unique, why, target, epilogues)
     # schedule: template epilogues on the register tile, row-fused outputs, every other stage by its kind
-    sch = schedule_rules.apply(graph.lowering.st, unique, why, target, rows)
+    sch = schedule_rules.apply(st, unique, target, epilogues, rows)
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
     func = lower(sch, graph.placeholders + graph.outputs + scratch, name=name)
@@ -52,7 +55,7 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
     plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
-                      templates=list(graph.lowering.st.chosen.values()), decisions=[f"row fusion: {row_decision}"])
+                      templates=list(st.chosen.values()), decisions=[f"row fusion: {row_decision}"])
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:

@@ -140,14 +140,14 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
     return epilogues
 
 
-def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str],
-               target: Target) -> tuple[dict[Node, list[Node]], str]:
+def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target,
+               epilogues: dict[Node, Tensor]) -> tuple[dict[Node, list[Node]], str]:
     """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before
     scheduling: a probe schedule with only the row attachments is bound-inferred, and if any member would
     need more than one row per output row (it is read along another axis), nothing is row-fused, since
     computing it inside the row loop would redo it every row. All or none: a member may read another's
-    row buffer. Returns the groups and a sentence saying what was decided, for explain()."""
-    epilogues = template_epilogues(st, outputs, materialized)  # scheduled by their template instead
+    row buffer. Outputs in `epilogues` are scheduled by their template instead. Returns the groups and a
+    sentence saying what was decided, for explain()."""
     groups = {n: members for n in dict.fromkeys(outputs) if st.kind.get(st.tensors[n]) == "injective"
               and n not in epilogues and (members := row_group(n, materialized, outputs))}
     if not groups:
@@ -183,13 +183,12 @@ def _attach_rows(s: Schedule, st: Stages, groups: dict[Node, list[Node]], target
     return list(attached.values())
 
 
-def apply(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target,
+def apply(st: Stages, outputs: list[Node], target: Target, epilogues: dict[Node, Tensor],
           groups: dict[Node, list[Node]]) -> Schedule:
-    """The schedule of every stage: template epilogues first, row-fused outputs (`groups`), the rest by kind."""
+    """The schedule of every stage: template `epilogues` first, row-fused outputs (`groups`), the rest by kind."""
     out_tensors = [st.tensors[n] for n in dict.fromkeys(outputs)]
     s = create_schedule([t.op for t in out_tensors])
     # matmul/conv epilogues (bias, activation) run on the register tile
-    epilogues = template_epilogues(st, outputs, materialized)
     for out, t in epilogues.items():
         st.templates[t](s, st.tensors[out])
     _attach_rows(s, st, groups, target)

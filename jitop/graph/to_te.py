@@ -13,6 +13,7 @@ from jitop.graph.ir import Node
 from jitop.graph.ufuncs import UFUNCS
 from jitop.target import Target
 from jitop.te.expr import Expr, const
+from jitop.te.tensor import broadcast_index
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task
 
@@ -34,13 +35,6 @@ class Stages:
     # complex-out-fusable stage (matmul, conv2d) -> its template's schedule(s, epilogue or None)
     templates: dict[te.Tensor, Callable] = field(default_factory=dict)
     chosen: dict[te.Tensor, str] = field(default_factory=dict)  # template stage -> its config, for explain()
-    tasks: dict[te.Tensor, tuple[Task, Choice]] = field(default_factory=dict)  # template stage -> its task
-
-
-def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...], idx: Index) -> Index:
-    """Index into a broadcast operand: leading dims dropped, size-1 dims pinned to 0."""
-    lead = len(out_shape) - len(src_shape)
-    return tuple(const(0) if d == 1 and out_shape[lead + k] != 1 else idx[lead + k] for k, d in enumerate(src_shape))
 
 
 def unravel(flat: Expr, shape: tuple[int, ...]) -> Index:
@@ -179,7 +173,6 @@ class ToTE:
         stages = template.compute(task.workload, choice.config, self.target, readers, name=self._name(task.template))
         out = stages.out
         self.st.kind[out] = task.template
-        self.st.tasks[out] = (task, choice)
         size = len(template.config_space(task.workload, self.target))
         self.st.chosen[out] = (f"{out.name}: template {task.template}, {choice.source} config "
                                f"{choice.config.to_json()} (one of {size} in its space; task {task.key})")

@@ -10,7 +10,7 @@ from jitop.te.intrin import (abs, acos, asin, atan, atan2, cbrt, ceil, copysign,
                              log2, log10, logical_and, logical_not, logical_or, pow, rint, round, rsqrt, sigmoid,
                              sign, sin, sinh, sqrt, tan, tanh, trunc, truncdiv, truncmod)
 from jitop.te.expr import select
-from jitop.te.tensor import (ComputeOp, IterVar, Operation, PlaceholderOp, Reducer, Tensor, comm_reducer, compute,
-                             max, min, placeholder, prod, reduce_axis, sum)
+from jitop.te.tensor import (ComputeOp, IterVar, Operation, PlaceholderOp, Reducer, Tensor, broadcast_index,
+                             comm_reducer, compute, max, min, placeholder, prod, reduce_axis, sum)
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -298,3 +298,16 @@ sum = Reducer("sum", lambda x, y: x + y, lambda dt: const(0, dt))  # noqa: A001 
 prod = Reducer("prod", lambda x, y: x * y, lambda dt: const(1, dt))
 max = Reducer("max", lambda x, y: binary(Op.MAX, x, y), _lowest)  # noqa: A001
 min = Reducer("min", lambda x, y: binary(Op.MIN, x, y), _highest)  # noqa: A001
+
+
+def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                    idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """The index into an operand of shape `src_shape` broadcast (numpy's rules) to `out_shape` at `idx`:
+    leading dims dropped, size-1 dims pinned to 0.
+
+    >>> i, j = var("i"), var("j")
+    >>> broadcast_index((1, 3), (2, 3), (i, j))[1] is j
+    True
+    """
+    lead = len(out_shape) - len(src_shape)
+    return tuple(const(0) if d == 1 and out_shape[lead + k] != 1 else idx[lead + k] for k, d in enumerate(src_shape))
