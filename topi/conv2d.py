@@ -348,11 +348,7 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
     def weight(bi: tuple, oc: Expr, kk: Expr) -> Expr:
         return read_weight(oc, *tap(kk))  # flattens back to oc * K + kk: a contiguous row of A
 
-    # the register tile from the conv2d config's tile knobs; the loop order and packing as matmul's default
-    base = topi_matmul.default_tile(wl.oc, area, k, wl.itemsize, target)  # its B packing depends on the shape
-    panel_outer = not conv.oc_outer
-    cfg = dataclasses.replace(base, mr=conv.mr, bn=conv.bn, k_unroll=conv.ic_unroll, panel_outer=panel_outer,
-                              pack_per_panel=base.pack_b and panel_outer and conv.pack_per_panel)
+    cfg = _gemm_tile(wl, conv, target)
     # C is as wide as its panels, so every register tile is whole (no masked lanes); `out` drops the pad
     width = math.ceil(area / cfg.bn) * cfg.bn
 
@@ -366,6 +362,33 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
     mm = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
     out = te.compute(wl.out_shape, lambda n, oc, y, x: mm.out[n, oc, y * wl.ow + x], name=name)
     return GemmConv(out, mm, cfg)
+
+
+def _gemm_tile(wl: Conv2dWorkload, conv: Conv2dConfig, target: Target) -> topi_matmul.MatmulConfig:
+    """The matmul config of the gemm algorithm: the register tile from the conv2d config's tile knobs, the
+    loop order and packing as matmul's default for (OC, OH*OW, C*KH*KW)."""
+    base = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
+    panel_outer = not conv.oc_outer
+    return dataclasses.replace(base, mr=conv.mr, bn=conv.bn, k_unroll=conv.ic_unroll, panel_outer=panel_outer,
+                               pack_per_panel=base.pack_b and panel_outer and conv.pack_per_panel)
+
+
+def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[int, int]:
+    """How many times the schedule evaluates each element of the input and of the weights. Direct: the
+    input once (into the padded copy), the weights once per batch image when packed per panel, else
+    once. Gemm: each input element once per kernel tap (im2col), times the row blocks if not packed; the
+    weights (matmul's A) once per pixel panel and image.
+
+    >>> wl = Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1, 1, 1))
+    >>> operand_reads(wl, default_config(wl, Target.from_string("haswell")), Target.from_string("haswell"))
+    (1, 1)
+    """
+    conv = Conv2dConfig.from_config(config)
+    if conv.algorithm != "gemm":
+        return 1, wl.n if conv.pack_per_panel and conv.oc_outer else 1
+    cfg = _gemm_tile(wl, conv, target)
+    row_blocks = 1 if cfg.pack_b else math.ceil(wl.oc / cfg.mr)
+    return wl.kh * wl.kw * row_blocks, wl.n * math.ceil(wl.oh * wl.ow / cfg.bn)
 
 
 def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig) -> None:
@@ -392,4 +415,4 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
 
 
 TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
-                                               schedule, build))
+                                               schedule, build, operand_reads))

@@ -159,6 +159,21 @@ def schedule(s: Schedule, t: MatmulTensors, wl: MatmulWorkload, config: Config, 
     schedule_tile(s, t, MatmulConfig.from_config(config), target, epilogue)
 
 
+def operand_reads(wl: MatmulWorkload, config: Config, target: Target) -> tuple[int, int]:
+    """How many times the schedule evaluates each element of A and of B: A is streamed once per panel of
+    C's columns (and per C matrix it is broadcast to); B once if packed, else once per row block.
+
+    >>> wl = MatmulWorkload(128, 2304, 768)
+    >>> operand_reads(wl, MatmulConfig(mr=6, bn=64).to_config(128, 2304, 768), Target.from_string("haswell"))
+    (36, 1)
+    """
+    cfg = MatmulConfig.from_config(config)
+    batch = math.prod(wl.batch)
+    a = math.ceil(wl.n / cfg.bn) * batch // max(1, math.prod(wl.a_batch))
+    b = 1 if cfg.pack_b else math.ceil(wl.m / cfg.mr) * batch // max(1, math.prod(wl.b_batch))
+    return max(a, 1), max(b, 1)
+
+
 def build(wl: MatmulWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
     """Standalone: placeholders A, B and the scheduled product C."""
     A = te.placeholder(wl.a_batch + (wl.m, wl.k), wl.dtype, name="A")
@@ -304,4 +319,4 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, threads: int) -> None:
 
 
 TEMPLATE = registry.register(registry.Template("matmul", MatmulWorkload, config_space, default_config, compute,
-                                               schedule, build))
+                                               schedule, build, operand_reads))

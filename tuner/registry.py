@@ -9,7 +9,10 @@ A template is plain functions over a frozen, JSON-serialisable workload:
   operands read through `readers` (so a graph can fuse cheap producers into them);
 - `schedule(s, stages, workload, config, target, epilogue=None)` applies the config; with `epilogue` (an
   elementwise consumer of `.out`) the epilogue is computed from the register tile;
-- `build(workload, config, target)` -> (Schedule, [input placeholders..., output]) standalone, for tuning.
+- `build(workload, config, target)` -> (Schedule, [input placeholders..., output]) standalone, for tuning;
+- `operand_reads(workload, config, target)` -> how many times the template evaluates each element of each
+  operand (a packed operand once, an operand streamed per panel once per panel), so the graph fuses into
+  an operand only what is free to recompute that often.
 
 >>> from jitop.tuner import registry
 >>> import jitop   # importing jitop registers its templates
@@ -37,6 +40,7 @@ class Template:
     compute: Callable
     schedule: Callable
     build: Callable
+    operand_reads: Callable
 
     def workload_from_json(self, text: str | dict) -> Any:
         """Rebuild a workload from `workload_to_json`'s output (lists become tuples again)."""

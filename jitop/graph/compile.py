@@ -13,7 +13,7 @@ import numpy as np
 from jitop.driver import compile_func, default_target, lower
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
-from jitop.graph.fusion import materialize
+from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
@@ -21,6 +21,7 @@ from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
+from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
 
@@ -37,6 +38,8 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     tasks = extract_tasks(why, target)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
     choices = pick_all(tasks)
+    # operands: a producer the template would re-evaluate per panel is computed once unless free to recompute
+    operand_decisions = fuse_operands(why, operand_reads(choices, target))
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
     graph = to_te(why, target, choices, inputs, input_names, input_plan, unique)
     st = graph.lowering.st
@@ -55,7 +58,8 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
     plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
-                      templates=list(st.chosen.values()), decisions=[f"row fusion: {row_decision}"])
+                      templates=list(st.chosen.values()),
+                      decisions=[f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:
@@ -75,6 +79,12 @@ def distinct_outputs(results: list[Node]) -> list[Node]:
 def pick_all(tasks: dict[Node, Task]) -> dict[Node, tuple[Task, Choice]]:
     """Each task with the Choice `pick` made for it."""
     return {n: (task, pick(task)) for n, task in tasks.items()}
+
+
+def operand_reads(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dict[Node, tuple[int, ...]]:
+    """Each templated node -> how many times its template, with the chosen config, reads each operand element."""
+    return {n: registry.get(task.template).operand_reads(task.workload, choice.config, target)
+            for n, (task, choice) in choices.items()}
 
 
 @dataclass

@@ -3,7 +3,10 @@
 Injective nodes (elementwise, broadcast, reshape, slicing) are inlined into their consumers, so an
 injective chain becomes one loop nest and injective producers fuse into a reduction's input.
 A node is materialized (gets its own stage and buffer) when it is an output, a reduction or a
-matmul, or when several consumers share it and recomputing it would be expensive.
+matmul, or when recomputing it would be expensive: several consumers share it, a consumer broadcasts
+it (reads each element many times), or it feeds a matmul/conv operand that the template reads once per
+panel. Into such repeated reads only what is free to recompute is fused (layout, index, cast and a couple
+of cheap ops, by `recompute_cost`); a packed operand is read once, so its producer runs while packing.
 """
 from __future__ import annotations
 
@@ -17,7 +20,11 @@ OPAQUE = frozenset({"reduce", "argreduce"}) | COMPLEX
 EXPENSIVE_UFUNCS = frozenset("""exp exp2 expm1 log log2 log10 log1p logaddexp logaddexp2 sin cos tan arcsin arccos
 arctan arctan2 sinh cosh tanh arcsinh arccosh arctanh power float_power sqrt cbrt hypot divide true_divide
 floor_divide remainder mod fmod""".split())
-MAX_INLINE_OPS = 8  # a shared injective subtree bigger than this is computed once
+FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "iota"})  # layout, index
+EXPENSIVE_COST = 10  # a division or transcendental, in cheap-op units
+MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
+FREE_TO_RECOMPUTE = 2  # into a consumer that reads each element many times, only this much is fused
+BROADCASTING = frozenset({"broadcast", "ufunc", "where"})  # read a smaller source once per output element
 
 
 @dataclass
@@ -29,17 +36,29 @@ class Group:
     reason: str
 
 
-def _inline_cost(n: Node, materialized: set[Node], memo: dict[Node, tuple[int, bool]]) -> tuple[int, bool]:
-    """(ops, has an expensive op) of the subtree inlined into `n`."""
+def op_cost(n: Node) -> int:
+    """Cost of evaluating one element of `n` itself, in cheap-op units (layout and index changes are free)."""
+    if n.prim in FREE:
+        return 0
+    return EXPENSIVE_COST if n.prim == "ufunc" and n.param("name") in EXPENSIVE_UFUNCS else 1
+
+
+def recompute_cost(n: Node, materialized: set[Node] | dict, memo: dict[Node, int] | None = None) -> int:
+    """Cost of one element of `n` with everything not materialized inlined into it (shared subtrees counted
+    once per use, as inlining evaluates them)."""
+    memo = {} if memo is None else memo
     if n in memo:
         return memo[n]
-    ops, expensive = 1, n.prim == "ufunc" and n.param("name") in EXPENSIVE_UFUNCS
+    cost = op_cost(n)
     for s in n.src:
         if s not in materialized and s.prim not in INPUTS:
-            o, e = _inline_cost(s, materialized, memo)
-            ops, expensive = ops + o, expensive or e
-    memo[n] = (ops, expensive)
-    return memo[n]
+            cost += recompute_cost(s, materialized, memo)
+    memo[n] = cost
+    return cost
+
+
+def _inlinable(n: Node, why: dict[Node, str]) -> bool:
+    return n not in why and n.prim not in INPUTS and n.prim != "const"
 
 
 def materialize(outputs: list[Node]) -> dict[Node, str]:
@@ -54,14 +73,45 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
             why[n] = "output of the function"
         elif n.prim in OPAQUE:
             why[n] = f"{n.prim} (reductions, matmuls and convolutions get their own loop nest)"
-    memo: dict[Node, tuple[int, bool]] = {}
+    memo: dict[Node, int] = {}
     for n in reversed(order):  # consumers first, so a shared subtree is judged as a whole
-        if n in why or n.prim in INPUTS or n.prim == "const" or len(users[n]) < 2:
+        if not _inlinable(n, why):
             continue
-        ops, expensive = _inline_cost(n, set(why), memo)
-        if expensive or ops > MAX_INLINE_OPS:
-            why[n] = f"shared by {len(users[n])} consumers and costly to recompute ({ops} ops)"
+        if len(users[n]) >= 2 and (cost := recompute_cost(n, why, memo)) > MAX_SHARED_COST:
+            why[n] = f"shared by {len(users[n])} consumers and costly to recompute ({cost} ops)"
+        elif (reads := _broadcast_reads(n, users[n])) > 1 and (cost := recompute_cost(n, why, memo)) > FREE_TO_RECOMPUTE:
+            why[n] = (f"broadcast: each element is read {reads} times by its consumer and costs {cost} ops "
+                      "to recompute, so it is computed once")
     return why
+
+
+def _broadcast_reads(n: Node, users: list[Node]) -> int:
+    """How many times the consumers that broadcast `n` read each of its elements (1 if none does)."""
+    return max([u.size // max(n.size, 1) for u in users if u.prim in BROADCASTING and u.size > n.size], default=1)
+
+
+def fuse_operands(why: dict[Node, str], operand_reads: dict[Node, tuple[int, ...]]) -> list[str]:
+    """Materialize the producers of matmul/conv operands that are not free to recompute.
+
+    operand_reads: templated node -> how many times its template evaluates each element of each operand.
+    An operand read once (packed) keeps its producer inlined: it is computed while packing. Returns one
+    line per operand with an inlined producer, saying what was decided and why (for explain).
+    """
+    decisions = []
+    for n, reads in operand_reads.items():
+        for k, (src, r) in enumerate(zip(n.src, reads)):
+            if not _inlinable(src, why):
+                continue
+            cost = recompute_cost(src, why)
+            what = f"{n.prim} operand {k} ({src.prim}{list(src.shape)}, {cost} ops per element, read {r}x)"
+            if r > 1 and cost > FREE_TO_RECOMPUTE:
+                why[src] = (f"operand {k} of a {n.prim}, which reads each element {r} times: recomputing its "
+                            f"{cost}-op expression each time costs more than computing it once")
+                decisions.append(f"{what}: computed once, materialized (costly to recompute)")
+            else:
+                done = "inlined (each element is read once)" if r == 1 else "inlined (free to recompute)"
+                decisions.append(f"{what}: {done}")
+    return decisions
 
 
 def groups(outputs: list[Node], why: dict[Node, str]) -> list[Group]:

@@ -115,12 +115,13 @@ _ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
 
 
 def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> Node | None:
-    """The output that applies only same-shape elementwise operations to matmul `m` (bias, activation):
-    it reads m at its own index, so it can run on m's register tile."""
+    """The output or materialized intermediate that applies only same-shape elementwise operations to
+    matmul `m` (bias, activation): it reads m at its own index, so it can run on m's register tile."""
     if m in outputs:  # the matmul itself is returned: it must be written out
         return None
     users = consumers(toposort(outputs))
-    for out in outputs:
+    candidates = outputs + [n for n in materialized if n not in outputs and n.prim in _ELEMENTWISE]
+    for out in candidates:
         if out is m or out.shape != m.shape or not _feeds_only(m, out, set(), users, materialized):
             continue
         on_path = [n for n in toposort([out]) if n is not m and m in set(toposort([n]))]
@@ -130,7 +131,8 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> 
 
 
 def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> dict[Node, Tensor]:
-    """Output -> the template stage it is the epilogue of (computed on that template's register tile).
+    """Output (or materialized elementwise intermediate, such as an activation feeding the next matmul) ->
+    the template stage it is the epilogue of (computed on that template's register tile).
     One template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory."""
     epilogues: dict[Node, Tensor] = {}
     for m, t in st.tensors.items():
@@ -197,7 +199,7 @@ def apply(st: Stages, outputs: list[Node], target: Target, epilogues: dict[Node,
         if n not in epilogues and n not in groups and st.kind.get(t) == "injective":
             schedule_injective(s, t, target)
     for n, t in st.tensors.items():
-        if (n in outputs and st.kind.get(t) == "injective") or t in epilogues.values():
+        if n in epilogues or (n in outputs and st.kind.get(t) == "injective") or t in epilogues.values():
             continue
         _schedule_stage(s, st, t, target)
     return s
