@@ -40,6 +40,8 @@ def op_cost(n: Node) -> int:
     """Cost of evaluating one element of `n` itself, in cheap-op units (layout and index changes are free)."""
     if n.prim in FREE:
         return 0
+    if n.prim == "concat":  # a chain of selects, one per part after the first
+        return max(1, len(n.src) - 1)
     return EXPENSIVE_COST if n.prim == "ufunc" and n.param("name") in EXPENSIVE_UFUNCS else 1
 
 

@@ -132,3 +132,15 @@ def test_an_activation_feeding_the_next_matmul_runs_on_the_first_ones_register_t
     buffers = [p.name for p in exe.func.params]
     assert buffers.count("exp") == 1 and not any(n.startswith("matmul_1") and "packed" not in n for n in buffers), buffers
     assert_close(k(a, w1, b1, w2), f(a, w1, b1, w2), rtol=1e-5, atol=1e-5)
+
+
+def test_a_concatenation_of_many_parts_is_not_recomputed_per_panel():
+    """hstack of 5 parts is a chain of 4 selects per element: materialized before a wide matmul."""
+    parts = [RNG.standard_normal((20, 8)).astype(np.float32) for _ in range(5)]
+    w = RNG.standard_normal((40, 300)).astype(np.float32)
+
+    def f(p0, p1, p2, p3, p4, w):
+        return np.hstack([p0, p1, p2, p3, p4]) @ w
+    exe, k = _compiled(f, *parts, w)
+    assert "operand 0 of a matmul" in _group_with(exe, "concat").reason
+    assert_close(k(*parts, w), f(*parts, w), rtol=1e-5, atol=1e-5)
