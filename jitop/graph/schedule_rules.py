@@ -150,14 +150,13 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     computing it inside the row loop would redo it every row. All or none: a member may read another's
     row buffer. Outputs in `epilogues` are scheduled by their template instead. Returns the groups and a
     sentence saying what was decided, for explain()."""
-    groups = {n: members for n in dict.fromkeys(outputs) if st.kind.get(st.tensors[n]) == "injective"
-              and n not in epilogues and (members := row_group(n, materialized, outputs))}
+    groups = _row_heads(st, outputs, materialized, epilogues)
     if not groups:
         return {}, "no output reads a reduction or shared intermediate row by row"
     probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
     attached = _attach_rows(probe, st, groups, target)
     for n, t in st.tensors.items():  # reductions' partials go inside their reduction, as in `apply`
-        if n not in outputs and t not in st.templates:
+        if n not in outputs and n not in groups and t not in st.templates:
             _schedule_stage(probe, st, t, target)
     low = Lowering(probe, [])
     low.infer()
@@ -169,6 +168,26 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     fused = "; ".join(f"{st.tensors[n].name} computes {', '.join(st.tensors[m].name for m in ms)} in its row loop"
                       for n, ms in groups.items())
     return groups, f"{fused} (bound inference: one row each)"
+
+
+def _row_heads(st: Stages, outputs: list[Node], materialized: dict[Node, str],
+               epilogues: dict[Node, Tensor]) -> dict[Node, list[Node]]:
+    """Candidate row groups: each injective output, or materialized injective intermediate (a softmax
+    feeding a matmul), with the row-shaped stages only it reads; consumers first, each stage in one group."""
+    heads = [n for n in toposort(outputs) if n in materialized and st.kind.get(st.tensors.get(n)) == "injective"
+             and n not in epilogues]
+    groups: dict[Node, list[Node]] = {}
+    taken: set[Node] = set()
+    for n in reversed(heads):
+        if n in taken:
+            continue
+        # an epilogue runs on its matmul's register tile: never one row at a time
+        members = [m for m in row_group(n, materialized, outputs)
+                   if m not in taken and m not in groups and m not in epilogues]
+        if members:
+            groups[n] = members
+            taken.update(members)
+    return dict(reversed(list(groups.items())))
 
 
 def _attach_rows(s: Schedule, st: Stages, groups: dict[Node, list[Node]], target: Target) -> list[Stage]:
@@ -199,7 +218,8 @@ def apply(st: Stages, outputs: list[Node], target: Target, epilogues: dict[Node,
         if n not in epilogues and n not in groups and st.kind.get(t) == "injective":
             schedule_injective(s, t, target)
     for n, t in st.tensors.items():
-        if n in epilogues or (n in outputs and st.kind.get(t) == "injective") or t in epilogues.values():
+        if n in epilogues or n in groups or (n in outputs and st.kind.get(t) == "injective") \
+                or t in epilogues.values():
             continue
         _schedule_stage(s, st, t, target)
     return s

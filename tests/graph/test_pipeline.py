@@ -41,3 +41,27 @@ def test_explain_names_the_target_and_the_task_source():
     text = f.explain(a, b)
     assert f"target: {jitop.Target.current().describe()}" in text
     assert "template matmul, default config" in text
+
+
+def test_a_softmax_feeding_a_matmul_is_one_row_pass_and_its_scores_stay_on_the_tile():
+    """Attention: the scores' scale + mask run on q @ k.T's register tile (epilogue), the softmax (an
+    intermediate, materialized for the second matmul) computes its max, exp and sum in its own row loop."""
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((37, 16)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((37, 200)).astype(np.float32)  # wide: the softmax is read once per panel
+    mask = (1 - np.tri(37, dtype=np.float32)) * -1e10
+
+    def attention(q, k, v, mask):
+        x = q @ k.T / np.sqrt(q.shape[-1]) + mask
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True)) @ v
+    f = jitop.kernel(attention)
+    text = f.explain(q, k, v, mask)
+    assert "row fusion: divide computes max, exp, sum in its row loop" in text
+    signature = next(line for line in text.splitlines() if line.startswith("def attention("))
+    # max, exp and sum live in the row loop; the scores (add) are written by q @ k.T's epilogue
+    assert not any(f" {name}:" in signature for name in ("max", "exp", "sum", "matmul_1")), signature
+    expected = attention(q, k, v, mask)
+    out = f(q, k, v, mask)
+    assert out.dtype == expected.dtype == np.float64
+    assert_close(out, expected, rtol=1e-12, atol=1e-12)
