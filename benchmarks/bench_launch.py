@@ -3,7 +3,9 @@
 A JIT-compiled driver calls `jitop_parallel_for` 100k times in a loop, so ctypes is not in
 the figure ("hot": workers are still spinning between launches). The "after idle" row times
 single launches made after the workers went to sleep on their futex (2 ms pauses), minus the
-cost of the same ctypes call that launches nothing.
+cost of the same ctypes call that launches nothing. Chunks are claimed dynamically, so with
+the empty body the caller usually runs them all before a woken worker arrives: that row is
+the caller's cost of waking the workers, not the wake-up latency.
 
     python benchmarks/bench_launch.py
 """
