@@ -23,7 +23,7 @@ floor_divide remainder mod fmod""".split())
 FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "iota"})  # layout, index
 EXPENSIVE_COST = 10  # a division or transcendental, in cheap-op units
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
-FREE_TO_RECOMPUTE = 2  # into a consumer that reads each element many times, only this much is fused
+FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
 BROADCASTING = frozenset({"broadcast", "ufunc", "where"})  # read a smaller source once per output element
 
 
@@ -106,7 +106,9 @@ def fuse_operands(why: dict[Node, str], operand_reads: dict[Node, tuple[int, ...
                 continue
             cost = recompute_cost(src, why)
             what = f"{n.prim} operand {k} ({src.prim}{list(src.shape)}, {cost} ops per element, read {r}x)"
-            if r > 1 and cost > FREE_TO_RECOMPUTE:
+            # the template evaluates an operand in its inner loop, one element at a time: every extra read
+            # of a costly element is paid in full (a cheap one fused into a previous matmul's epilogue is free)
+            if cost * (r - 1) > FREE_TO_RECOMPUTE:
                 why[src] = (f"operand {k} of a {n.prim}, which reads each element {r} times: recomputing its "
                             f"{cost}-op expression each time costs more than computing it once")
                 decisions.append(f"{what}: computed once, materialized (costly to recompute)")

@@ -144,3 +144,18 @@ def test_a_concatenation_of_many_parts_is_not_recomputed_per_panel():
     exe, k = _compiled(f, *parts, w)
     assert "operand 0 of a matmul" in _group_with(exe, "concat").reason
     assert_close(k(*parts, w), f(*parts, w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cheap_producer_read_many_times_runs_once_on_the_previous_matmuls_tile():
+    """relu(h @ w1 + b1) @ w2 with a wide w2: two cheap ops per element, but read once per panel of w2's
+    columns: materialized, and computed as the first matmul's epilogue (no extra pass)."""
+    h = RNG.standard_normal((30, 40)).astype(np.float32)
+    w1, b1 = RNG.standard_normal((40, 50)).astype(np.float32), RNG.standard_normal(50).astype(np.float32)
+    w2 = RNG.standard_normal((50, 700)).astype(np.float32)
+
+    def mlp(h, w1, b1, w2):
+        return np.maximum(h @ w1 + b1, 0) @ w2
+    exe, k = _compiled(mlp, h, w1, b1, w2)
+    relu = _group_with(exe, "ufunc", "maximum")
+    assert "operand 0 of a matmul" in relu.reason
+    assert_close(k(h, w1, b1, w2), mlp(h, w1, b1, w2), rtol=1e-5, atol=1e-4)
