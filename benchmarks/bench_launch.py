@@ -5,7 +5,9 @@ the figure ("hot": workers are still spinning between launches). The "after idle
 single launches made after the workers went to sleep on their futex (2 ms pauses), minus the
 cost of the same ctypes call that launches nothing. Chunks are claimed dynamically, so with
 the empty body the caller usually runs them all before a woken worker arrives: that row is
-the caller's cost of waking the workers, not the wake-up latency.
+the caller's cost of waking the workers, not the wake-up latency. Last, the spread of 200 calls of
+one 128x768x2304 matmul (p25..p90 and p90/p50, all threads and one, numpy alongside): a worker that
+starts late must not stretch the call.
 
     python benchmarks/bench_launch.py
 """
@@ -17,6 +19,7 @@ import sys
 import time
 
 import llvmlite
+import numpy as np
 
 from jitop.codegen.loader import load_object
 from jitop.codegen.target import compile_ir
@@ -96,6 +99,40 @@ def main() -> None:
     print(f"\n{'threads':>7}  {'launch':<24} {'median us':>10} {'min us':>8}")
     for threads, mode, times in rows:
         print(f"{threads:>7}  {mode:<24} {statistics.median(times):>10.3f} {min(times):>8.3f}")
+    matmul_spread(threads_all)
+
+
+def _call_times_ms(call, calls: int) -> np.ndarray:
+    for _ in range(10):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return np.array(times) * 1e3
+
+
+def matmul_spread(threads: int, calls: int = 200) -> None:
+    """A late worker stretches a whole call: the spread of many calls of one matmul (issue 10's
+    128x768x2304), jitop on all threads and on one, numpy alongside."""
+    import jitop
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 768), dtype=np.float32)
+    b = rng.standard_normal((768, 2304), dtype=np.float32)
+    out = np.empty((128, 2304), np.float32)
+    assert np.allclose(jitop.matmul(a, b), a @ b, rtol=1e-3, atol=1e-3)
+    rows = []
+    for label, n in ((f"jitop.matmul, {threads} threads", threads), ("jitop.matmul, 1 thread", 1)):
+        set_num_threads(n)
+        rows.append((label, _call_times_ms(lambda: jitop.matmul(a, b), calls)))
+    set_num_threads(threads)
+    rows.append((f"numpy a @ b (OpenBLAS {threads} threads)", _call_times_ms(lambda: np.matmul(a, b, out=out), calls)))
+    print(f"\n(128, 768) @ (768, {b.shape[1]}) float32, {calls} calls (ms):")
+    print(f"{'':36} {'p25':>7} {'p50':>7} {'p75':>7} {'p90':>7} {'p90/p50':>8}")
+    for label, t in rows:
+        p = np.percentile(t, [25, 50, 75, 90])
+        print(f"{label:36} " + " ".join(f"{x:7.3f}" for x in p) + f" {p[3] / p[1]:8.2f}")
 
 
 if __name__ == "__main__":
