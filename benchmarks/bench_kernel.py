@@ -4,7 +4,7 @@ numexpr, numba, torch.compile when installed), in one run.
 1. elementwise chain tanh(a*b + c)*0.5 + exp(-a*a) on 2**24 float32;
 2. softmax over the last axis of (4096, 1024) float32;
 3. layer norm over the last axis of (4096, 1024) float32, with gamma and beta;
-4. per-call overhead of a + b on 10 float64 (µs per call);
+4. per-call overhead of a + b on 10 float64 and on 10 float32 (µs per call);
 5. first call (trace + compile) of a fresh 10-op elementwise function (ms, median of 3 new decorations).
 
 Times in 1-3 are the best of several calls, the first call excluded (its time is in the notes). Every result
@@ -224,11 +224,9 @@ def per_call_us(call: Callable[[], Any], number: int = 20_000, repeat: int = 7) 
 
 def case_overhead() -> str:
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal(10), rng.standard_normal(10)
-    ref = a + b
     rows = []
 
-    def one(label: str, make: Callable[[], Callable[[], Any]], note: str, check: bool = False) -> None:
+    def one(label: str, make: Callable[[], Callable[[], Any]], ref: np.ndarray, note: str, check: bool = False) -> None:
         try:
             call = make()
             diff = max_abs_diff(call(), ref)
@@ -239,17 +237,22 @@ def case_overhead() -> str:
         except Exception as e:
             rows.append([label, f"unavailable ({reason(e)})", note])
 
-    def numba_call():
-        import numba
-        nb = numba.njit(add)
-        return lambda: nb(a, b)
+    for dtype in (np.float64, np.float32):
+        a, b = rng.standard_normal(10).astype(dtype), rng.standard_normal(10).astype(dtype)
+        ref, name = a + b, np.dtype(dtype).name
 
-    f = jitop_kernel(add)
-    one("jitop.kernel", lambda: (lambda: f(a, b)), "dispatch on (dtype, shape), argument checks, new output", True)
-    one("numpy a + b", lambda: (lambda: a + b), "")
-    one("numba njit", numba_call, "")
+        def numba_call(a=a, b=b):
+            import numba
+            nb = numba.njit(add)
+            return lambda: nb(a, b)
+
+        f = jitop_kernel(add)
+        one(f"jitop.kernel ({name})", lambda: (lambda: f(a, b)), ref,
+            "native entry: checks dtype/shape/layout, allocates the output, calls the kernel", True)
+        one(f"numpy a + b ({name})", lambda: (lambda: a + b), ref, "")
+        one(f"numba njit ({name})", numba_call, ref, "")
     rows = [[r[0], f"{r[1]:.2f}" if isinstance(r[1], float) else r[1], r[2]] for r in rows]
-    return "### 4. per-call overhead, a + b on 10 float64\n\n" + table(["implementation", "µs per call", "notes"], rows)
+    return "### 4. per-call overhead, a + b on 10 elements\n\n" + table(["implementation", "µs per call", "notes"], rows)
 
 
 def first_call_ms(decorate: Callable[[Callable], Callable], shapes: list[tuple[int, ...]]) -> tuple[float, float]:

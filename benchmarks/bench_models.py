@@ -36,8 +36,8 @@ numpy time under jitop's name. torch.compile needs a C compiler (inductor): a fa
 "n/a (reason)"; its first call can be served by inductor's on-disk cache from an earlier run.
 JITOP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 2 here; torch.set_num_threads follows jitop's thread
 count. Under each model's table: jitop's GFLOP/s (matmul/conv flops only) and a short form of what
-jitop.explain says (loop nests by root operation, operator template configs, pipeline decisions); jitop
-cannot time its stages separately (the compiled function is one native call).
+jitop.explain says (loop nests by root operation, operator template configs, pipeline decisions), and the
+slowest loop nests from jitop.profile (a profiling build that reads the cycle counter around each nest).
 
     python benchmarks/bench_models.py [--quick] [--models gpt2 decode mlp resnet] [--repeat N]
                                       [--skip-torch-compile]
@@ -523,6 +523,11 @@ def run_model(model: Model, repeat: int, torch_compile: bool, torch: Any) -> tup
                      + "\n```")
         except Exception as ex:
             text += f"\n\njitop.explain failed: {reason(ex)}"
+        try:  # where the time goes: a profiling build (cycle counters around each loop nest)
+            text += ("\n\nTop loop nests by time (jitop.profile, a profiling build):\n\n```\n"
+                     + jitop.profile(f, *args, repeat=max(3, repeat // 2)).top(8) + "\n```")
+        except Exception as ex:
+            text += f"\n\njitop.profile failed: {reason(ex)}"
     by = {r.label: r for r in rows}
     summary = [model.key, fmt_ms(jm), fmt_ms(jit.first),
                *(ratio(by[lbl].median, jm) for lbl in np_labels),

@@ -18,11 +18,12 @@ from jitop import topi as _topi  # noqa: F401 - registers the operator templates
 from jitop.cache.store import DiskStore as _DiskStore
 from jitop.cache.store import NullStore as _NullStore
 from jitop.errors import JitopError, TargetMismatchError
+from jitop.runtime import fastcall as _fastcall
 from jitop.runtime import parallel as _parallel
 from jitop.target import Target
 from jitop.driver import build, lower
 from jitop.errors import FallbackError, JitopFallbackWarning
-from jitop.kernel import explain, kernel
+from jitop.kernel import explain, kernel, profile
 from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
                        matmul, max_pool2d, relu, sigmoid, softmax)
 from jitop.runtime.module import Module, load_module
@@ -30,11 +31,12 @@ from jitop.schedule.schedule import Schedule, Stage, create_schedule
 
 __version__ = "0.1.0"
 
-# the thread pool keeps its object code in the persistent cache (read where JITOP_CACHE_DIR points when
-# the pool is first built)
+# the thread pool and the native call entry keep their object code in the persistent cache (read where
+# JITOP_CACHE_DIR points when each is first needed)
 _parallel.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
+_fastcall.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
 __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
-           "explain", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
+           "explain", "profile", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
            # operator library (jitop.ops on jitop.topi templates)
            "matmul", "dense", "batch_matmul", "softmax", "log_softmax", "layer_norm", "batch_norm", "relu", "gelu",
            "sigmoid", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "conv2d"]

@@ -72,7 +72,7 @@ def resolve_target(target: str | Target | None) -> Target:
 def compile_func(func: PrimFunc, target: Target) -> Module:
     """Generate LLVM IR for a PrimFunc, optimise it, emit object code for `target`, load it if it runs here."""
     from jitop.runtime.module import signature_json
-    digest = hashlib.sha256(f"{func}|{target.key}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{func}|{target.key}|{bool(func.attrs.get('profile'))}".encode()).hexdigest()[:16]
     symbol = f"jitop_{func.name}_{digest}"
     params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs).to_json() for k, b in enumerate(func.params)]
     # the object code carries its parameter signature: loading checks the metadata against it
@@ -82,4 +82,6 @@ def compile_func(func: PrimFunc, target: Target) -> Module:
     meta = {"name": func.name, "symbol": symbol, "params": params,
             "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked,
             "target": json.loads(target.to_json()), "llvm": llvm_version()}
+    if cg.profile_stages is not None:
+        meta["profile_stages"] = cg.profile_stages
     return Module(meta, obj, str(optimised))

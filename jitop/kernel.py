@@ -6,7 +6,9 @@ warning per construct (or raises with fallback=False).
 """
 from __future__ import annotations
 
+import ctypes
 import inspect
+import math
 import threading
 import traceback
 import warnings
@@ -17,27 +19,55 @@ import numpy as np
 
 from jitop import dtypes
 from jitop.errors import FallbackError, JitopFallbackWarning
+from jitop.graph.capture import capture, holds, reading
 from jitop.graph.compile import compile_graph
+from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
+from jitop.runtime import fastcall
 from jitop.runtime.executable import Executable, leaf
 
 _FALLBACK = object()  # cache entry: this signature runs as plain numpy
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_UNSET = object()
+_MISS = fastcall.MISS
+MAX_FAST_SIGNATURES = 8  # signatures the native entry tries, newest first (each costs a few ns to rule out)
+
+
+def _always_miss(*_: Any) -> Any:
+    return fastcall.MISS
 
 
 def argspec(value: Any, static: bool) -> tuple:
     """The part of the cache key one argument contributes (shape/dtype for arrays, the value if static)."""
     if static:
-        return ("static", value)
+        return ("static", _frozen(value))
     if type(value) is np.ndarray:
         return (value.dtype, value.shape)
     if isinstance(value, np.ndarray):
         return ("subclass", type(value), value.dtype, value.shape)
     if isinstance(value, (bool, int, float)):
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            return ("bigint", value)  # beyond int64: traced as its exact value, like a constant (NEP 50)
         return ("scalar", type(value))
     if isinstance(value, np.generic):
         return ("npscalar", value.dtype.str)
-    return ("static", value)
+    return ("static", _frozen(value))  # a list, tuple, None, str, ...: a constant of the trace, by value
+
+
+def _frozen(value: Any) -> Any:
+    """A static value as a key part: equal only if the trace would be the same (1, 1.0 and True differ, so do
+    0.0 and -0.0 and [1] and (1,)); a list's key is its elements' (an unhashable element makes the key so)."""
+    t = type(value)
+    if t is float:
+        return (t, value, math.copysign(1.0, value))
+    if t in (list, tuple):
+        return (t, tuple(_frozen(v) for v in value))
+    if t is dict:
+        return (t, tuple((k, _frozen(v)) for k, v in value.items()))
+    if t in (bool, int, complex) or isinstance(value, np.generic):
+        return (t, value)
+    return value
 
 
 class Compiled:
@@ -45,9 +75,14 @@ class Compiled:
 
     __slots__ = ("exe", "trace", "call")
 
-    def __init__(self, exe: Executable, trace: "Trace"):
+    def __init__(self, exe: Executable, trace: "Trace", kernel: "KernelFunction | None" = None):
         self.exe, self.trace = exe, trace
         self.call = exe.call
+        if kernel is not None and (trace.guards or trace.python_ints):
+            # the function reads globals/closure data (checked before each call), or computes with Python ints
+            # (a result beyond int64 runs that call as numpy): the native entry cannot, `call` serves it alone
+            exe.fast_spec = _no_fast_spec
+            self.call = _guarded_call(self, kernel)
 
 
 @dataclass
@@ -59,6 +94,8 @@ class Trace:
     plan: list[tuple[str, Any]] = field(default_factory=list)
     results: list[Node] = field(default_factory=list)
     result: Any = None  # the result's structure as a tree over `results` (jitop.runtime.executable.rebuild)
+    guards: list = field(default_factory=list)  # captured globals/closure data (jitop.graph.capture.Guard)
+    python_ints: bool = False  # computes Python int arithmetic in int64 (checked for results beyond it)
 
 
 class KernelFunction:
@@ -78,13 +115,32 @@ class KernelFunction:
                                                for p in self.signature.parameters.values())
         self.fallback = fallback
         self.cache: dict[tuple, Any] = {}
-        self.hits = 0
+        self._hits = 0
         self.misses = 0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        # the native entry (jitop.runtime.fastcall) over the most recently used signatures: it checks the
+        # arguments itself and returns MISS for anything else, which then takes the path below
+        self._fast: Callable[..., Any] = _always_miss
+        self._fast_specs: dict[tuple, Any] = {}   # key -> its fastcall.Spec, or None if it has none
+        self._fast_table: list[Any] = []          # the specs self._fast serves, newest first
+        self._fast_hits = ctypes.c_int64(0)       # calls the native entry served (counted in `hits`)
+
+    @property
+    def hits(self) -> int:
+        """Calls served by an already compiled signature (through the native entry or not)."""
+        return self._hits + self._fast_hits.value
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        self._hits, self._fast_hits.value = value, 0
 
     # ** calling **
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            r = self._fast(*args)
+            if r is not _MISS:
+                return r
         if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
             return self.fn(*args, **kwargs)  # called from inside another kernel's trace: trace through
         values, key = self._bind(args, kwargs)
@@ -92,10 +148,27 @@ class KernelFunction:
         if entry is None:
             entry = self._compile(key, values, lambda: self.fn(*args, **kwargs))
         else:
-            self.hits += 1
+            self._hits += 1
         if entry is _FALLBACK:
             return self.fn(*args, **kwargs)
+        if not kwargs and self._simple:
+            self._serve_natively(key, entry)
         return entry.call(values)
+
+    def _serve_natively(self, key: tuple, entry: "Compiled") -> None:
+        """Let the native entry serve this signature from the next call on (the newest MAX_FAST_SIGNATURES)."""
+        spec = self._fast_specs.get(key, _UNSET)
+        if spec is None or (spec is not _UNSET and any(s is spec for s in self._fast_table)):
+            return
+        with self._lock:
+            spec = self._fast_specs.get(key, _UNSET)
+            if spec is _UNSET and key[0] != "unhashable" and len(key) == len(self._static_flags):
+                scalars = {k: part[1] for k, part in enumerate(key) if part[0] == "scalar"}
+                spec = self._fast_specs[key] = entry.exe.fast_spec(len(key), scalars)
+            if spec is _UNSET or spec is None or any(s is spec for s in self._fast_table):
+                return
+            self._fast_table = [spec, *self._fast_table[:MAX_FAST_SIGNATURES - 1]]
+            self._fast = fastcall.Table(self._fast_table, self._fast_hits).entry()  # one atomic swap
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[list[Any], tuple]:
         if self._simple and not kwargs and len(args) == len(self._static_flags):
@@ -131,8 +204,11 @@ class KernelFunction:
             except Exception as err:
                 # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
                 # succeeds, jitop failed on valid code: run it as numpy rather than break it
-                if run_numpy is None or self._numpy_raises(run_numpy):
+                numpy_error = None if run_numpy is None else self._numpy_raises(run_numpy)
+                if run_numpy is None or numpy_error is not None and type(numpy_error) is type(err):
                     raise
+                if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
+                    raise numpy_error
                 entry = self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
             if key[0] != "unhashable":
                 self.cache[key] = entry
@@ -142,7 +218,7 @@ class KernelFunction:
         tr = self.trace(values)
         exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
         exe.set_result(tr.result)
-        return Compiled(exe, tr)
+        return Compiled(exe, tr, self)
 
     # ** tracing **
     def trace(self, values: list[Any]) -> Trace:
@@ -158,8 +234,24 @@ class KernelFunction:
                 kw[name] = t
             else:
                 pos.append(t)
-        result = self.fn(*pos, **kw)
+        # captured arrays are traced as live constants (read in place); if the function uses one outside the
+        # tracer (an `if` on its values, say), it is traced again with them as constants guarded by contents
+        for live in (True, False):
+            cap = capture(self.fn, live, lambda n: Tracer(n, array0d=True))
+            try:
+                with reading(cap.live):
+                    result = cap.fn(*pos, **kw)
+                break
+            except (Unsupported, TracerConversionError):
+                if not (live and cap.live):
+                    raise
+        tr.guards = cap.guards
         tr.results, tr.result = _flatten(result)
+        # a Python-level check (7 // n of a Python int n, or n + 1 meeting an int8 array) raises whatever the
+        # arrays it meets: computed as results of their own (not returned), never skipped for an empty array
+        checks = [n for n in toposort(tr.results) if n.prim == "ufunc" and n.param("name").startswith("py_")]
+        tr.results += checks
+        tr.python_ints = any(n.param("name").endswith("_int") or n.param("name") == "py_lshift" for n in checks)
         _bound_python_ints(tr)
         return tr
 
@@ -174,25 +266,32 @@ class KernelFunction:
             n = node("arg", value.shape, dtypes.as_dtype(value.dtype), index=k)
             # a non-native byte order is converted on each call (the kernel reads native values)
             tr.plan.append(("arg", k) if value.dtype.isnative else ("arg_swapped", (k, value.dtype.newbyteorder("="))))
+        elif isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            # no int64 holds it: numpy treats it by its exact value (uint64, float, object or OverflowError),
+            # so it is a constant of this trace (the key holds the value)
+            return value
         elif isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, np.ndarray):
-            dt = dtypes.scalar_dtype(value)
             if isinstance(value, np.generic) and value.dtype.name not in dtypes.DTYPES:
                 raise Unsupported(f"argument '{name}' of dtype {value.dtype}")
+            dt = dtypes.scalar_dtype(value)
             n = node("scalar_arg", (), dt, weak=not isinstance(value, np.generic), index=k)
             tr.plan.append(("scalar", (k, dt.np)))
         else:
             return value  # other Python objects act as constants of this trace (part of the key)
         tr.inputs.append(n)
         tr.names.append(name)
-        return Tracer(n, array0d=n.prim == "arg")
+        if n.prim == "arg":  # numpy keeps a non-native byte order through views and copies
+            return Tracer(n, array0d=True, order=None if value.dtype.isnative else value.dtype)
+        return Tracer(n)
 
     @staticmethod
-    def _numpy_raises(run_numpy: Callable[[], Any]) -> bool:
+    def _numpy_raises(run_numpy: Callable[[], Any]) -> Exception | None:
+        """The exception running the function as numpy raises, if any."""
         try:
             run_numpy()
-        except Exception:
-            return True
-        return False
+        except Exception as err:  # noqa: BLE001 - any error of the user's function
+            return err
+        return None
 
     # ** fallback **
     def _fall_back(self, err: Exception) -> Any:
@@ -214,6 +313,15 @@ class KernelFunction:
         return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
 
     # ** introspection **
+    def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> "Profile":
+        """Where a call with these arguments spends its time: a profiling build (cycle counters around each
+        loop nest) run `repeat` times; `print(f.profile(a, b))` lists the slowest loop nests."""
+        from jitop.runtime.profile import Profile, profile_executable
+        values, _ = self._bind(args, kwargs)
+        tr = self.trace(values)
+        exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, profile=True)
+        return profile_executable(exe, values, repeat)
+
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """Print and return the traced graph, fusion groups, schedules and loop IR for these arguments."""
         values, key = self._bind(args, kwargs)
@@ -228,12 +336,65 @@ class KernelFunction:
         return text
 
 
+def _no_fast_spec(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
+    """entry's call, first checking the data the function captured; traced again for the new data if it
+    changed (a rebound global), or run as numpy if that trace cannot compile."""
+    def call(values: Sequence[Any]) -> Any:
+        if holds(entry.trace.guards):
+            return run(values)
+        with kf._lock:
+            if not holds(entry.trace.guards):
+                pos, kw = _split_values(kf, values)
+                try:
+                    new = kf._trace_and_build(list(values))
+                except (Unsupported, TracerConversionError, NotImplementedError) as err:
+                    kf._fall_back(err)
+                    return kf.fn(*pos, **kw)
+                except Exception as err:
+                    numpy_error = kf._numpy_raises(lambda: kf.fn(*pos, **kw))
+                    if numpy_error is not None:
+                        raise numpy_error if type(numpy_error) is not type(err) else err
+                    kf._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
+                    return kf.fn(*pos, **kw)
+                entry.exe, entry.trace = new.exe, new.trace
+        return run(values)
+
+    def run(values: Sequence[Any]) -> Any:
+        try:
+            return entry.exe.call(values)
+        except OverflowError as err:
+            if not (entry.trace.python_ints and str(err) == INT_BEYOND_64):
+                raise
+        pos, kw = _split_values(kf, values)  # Python's int is bigger than int64: this call runs as numpy
+        return kf.fn(*pos, **kw)
+    return call
+
+
+def _split_values(kf: KernelFunction, values: Sequence[Any]) -> tuple[list, dict]:
+    """Bound argument values back into positional and keyword arguments of kf.fn."""
+    pos, kw = [], {}
+    for (name, p), v in zip(kf.signature.parameters.items(), values):
+        if p.kind is p.KEYWORD_ONLY:
+            kw[name] = v
+        else:
+            pos.append(v)
+    return pos, kw
+
+
 def _bound_python_ints(tr: Trace) -> None:
     """NEP 50: a Python int argument that meets an integer array must fit the array's dtype (numpy raises
     OverflowError otherwise). The kernel receives it as int64 and would wrap it, so the plan names the
     integer dtypes the function's ufuncs use it as, and the call checks the value against each."""
     meets: dict[int, set[str]] = {}
     for n in toposort(tr.results):
+        if n.prim == "cast" and n.param("fit"):  # a fill value (np.full_like): it must fit the array's dtype
+            s = n.src[0]
+            if s.prim == "scalar_arg" and s.weak and s.dtype.is_int:
+                meets.setdefault(s.param("index"), set()).add(n.dtype.name)
         if n.prim != "ufunc":
             continue
         for s, name in zip(n.src, n.param("in_dtypes")):
@@ -255,8 +416,13 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
 
     def walk(x: Any) -> list:
         if isinstance(x, Tracer):
+            if x.order is not None:
+                raise Unsupported(f"returning a view or copy of a {x.order.str} array (numpy keeps its byte order, "
+                                  "the kernel's outputs are native)")
             leaves.append(x.node)
             # numpy gives a scalar for a 0-d computation, a 0-d array only for a 0-d array argument
+            if x.node.weak:  # a Python scalar stays one (s * 2 of a Python float argument is a float)
+                return ["out", len(leaves) - 1, "py"]
             return ["out", len(leaves) - 1, x.node.ndim == 0 and not x.array0d]
         if type(x) in (tuple, list):
             return [type(x).__name__, [walk(v) for v in x]]
@@ -286,6 +452,19 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     def wrap(f: Callable) -> KernelFunction:
         return KernelFunction(f, static_argnums, static_argnames, fallback)
     return wrap(fn) if fn is not None else wrap
+
+
+def profile(fn: KernelFunction, *args: Any, repeat: int = 10, **kwargs: Any) -> Any:
+    """jitop.profile(f, *args): f's loop nests for these arguments by time, slowest first.
+
+    >>> @jitop.kernel
+    ... def f(a):
+    ...     return np.exp(a).sum()
+    >>> p = jitop.profile(f, np.ones(1000, np.float32))
+    >>> p.nests[0].share > 0
+    True
+    """
+    return fn.profile(*args, repeat=repeat, **kwargs)
 
 
 def explain(fn: KernelFunction, *args: Any, **kwargs: Any) -> str:

@@ -30,6 +30,9 @@ MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of 
 MAX_UNROLL = 256
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
 ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
+# an error entry of `checked` that is not an access: "<exception type>: <message>", raised as that type
+NEGATIVE_POWER = "ValueError: Integers to negative integer powers are not allowed."
+RAISE_IF = "raise_if:"  # te.call(RAISE_IF + "<Type>: <message>", value, bad): see KernelCodegen._call
 
 
 @dataclass
@@ -90,18 +93,37 @@ class KernelCodegen:
         self.bounds = BoundsCheck(func.attrs.get("ranges", {}))
         self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
         self.error_flag: ir.GlobalVariable | None = None
+        self.profile_stages: list[str] | None = None  # a profiling build: what each top-level nest writes
 
     @property
     def b(self) -> ir.IRBuilder:
         return self.st.builder
 
     def build(self) -> ir.Module:
-        self.stmt(self.func.body)
+        if self.func.attrs.get("profile"):
+            self._profiled(self.func.body)
+        else:
+            self.stmt(self.func.body)
         self.st.finish()
         self._object_trampoline()
         if self.signature is not None:
             self._signature_global(self.signature)
         return self.module
+
+    def _profiled(self, body: Stmt) -> None:
+        """Each top-level loop nest between two reads of the cycle counter, its ticks added to
+        `<symbol>_profile[k]` (a profiling build; `profile_stages` names what each nest writes)."""
+        nests = body.stmts if isinstance(body, Seq) else (body,)
+        ticks = self.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(I64, []))
+        counters = ir.GlobalVariable(self.module, ir.ArrayType(I64, len(nests)), f"{self.symbol}_profile")
+        counters.initializer = ir.Constant(counters.value_type, [0] * len(nests))
+        self.profile_stages = [", ".join(dict.fromkeys(_written(s))) or "?" for s in nests]
+        for k, nest in enumerate(nests):
+            start = self.b.call(ticks, [])
+            self.stmt(nest)
+            spent = self.b.sub(self.b.call(ticks, []), start)
+            slot = self.b.gep(counters, [ir.Constant(I64, 0), ir.Constant(I64, k)], inbounds=True)
+            self.b.store(self.b.add(self.b.load(slot, typ=I64), spent), slot)
 
     def _signature_global(self, text: str) -> None:
         """`<symbol>_signature`: constant, NUL-terminated bytes of `text`. The loader compares it with the
@@ -386,6 +408,19 @@ class KernelCodegen:
             b.store(ir.Constant(ir.IntType(32), len(self.checked)), self._error_flag())
         return ok
 
+    def _flag_if(self, bad: ir.Value, message: str) -> None:
+        """Set the error flag to `message`'s entry of `checked` where `bad` holds (in an active lane)."""
+        b = self.b
+        if self.vec is not None and self.vec.mask is not None:  # inactive lanes hold no element
+            bad = b.and_(ops.splat(b, bad, ops.lanes_of(self.vec.mask)), self.vec.mask)
+        lanes = ops.lanes_of(bad)
+        if lanes is not None:
+            bad = b.icmp_unsigned("!=", b.bitcast(bad, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
+        if message not in self.checked:
+            self.checked.append(message)
+        with b.if_then(bad, likely=False):
+            b.store(ir.Constant(ir.IntType(32), self.checked.index(message) + 1), self._error_flag())
+
     def _error_flag(self) -> ir.GlobalVariable:
         if self.error_flag is None:
             g = ir.GlobalVariable(self.module, ir.IntType(32), f"{self.symbol}_error")
@@ -501,17 +536,41 @@ class KernelCodegen:
                 no, no_block = self._under(e.src[0], False, lambda: self.expr(e.src[2])), self.b.block
             self._memo = before
         lanes = ops.lanes_of(yes) or ops.lanes_of(no)
+        if lanes:  # a scalar side is widened in its own block: the value must dominate the phi's edge
+            with self.b.goto_block(yes_block):
+                yes = ops.splat(self.b, yes, lanes)
+            with self.b.goto_block(no_block):
+                no = ops.splat(self.b, no, lanes)
         phi = self.b.phi(ops.llvm_type(e.dtype) if not lanes else ir.VectorType(ops.llvm_type(e.dtype), lanes))
-        phi.add_incoming(yes if not lanes else ops.splat(self.b, yes, lanes), yes_block)
-        phi.add_incoming(no if not lanes else ops.splat(self.b, no, lanes), no_block)
+        phi.add_incoming(yes, yes_block)
+        phi.add_incoming(no, no_block)
         return phi
 
     def _call(self, e: Expr) -> ir.Value:
         from jitop.codegen.math import emit_call
         args = [self.expr(s) for s in e.src]
         lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
-        return emit_call(self.b, e.arg, e.src[0].dtype, [ops.splat(self.b, a, lanes) for a in args],
-                         avx512=self.avx512)
+        args = [ops.splat(self.b, a, lanes) for a in args]
+        if e.arg == "ipow" and e.src[1].dtype.is_signed:
+            # numpy refuses any negative integer exponent at run time; the call raises its ValueError
+            zero = ops.constant(e.src[1].dtype, 0, lanes)
+            self._flag_if(self.b.icmp_signed("<", args[1], zero), NEGATIVE_POWER)
+        if e.arg.startswith(RAISE_IF):
+            # call("raise_if:<Type>: <message>", value, bad): the value, and the call raises where bad holds
+            self._flag_if(args[1], e.arg[len(RAISE_IF):])
+            return args[0]
+        return emit_call(self.b, e.arg, e.src[0].dtype, args, avx512=self.avx512)
+
+
+def _written(s: Stmt) -> list[str]:
+    """Names of the function's buffers (not local allocations) that statement `s` stores to, in order."""
+    if isinstance(s, Store):
+        return [f"{s.buffer.name} {s.buffer.dtype}{list(s.buffer.shape)}"] if s.buffer.scope == "param" else []
+    if isinstance(s, Seq):
+        return [n for x in s.stmts for n in _written(x)]
+    if isinstance(s, IfThenElse):
+        return _written(s.then) + (_written(s.else_) if s.else_ is not None else [])
+    return _written(s.body)  # For, Allocate
 
 
 def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type) -> ir.Value:

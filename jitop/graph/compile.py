@@ -26,8 +26,9 @@ from jitop.tuner.task import Choice, Task, pick
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-                  results: list[Node], target: Target | None = None) -> Executable:
-    """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`)."""
+                  results: list[Node], target: Target | None = None, profile: bool = False) -> Executable:
+    """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`);
+    `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile)."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression
     outputs = distinct_outputs(results)
@@ -52,6 +53,8 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
     func = lower(sch, graph.placeholders + graph.outputs + scratch, name=name)
+    if profile:
+        func.attrs["profile"] = True
     # codegen: LLVM object code for the Target (loaded only if this machine can run it)
     module = compile_func(func, target)
     # plan: how a call's arguments become the kernel's arrays and its outputs the function's results

@@ -33,6 +33,8 @@ def _normalise(key: Any, ndim: int) -> list[Any]:
 def getitem(t: Tracer, key: Any) -> Tracer:
     """t[key] as an 'index' node: each source dimension is fixed (int) or sliced onto an output axis."""
     n = t.node
+    # numpy: a 0-d result is a scalar unless the key holds an Ellipsis (x[()] is a scalar, x[...] an array)
+    array0d = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
     items = _normalise(key, n.ndim)
     items += [slice(None)] * (n.ndim - sum(1 for it in items if it is not None))
     spec, shape, dim = [], [], 0
@@ -53,5 +55,5 @@ def getitem(t: Tracer, key: Any) -> Tracer:
             spec.append(("int", k % size))
         dim += 1
     if all(s[0] == "slice" and s[1] == 0 and s[2] == 1 for s in spec) and tuple(shape) == n.shape:
-        return t
-    return Tracer(node("index", tuple(shape), n.dtype, (n,), weak=n.weak, spec=tuple(spec)))
+        return t if t.array0d == array0d or n.ndim else Tracer(n, array0d=array0d, order=t.order)
+    return Tracer(node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec)), array0d=array0d, order=t.order)

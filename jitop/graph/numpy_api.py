@@ -13,7 +13,7 @@ import numpy as np
 
 from jitop import dtypes
 from jitop.graph.ir import Node, node
-from jitop.graph.tracer import Tracer, Unsupported, as_node, weak_proxy
+from jitop.graph.tracer import Tracer, Unsupported, as_node, scalar_const, weak_proxy
 
 FUNCTIONS: dict[Callable, Callable] = {}
 
@@ -28,6 +28,43 @@ def implements(*funcs: Callable):
 
 def wrap(n: Node) -> Tracer:
     return Tracer(n)
+
+
+def array_kind(a: Any) -> bool:
+    """Whether a 0-d value is an array (True) or a numpy scalar (False): what a shape method keeps
+    (x.reshape(()), x.T, x.astype() of a numpy scalar are scalars, of a 0-d array 0-d arrays)."""
+    if isinstance(a, Tracer):
+        # an n-d tracer is an array; np.reshape(1.5, ()) converts a Python float to one
+        return a.array0d or a.node.weak or a.node.ndim > 0
+    return not isinstance(a, np.generic)
+
+
+def order_of(a: Any) -> np.dtype | None:
+    """The non-native dtype a view or copy of `a` keeps in numpy (None: native)."""
+    if isinstance(a, Tracer):
+        return a.order
+    return a.dtype if isinstance(a, np.ndarray) and not a.dtype.isnative else None
+
+
+def array_node(x: Any) -> Node:
+    """np.asarray(x) for an array-like argument (not a ufunc operand): a Python scalar is a strong int64,
+    float64 or bool (uint64, or an object array jitop does not compile, beyond int64), not a weak one."""
+    if isinstance(x, Tracer):
+        n = x.node
+        return node("copy", n.shape, n.dtype, (n,)) if n.weak else n
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return as_node(np.asarray(x))
+    return as_node(x)
+
+
+def numpy_value(r: Any) -> Any:
+    """What a numpy function returns is a numpy value, never a Python scalar (np.reshape(x, ()) of a Python
+    float x is an array): weak results become strong copies."""
+    if isinstance(r, Tracer):
+        return Tracer(node("copy", r.node.shape, r.node.dtype, (r.node,)), r.array0d) if r.node.weak else r
+    if type(r) in (list, tuple):
+        return type(r)(numpy_value(x) for x in r)
+    return r
 
 
 def _dtype(np_dtype: np.dtype) -> dtypes.DType:
@@ -79,8 +116,9 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
 _COMPARISONS = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
 
 
-def _resolve(ufunc: np.ufunc, srcs: list[Node], dtype: Any) -> tuple[tuple, tuple]:
-    """numpy's loop dtypes (inputs, outputs); dtype= fixes the computation's dtype, as in numpy."""
+def _resolve(ufunc: np.ufunc, srcs: list[Node], dtype: Any) -> tuple[tuple, tuple, list[Node]]:
+    """numpy's loop dtypes (inputs, outputs) and the sources (a run-time Python int checked against the
+    dtype it meets); dtype= fixes the computation's dtype, as in numpy."""
     sig = tuple(weak_proxy(s) for s in srcs) + (None,) * ufunc.nout
     if dtype is not None:
         sig = (np.dtype(dtype),) * ufunc.nin + ((None,) if ufunc.__name__ in _COMPARISONS else (np.dtype(dtype),))
@@ -90,48 +128,97 @@ def _resolve(ufunc: np.ufunc, srcs: list[Node], dtype: Any) -> tuple[tuple, tupl
         names = ", ".join(s.dtype.name for s in srcs)
         raise TypeError(f"ufunc '{ufunc.__name__}' not supported for the input types ({names})") from None
     ins, outs = resolved[:ufunc.nin], resolved[ufunc.nin:]
-    return _check_python_ints(ufunc, srcs, ins), outs
+    ins, srcs = _check_python_ints(ufunc, srcs, ins)
+    return ins, outs, srcs
 
 
-def _check_python_ints(ufunc: np.ufunc, srcs: list[Node], ins: tuple) -> tuple:
-    """NEP 50: a Python int that does not fit the array's integer dtype is an error, except that numpy 2
-    compares it exactly (we widen the comparison to int64, or float64 beyond that)."""
-    out = list(ins)
-    for s, d in zip(srcs, ins):
-        if s.weak and s.prim == "scalar_arg" and s.dtype.is_int and d.kind in "iu" and d.itemsize < 8 \
-                and ufunc.__name__ in _COMPARISONS:
-            out = [np.dtype("int64")] * len(out)  # a Python int argument may be out of range: compare exactly
+def _check_python_ints(ufunc: np.ufunc, srcs: list[Node], ins: tuple) -> tuple[tuple, list[Node]]:
+    """NEP 50: a Python int that does not fit the array's integer dtype is an error (comparisons: see
+    `_compare_python_int`). A constant is checked now, an argument by the call (`_bound_python_ints`), a
+    Python int computed at run time (n + 1 of an argument n) by the kernel."""
+    out, checked = list(ins), list(srcs)
+    for k, (s, d) in enumerate(zip(srcs, ins)):
+        if s.weak and s.prim == "const" and s.dtype.is_int and d.kind == "b" \
+                and not -(1 << 63) <= s.param("value") < (1 << 63):
+            raise python_int_overflow(s.param("value"), np.dtype("int64"))  # converted through a C long
+        if not (s.weak and s.dtype.is_int and d.kind in "iu"):
             continue
-        if not (s.weak and s.prim == "const" and s.dtype.is_int and d.kind in "iu"):
+        if s.prim != "const" and ufunc.__name__ in _COMPARISONS:
+            if d.itemsize < 8:
+                out = [np.dtype("int64")] * len(out)  # a Python int may be out of range: compare exactly
             continue
-        v, info = s.param("value"), np.iinfo(d)
-        if info.min <= v <= info.max:
+        if s.prim == "const":
+            v, info = s.param("value"), np.iinfo(d)
+            if not info.min <= v <= info.max:
+                raise python_int_overflow(v, d)
+        elif s.prim != "scalar_arg" and d != np.int64:
+            info = np.iinfo(d)
+            checked[k] = fit_int(s, int(info.min), int(info.max), d)
+    return tuple(out), checked
+
+
+def _compare_python_int(ufunc: np.ufunc, srcs: list[Node]) -> Tracer | None:
+    """numpy 2 compares an integer array with a Python int exactly, whatever its value. One beyond the
+    array's dtype compares the same with every element: the result is a constant (numpy computes it, or
+    raises as it does for a bool array and an int beyond int64). A Python int argument compared with a
+    uint64 array: negative values are below every element, the others compare as uint64."""
+    if len(srcs) != 2 or not any(s.weak and s.dtype.is_int for s in srcs):
+        return None
+    ins = ufunc.resolve_dtypes(tuple(weak_proxy(s) for s in srcs) + (None,))[:2]
+    shape = broadcast_shapes(*(s.shape for s in srcs))
+    for i, (s, d) in enumerate(zip(srcs, ins)):
+        other = srcs[1 - i]
+        if not (s.weak and s.dtype.is_int and d.kind in "iu") or other.weak and other.prim == "const":
             continue
-        if ufunc.__name__ not in _COMPARISONS:
-            raise OverflowError(f"Python integer {v} out of bounds for {d}")
-        wide = np.dtype("int64") if -(1 << 63) <= v < (1 << 63) else np.dtype("float64")
-        out = [wide] * len(out)
-    return tuple(out)
+        probe = [np.zeros((), other.dtype.np)] * 2
+        if s.prim == "const":
+            v, info = s.param("value"), np.iinfo(d)
+            if info.min <= v <= info.max:
+                continue
+            probe[i] = v
+            c = node("const", (), dtypes.bool_, value=bool(ufunc(*probe)))
+            return wrap(c if shape == () else node("broadcast", shape, dtypes.bool_, (c,)))
+        if s.prim != "const" and d == np.uint64:
+            probe[i] = -1
+            below = node("const", (), dtypes.bool_, value=bool(ufunc(*probe)))
+            negative = ufunc_call(np.less, [s, scalar_const(0)]).node
+            as_u64 = node("cast", (), dtypes.uint64, (s,))
+            compared = ufunc_call(ufunc, [as_u64, other] if i == 0 else [other, as_u64]).node
+            return wrap(node("where", shape, dtypes.bool_, (negative, below, compared)))
+    return None
+
+
+def python_int_overflow(value: int, d: np.dtype) -> OverflowError:
+    """numpy's error for a Python int that does not fit integer dtype d (it converts through C long first)."""
+    if -(1 << 63) <= value < (1 << 63) or (d.kind == "u" and 0 <= value < (1 << 64)):
+        return OverflowError(f"Python integer {value} out of bounds for {d}")
+    return OverflowError("Python int too large to convert to C long")
 
 
 def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
-    ins, outs = _resolve(ufunc, srcs, dtype)
-    if ufunc is np.power and srcs[1].prim == "const" and outs[0].kind in "iu" and srcs[1].param("value") < 0:
+    if ufunc.__name__ in _COMPARISONS and dtype is None:
+        exact = _compare_python_int(ufunc, srcs)
+        if exact is not None:
+            return exact
+    ins, outs, srcs = _resolve(ufunc, srcs, dtype)
+    if ufunc is np.power and srcs[1].prim == "const" and outs[0].kind in "iu" and srcs[1].param("value") < 0 \
+            and math.prod(broadcast_shapes(*(s.shape for s in srcs))):  # numpy's loop never runs on no elements
         raise ValueError("Integers to negative integer powers are not allowed.")
     if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS \
             and (outs[0].kind == "f" or srcs[1].param("value") > 0):
         # numpy computes x**2 as x*x, x**0.5 as sqrt(x), ... (exactly, and much faster than pow)
         name = _POWER_SHORTCUTS[srcs[1].param("value")]
-        return wrap(node("ufunc", srcs[0].shape, _dtype(outs[0]), srcs[:1], weak=srcs[0].weak, name=name,
+        return wrap(node("ufunc", srcs[0].shape, _dtype(outs[0]), srcs[:1], name=name,
                          in_dtypes=(_dtype(ins[0]).name,)))
     shape = broadcast_shapes(*(s.shape for s in srcs))
     in_names = tuple(_dtype(d).name for d in ins)
-    weak = all(s.weak for s in srcs)
+    # a numpy ufunc's result is a numpy value even for Python scalar operands: never weak (np.tanh(0.5) is
+    # a float64, which float32 arrays promote to)
     if all(s.prim == "const" for s in srcs):  # constant folding: numpy computes it now, exactly
         with np.errstate(all="ignore"):
             value = ufunc(*(np.asarray(s.param("value"), dtype=d) for s, d in zip(srcs, ins)), dtype=outs[0])
-        return wrap(node("const", (), _dtype(outs[0]), weak=weak, value=value.item()))
-    return wrap(node("ufunc", shape, _dtype(outs[0]), srcs, weak=weak, name=ufunc.__name__, in_dtypes=in_names))
+        return wrap(node("const", (), _dtype(outs[0]), value=value.item()))
+    return wrap(node("ufunc", shape, _dtype(outs[0]), srcs, name=ufunc.__name__, in_dtypes=in_names))
 
 
 # ** reductions **
@@ -143,9 +230,9 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
     out = []
     for a in items:
         a = int(a)
-        if not -ndim <= a < max(ndim, 1):
+        if not -ndim <= a < ndim:
             raise np.exceptions.AxisError(f"axis {a} is out of bounds for array of dimension {ndim}")
-        out.append(a % ndim if ndim else 0)
+        out.append(a % ndim)
     if len(set(out)) != len(out):
         raise ValueError("duplicate value in 'axis'")
     return tuple(sorted(out))
@@ -160,7 +247,8 @@ def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool 
     if out is not None or initial is not None or where is not True:
         raise Unsupported(f"np.{op} with out=/initial=/where=")
     n = as_node(x)
-    axes = _axes(axis, n.ndim)
+    # a ufunc reduction takes axis=0 or -1 (not in a tuple) on a 0-d array: there is nothing to reduce
+    axes = () if n.ndim == 0 and type(axis) is int and axis in (0, -1) else _axes(axis, n.ndim)
     if op in ("sum", "prod"):
         out_dt = _dtype(np.dtype(dtype)) if dtype is not None else _sum_dtype(n.dtype)
     elif op in ("all", "any"):
@@ -184,7 +272,18 @@ def _keepdims(t: Tracer, shape: tuple[int, ...], axes: tuple[int, ...], keepdims
 
 
 def cast_node(n: Node, dt: dtypes.DType) -> Node:
+    if n.prim == "const":  # folded by numpy: a Python int may be beyond int64, a NaN cast has numpy's value
+        return node("const", (), dt, value=const_value(n, dt))
     return n if n.dtype is dt else node("cast", n.shape, dt, (n,))
+
+
+def const_value(n: Node, dt: dtypes.DType) -> Any:
+    """A constant node's value as numpy casts it (unsafely) to dt; a weak Python int is converted by numpy's
+    rules for it (int64, uint64, else an object that numpy converts or refuses)."""
+    v = n.param("value")
+    src = np.asarray(v) if n.weak and type(v) is int else np.asarray(v, n.dtype.np)
+    with np.errstate(all="ignore"):
+        return src.astype(dt.np).item()
 
 
 @implements(np.sum)
@@ -228,9 +327,18 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     return quotient if dtype is None else _cast(quotient, dtype)
 
 
+mean_ = mean  # var's `mean` parameter hides the function
+
+
 @implements(np.var)
-def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
-    m = mean(a, axis, dtype, keepdims=True)
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True, mean=None, correction=None):
+    if out is not None or where is not True or (mean is not None):
+        raise Unsupported("np.var/np.std with out=/where=/mean=")
+    if correction is not None:
+        if ddof != 0:
+            raise ValueError("ddof and correction can't be provided simultaneously.")
+        ddof = correction
+    m = mean_(a, axis, dtype, keepdims=True)
     centered = np.subtract(a, m)
     n = as_node(a)
     count = math.prod(n.shape[i] for i in _axes(axis, n.ndim))
@@ -239,12 +347,15 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
 
 
 @implements(np.std)
-def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True):
-    return np.sqrt(var(a, axis, dtype, out, ddof, keepdims, where))
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True, mean=None, correction=None):
+    return np.sqrt(var(a, axis, dtype, out, ddof, keepdims, where=where, mean=mean, correction=correction))
 
 
 def _argreduce(a: Any, op: str, axis: Any, keepdims: bool) -> Tracer:
     n = as_node(a)
+    if n.ndim == 0:  # numpy takes a 0-d array as 1-d here: axis 0 or -1, and no dimension to keep
+        _axes(axis, 1) if axis is not None else None
+        return wrap(node("const", (), dtypes.int64, value=0))
     if axis is None and keepdims:
         return reshape(_argreduce(a, op, None, False), (1,) * n.ndim)
     if axis is None:
@@ -289,8 +400,8 @@ def reshape(a, *shape, order="C", newshape=None, copy=None):
     if math.prod(target) != n.size:
         raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
     if target == n.shape:
-        return Tracer(n, array0d=True)
-    return Tracer(node("reshape", target, n.dtype, (n,), weak=n.weak), array0d=True)
+        return Tracer(n, array0d=array_kind(a), order=order_of(a))
+    return Tracer(node("reshape", target, n.dtype, (n,)), array0d=array_kind(a), order=order_of(a))
 
 
 @implements(np.ravel)
@@ -301,12 +412,15 @@ def ravel(a, order="C"):
 @implements(np.transpose)
 def transpose(a, axes=None):
     n = as_node(a)
-    perm = tuple(reversed(range(n.ndim))) if axes is None else tuple(int(x) % builtins.max(n.ndim, 1) for x in axes)
-    if sorted(perm) != list(range(n.ndim)):
+    if axes is not None and len(axes) != n.ndim:
         raise ValueError("axes don't match array")
+    perm = tuple(reversed(range(n.ndim))) if axes is None else tuple(_axes(x, n.ndim)[0] for x in axes)
+    if sorted(perm) != list(range(n.ndim)):
+        raise ValueError("repeated axis in transpose")
     if perm == tuple(range(n.ndim)):
-        return Tracer(n, array0d=True)
-    return Tracer(node("transpose", tuple(n.shape[p] for p in perm), n.dtype, (n,), perm=perm), array0d=True)
+        return Tracer(n, array0d=array_kind(a), order=order_of(a))
+    return Tracer(node("transpose", tuple(n.shape[p] for p in perm), n.dtype, (n,), perm=perm), array0d=True,
+                  order=order_of(a))
 
 
 @implements(np.swapaxes)
@@ -321,8 +435,13 @@ def swapaxes(a, axis1, axis2):
 @implements(np.moveaxis)
 def moveaxis(a, source, destination):
     n = as_node(a)
-    src = [s % n.ndim for s in (source if isinstance(source, (list, tuple)) else [source])]
-    dst = [d % n.ndim for d in (destination if isinstance(destination, (list, tuple)) else [destination])]
+    src = [_axes(s, n.ndim)[0] for s in (source if isinstance(source, (list, tuple)) else [source])]
+    dst = [_axes(d, n.ndim)[0] for d in (destination if isinstance(destination, (list, tuple)) else [destination])]
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number of elements")
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise ValueError("repeated axis in `source` argument" if len(set(src)) != len(src)
+                         else "repeated axis in `destination` argument")
     order = [i for i in range(n.ndim) if i not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
@@ -334,7 +453,12 @@ def expand_dims(a, axis):
     n = as_node(a)
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
     ndim = n.ndim + len(axes)
-    axes = {int(x) % ndim for x in axes}
+    try:
+        axes = set(_axes(axes, ndim))
+    except ValueError as err:
+        if isinstance(err, np.exceptions.AxisError):
+            raise
+        raise ValueError("repeated axis") from None
     it = iter(n.shape)
     return reshape(a, tuple(1 if i in axes else next(it) for i in range(ndim)))
 
@@ -342,6 +466,8 @@ def expand_dims(a, axis):
 @implements(np.squeeze)
 def squeeze(a, axis=None):
     n = as_node(a)
+    if n.ndim == 0 and type(axis) is int and axis in (0, -1):
+        return Tracer(n, array0d=array_kind(a), order=order_of(a))
     axes = [i for i, d in enumerate(n.shape) if d == 1] if axis is None else list(_axes(axis, n.ndim))
     for i in axes:
         if n.shape[i] != 1:
@@ -355,17 +481,21 @@ def broadcast_to(a, shape, subok=False):
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if broadcast_shapes(n.shape, shape) != shape:
         raise ValueError(f"cannot broadcast array of shape {n.shape} to {shape}")
-    return Tracer(n if n.shape == shape else node("broadcast", shape, n.dtype, (n,), weak=n.weak), array0d=True)
+    return Tracer(n if n.shape == shape else node("broadcast", shape, n.dtype, (n,)), array0d=True, order=order_of(a))
 
 
 @implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
     if out is not None:
         raise Unsupported("np.concatenate(..., out=...)")
-    nodes = [as_node(a) for a in arrays]
+    nodes = [array_node(a) for a in arrays]
+    if not nodes:
+        raise ValueError("need at least one array to concatenate")
     if axis is None:
         nodes = [reshape(wrap(n), (-1,)).node for n in nodes]
         axis = 0
+    if any(n.ndim == 0 for n in nodes):
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
     ax = _axes(axis, nodes[0].ndim)[0]
     dt = _dtype(np.result_type(*(_promotion_operand(n) for n in nodes)))
     if dtype is not None:
@@ -375,31 +505,53 @@ def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
         if n.ndim != len(base) or any(d != b for i, (d, b) in enumerate(zip(n.shape, base)) if i != ax):
             raise ValueError("all the input array dimensions except for the concatenation axis must match exactly")
     shape = base[:ax] + (builtins.sum(n.shape[ax] for n in nodes),) + base[ax + 1:]
-    return wrap(node("concat", shape, dt, tuple(cast_node(n, dt) for n in nodes), axis=ax))
+    if math.prod(shape) == 0:  # no element: nothing of the parts is computed
+        return full_node(shape, 0, dt)
+    parts = tuple(cast_node(n, dt) for n in nodes if n.shape[ax])  # an empty part adds no element
+    return wrap(node("concat", shape, dt, parts, axis=ax))
 
 
 @implements(np.stack)
 def stack(arrays, axis=0, out=None, dtype=None):
-    arrays = list(arrays)
+    arrays = [wrap(array_node(a)) for a in arrays]
+    if not arrays:
+        raise ValueError("need at least one array to stack")
+    shapes = {as_node(a).shape for a in arrays}
+    if len(shapes) != 1:
+        raise ValueError("all input arrays must have the same shape")
     ndim = as_node(arrays[0]).ndim + 1
-    return concatenate([expand_dims(a, axis % ndim) for a in arrays], axis=axis % ndim, dtype=dtype)
+    ax = _axes(axis, ndim)[0]
+    return concatenate([expand_dims(a, ax) for a in arrays], axis=ax, dtype=dtype)
 
 
 @implements(np.hstack)
-def hstack(tup, dtype=None):
-    nodes = [as_node(a) for a in tup]
-    return concatenate(tup, axis=0 if nodes[0].ndim == 1 else 1, dtype=dtype)
+def hstack(tup, dtype=None, casting="same_kind"):
+    arrs = [_at_least(a, 1) for a in tup]
+    return concatenate(arrs, axis=0 if arrs and arrs[0].node.ndim == 1 else 1, dtype=dtype)
 
 
 @implements(np.vstack)
-def vstack(tup, dtype=None):
-    return concatenate([atleast_2d(a) for a in tup], axis=0, dtype=dtype)
+def vstack(tup, dtype=None, casting="same_kind"):
+    return concatenate([_at_least(a, 2) for a in tup], axis=0, dtype=dtype)
+
+
+def _at_least(a: Any, ndim: int) -> Tracer:
+    """np.atleast_1d/2d of one array-like: leading axes of length 1 (a itself if it has enough)."""
+    t = Tracer(array_node(a), array0d=True, order=order_of(a))
+    n = t.node
+    return reshape(t, (1,) * (ndim - n.ndim) + n.shape) if n.ndim < ndim else t
+
+
+@implements(np.atleast_1d)
+def atleast_1d(*arys):
+    out = tuple(_at_least(a, 1) for a in arys)
+    return out[0] if len(out) == 1 else out
 
 
 @implements(np.atleast_2d)
-def atleast_2d(a):
-    n = as_node(a)
-    return reshape(a, (1,) * (2 - n.ndim) + n.shape) if n.ndim < 2 else wrap(n)
+def atleast_2d(*arys):
+    out = tuple(_at_least(a, 2) for a in arys)
+    return out[0] if len(out) == 1 else out
 
 
 @implements(np.split)
@@ -436,8 +588,8 @@ def where(condition, x=None, y=None):
     c, a, b = as_node(condition), as_node(x), as_node(y)
     dt = _dtype(np.result_type(_promotion_operand(a), _promotion_operand(b)))
     shape = broadcast_shapes(c.shape, a.shape, b.shape)
-    return wrap(node("where", shape, dt, (cast_node(c, dtypes.bool_), cast_node(a, dt), cast_node(b, dt)),
-                     weak=a.weak and b.weak))
+    return Tracer(node("where", shape, dt, (cast_node(c, dtypes.bool_), cast_node(a, dt), cast_node(b, dt))),
+                  array0d=True)
 
 
 def _promotion_operand(n: Node) -> Any:
@@ -453,12 +605,55 @@ def clip(a, a_min=None, a_max=None, out=None, **kwargs):
         raise Unsupported("np.clip(..., out=...)")
     a_min = kwargs.pop("min", a_min)
     a_max = kwargs.pop("max", a_max)
-    r = a
-    if a_min is not None:
-        r = np.maximum(r, a_min)
-    if a_max is not None:
-        r = np.minimum(r, a_max)
-    return r
+    if kwargs:
+        raise Unsupported(f"np.clip with arguments {sorted(kwargs)}")
+    n = array_node(a)  # np.clip(7, ...) clips np.asarray(7): an int64 array, not a weak Python int
+    a = wrap(n)
+    if n.dtype.is_int:  # numpy: a Python int bound beyond the array's dtype is no bound (NEP 50)
+        info = np.iinfo(n.dtype.np)
+        if type(a_min) is int and a_min <= info.min:
+            a_min = None
+        if type(a_max) is int and a_max >= info.max:
+            a_max = None
+        a_min, a_max = _int_bound(a_min, n.dtype, lower=True), _int_bound(a_max, n.dtype, lower=False)
+    if a_min is None and a_max is None:
+        return np.positive(a)
+    if a_min is None:
+        return np.minimum(a, a_max)
+    if a_max is None:
+        return np.maximum(a, a_min)
+    # numpy's three-operand clip ufunc decides the dtype of all three together
+    srcs = [n, as_node(a_min), as_node(a_max)]
+    ins, outs, srcs = _resolve(np._core.umath.clip, srcs, None)
+    x, lo, hi = (cast_node(s, _dtype(d)) for s, d in zip(srcs, ins))
+    return ufunc_call(np.minimum, [ufunc_call(np.maximum, [x, lo]).node, hi])
+
+
+def _int_bound(bound: Any, dt: dtypes.DType, lower: bool) -> Any:
+    """A run-time Python int bound of np.clip on an integer array, as numpy's clip treats its value: one
+    beyond the dtype on the outer side is no bound (clamped here), one beyond on the inner side is numpy's
+    OverflowError (checked when the kernel runs)."""
+    if not (isinstance(bound, Tracer) and bound.node.weak and bound.node.dtype.is_int):
+        return bound
+    info, wide = np.iinfo(dt.np), np.iinfo(np.int64)
+    inner = info.max if lower else info.min
+    x = fit_int(bound.node, None if lower else inner, inner if lower else None, dt.np)
+    outer = info.min if lower else info.max
+    if wide.min < outer < wide.max:
+        x = ufunc_call(np.maximum if lower else np.minimum, [x, node("const", (), dtypes.int64, value=outer)]).node
+    return wrap(cast_node(x, dt))
+
+
+def fit_int(n: Node, lo: int | None, hi: int | None, dt: np.dtype) -> Node:
+    """A run-time Python int (an int64 node) checked, when the kernel runs, to lie in [lo, hi]: else numpy's
+    OverflowError for a Python int beyond dtype dt."""
+    from jitop.graph.ufuncs import fit_name
+    wide = np.iinfo(np.int64)
+    lo = None if lo is None or lo <= wide.min else lo
+    hi = None if hi is None or hi >= wide.max else hi
+    if lo is None and hi is None:
+        return n
+    return node("ufunc", (), dtypes.int64, (n,), name=fit_name(lo, hi, dt.name), in_dtypes=("int64",))
 
 
 @implements(np.round, np.around)
@@ -485,7 +680,8 @@ def _cast(a: Any, dtype: Any) -> Tracer:
 
 def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
     n = as_node(a)
-    return Tracer(cast_node(n, _dtype(np.dtype(dtype))), array0d=True)
+    dt = np.dtype(dtype)
+    return Tracer(cast_node(n, _dtype(dt)), array0d=array_kind(a), order=None if dt.isnative else dt)
 
 
 @implements(np.shape)
@@ -513,6 +709,7 @@ def matmul(a, b, out=None, dtype=None, **kwargs):
     if dtype is not None:
         return matmul(_cast(a, dtype), _cast(b, dtype))
     x, y = as_node(a), as_node(b)
+    _resolve(np.matmul, [x, y], None)  # numpy converts Python ints first (OverflowError beyond the dtype)
     if x.ndim == 0 or y.ndim == 0:
         raise ValueError("matmul: Input operand does not have enough dimensions")
     dt = _dtype(np.result_type(x.dtype.np, y.dtype.np))
@@ -566,9 +763,9 @@ def _dot_rows(x: Node, w: Node, dt) -> Tracer:
 
 @implements(np.dot)
 def dot(a, b, out=None):
-    x, y = as_node(a), as_node(b)
+    x, y = array_node(a), array_node(b)
     if x.ndim == 0 or y.ndim == 0:  # np.dot makes Python scalars arrays (strong dtypes)
-        return np.multiply(*(np.asarray(v) if isinstance(v, (bool, int, float)) else v for v in (a, b)))
+        return ufunc_call(np.multiply, [x, y])
     if x.ndim <= 2 and y.ndim <= 2:
         return matmul(a, b)
     raise Unsupported("np.dot of arrays with more than 2 dimensions", "use np.matmul or np.einsum")
@@ -590,37 +787,60 @@ def _creation_dtype(dtype: Any, default: str = "float64") -> dtypes.DType:
 def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
     shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
     if isinstance(value, Tracer):
+        v = value.node
+        if v.weak and v.dtype.is_int and dt.is_int and dt is not dtypes.int64:
+            # np.copyto(..., casting="unsafe") still refuses a Python int beyond the dtype: the call checks it
+            return broadcast_to(wrap(node("cast", (), dt, (v,), fit=True)), shape)
         return broadcast_to(astype(value, dt.np), shape)
-    c = node("const", (), dt, value=dt.np.type(value).item())
-    return wrap(c) if shape == () else wrap(node("broadcast", shape, dt, (c,)))
+    c = node("const", (), dt, value=fill_value(value, dt))
+    return Tracer(c, array0d=True) if shape == () else wrap(node("broadcast", shape, dt, (c,)))
+
+
+def fill_value(value: Any, dt: dtypes.DType) -> Any:
+    """A Python or numpy scalar as np.copyto(..., casting="unsafe") stores it in dt (numpy's errors included)."""
+    if type(value) is int and dt.is_int and not np.iinfo(dt.np).min <= value <= np.iinfo(dt.np).max:
+        raise python_int_overflow(value, dt.np)
+    if type(value) is int and not -(1 << 63) <= value < (1 << 63) and dt.is_bool:
+        raise python_int_overflow(value, np.dtype("int64"))
+    with np.errstate(all="ignore"):
+        return np.asarray(value).astype(dt.np).item()
+
+
+def _like(a: Any, value: Any, dtype: Any, shape: Any) -> Tracer:
+    """np.full_like(a, value, dtype, shape=shape): a's dtype (byte order included) unless dtype is given."""
+    n = as_node(a)
+    t = full_node(n.shape if shape is None else shape, value, _creation_dtype(dtype, n.dtype.name))
+    order = order_of(a) if dtype is None else (None if np.dtype(dtype).isnative else np.dtype(dtype))
+    return Tracer(t.node, array0d=True, order=order) if order is not None else t
 
 
 @implements(np.zeros_like)
-def zeros_like(a, dtype=None, order="K", subok=True, shape=None):
-    n = as_node(a)
-    return full_node(n.shape if shape is None else shape, 0, _creation_dtype(dtype, n.dtype.name))
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, 0, dtype, shape)
 
 
 @implements(np.ones_like)
-def ones_like(a, dtype=None, order="K", subok=True, shape=None):
-    n = as_node(a)
-    return full_node(n.shape if shape is None else shape, 1, _creation_dtype(dtype, n.dtype.name))
+def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, 1, dtype, shape)
 
 
 @implements(np.empty_like)
-def empty_like(a, dtype=None, order="K", subok=True, shape=None):
-    return zeros_like(a, dtype, order, subok, shape)
+def empty_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, 0, dtype, shape)
 
 
 @implements(np.full_like)
-def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
-    n = as_node(a)
-    return full_node(n.shape if shape is None else shape, fill_value, _creation_dtype(dtype, n.dtype.name))
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, fill_value, dtype, shape)
 
 
 @implements(np.copy)
 def copy(a, order="K", subok=False):
-    return Tracer(as_node(a), array0d=True)
+    return Tracer(as_node(a), array0d=True, order=order_of(a))
+
+
+def copy_method(a, order="C"):
+    return Tracer(as_node(a), array0d=array_kind(a), order=order_of(a))  # a numpy scalar's .copy() is a scalar
 
 
 @implements(np.tril)
@@ -643,14 +863,19 @@ def _tri_mask(m: Any, k: int, lower: bool) -> Tracer:
 
 
 def _method(name: str, fn: Callable) -> None:
-    setattr(Tracer, name, fn)
+    def method(self, *args, **kwargs):
+        if self.node.weak:  # a Python scalar has no array methods
+            self.no_attribute(name)
+        return fn(self, *args, **kwargs)
+    method.__name__ = name
+    setattr(Tracer, name, method)
 
 
 def _install_methods() -> None:
     for name, fn in (("sum", sum_), ("prod", prod), ("max", max_), ("min", min_), ("all", all_), ("any", any_),
                      ("mean", mean), ("var", var), ("std", std), ("argmax", argmax), ("argmin", argmin),
                      ("ravel", ravel), ("flatten", ravel), ("squeeze", squeeze), ("swapaxes", swapaxes),
-                     ("clip", clip), ("round", round_), ("astype", astype), ("copy", copy), ("dot", dot)):
+                     ("clip", clip), ("round", round_), ("astype", astype), ("copy", copy_method), ("dot", dot)):
         _method(name, fn)
     _method("reshape", lambda self, *shape, order="C": reshape(self, *shape, order=order))
     _method("transpose", lambda self, *axes: transpose(self, axes[0] if len(axes) == 1 and

@@ -24,7 +24,8 @@ def as_node(x: Any) -> Node:
     if isinstance(x, np.generic):
         return scalar_const(x.item(), dtype=x.dtype, weak=False)
     if isinstance(x, np.ndarray):
-        return array_const(x)
+        from jitop.graph.capture import live_node
+        return live_node(x) or array_const(x)  # a captured array is read in place by the kernel
     if isinstance(x, (list, tuple)):
         return array_const(np.asarray(x))
     raise Unsupported(f"a value of type {type(x).__name__} in an array expression")
@@ -63,58 +64,94 @@ def weak_proxy(n: Node) -> Any:
 class Tracer:
     """A stand-in for a numpy array during tracing; shape and dtype are known, values are not."""
 
-    __slots__ = ("node", "array0d")
+    __slots__ = ("node", "array0d", "order")
     __array_priority__ = 1000
 
-    def __init__(self, n: Node, array0d: bool = False):
+    def __init__(self, n: Node, array0d: bool = False, order: np.dtype | None = None):
         self.node = n
         self.array0d = array0d  # a 0-d result numpy returns as an array (shape functions), not a scalar
+        # the non-native dtype numpy gives this array (a view or copy of a byte-swapped argument), else None
+        self.order = order if order is not None and (array0d or n.ndim) else None
 
-    # ** what numpy users read off an array **
+    # ** what numpy users read off an array (a Python scalar has none of it) **
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.node.weak:
+            self.no_attribute("shape")
         return self.node.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.node.dtype.np
+        if self.node.weak:
+            self.no_attribute("dtype")
+        return self.node.dtype.np if self.order is None else self.order
 
     @property
     def ndim(self) -> int:
+        if self.node.weak:
+            self.no_attribute("ndim")
         return self.node.ndim
 
     @property
     def size(self) -> int:
+        if self.node.weak:
+            self.no_attribute("size")
         return self.node.size
 
     @property
     def T(self) -> "Tracer":
+        if self.node.weak:
+            self.no_attribute("T")
         from jitop.graph import numpy_api
         return numpy_api.transpose(self)
 
+    def python_type(self) -> type:
+        """bool, int or float for a tracer of a Python scalar."""
+        return bool if self.node.dtype.is_bool else (int if self.node.dtype.is_int else float)
+
+    def no_attribute(self, name: str):
+        """A Python scalar's missing attribute is Python's AttributeError; one it has is not traced."""
+        t = self.python_type()
+        if hasattr(t, name):
+            raise Unsupported(f"{t.__name__}.{name} of a Python scalar")
+        raise AttributeError(f"'{t.__name__}' object has no attribute '{name}'")
+
     def __len__(self) -> int:
-        if not self.shape:
+        if self.node.weak:
+            raise TypeError(f"object of type '{self.python_type().__name__}' has no len()")
+        if not self.node.shape:
             raise TypeError("len() of unsized object")
-        return self.shape[0]
+        return self.node.shape[0]
 
     def __iter__(self):
-        if not self.shape:
+        if self.node.weak:
+            raise TypeError(f"'{self.python_type().__name__}' object is not iterable")
+        if not self.node.shape:
             raise TypeError("iteration over a 0-d array")
-        return (self[i] for i in range(self.shape[0]))
+        return (self[i] for i in range(self.node.shape[0]))
 
     def __repr__(self) -> str:
-        return f"Tracer({self.dtype.name}{list(self.shape)})"
+        if self.node.weak:
+            return f"Tracer(Python {self.python_type().__name__})"
+        return f"Tracer({self.node.dtype.name}{list(self.node.shape)})"
 
     # ** values that do not exist while tracing **
     def __array__(self, dtype: Any = None, copy: Any = None):
         raise TracerConversionError(
-            f"a traced {self.dtype.name}{list(self.shape)} array was converted to a concrete numpy array "
+            f"a traced {self.node.dtype.name}{list(self.node.shape)} {'Python scalar' if self.node.weak else 'array'} "
+            "was converted to a concrete numpy array "
             "(np.asarray, a non-numpy library, or array.tolist()); jitop cannot compile that. Keep to numpy "
             "operations inside @jitop.kernel, or call the function with fallback=True (the default)")
 
     def __bool__(self) -> bool:
         raise Unsupported("Python control flow on a traced value (`if`, `while`, `and`/`or` on an array)",
                           "use np.where(cond, a, b) instead of if/else, or mark the argument static")
+
+    def __str__(self) -> str:  # print(x), str(x), f"{x}": the value is only known when the kernel runs
+        self._concrete("str() or print()")
+
+    def __format__(self, spec: str) -> str:
+        self._concrete("formatting (an f-string)")
 
     def _concrete(self, what: str):
         raise Unsupported(f"{what} of a traced array (its value is only known when the kernel runs)")
@@ -128,6 +165,10 @@ class Tracer:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if self.node.weak:
+            self.no_attribute(name)
+        if not hasattr(np.ndarray, name):
+            raise AttributeError(f"'numpy.ndarray' object has no attribute '{name}'")
         raise Unsupported(f"ndarray.{name}")
 
     def __setitem__(self, key, value):
@@ -144,15 +185,22 @@ class Tracer:
         impl = numpy_api.FUNCTIONS.get(func)
         if impl is None:
             raise Unsupported(f"np.{func.__name__}")
-        return impl(*args, **kwargs)
+        # numpy's "no value" default (np.sum(a, keepdims=np._NoValue)) means: not given
+        kwargs = {k: v for k, v in kwargs.items() if v is not np._NoValue}
+        return numpy_api.numpy_value(impl(*args, **kwargs))
 
     def __getitem__(self, key: Any) -> "Tracer":
+        if self.node.weak:
+            raise TypeError(f"'{self.python_type().__name__}' object is not subscriptable")
         from jitop.graph import indexing
         return indexing.getitem(self, key)
 
 
 def _in_place(name: str):
     def method(self, other):
+        if self.node.weak:  # a Python scalar is immutable: x += y rebinds x to x + y
+            from jitop.graph import pyscalar
+            return pyscalar.binary(name, self, other)
         raise Unsupported(f"in-place operator (x {_SYMBOL[name]}= ...), which would mutate an argument",
                           f"write x = x {_SYMBOL[name]} ... instead")
     return method
@@ -162,26 +210,50 @@ _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//",
            "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>", "matmul": "@"}
 
 
+def _operator(name: str, uf: np.ufunc, reflected: bool):
+    """An array's operator is numpy's ufunc; a Python scalar's is Python's (jitop.graph.pyscalar)."""
+    def method(self, other):
+        if self.node.weak:
+            from jitop.graph import pyscalar
+            return pyscalar.binary(name, other, self) if reflected else pyscalar.binary(name, self, other)
+        scalar = not self.array0d and not self.node.shape  # a numpy scalar, not a 0-d array
+        if scalar and name in ("mul", "matmul") and isinstance(other, (list, tuple)):
+            return NotImplemented  # numpy scalar * list repeats the list (or is a TypeError), like Python
+        if scalar and name == "matmul" and not (isinstance(other, np.ndarray) or isinstance(other, Tracer) and
+                                                 (other.array0d or other.node.shape)):
+            return NotImplemented  # numpy scalars have no @ (an array operand's @ still runs)
+        if name == "pow" and not reflected and not scalar and type(other) is int and other == 2:
+            return np.square(self)  # numpy's array ** 2 is np.square (bool ** 2 is int8, np.power's int64)
+        return uf(other, self) if reflected else uf(self, other)
+    return method
+
+
+def _unary(name: str, uf: np.ufunc):
+    def method(self):
+        if self.node.weak:
+            from jitop.graph import pyscalar
+            return pyscalar.unary(name, self)
+        return uf(self)
+    return method
+
+
 def _install_operators() -> None:
     binary = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
               "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "and": np.bitwise_and,
-              "or": np.bitwise_or, "xor": np.bitwise_xor, "lshift": np.left_shift, "rshift": np.right_shift}
+              "or": np.bitwise_or, "xor": np.bitwise_xor, "lshift": np.left_shift, "rshift": np.right_shift,
+              "matmul": np.matmul}
     for name, uf in binary.items():
-        setattr(Tracer, f"__{name}__", lambda self, other, uf=uf: uf(self, other))
-        setattr(Tracer, f"__r{name}__", lambda self, other, uf=uf: uf(other, self))
+        setattr(Tracer, f"__{name}__", _operator(name, uf, False))
+        setattr(Tracer, f"__r{name}__", _operator(name, uf, True))
     for name, uf in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
                      "eq": np.equal, "ne": np.not_equal}.items():
-        setattr(Tracer, f"__{name}__", lambda self, other, uf=uf: uf(self, other))
+        setattr(Tracer, f"__{name}__", _operator(name, uf, False))
     Tracer.__hash__ = None  # like numpy arrays: __eq__ is elementwise
-    Tracer.__neg__ = lambda self: np.negative(self)
-    Tracer.__pos__ = lambda self: np.positive(self)
-    Tracer.__abs__ = lambda self: np.absolute(self)
-    Tracer.__invert__ = lambda self: np.invert(self)
+    for name, uf in {"neg": np.negative, "pos": np.positive, "abs": np.absolute, "invert": np.invert}.items():
+        setattr(Tracer, f"__{name}__", _unary(name, uf))
     for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift",
                  "matmul"):
         setattr(Tracer, f"__i{name}__", _in_place(name))
-    Tracer.__matmul__ = lambda self, other: np.matmul(self, other)
-    Tracer.__rmatmul__ = lambda self, other: np.matmul(other, self)
 
 
 _install_operators()

@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from jitop import te
+from jitop.codegen.kernel import RAISE_IF
 from jitop.te.expr import Expr, Op, binary, call, const
 
 
@@ -88,7 +89,100 @@ def _arctanh(x: Expr) -> Expr:
     return 0.5 * te.log1p(2.0 * x / (1.0 - x))
 
 
-UFUNCS: dict[str, Callable[..., Expr]] = {
+def raise_if(value: Expr, bad: Expr, error: str) -> Expr:
+    """`value`; the kernel's call raises `error` ("<Type>: <message>", a ValueError, OverflowError or
+    ZeroDivisionError) if `bad` holds for an element it computes."""
+    return call(RAISE_IF + error, value, bad, dtype=value.dtype)
+
+
+# ** Python's operators on two Python scalars (jitop.graph.pyscalar): Python raises where numpy does not **
+
+def _py_zero_division(op: Callable[[Expr, Expr], Expr], message: str) -> Callable[[Expr, Expr], Expr]:
+    return lambda x, y: raise_if(op(x, y), y == _zero(y), "ZeroDivisionError: " + message)
+
+
+def _py_shift(left: bool) -> Callable[[Expr, Expr], Expr]:
+    def shift(x: Expr, y: Expr) -> Expr:
+        return raise_if(x << y if left else x >> y, y < _zero(y), "ValueError: negative shift count")
+    return shift
+
+
+# the kernel's error for a Python int result beyond int64; jitop.kernel then runs that call as numpy
+INT_BEYOND_64 = "Python int result beyond 64 bits (jitop computes a Python int argument's arithmetic in int64)"
+_INT_BEYOND = "OverflowError: " + INT_BEYOND_64
+
+
+def _py_int(op: str) -> Callable[..., Expr]:
+    """Python int arithmetic in int64 that raises where Python's result would need more than 64 bits."""
+    def add(x: Expr, y: Expr) -> Expr:
+        r = x + y
+        return raise_if(r, ((x ^ r) & (y ^ r)) < _zero(r), _INT_BEYOND)
+
+    def sub(x: Expr, y: Expr) -> Expr:
+        r = x - y
+        return raise_if(r, ((x ^ y) & (x ^ r)) < _zero(r), _INT_BEYOND)
+
+    def mul(x: Expr, y: Expr) -> Expr:
+        r = x * y
+        lowest = const(-(1 << 63), x.dtype)
+        minus_one = const(-1, x.dtype)
+        safe = te.select((x == _zero(x)) | (x == minus_one), _one(x), x)  # no division by 0, no MIN / -1
+        bad = ((x == minus_one) & (y == lowest)) | ((x != _zero(x)) & (x != minus_one) & (binary(Op.TRUNCDIV, r, safe) != y))
+        return raise_if(r, bad, _INT_BEYOND)
+
+    def neg(x: Expr) -> Expr:
+        return raise_if(-x, x == const(-(1 << 63), x.dtype), _INT_BEYOND)
+
+    def absolute(x: Expr) -> Expr:
+        return raise_if(te.abs(x), x == const(-(1 << 63), x.dtype), _INT_BEYOND)
+
+    def power(x: Expr, y: Expr) -> Expr:
+        big = te.abs(te.pow(te.cast(x, "float64"), te.cast(y, "float64"))) >= float(1 << 63)
+        return raise_if(call("ipow", x, y), big, _INT_BEYOND)
+
+    def lshift(x: Expr, y: Expr) -> Expr:
+        r = raise_if(x << y, y < _zero(y), "ValueError: negative shift count")
+        bits = const(63, y.dtype)
+        return raise_if(r, (x != _zero(x)) & ((y >= bits) | ((r >> y) != x)), _INT_BEYOND)
+    return {"add": add, "subtract": sub, "multiply": mul, "negative": neg, "absolute": absolute, "power": power,
+            "lshift": lshift}[op]
+
+
+def _py_float_power(x: Expr, y: Expr) -> Expr:
+    r = x * x if y.op is Op.CONST and y.value == 2 else te.pow(x, y)
+    r = raise_if(r, (x == _zero(x)) & (y < _zero(y)), "ZeroDivisionError: 0.0 cannot be raised to a negative power")
+    return raise_if(r, te.isinf(r) & te.isfinite(x), "OverflowError: (34, 'Numerical result out of range')")
+
+
+def _py_fit(name: str) -> Callable[[Expr], Expr]:
+    """"py_fit:<lo>:<hi>:<dtype>": a Python int (int64) that must lie in [lo, hi] (either may be empty),
+    else numpy's OverflowError for a Python int beyond an array's dtype."""
+    _, lo, hi, dt = name.split(":")
+
+    def fit(x: Expr) -> Expr:
+        bad = None
+        for bound, outside in ((lo, lambda b: x < const(int(b), x.dtype)), (hi, lambda b: x > const(int(b), x.dtype))):
+            if bound:
+                bad = outside(bound) if bad is None else bad | outside(bound)
+        return x if bad is None else raise_if(x, bad, f"OverflowError: Python integer out of bounds for {dt}")
+    return fit
+
+
+class _Table(dict):
+    """The ufunc table; parameterised entries ("py_fit:...") are made on first use."""
+
+    def __missing__(self, name: str) -> Callable[..., Expr]:
+        if not name.startswith("py_fit:"):
+            raise KeyError(name)
+        self[name] = fn = _py_fit(name)
+        return fn
+
+
+def fit_name(lo: int | None, hi: int | None, dtype: str) -> str:
+    return f"py_fit:{'' if lo is None else lo}:{'' if hi is None else hi}:{dtype}"
+
+
+UFUNCS: dict[str, Callable[..., Expr]] = _Table({
     "add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y,
     "divide": lambda x, y: x / y, "true_divide": lambda x, y: x / y,
     "floor_divide": lambda x, y: binary(Op.FLOORDIV, x, y), "remainder": lambda x, y: binary(Op.FLOORMOD, x, y),
@@ -114,4 +208,14 @@ UFUNCS: dict[str, Callable[..., Expr]] = {
     "left_shift": lambda x, y: x << y, "right_shift": lambda x, y: x >> y,
     # not a numpy ufunc: reached through jitop.gelu (numpy has no erf)
     "erf": te.erf,
-}
+    "py_divide": _py_zero_division(lambda x, y: x / y, "float division by zero"),
+    "py_divide_int": _py_zero_division(lambda x, y: x / y, "division by zero"),
+    "py_floor_divide": _py_zero_division(lambda x, y: binary(Op.FLOORDIV, x, y), "float floor division by zero"),
+    "py_floor_divide_int": _py_zero_division(lambda x, y: binary(Op.FLOORDIV, x, y),
+                                             "integer division or modulo by zero"),
+    "py_remainder": _py_zero_division(lambda x, y: binary(Op.FLOORMOD, x, y), "float modulo"),
+    "py_remainder_int": _py_zero_division(lambda x, y: binary(Op.FLOORMOD, x, y), "integer modulo by zero"),
+    "py_lshift": _py_int("lshift"), "py_rshift": _py_shift(False), "py_float_power": _py_float_power,
+    "py_add_int": _py_int("add"), "py_subtract_int": _py_int("subtract"), "py_multiply_int": _py_int("multiply"),
+    "py_negative_int": _py_int("negative"), "py_absolute_int": _py_int("absolute"), "py_power_int": _py_int("power"),
+})

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop.errors import TargetMismatchError
+from jitop.runtime import fastcall
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
 from jitop.runtime.module import Module, check_meta
@@ -75,11 +76,37 @@ class Executable:
             _check_tree(tree, len(self.plan.result_slots), allow_objects=True)
         self.plan.result = tree
         self.call = self.run if tree is None else _specialised_runner(self.plan, self.module, tree)
+        self._fast: Callable[..., Any] | None = None  # built on the first __call__, for this result
 
     def __call__(self, *values: Any) -> Any:
         """The function's result for these arguments, checked first (a mismatch raises, never crashes)."""
+        fast = self._fast
+        if fast is None:
+            spec = self.fast_spec(compile=False)  # loading saved code never runs LLVM, not even for the entry
+            fast = self._fast = fastcall.Table([spec]).entry() if spec is not None else _always_miss
+        r = fast(*values)  # the native entry: exactly the signature's arrays, else MISS
+        if r is not fastcall.MISS:
+            return r
         _check_values(self.plan, self.module.params, values)
         return self.call(values)
+
+    def fast_spec(self, nargs: int | None = None, scalar_types: dict[int, type] | None = None,
+                  compile: bool = True) -> "fastcall.Spec | None":
+        """This executable's signature for the native entry (jitop.runtime.fastcall), or None if it has none
+        (the entry is unavailable, or the plan converts arguments: byte-swapped or numpy-scalar inputs).
+
+        nargs: the exact number of positional arguments, each of which the plan must use (a caller whose
+        cache key covers every argument); default: up to the last one the plan uses.
+        scalar_types: {position: float | int | bool}, the Python type each scalar argument must have (a caller
+        whose key distinguishes them); default: the type whose natural dtype is the parameter's.
+        compile: whether the entry may be compiled if its object code is not cached (see fastcall.available).
+
+        >>> fast = fastcall.Table([exe.fast_spec()]).entry()   # doctest: +SKIP
+        """
+        try:
+            return _fast_spec(self.plan, self.module, nargs, scalar_types, compile)
+        except ValueError:  # something the entry cannot express: the slow path serves it
+            return None
 
     # ** bytes **
     def to_bytes(self) -> bytes:
@@ -192,6 +219,66 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
     return env["run"]
 
 
+def _always_miss(*_: Any) -> Any:
+    return fastcall.MISS
+
+
+_NATURAL = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(np.bool_)}
+
+
+def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict[int, type] | None,
+               compile: bool) -> "fastcall.Spec | None":
+    """The plan as a fastcall.Spec: the same inputs, outputs (recycled as `_allocator` does) and result."""
+    if not (module.runnable and module.address and fastcall.available(compile)):
+        return None
+    flag = module.error_flag_address()
+    if module.checked and not flag:
+        return None
+    inputs: list[Any] = []
+    positions = []
+    for (kind, what), p in zip(plan.inputs, module.params):
+        if kind == "arg":
+            inputs.append(fastcall.Array(what, p.dtype, p.shape))
+            positions.append(what)
+        elif kind == "const":
+            inputs.append(fastcall.Const(what))
+        elif kind == "scalar":
+            pos, dt = what[0], np.dtype(what[1])
+            py = scalar_types.get(pos) if scalar_types is not None else \
+                next((t for t, d in _NATURAL.items() if d == dt), None)
+            if _NATURAL.get(py) != dt:  # e.g. np.float64 (a float subclass) keys its own signature
+                return None
+            # a Python int must fit every integer dtype it meets (NEP 50): outside, the slow path raises
+            lo, hi = _int_range(what[2]) if py is int and len(what) > 2 else (-2 ** 63, 2 ** 63 - 1)
+            inputs.append(fastcall.Scalar(pos, py, lo, hi))
+            positions.append(pos)
+        else:  # byte-swapped: converted on each call
+            return None
+    if nargs is None:
+        nargs = max(positions, default=-1) + 1
+    elif sorted(positions) != list(range(nargs)):  # an argument the plan ignores would go unchecked
+        return None
+    n_real = len(plan.outputs) - plan.n_scratch
+    outputs = [fastcall.Output(dt, shape, recycle=k >= n_real or math.prod(shape) * dt.itemsize >= REUSE_BYTES)
+               for k, (shape, dt) in enumerate(plan.outputs)]
+    return fastcall.Spec(nargs, module.address, inputs, outputs, _fast_result(plan),
+                         error_flag=flag, raise_error=module.raise_if_error if flag else None)
+
+
+def _fast_result(plan: Plan) -> int | tuple[str, int] | Callable[..., Any]:
+    """How the entry returns the result: an output index, ("scalar", k) for a 0-d output returned as a numpy
+    scalar, or a function of all the outputs that builds it (the same code `call` runs)."""
+    tree, slots = plan.result, plan.result_slots
+    if tree is not None and tree[0] == "out" and tree[2] != "py":
+        return ("scalar", slots[tree[1]]) if tree[2] else slots[tree[1]]
+    names = [f"o{k}" for k in slots]
+    env: dict[str, Any] = {}
+    build, expr = _result_code(tree, names, env) if tree is not None else ([], f"[{', '.join(names)}]")
+    params = ", ".join(f"o{k}" for k in range(len(plan.outputs)))
+    exec("\n".join([f"def post({params}):", *build, f"    return {expr}"]), env)  # noqa: S102 - indices only
+    return env["post"]
+
+
 REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
 
 
@@ -216,7 +303,8 @@ def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> C
 
 
 # ** result trees **
-# ["out", k, scalar]      flat result k; scalar: a 0-d computation numpy returns as a scalar (outs[k][()])
+# ["out", k, scalar]      flat result k; scalar: a 0-d computation numpy returns as a scalar (outs[k][()]),
+#                         or "py": a Python scalar (outs[k][()].item())
 # ["tuple", [t, ...]] / ["list", [t, ...]] / ["dict", [[key, t], ...]]   (a key is a "const" or "obj" leaf)
 # ["const", v]            v is None, bool, int, float or str (JSON round-trips it exactly)
 # ["obj", v]              any other Python value: works in memory, cannot be saved
@@ -253,6 +341,8 @@ def _result_code(tree: Any, outs: list[str], env: dict[str, Any]) -> tuple[list[
     def emit(t: list) -> str:
         kind = t[0]
         if kind == "out":
+            if t[2] == "py":  # a Python scalar's value (a function of Python scalar arguments)
+                return f"{outs[t[1]]}[()].item()"
             return f"{outs[t[1]]}[()]" if t[2] else outs[t[1]]
         name = f"r{next(fresh)}"
         if kind in ("const", "obj"):
@@ -280,7 +370,8 @@ def _check_tree(tree: Any, n_results: int, allow_objects: bool) -> None:
             raise ValueError(f"result nested deeper than {MAX_RESULT_DEPTH} levels")
         kind = t[0]
         if kind == "out":
-            if not (len(t) == 3 and type(t[1]) is int and 0 <= t[1] < n_results and type(t[2]) is bool):
+            if not (len(t) == 3 and type(t[1]) is int and 0 <= t[1] < n_results and
+                    (type(t[2]) is bool or t[2] == "py")):
                 raise ValueError(f"bad result leaf {t!r} (expected ['out', k < {n_results}, bool])")
         elif kind in ("const", "obj"):
             if len(t) != 2 or (kind == "const" and type(t[1]) not in _CONST_TYPES):

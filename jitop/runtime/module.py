@@ -16,6 +16,8 @@ import numpy as np
 from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
 from jitop.target import Target
 
+# errors a kernel reports about values (codegen.kernel.RAISE_IF), by the name its error entry starts with
+_VALUE_ERRORS = {"ValueError": ValueError, "OverflowError": OverflowError, "ZeroDivisionError": ZeroDivisionError}
 FORMAT_VERSION = 3  # 2: meta['target'] is a jitop Target; 3: the object code carries its signature
 
 
@@ -61,6 +63,8 @@ class Module:
         else:
             self.call_arrays = self._refuse
             self._error = None
+            self.address = 0
+            self.profile_counters = None
 
     def _refuse(self, *_: Any) -> None:
         self.target.check_runs_on(what=f"kernel '{self.name}'")
@@ -73,8 +77,10 @@ class Module:
             from jitop.runtime.parallel import parallel_for_address
             parallel_for_address()  # links jitop_parallel_for before the object that calls it
         flag = [f"{symbol}_error"] if self.checked else []
+        stages = meta.get("profile_stages") or []
+        counters = [f"{symbol}_profile"] if stages else []
         try:
-            addrs = load_object(object_code, [symbol, f"{symbol}_objects"], [*flag, f"{symbol}_signature"])
+            addrs = load_object(object_code, [symbol, f"{symbol}_objects"], [*flag, *counters, f"{symbol}_signature"])
             signed = read_global(object_code, f"{symbol}_signature", addrs[f"{symbol}_signature"])
         except (RuntimeError, ValueError) as err:
             raise ValueError(f"kernel '{self.name}': its object code cannot be loaded ({err}); rebuild it") from None
@@ -85,11 +91,14 @@ class Module:
                              f"code was compiled for {signed.rstrip(bytes(1)).decode('utf-8', 'replace')[:2000]}, "
                              f"the metadata says {ours[:2000]}; the file was edited or mixed up, rebuild it")
         n = len(self.params)
+        self.address = addrs[symbol]  # the kernel itself: void kernel(void *param0, ...) (jitop.runtime.fastcall)
         self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n)(addrs[meta["symbol"]])
         # fast entry taking the arrays themselves (only for arrays already checked by the caller)
         self.call_arrays = (ctypes.CFUNCTYPE(None, *[ctypes.py_object] * n)(addrs[f"{meta['symbol']}_objects"])
                             if _data_offset_ok() else lambda *arrays: self._cfunc(*[a.ctypes.data for a in arrays]))
         self._error = ctypes.c_int32.from_address(addrs[flag[0]]) if flag else None
+        # a profiling build: cycle-counter ticks spent in each top-level loop nest, summed over calls
+        self.profile_counters = (ctypes.c_uint64 * len(stages)).from_address(addrs[counters[0]]) if stages else None
 
     @property
     def name(self) -> str:
@@ -117,11 +126,19 @@ class Module:
         self._cfunc(*ptrs)
         self.raise_if_error()
 
+    def error_flag_address(self) -> int:
+        """Address of the int32 a run-time bounds check sets (0: the kernel has none); `raise_if_error` reads it."""
+        flag = self._error
+        return ctypes.addressof(flag) if isinstance(flag, ctypes.c_int32) else 0
+
     def raise_if_error(self) -> None:
         """Raise the IndexError a run-time bounds check recorded during the last call, if any."""
         if self._error is not None and self._error.value:
             code, self._error.value = self._error.value, 0
             what = self.checked[code - 1] if 0 < code <= len(self.checked) else f"access (check #{code})"
+            kind, _, message = what.partition(": ")  # a value numpy/Python refuses (codegen.kernel.RAISE_IF)
+            if kind in _VALUE_ERRORS:
+                raise _VALUE_ERRORS[kind](message)
             raise IndexError(f"{self.name}: out-of-bounds {what}; the access was skipped, the "
                              "outputs are incomplete. Check the compute's index expressions against the shapes")
 
@@ -211,6 +228,9 @@ def check_meta(meta: dict, where: str = "") -> None:
     checked = meta.get("checked_accesses", [])
     if not (isinstance(checked, list) and all(isinstance(c, str) for c in checked)):
         raise ValueError(f"{where}checked_accesses must be a list of strings")
+    stages = meta.get("profile_stages", [])
+    if not (isinstance(stages, list) and all(isinstance(c, str) for c in stages)):
+        raise ValueError(f"{where}profile_stages must be a list of strings")
     params = meta.get("params")
     if not isinstance(params, list):
         raise ValueError(f"{where}params must be a list")

@@ -121,16 +121,31 @@ def test_reduction_of_0d_and_size_one(name: str) -> None:
         assert_same(g, e, tol(e))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (minor): numpy accepts axis=0 when reducing a 0-d array (np.sum(np.array(2.0), "
-                   "axis=0) == 2.0, also max/argmax); jitop fails with an internal IndexError ('tuple index out of "
-                   "range') and falls back (FallbackError with fallback=False)")
 def test_reduction_of_0d_array_with_axis_0() -> None:
     @jitop.kernel(fallback=False)
     def f(a):
-        return np.sum(a, axis=0), a.max(axis=0, keepdims=True), np.argmax(a, axis=0)
+        return (np.sum(a, axis=0), a.max(axis=0, keepdims=True), np.argmax(a, axis=0), np.min(a, axis=-1),
+                np.argmin(a, axis=-1, keepdims=True), np.squeeze(a, axis=-1), np.any(a, axis=0))
     a = np.array(2.0)
-    for g, e in zip(f(a), f.fn(a)):
+    got, expected = f(a), f.fn(a)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
         assert_same(g, e)
+
+
+@pytest.mark.parametrize("form", [
+    lambda a: np.sum(a, axis=(0,)), lambda a: np.sum(a, axis=1), lambda a: np.mean(a, axis=0),
+    lambda a: np.std(a, axis=-1), lambda a: np.argmax(a, axis=1), lambda a: np.squeeze(a, axis=(0,)),
+    lambda a: np.flip(a, 0), lambda a: np.concatenate([a, a]), lambda a: np.expand_dims(a, 2),
+])
+def test_0d_axis_errors_are_numpys(form) -> None:
+    """numpy's quirks on 0-d arrays: an int axis 0/-1 is accepted by ufunc reductions, argmax and squeeze,
+    a tuple axis or mean/std/flip's axis is an AxisError; concatenate refuses 0-d arrays."""
+    a = np.array(2.0)
+    with pytest.raises(Exception) as numpy_error:
+        form(a)
+    with pytest.raises(numpy_error.type):
+        jitop.kernel(form, fallback=False)(a)
 
 
 def test_axis_out_of_bounds_raises_axis_error() -> None:

@@ -260,9 +260,6 @@ def test_shape_functions_on_empty_and_size_one(shape) -> None:
     assert_same(jit_call(f, x), numpy_ref(f.fn, x))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: concatenating an empty (0, 0) array derived from a reduction fails: "
-                   "np.concatenate([a - a.mean(axis=-1, keepdims=True)] * 2, axis=-1) with a of shape (0, 0) raises "
-                   "'jitop internal error KeyError: reduce[0]:float32' (falls back; FallbackError with fallback=False)")
 def test_concatenate_of_empty_reduction_results() -> None:
     @jitop.kernel(fallback=False)
     def f(a):
@@ -396,39 +393,61 @@ def test_returning_only_a_constant_array_gives_numpy_answer() -> None:
 
 # ** results are numpy's kinds of object **
 
-_ZERO_D_KIND = pytest.mark.xfail(strict=True, reason="BUG (minor): 0-d result kind (numpy scalar vs 0-d ndarray) "
-                                 "still differs after 2888c19: methods of a numpy scalar (np.abs(a0d).astype(), "
-                                 ".reshape(()), .T, .copy(), b.sum().astype()) and a0d[()] give 0-d arrays where numpy "
-                                 "gives scalars; x[...] and np.where(...) on 0-d give scalars where numpy gives 0-d "
-                                 "arrays")
 ZERO_D_CASES = {
-    "a.astype": (lambda a, b: a.astype(np.float64), []),
-    "np.clip(a)": (lambda a, b: np.clip(a, 0, 1), []),
-    "-a": (lambda a, b: -a, []),
-    "a.T": (lambda a, b: a.T, []),
-    "a[...]": (lambda a, b: a[...], []),
-    "np.copy(a)": (lambda a, b: np.copy(a), []),
-    "np.expand_dims(np.abs(a), 0)": (lambda a, b: np.expand_dims(np.abs(a), 0), []),
-    "b.mean()": (lambda a, b: b.mean(), []),
-    "b @ b": (lambda a, b: b @ b, []),
-    "b[0]": (lambda a, b: b[0], []),
-    "np.abs(a).astype": (lambda a, b: np.abs(a).astype(np.float64), [_ZERO_D_KIND]),
-    "np.abs(a).reshape(())": (lambda a, b: np.abs(a).reshape(()), [_ZERO_D_KIND]),
-    "a[()]": (lambda a, b: a[()], [_ZERO_D_KIND]),
-    "np.abs(a)[...]": (lambda a, b: np.abs(a)[...], [_ZERO_D_KIND]),
-    "b.sum().astype": (lambda a, b: b.sum().astype(np.float32), [_ZERO_D_KIND]),
-    "np.where(a > 1, a, 0)": (lambda a, b: np.where(a > 1, a, 0), [_ZERO_D_KIND]),
-    "np.abs(a).T": (lambda a, b: np.abs(a).T, [_ZERO_D_KIND]),
-    "np.abs(a).copy()": (lambda a, b: np.abs(a).copy(), [_ZERO_D_KIND]),
+    "a.astype": lambda a, b: a.astype(np.float64),
+    "np.clip(a)": lambda a, b: np.clip(a, 0, 1),
+    "-a": lambda a, b: -a,
+    "a.T": lambda a, b: a.T,
+    "a[...]": lambda a, b: a[...],
+    "np.copy(a)": lambda a, b: np.copy(a),
+    "np.expand_dims(np.abs(a), 0)": lambda a, b: np.expand_dims(np.abs(a), 0),
+    "b.mean()": lambda a, b: b.mean(),
+    "b @ b": lambda a, b: b @ b,
+    "b[0]": lambda a, b: b[0],
+    "np.abs(a).astype": lambda a, b: np.abs(a).astype(np.float64),
+    "np.abs(a).reshape(())": lambda a, b: np.abs(a).reshape(()),
+    "a[()]": lambda a, b: a[()],
+    "np.abs(a)[...]": lambda a, b: np.abs(a)[...],
+    "b.sum().astype": lambda a, b: b.sum().astype(np.float32),
+    "np.where(a > 1, a, 0)": lambda a, b: np.where(a > 1, a, 0),
+    "np.abs(a).T": lambda a, b: np.abs(a).T,
+    "np.abs(a).copy()": lambda a, b: np.abs(a).copy(),
 }
 
 
-@pytest.mark.parametrize("case", [pytest.param(k, marks=m) for k, (_, m) in ZERO_D_CASES.items()])
+@pytest.mark.parametrize("case", list(ZERO_D_CASES))
 def test_zero_d_result_kind(case: str) -> None:
     """numpy returns a numpy scalar from ufuncs, reductions and scalar methods, a 0-d ndarray from array methods."""
-    fn = ZERO_D_CASES[case][0]
+    fn = ZERO_D_CASES[case]
     a, b = np.array(1.5, np.float32), np.arange(3.0)
     assert_same(jit_call(jitop.kernel(fn), a, b), fn(a, b))
+
+
+# a 0-d value's kind after each form, for a 0-d array and for a numpy scalar argument (numpy's rules: shape
+# methods keep the kind, np.copy/np.where/x[...]/*_like make arrays, x[()] and computations make scalars)
+ZERO_D_FORMS = {
+    "astype": lambda x: x.astype(np.float64), "reshape(())": lambda x: x.reshape(()), ".T": lambda x: x.T,
+    ".copy()": lambda x: x.copy(), "np.copy": lambda x: np.copy(x), "x[()]": lambda x: x[()], "x[...]": lambda x: x[...],
+    "np.where": lambda x: np.where(x > 1, x, 0), "np.reshape": lambda x: np.reshape(x, ()),
+    "np.transpose": lambda x: np.transpose(x), ".transpose()": lambda x: x.transpose(), "np.squeeze": lambda x: np.squeeze(x),
+    "squeeze(axis=-1)": lambda x: np.squeeze(x, axis=-1), "np.broadcast_to": lambda x: np.broadcast_to(x, ()),
+    "np.round": lambda x: np.round(x), "np.clip": lambda x: np.clip(x, 0, 1), "np.flip": lambda x: np.flip(x),
+    "zeros_like": lambda x: np.zeros_like(x), "full_like": lambda x: np.full_like(x, 2), "np.sum": lambda x: np.sum(x),
+    "np.std": lambda x: np.std(x), "np.argmax": lambda x: np.argmax(x), "max keepdims": lambda x: np.max(x, keepdims=True),
+    "mean keepdims": lambda x: np.mean(x, keepdims=True), "np.moveaxis": lambda x: np.moveaxis(x, [], []),
+    "x + 0": lambda x: x + 0, "np.dot": lambda x: np.dot(x, x), "einsum": lambda x: np.einsum(",->", x, x),
+    "np.around": lambda x: np.around(x, 1), "ravel()[0]": lambda x: np.ravel(x)[0], "x ** 2": lambda x: x ** 2,
+    "atleast_2d[0, 0]": lambda x: np.atleast_2d(x)[0, 0], "expand_dims[0, ...]": lambda x: np.expand_dims(x, 0)[0, ...],
+    "sum axis=()": lambda x: np.sum(x, axis=()), "astype.reshape": lambda x: x.astype(np.int32).reshape(()).T,
+}
+
+
+@pytest.mark.parametrize("kind", ["0-d array", "numpy scalar"])
+@pytest.mark.parametrize("form", list(ZERO_D_FORMS))
+def test_zero_d_kind_by_form(form: str, kind: str) -> None:
+    fn = ZERO_D_FORMS[form]
+    x = np.array(1.5, np.float32) if kind == "0-d array" else np.float32(1.5)
+    assert_same(jit_call(jitop.kernel(fn), x), fn(x))
 
 
 def test_zero_dim_results_are_numpy_scalars_and_arrays_stay_arrays() -> None:

@@ -258,18 +258,40 @@ def test_integer_power_int8_array_exponent() -> None:
 
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: integer x ** negative does not raise numpy's ValueError "
-                   "('Integers to negative integer powers are not allowed'): int8 [2, 3] ** [1, -1] gives [2, -85]")
-def test_integer_power_negative_exponent_raises_like_numpy() -> None:
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+@pytest.mark.parametrize("n", [2, 9, 1000])
+def test_integer_power_negative_exponent_raises_like_numpy(dtype: str, n: int) -> None:
+    # the exponent is only known at run time: the kernel flags it, the call raises numpy's ValueError
     @jitop.kernel
     def f(a, b):
-        return a ** b
-    a = np.array([2, 3], np.int8)
-    b = np.array([1, -1], np.int8)
-    with pytest.raises(ValueError):
+        return a ** b, np.power(a, b[::-1] * 1)
+    a = np.full(n, 2, dtype)
+    b = np.ones(n, dtype)
+    b[-1] = -1
+    msg = "Integers to negative integer powers are not allowed."
+    with pytest.raises(ValueError, match=msg):
         f.fn(a, b)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=msg):
         jit_call(f, a, b)
+    # the flag is cleared: the next call with valid exponents gives numpy's answer
+    ok = np.ones(n, dtype)
+    for g, e in zip(jit_call(f, a, ok), f.fn(a, ok)):
+        assert_same(g, e)
+
+
+def test_integer_power_negative_scalar_argument_raises_like_numpy() -> None:
+    @jitop.kernel
+    def f(a, k):
+        return a ** k
+    a = np.arange(1, 6, dtype=np.int16)
+    assert_same(jit_call(f, a, 3), f.fn(a, 3))
+    with pytest.raises(ValueError, match="negative integer powers"):
+        f.fn(a, -1)
+    with pytest.raises(ValueError, match="negative integer powers"):
+        jit_call(f, a, -1)
+    # no element: numpy's loop never runs, nothing is raised
+    e = np.zeros(0, np.int16)
+    assert_same(jit_call(f, e, -1), f.fn(e, -1))
 
 
 def test_integer_power_constant_minus_one_raises_like_numpy() -> None:
