@@ -38,17 +38,19 @@ class LiveArray(np.ndarray):
     """A view of a captured array as a graph parameter: hashed and compared by identity (the node stands for
     whatever the array holds when the kernel runs), its buffer the array's own memory."""
 
+    source: np.ndarray  # the captured array itself (its .base may be shared by other views)
+
     def __hash__(self) -> int:
-        return id(self.base)
+        return id(self.source)
 
     def __eq__(self, other: Any) -> bool:  # type: ignore[override]
-        return isinstance(other, LiveArray) and other.base is self.base
+        return isinstance(other, LiveArray) and other.source is self.source
 
     def __ne__(self, other: Any) -> bool:  # type: ignore[override]
         return not self.__eq__(other)
 
     def __repr__(self) -> str:
-        return f"<live {self.dtype}{list(self.shape)} array {id(self.base):#x}>"
+        return f"<live {self.dtype}{list(self.shape)} array {id(self.source):#x}>"
 
 
 class _Same:
@@ -73,6 +75,7 @@ def shareable(a: np.ndarray) -> bool:
 def live_const(a: np.ndarray) -> Node:
     """The graph node of a captured array, read in place when the kernel runs."""
     view = a.view(LiveArray)
+    view.source = a
     view.flags.writeable = False
     return node("array_const", a.shape, dtypes.as_dtype(a.dtype), data=view)
 

@@ -26,6 +26,30 @@ def _parse(subscripts: str, n_ops: int) -> tuple[list[str], str]:
     return terms, out
 
 
+def _check_shapes(terms: list[str], out: str, shapes: list[tuple[int, ...]]) -> None:
+    """numpy's errors for subscripts that do not fit the operands."""
+    size: dict[str, int] = {}
+    for k, (t, shape) in enumerate(zip(terms, shapes)):
+        if len(t) > len(shape):
+            raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {k}")
+        if len(t) < len(shape):
+            raise ValueError("operand has more dimensions than subscripts given in einstein sum, but no '...' "
+                             "ellipsis provided to broadcast the extra dimensions.")
+        for c, d in zip(t, shape):
+            if c in size and size[c] != d:
+                if 1 in (size[c], d):
+                    raise Unsupported("np.einsum broadcasting an index of length 1")
+                raise ValueError(f"operands could not be broadcast together with remapped shapes "
+                                 f"[original->remapped]: {' '.join(str(s) for s in shapes)}")
+            size[c] = d
+    for c in out:
+        if c not in size:
+            raise ValueError(f"einstein sum subscripts string included output subscript '{c}' which never "
+                             "appeared in an input")
+    if len(set(out)) != len(out):
+        raise ValueError("einstein sum subscripts string includes output subscript multiple times")
+
+
 def _sum_out(x: Any, term: str, keep: set[str]) -> tuple[Any, str]:
     """Sum away the indices of `term` not in `keep`."""
     axes = tuple(i for i, c in enumerate(term) if c not in keep)
@@ -42,6 +66,7 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
     if kwargs.get("out") is not None or len(operands) not in (1, 2):
         raise Unsupported("np.einsum with out= or more than two operands")
     terms, out = _parse(subscripts, len(operands))
+    _check_shapes(terms, out, [np.shape(op) for op in operands])
     if len(operands) == 1:
         x, term = _sum_out(operands[0], terms[0], set(out))
         return _to_order(x, term, out)

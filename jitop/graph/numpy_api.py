@@ -195,7 +195,9 @@ def python_int_overflow(value: int, d: np.dtype) -> OverflowError:
     return OverflowError("Python int too large to convert to C long")
 
 
-def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
+def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None, shortcuts: bool = True) -> Tracer:
+    """ufunc(*srcs) as numpy computes it; shortcuts=False: x ** 0.5 as pow, not sqrt (numpy scalars' **
+    is C's pow: 0.0 for -0.0, inf for -inf, where arrays take sqrt)."""
     if ufunc.__name__ in _COMPARISONS and dtype is None:
         exact = _compare_python_int(ufunc, srcs)
         if exact is not None:
@@ -205,7 +207,8 @@ def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None) -> Tracer:
             and math.prod(broadcast_shapes(*(s.shape for s in srcs))):  # numpy's loop never runs on no elements
         raise ValueError("Integers to negative integer powers are not allowed.")
     if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS \
-            and (outs[0].kind == "f" or srcs[1].param("value") > 0):
+            and (outs[0].kind == "f" or srcs[1].param("value") > 0) \
+            and (shortcuts or _POWER_SHORTCUTS[srcs[1].param("value")] != "sqrt"):
         # numpy computes x**2 as x*x, x**0.5 as sqrt(x), ... (exactly, and much faster than pow)
         name = _POWER_SHORTCUTS[srcs[1].param("value")]
         return wrap(node("ufunc", srcs[0].shape, _dtype(outs[0]), srcs[:1], name=name,
@@ -569,7 +572,7 @@ def split(a, indices_or_sections, axis=0):
     parts = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         key = (slice(None),) * ax + (slice(lo, builtins.max(lo, hi)),)
-        parts.append(wrap(n)[key])
+        parts.append(Tracer(n, array0d=True, order=order_of(a))[key])
     return parts
 
 
@@ -578,7 +581,7 @@ def flip(m, axis=None):
     n = as_node(m)
     axes = _axes(axis, n.ndim)
     key = tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(n.ndim))
-    return wrap(n)[key]
+    return Tracer(n, array0d=True, order=order_of(m))[key]
 
 
 @implements(np.where)
@@ -660,17 +663,23 @@ def fit_int(n: Node, lo: int | None, hi: int | None, dt: np.dtype) -> Node:
 def round_(a, decimals=0, out=None):
     if out is not None:
         raise Unsupported("np.round(..., out=...)")
-    n = as_node(a)
-    if n.dtype.kind in "biu" and decimals >= 0:
-        return wrap(n)
-    if n.dtype.kind in "biu":  # round to tens/hundreds..., half to even, as numpy
+    n = array_node(a)
+    if n.dtype.is_bool and decimals != 0:
+        np.round(np.zeros((), bool), decimals)  # numpy refuses (a casting error): let it raise its own
+    if decimals == 0 and not n.dtype.is_int:
+        return np.rint(wrap(n))
+    if n.dtype.is_int and decimals >= 0:
+        r = n
+    elif n.dtype.is_int:  # round to tens/hundreds..., half to even, as numpy
         scale = 10 ** -decimals
-        return _cast(np.multiply(np.rint(np.true_divide(_cast(a, np.float64), scale)), scale), n.dtype.np)
-    if decimals == 0:
-        return np.rint(a)
-    scale = 10.0 ** decimals
-    return np.true_divide(np.rint(np.multiply(a, scale)), scale) if decimals > 0 else \
-        np.multiply(np.rint(np.true_divide(a, 10.0 ** -decimals)), 10.0 ** -decimals)
+        r = _cast(np.multiply(np.rint(np.true_divide(_cast(wrap(n), np.float64), scale)), scale), n.dtype.np).node
+    else:
+        scale = 10.0 ** decimals
+        x = wrap(n)
+        r = (np.true_divide(np.rint(np.multiply(x, scale)), scale) if decimals > 0 else
+             np.multiply(np.rint(np.true_divide(x, 10.0 ** -decimals)), 10.0 ** -decimals)).node
+    # numpy rounds into an array of a's dtype (its byte order too)
+    return Tracer(r, order=order_of(a))
 
 
 def _cast(a: Any, dtype: Any) -> Tracer:

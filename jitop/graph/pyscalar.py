@@ -4,8 +4,9 @@ A Python bool/int/float argument is traced as a run-time value (a weak node: NEP
 Python scalar). Between two Python scalars, an operator is Python's, not numpy's: True + True is 2, 1 / 2
 is 0.5, 7 // 0 raises ZeroDivisionError, [1, 2] * n repeats a list, 1.5 & 1 is a TypeError. This module
 gives those meanings (the result is again a Python scalar: a weak node the kernel returns as a Python
-object), a run-time check where Python raises on a value (division by zero, a negative shift count), and
-Unsupported (plain numpy) where the value decides even the result's type (int ** int).
+object), a run-time check where Python raises on a value (division by zero, a negative shift count), a
+run-time check where Python's int would outgrow int64 (that call then runs as numpy), and Unsupported
+(plain numpy) where the value decides even the result's type (int ** a run-time int).
 A numpy function applied to a Python scalar (np.tanh(x)) is numpy's: a strong numpy scalar.
 """
 from __future__ import annotations
@@ -67,11 +68,18 @@ def binary(op: str, x: Any, y: Any) -> Any:
                 raise Unsupported("Python int arithmetic beyond 64 bits")
     if op in ("add", "sub", "mul"):  # an int result beyond 64 bits raises (Python's would be a bigger int)
         return _py(NUMPY[op].__name__ if real else f"py_{NUMPY[op].__name__}_int", (nx, ny), wide, wide)
+    # a known non-zero divisor needs no check (Python's ZeroDivisionError)
+    nonzero = ny.prim == "const" and _value(ny) != 0 and (real or _value(ny) != -1)
     if op == "truediv":
-        return _py("py_divide" if real else "py_divide_int", (nx, ny), dtypes.float64, dtypes.float64)
+        name = "true_divide" if nonzero else ("py_divide" if real else "py_divide_int")
+        return _py(name, (nx, ny), dtypes.float64, dtypes.float64)
     if op in ("floordiv", "mod"):
         name = "py_floor_divide" if op == "floordiv" else "py_remainder"
-        return _py(name if real else name + "_int", (nx, ny), wide, wide)
+        if nonzero:
+            name = "floor_divide" if op == "floordiv" else "remainder"
+        elif not real:
+            name += "_int"
+        return _py(name, (nx, ny), wide, wide)
     if op in _COMPARE:
         return _py(_COMPARE[op], (nx, ny), wide, dtypes.bool_)
     if op in ("and", "or", "xor"):

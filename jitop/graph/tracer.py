@@ -224,6 +224,9 @@ def _operator(name: str, uf: np.ufunc, reflected: bool):
             return NotImplemented  # numpy scalars have no @ (an array operand's @ still runs)
         if name == "pow" and not reflected and not scalar and type(other) is int and other == 2:
             return np.square(self)  # numpy's array ** 2 is np.square (bool ** 2 is int8, np.power's int64)
+        if name == "pow" and scalar and not reflected and type(other) is float:
+            from jitop.graph import numpy_api  # a numpy scalar's ** is C's pow, also for 0.5 (not sqrt)
+            return numpy_api.ufunc_call(np.power, [self.node, as_node(other)], shortcuts=False)
         return uf(other, self) if reflected else uf(self, other)
     return method
 

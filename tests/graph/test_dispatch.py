@@ -200,6 +200,27 @@ def test_captured_closure_rebinding_and_containers() -> None:
     assert_same(jit_call(f, x), f.fn(x))
 
 
+_ROWS = np.arange(6.0).reshape(2, 3)
+_ROW0, _ROW1 = _ROWS[0], _ROWS[1]  # two views of one buffer: two different arrays
+_ZERO_D = np.array(5.0)
+
+
+def test_captured_views_of_one_buffer_and_0d_arrays_are_live() -> None:
+    @jitop.kernel
+    def f(a):
+        return a * _ROW0 + _ROW1, a * _ZERO_D
+    x = np.ones(3)
+    saved = _ROWS.copy(), _ZERO_D.copy()
+    try:
+        assert_same(jit_call(f, x), f.fn(x))
+        _ROWS[:] = [[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]]
+        _ZERO_D[()] = -2.0
+        assert_same(jit_call(f, x), f.fn(x))
+        assert f.misses == 1
+    finally:
+        _ROWS[:], _ZERO_D[()] = saved
+
+
 _FLAG = True
 _OFFSETS = np.array([1.0, 2.0, 3.0])[::-1]  # not contiguous: compared by contents
 

@@ -275,8 +275,11 @@ def test_integer_power_negative_exponent_raises_like_numpy(dtype: str, n: int) -
         jit_call(f, a, b)
     # the flag is cleared: the next call with valid exponents gives numpy's answer
     ok = np.ones(n, dtype)
-    for g, e in zip(jit_call(f, a, ok), f.fn(a, ok)):
-        assert_same(g, e)
+    for _ in range(2):  # the second call is served by the native entry
+        for g, e in zip(jit_call(f, a, ok), f.fn(a, ok)):
+            assert_same(g, e)
+    with pytest.raises(ValueError, match=msg):
+        jit_call(f, a, b)
 
 
 def test_integer_power_negative_scalar_argument_raises_like_numpy() -> None:
