@@ -211,8 +211,9 @@ UFUNCS: dict[str, Callable[..., Expr]] = _Table({
     "py_divide": _py_zero_division(lambda x, y: x / y, "float division by zero"),
     "py_divide_int": _py_zero_division(lambda x, y: x / y, "division by zero"),
     "py_floor_divide": _py_zero_division(lambda x, y: binary(Op.FLOORDIV, x, y), "float floor division by zero"),
-    "py_floor_divide_int": _py_zero_division(lambda x, y: binary(Op.FLOORDIV, x, y),
-                                             "integer division or modulo by zero"),
+    "py_floor_divide_int": _py_zero_division(lambda x, y: raise_if(
+        binary(Op.FLOORDIV, x, y), (x == const(-(1 << 63), x.dtype)) & (y == const(-1, y.dtype)), _INT_BEYOND),
+        "integer division or modulo by zero"),
     "py_remainder": _py_zero_division(lambda x, y: binary(Op.FLOORMOD, x, y), "float modulo"),
     "py_remainder_int": _py_zero_division(lambda x, y: binary(Op.FLOORMOD, x, y), "integer modulo by zero"),
     "py_lshift": _py_int("lshift"), "py_rshift": _py_shift(False), "py_float_power": _py_float_power,

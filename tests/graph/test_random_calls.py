@@ -543,6 +543,9 @@ def test_python_int_arithmetic_beyond_int64_runs_as_numpy() -> None:
     a = np.ones(2)
     for s, t in [(3, 4), (2 ** 62, 2 ** 62), (2 ** 40, 2 ** 30), (-2 ** 63, -1), (True, 2 ** 62)]:
         _same_outcome(f, a, s, t)
+    g = jitop.kernel(lambda s, t: (s // t, s % t))
+    for s, t in [(-2 ** 63, -1), (7, -2), (-7, 0)]:
+        _same_outcome(g, s, t)
 
 
 def test_python_int_checks_run_for_empty_arrays() -> None:
