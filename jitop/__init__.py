@@ -28,6 +28,8 @@ from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu
                        matmul, max_pool2d, relu, sigmoid, softmax)
 from jitop.runtime.module import Module, load_module
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
+from jitop.tuner.apply import apply_records
+from jitop.tuner.tuning import tune
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ _parallel.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.ca
 _fastcall.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
 __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
            "explain", "profile", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
+           "tune", "apply_records",
            # operator library (jitop.ops on jitop.topi templates)
            "matmul", "dense", "batch_matmul", "softmax", "log_softmax", "layer_norm", "batch_norm", "relu", "gelu",
            "sigmoid", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "conv2d"]

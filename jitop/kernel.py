@@ -12,6 +12,7 @@ import math
 import threading
 import traceback
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -20,12 +21,13 @@ import numpy as np
 from jitop import dtypes
 from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
-from jitop.graph.compile import compile_graph
+from jitop.graph.compile import compile_graph, graph_tasks
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
 from jitop.runtime import fastcall
 from jitop.runtime.executable import Executable, leaf
+from jitop.tuner.task import Task, on_sources_changed
 
 _FALLBACK = object()  # cache entry: this signature runs as plain numpy
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -125,6 +127,14 @@ class KernelFunction:
         self._fast_specs: dict[tuple, Any] = {}   # key -> its fastcall.Spec, or None if it has none
         self._fast_table: list[Any] = []          # the specs self._fast serves, newest first
         self._fast_hits = ctypes.c_int64(0)       # calls the native entry served (counted in `hits`)
+        _ALL_KERNELS.add(self)
+
+    def clear_cache(self) -> None:
+        """Forget every compiled signature (the next call of each traces and compiles again)."""
+        with self._lock:
+            self._fast = _always_miss  # one atomic swap: a call in flight finishes on the old entry
+            self._fast_table, self._fast_specs = [], {}
+            self.cache = {}
 
     @property
     def hits(self) -> int:
@@ -322,6 +332,12 @@ class KernelFunction:
         exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, profile=True)
         return profile_executable(exe, values, repeat)
 
+    def tuning_tasks(self, *args: Any, **kwargs: Any) -> list[Task]:
+        """The tuning tasks (each matmul/conv2d workload) of a call with these arguments, one per use, without
+        compiling anything; `jitop.tuner.extract_tasks` and `jitop.tune` ask this."""
+        values, _ = self._bind(args, kwargs)
+        return graph_tasks(self.trace(values).results)
+
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """Print and return the traced graph, fusion groups, schedules and loop IR for these arguments."""
         values, key = self._bind(args, kwargs)
@@ -334,6 +350,18 @@ class KernelFunction:
             text = describe(self.__name__, entry.exe, entry.trace, cached)
         print(text)
         return text
+
+
+_ALL_KERNELS: "weakref.WeakSet[KernelFunction]" = weakref.WeakSet()
+
+
+def _recompile_all() -> None:
+    """The schedule sources changed (records applied or removed): compiled kernels may hold stale configs."""
+    for kf in list(_ALL_KERNELS):
+        kf.clear_cache()
+
+
+on_sources_changed(_recompile_all)
 
 
 def _no_fast_spec(*args: Any, **kwargs: Any) -> None:

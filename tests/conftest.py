@@ -5,7 +5,8 @@ Isolation from the machine's state:
 - the persistent cache (JITOP_CACHE_DIR, where the thread pool keeps its object code) is a fresh temporary
   directory for the session, set here at import time, before collection imports jitop in the test
   modules, and removed at the end; child processes the tests start inherit it;
-- after every test, the thread count and the JITOP_* / OMP_NUM_THREADS environment variables are put back
+- after every test, the thread count, the JITOP_* / OMP_NUM_THREADS environment variables and the schedule
+  sources (applied tuning records) are put back
   as they were before it.
 """
 from __future__ import annotations
@@ -36,7 +37,15 @@ def restore_global_state():
     # jitop may not be imported yet (the layering test never imports it); then there is nothing to save
     parallel = sys.modules.get("jitop.runtime.parallel")
     threads = parallel.get_num_threads() if parallel is not None else None
+    task_module = sys.modules.get("jitop.tuner.task")
+    sources = list(task_module._SOURCES) if task_module is not None else []
     yield
+    task_module = sys.modules.get("jitop.tuner.task")
+    if task_module is not None and task_module._SOURCES != sources:
+        # a test left schedule sources (applied records) behind: remove them, and fail that test
+        for source in [s for s in task_module._SOURCES if s not in sources]:
+            task_module.remove_source(source)
+        pytest.fail("the test left a schedule source installed (jitop.apply_records without remove())")
     for name in set(_jitop_environ()) - set(env):
         del os.environ[name]
     os.environ.update(env)

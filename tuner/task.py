@@ -78,18 +78,34 @@ class Choice:
 
 Source = Callable[[Task], "Choice | None"]
 _SOURCES: list[Source] = []
+_LISTENERS: list[Callable[[], None]] = []
 
 
-def add_source(source: Source) -> None:
-    """Consult `source(task)` before the template's default (tuned records, transfer, prediction)."""
+def add_source(source: Source, first: bool = False) -> None:
+    """Consult `source(task)` before the template's default (tuned records, transfer, prediction); `first`:
+    before every other source too (records applied explicitly win over the cache's)."""
     if source not in _SOURCES:
-        _SOURCES.append(source)
+        _SOURCES.insert(0 if first else len(_SOURCES), source)
+        _changed()
 
 
 def remove_source(source: Source) -> None:
     """Stop consulting `source`."""
     if source in _SOURCES:
         _SOURCES.remove(source)
+        _changed()
+
+
+def on_sources_changed(listener: Callable[[], None]) -> None:
+    """Call `listener()` whenever a source is added or removed (the dispatcher drops compiled kernels whose
+    configs may no longer be the ones `pick` would choose)."""
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+
+
+def _changed() -> None:
+    for listener in list(_LISTENERS):
+        listener()
 
 
 def pick(task: Task) -> Choice:

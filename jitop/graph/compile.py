@@ -65,6 +65,13 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
                       decisions=[f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
 
 
+def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]:
+    """The tasks (matmul/conv2d workloads) compiling `results` would pick configs for, in graph order, one
+    per templated node (a task used twice is listed twice: it runs twice per call)."""
+    unique = list(dict.fromkeys(distinct_outputs(results)))
+    return list(extract_tasks(materialize(unique), target or default_target()).values())
+
+
 def distinct_outputs(results: list[Node]) -> list[Node]:
     """One node per returned array: inputs and constants get a copy, a repeated result a second copy."""
     seen: set[Node] = set()

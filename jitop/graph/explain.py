@@ -29,5 +29,9 @@ def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
     lines += ["", f"target: {target.describe()} (key {target.key})"]
     if exe.templates:
         lines += ["", "operator templates (task, schedule choice and its source):"] + [f"  {t}" for t in exe.templates]
+        untuned = sum(", default config " in t for t in exe.templates)
+        if untuned:  # one line for all of them, never a warning per call
+            lines.append(f"  {untuned} of {len(exe.templates)} untuned: template defaults for this Target "
+                         "(jitop.tune(f, *args) tunes them)")
     lines += ["", "loop IR (schedule applied):", str(exe.func)]
     return "\n".join(lines)

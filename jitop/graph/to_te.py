@@ -175,7 +175,8 @@ class ToTE:
         self.st.kind[out] = task.template
         size = len(template.config_space(task.workload, self.target))
         self.st.chosen[out] = (f"{out.name}: template {task.template}, {choice.source} config "
-                               f"{choice.config.to_json()} (one of {size} in its space; task {task.key})")
+                               f"{choice.config.to_json()} (one of {size} in its space; task {task.key}"
+                               + (f"; {choice.note})" if choice.note else ")"))
         self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, task.workload, choice.config,
                                                                             self.target, epilogue)
         return out

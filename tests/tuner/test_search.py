@@ -1,0 +1,113 @@
+"""Search strategies and the task scheduler on synthetic costs (no LLVM): each finds the exhaustive best of
+a small space, never proposes a point twice, and the scheduler spends a shared budget where it pays."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop.tuner.measure import MeasureInput
+from jitop.tuner.registry import get
+from jitop.tuner.scheduler import TaskScheduler, parse_budget
+from jitop.tuner.search import STRATEGIES, make_search
+from jitop.tuner.task import Task
+from tuning_fakes import SyntheticMeasurer, exhaustive_best, synthetic_cost
+
+HASWELL = jitop.Target.from_string("haswell")
+
+
+def _task(m: int = 16, n: int = 16, k: int = 16) -> Task:
+    return Task("matmul", get("matmul").workload_type(m=m, n=n, k=k), HASWELL)
+
+
+def _run(search, task: Task, trials: int, batch: int = 16) -> list[float]:
+    """Best cost after each trial."""
+    measurer, curve = SyntheticMeasurer(), []
+    while len(curve) < trials and search.has_next():
+        configs = search.next_batch(min(batch, trials - len(curve)))
+        inputs = [MeasureInput(task, c) for c in configs]
+        search.update(inputs, measurer.measure(inputs))
+        curve += [search.best_cost] * len(configs)
+    return curve
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_finds_the_exhaustive_best_and_never_repeats(name: str) -> None:
+    task = _task()
+    search = make_search(name, task, seed=1)
+    seen = []
+    orig = search.next_batch
+
+    def spy(n: int):
+        out = orig(n)
+        seen.extend(out)
+        return out
+
+    search.next_batch = spy
+    curve = _run(search, task, len(task.config_space()))
+    assert len(seen) == len(set(seen)) == len(task.config_space())
+    assert curve[-1] == pytest.approx(exhaustive_best(task))
+    assert not search.has_next() and search.next_batch(4) == []
+
+
+def test_model_guided_search_beats_random_on_a_learnable_space() -> None:
+    """Median over 3 seeds of trials to reach the exhaustive best: xgb needs fewer than random."""
+    task = _task(48, 96, 64)
+    target = exhaustive_best(task) * 1.0000001
+
+    def trials_to_best(name: str, seed: int) -> int:
+        curve = _run(make_search(name, task, seed=seed), task, 600)
+        return next((k + 1 for k, c in enumerate(curve) if c <= target), 10**9)
+
+    xgb = sorted(trials_to_best("xgb", s) for s in range(3))[1]
+    rnd = sorted(trials_to_best("random", s) for s in range(3))[1]
+    assert xgb < rnd, (xgb, rnd)
+
+
+def test_early_stopping_counts_trials_since_the_best() -> None:
+    task = _task()
+    search = make_search("grid", task)
+    _run(search, task, 64)
+    assert search.stalled(64 - search._best_at) and not search.stalled(64 - search._best_at + 1)
+
+
+def test_scheduler_gives_the_heavier_task_more_trials(tmp_path) -> None:
+    light, heavy = _task(16, 16, 16), _task(48, 96, 64)
+    sched = TaskScheduler([light, heavy], [1, 20], SyntheticMeasurer(), tuner="random", trials=320, batch_size=16,
+                          records_path=str(tmp_path / "r.jsonl"), early_stopping=None)
+    states = sched.run()
+    assert sched.trials == 320
+    assert states[1].trials > 2 * states[0].trials, [s.trials for s in states]
+    weights = sched.weights()
+    assert weights[1] > weights[0] and sum(weights) == pytest.approx(1.0)
+    from jitop.tuner import records as rec_io
+    assert len(rec_io.load(tmp_path / "r.jsonl")) == 320
+
+
+def test_scheduler_measures_every_default_first_and_respects_a_time_budget() -> None:
+    tasks = [_task(16, 16, 16), _task(48, 96, 64)]
+    measurer = SyntheticMeasurer()
+    TaskScheduler(tasks, [1, 1], measurer, tuner="random", budget=0.0).run()
+    defaults = [get("matmul").default_config(t.workload, t.target) for t in tasks]
+    assert [(i.task, i.config) for i in measurer.measured] == list(zip(tasks, defaults))
+
+
+def test_failed_candidates_are_never_best() -> None:
+    task = _task()
+    best_config = min(task.config_space(), key=lambda c: synthetic_cost(task, c))
+    measurer = SyntheticMeasurer(failing=[best_config.to_json()])
+    sched = TaskScheduler([task], [1], measurer, tuner="grid", trials=len(task.config_space()) + 1,
+                          early_stopping=None)
+    state = sched.run()[0]
+    assert state.search.best_config != best_config
+    assert state.best_cost > exhaustive_best(task)
+
+
+def test_budget_strings() -> None:
+    assert parse_budget("10m") == 600 and parse_budget(5) == 5.0 and parse_budget("2h") == 7200
+    with pytest.raises(ValueError, match="budget"):
+        parse_budget("ten minutes")
+    with pytest.raises(ValueError, match="tuner='annealing'"):
+        make_search("annealing", _task())
+    with pytest.raises(ValueError, match="give a budget"):
+        TaskScheduler([_task()], [1], SyntheticMeasurer())

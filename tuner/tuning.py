@@ -1,0 +1,116 @@
+"""`jitop.tune`: tune the tasks a function runs, within one budget, and report what it gained.
+
+>>> report = jitop.tune(f, a, b, budget="2m", records="tune.jsonl")   # doctest: +SKIP
+>>> print(report)                                                      # doctest: +SKIP
+>>> with jitop.apply_records("tune.jsonl"):                             # doctest: +SKIP
+...     f(a, b)
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from jitop.tuner import records as rec_io
+from jitop.tuner.apply import apply_records
+from jitop.tuner.records import Record
+from jitop.tuner.report import Progress, TaskReport, TuneReport, nominal_peak_gflops
+from jitop.tuner.scheduler import TaskScheduler, TaskState
+from jitop.tuner.task import Task
+
+if TYPE_CHECKING:
+    from jitop.tuner.measure import MeasureOptions
+
+
+@dataclass(frozen=True)
+class WeightedTask:
+    """A task and how many times one call of the function runs it."""
+
+    task: Task
+    count: int
+
+
+def extract_tasks(fn: Callable, *example_args: Any) -> list[WeightedTask]:
+    """The tuning tasks of `fn(*example_args)`: each distinct matmul/conv2d workload with how often a call
+    runs it. `fn` is a `@jitop.kernel` function or any function of jitop ops (traced as one).
+
+    >>> import numpy as np, jitop
+    >>> f = jitop.kernel(lambda a, b: np.maximum(a @ b, 0) @ b)
+    >>> a = np.ones((32, 32), np.float32)
+    >>> [(t.task.template, t.count) for t in extract_tasks(f, a, a)]
+    [('matmul', 2)]
+    """
+    tasks_of = getattr(fn, "tuning_tasks", None)
+    if tasks_of is None:
+        from jitop.kernel import kernel  # a plain function of jitop ops: trace it as one kernel
+        tasks_of = kernel(fn).tuning_tasks
+    counts = Counter(tasks_of(*example_args))
+    return [WeightedTask(task, n) for task, n in counts.items()]
+
+
+def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str | float | None = "10m",
+         trials: int | None = None, records: str | os.PathLike | None = "tune.jsonl", tuner: str = "xgb",
+         seed: int = 0, batch_size: int = 16, early_stopping: int | None = 400,
+         options: MeasureOptions | None = None, progress: bool = True, apply: bool = True,
+         peak_gflops: float | None = None) -> TuneReport:
+    """Tune the tasks `fn(*example_args)` runs (or a list of `WeightedTask`), sharing one budget: `budget`
+    wall-clock ("10m", "90s", seconds) and/or `trials`, whichever ends first. Every measurement is appended
+    to `records` (JSON lines; earlier records of the same file seed the search). `tuner`: "xgb" (model-
+    guided), "random" or "grid". `apply`: later compiles in this process use the best configs found.
+    Returns a TuneReport (print it for the table).
+
+    >>> report = jitop.tune(f, a, b, trials=200)   # doctest: +SKIP
+    """
+    weighted = list(fn) if isinstance(fn, (list, tuple)) else extract_tasks(fn, *example_args)
+    if not weighted:
+        raise ValueError("tune: the function runs no tunable operator (matmul, conv2d) for these arguments")
+    if trials is not None and budget == "10m":
+        budget = None  # trials given alone: they are the budget
+    path = os.fspath(records) if records is not None else None
+    earlier = rec_io.load(path) if path is not None else []
+    show = Progress(enabled=progress)
+    from jitop.tuner.measure import LocalMeasurer, MeasureOptions  # worker processes: only when tuning
+    start = time.perf_counter()
+    with LocalMeasurer(options or MeasureOptions()) as measurer:
+        sched = TaskScheduler([w.task for w in weighted], [w.count for w in weighted], measurer, tuner=tuner,
+                              trials=trials, budget=budget, batch_size=batch_size, early_stopping=early_stopping,
+                              records_path=path, seed=seed, transfer=earlier,
+                              on_batch=lambda s, st: _show(show, s, st))
+        _resume(sched, earlier)
+        states = sched.run()
+        split = {"build": measurer.stats.get("build", 0.0), "measure": measurer.stats.get("measure", 0.0),
+                 **_search_seconds(states)}
+    show.close()
+    report = _report(states, time.perf_counter() - start, peak_gflops or nominal_peak_gflops(weighted[0].task.target),
+                     split)
+    if apply:
+        report.applied = apply_records([r for s in states for r in s.search.records] + earlier)
+    return report
+
+
+def _resume(sched: TaskScheduler, earlier: list[Record]) -> None:
+    """Records of these very tasks from an earlier run: their configs are not measured again."""
+    for state in sched.states:
+        own = [r for r in earlier if r.task.key == state.task.key]
+        state.search.mark_visited([r.config for r in own])
+
+
+def _show(show: Progress, sched: TaskScheduler, state: TaskState) -> None:
+    show.batch(state.task, state.trials, sched.trials, _gflops(state.task, state.best_cost),
+               _gflops(state.task, state.default_cost))
+
+
+def _gflops(task: Task, cost: float) -> float:
+    return task.flops / cost / 1e9 if 0 < cost < float("inf") else 0.0
+
+
+def _search_seconds(states: list[TaskState]) -> dict[str, float]:
+    return {k: sum(s.search.seconds[k] for s in states) for k in ("model", "search")}
+
+
+def _report(states: list[TaskState], seconds: float, peak: float | None, split: dict) -> TuneReport:
+    rows = [TaskReport(s.task, s.count, _gflops(s.task, s.default_cost), _gflops(s.task, s.best_cost), s.trials,
+                       s.seconds, s.search.best_config.to_json() if s.search.best_config else "") for s in states]
+    return TuneReport(rows, seconds, peak, split)
