@@ -33,7 +33,9 @@ from common import (Im2colConv2d, machine, numpy_conv2d_seconds, numpy_label, nu
                     pct_of_peak, peak_gflops, table, versions)
 from jitop.tuner import records as rec_io  # noqa: E402
 from jitop.tuner.measure import LocalMeasurer, MeasureInput, MeasureOptions  # noqa: E402
+from jitop.tuner.records import Record  # noqa: E402
 from jitop.tuner.registry import get  # noqa: E402
+from jitop.tuner.report import describe_task  # noqa: E402
 from jitop.tuner.search import make_search  # noqa: E402
 from jitop.tuner.task import Task  # noqa: E402
 from jitop.tuner.tuning import WeightedTask  # noqa: E402
@@ -168,7 +170,7 @@ class MemoMeasurer:
     """Measures each (task, config) once; strategies and seeds share the results (one measurement each)."""
 
     def __init__(self, inner: LocalMeasurer):
-        self.inner, self.memo, self.stats = inner, {}, inner.stats
+        self.inner, self.memo, self.stats = inner, {}, inner.stats  # (task key, config) -> result
 
     def measure(self, inputs: list[MeasureInput]) -> list:
         new = [i for i in dict.fromkeys(inputs) if (i.task.key, i.config) not in self.memo]
@@ -201,7 +203,7 @@ def search_curve(name: str, task: Task, seed: int, trials: int, measurer: MemoMe
 def section_search(args: argparse.Namespace, target: jitop.Target) -> str:
     c, hw, oc, k, s, p = (16, 14, 16, 3, 1, 1) if args.quick else (256, 14, 256, 3, 1, 1)
     task = conv_task(c, hw, oc, k, s, p, "NCHW", target)
-    trials = {"random": 40 if args.quick else args.random_trials, "grid": 40 if args.quick else args.random_trials,
+    trials = {"random": 40 if args.quick else args.random_trials, "grid": 40 if args.quick else args.xgb_trials,
               "xgb": 40 if args.quick else args.xgb_trials}
     curves: dict[str, list] = {}
     with LocalMeasurer(MeasureOptions()) as inner:
@@ -213,6 +215,7 @@ def section_search(args: argparse.Namespace, target: jitop.Target) -> str:
                 curves.setdefault(name, []).append((curve, secs))
                 print(f"  {name} seed {seed}: best {curve[-1]:.1f} GFLOP/s after {len(curve)} trials "
                       f"({time.perf_counter() - t0:.0f} s, {len(measurer.memo)} configs measured so far)", flush=True)
+    args.search_records = [Record(task, cfg, res) for (_, cfg), res in measurer.memo.items()]
     random_best = float(np.median([cv[-1] for cv, _ in curves["random"]]))
     goal = 0.95 * random_best
     rows = []
@@ -238,6 +241,71 @@ def section_search(args: argparse.Namespace, target: jitop.Target) -> str:
             + table(["tuner", "seeds", "trials per seed", "median best GFLOP/s", "trials to goal per seed",
                      "median trials to goal", "seconds to goal per seed"], rows)
             + f"\n\n- {verdict}\n" + plot_note)
+
+
+# ** 3. the cost model on the search section's measurements **
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def knob_only_predictions(task: Task, train: list, test: list) -> np.ndarray:
+    """The same booster on the knob positions alone (the baseline the lowered-loop features must beat)."""
+    import xgboost as xgb
+    from jitop.tuner import model as M
+    space = task.config_space()
+    y = np.array([r.gflops for r in train])
+    dm = xgb.DMatrix(np.array([space.knob_vector(r.config) for r in train], dtype=np.float32), label=y / y.max())
+    dm.set_group([len(y)])
+    booster = xgb.train({**M.PARAMS, "seed": 0}, dm, num_boost_round=M.ROUNDS)
+    return booster.predict(xgb.DMatrix(np.array([space.knob_vector(r.config) for r in test], dtype=np.float32)))
+
+
+def section_model(args: argparse.Namespace, target: jitop.Target) -> str:
+    from jitop.tuner import features as F
+    from jitop.tuner.model import CostModel
+    recs = [r for r in getattr(args, "search_records", []) if r.result.ok]
+    if len(recs) < 80:
+        return "### 3. Cost model\n\n(needs the search section's measurements: run with --sections search model)"
+    task = recs[0].task
+    rows = []
+    rng = np.random.default_rng(0)
+    for n_train in (32, 64, 128, 256):
+        if n_train >= len(recs) - 20:
+            continue
+        rhos, knob = [], []
+        for seed in range(3):
+            order = rng.permutation(len(recs))
+            train, test = [recs[i] for i in order[:n_train]], [recs[i] for i in order[n_train:]]
+            truth = np.array([r.gflops for r in test])
+            model = CostModel(task, seed=seed)
+            model.fit(train)
+            rhos.append(spearman(model.predict([r.config for r in test]), truth))
+            knob.append(spearman(knob_only_predictions(task, train, test), truth))
+        rows.append([n_train, len(recs) - n_train, f"{np.median(rhos):.3f}", f"{np.median(knob):.3f}"])
+    speed = []
+    for label, t in (("matmul 1024^3", matmul_task(1024, 1024, 1024, target)), (describe_task(task), task),
+                     ("conv layer3 NHWC", conv_task(256, 14, 256, 3, 1, 1, "NHWC", target))):
+        space = t.config_space()
+        configs = [space.get(int(i)) for i in np.random.default_rng(1).choice(len(space), 500, replace=False)]
+        F._CACHES.clear()
+        t0 = time.perf_counter()
+        F.features(t, configs)
+        cold = len(configs) / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        all_configs = list(space)
+        F.features(t, all_configs)
+        whole = len(all_configs) / (time.perf_counter() - t0)
+        speed.append([label, len(space), f"{cold:.0f}", f"{whole:.0f}"])
+    return ("### 3. Cost model on the search section's measurements\n\n"
+            f"Held-out Spearman rank correlation of predicted vs measured GFLOP/s on {describe_task(task)} "
+            f"({len(recs)} measured configs; median over 3 random splits): the XGBoost rank model on lowered-loop "
+            "features + knobs (`CostModel`) against the same booster on the knob positions alone.\n\n"
+            + table(["train records", "test records", "CostModel", "knob-only"], rows)
+            + "\n\nFeature extraction, one process (configs/s; target >= 1000): 500 random configs of an empty "
+            "memo (cold), then the rest of the space (configs of one class share one fit):\n\n"
+            + table(["task", "space", "cold, 500 random", "rest of the space"], speed))
 
 
 def _median_or_none(values: list) -> float | None:
@@ -272,7 +340,8 @@ def _plot(curves: dict, args: argparse.Namespace) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny workloads and budget (smoke test)")
-    p.add_argument("--sections", nargs="+", choices=["program", "search"], default=["program", "search"])
+    p.add_argument("--sections", nargs="+", choices=["program", "search", "model"],
+                   default=["program", "search", "model"])
     p.add_argument("--budget", default="10m", help="wall-clock budget of the program section (default 10m)")
     p.add_argument("--random-trials", type=int, default=1000)
     p.add_argument("--xgb-trials", type=int, default=300)
@@ -285,13 +354,15 @@ def main() -> None:
     peak = peak_gflops(target.threads)
     with tempfile.TemporaryDirectory() as tmp:
         args.workdir = args.workdir or tmp
-        print(f"Auto-tuning{' (--quick)' if args.quick else ''} — {machine()}; {versions('torch', 'llvmlite', 'xgboost')}; "
+        print(f"Auto-tuning{' (--quick)' if args.quick else ''} — {machine()}; {versions('torch', 'llvmlite', 'xgboost-cpu')}; "
               f"1-min load average at start {os.getloadavg()[0]:.2f}\n", flush=True)
         start = time.perf_counter()
         if "program" in args.sections:
             print(section_program(args, peak, target) + "\n", flush=True)
         if "search" in args.sections:
             print(section_search(args, target) + "\n", flush=True)
+        if "model" in args.sections:
+            print(section_model(args, target) + "\n", flush=True)
         print(f"Total {time.perf_counter() - start:.0f} s; 1-min load average at end {os.getloadavg()[0]:.2f}")
 
 

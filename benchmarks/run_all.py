@@ -31,7 +31,8 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
             ["bench_kernel.py", "--n", "1048576", "--rows", "512", "--cols", "256"]),
            ("Operator library, default configs (issue 4)", ["bench_ops.py"], ["bench_ops.py", "--quick"]),
            ("Models: GPT-2 block, decode step, MLP, ResNet block (issue 10)", ["bench_models.py"],
-            ["bench_models.py", "--quick"])]
+            ["bench_models.py", "--quick"]),
+           ("Auto-tuning (issue 11)", ["bench_tune.py"], ["bench_tune.py", "--quick"])]
 PREAMBLE = ("# Benchmark results\n\nWritten by `python benchmarks/run_all.py [names]` (see benchmarks/README.md). "
             "Each section is one command's output, run in one go, with the date it ran; figures of different "
             "sections were measured at different times. Each header states the jitop Target the code was built "

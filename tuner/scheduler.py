@@ -28,6 +28,7 @@ from jitop.tuner.task import Task
 
 BACKWARD_WINDOW = 3   # batches over which the recent improvement rate is taken
 ALPHA = 0.2           # Ansor's mix of backward and forward gradient
+TRANSFER_MAX = 256    # transfer records given to a model (featurising one costs a lowering, ~3 ms)
 
 
 def parse_budget(budget: str | float | int) -> float:
@@ -51,6 +52,7 @@ class TaskState:
     history: list[float] = field(default_factory=list)   # best cost after each batch
     seconds: float = 0.0
     done: bool = False
+    transfer_seen: int = 0     # transfer records the search was last given
 
     @property
     def best_cost(self) -> float:
@@ -89,7 +91,6 @@ class TaskScheduler:
         """Measure defaults, one warm-up batch per task, then batches by the gradient rule until the budget
         or every task's search is done."""
         self._measure_defaults()
-        self._give_transfer()
         for state in self.states:
             if self._left():
                 self._batch(state)
@@ -106,20 +107,25 @@ class TaskScheduler:
             state.search.update([inp], [res])
             state.history.append(state.best_cost)
 
-    def _give_transfer(self) -> None:
-        """Each model-guided search starts from the records of other workloads of its template and Target."""
-        for state in self.states:
-            if isinstance(state.search, ModelGuidedSearch):
-                same = [r for r in self.transfer + self._session_records(state)
-                        if r.task.template == state.task.template and r.task.target.key == state.task.target.key]
-                if same:
-                    state.search.set_transfer(same)
+    def _refresh_transfer(self, state: TaskState) -> None:
+        """A model-guided task with few records of its own learns from those of other workloads of its
+        template and Target (the records file's and this run's), refreshed as they grow."""
+        search = state.search
+        if not isinstance(search, ModelGuidedSearch) or len(search.records) >= 2 * search.plan_size:
+            return
+        same = [r for r in self.transfer + self._session_records(state)
+                if r.task.template == state.task.template and r.task.target.key == state.task.target.key]
+        if len(same) < state.transfer_seen + search.plan_size:
+            return
+        state.transfer_seen = len(same)
+        search.set_transfer(_spread(same, TRANSFER_MAX))
 
     def _session_records(self, state: TaskState) -> list[Record]:
         return [r for s in self.states if s is not state for r in s.search.records]
 
     def _batch(self, state: TaskState) -> None:
         start = time.perf_counter()
+        self._refresh_transfer(state)
         configs = state.search.next_batch(min(self.batch_size, self._left()))
         if configs:
             inputs = [MeasureInput(state.task, c) for c in configs]
@@ -159,3 +165,18 @@ class TaskScheduler:
         times = [s.count * s.default_cost for s in self.states]
         total = sum(t for t in times if math.isfinite(t)) or 1.0
         return [t / total if math.isfinite(t) else 0.0 for t in times]
+
+
+def _spread(records: Sequence[Record], limit: int) -> list[Record]:
+    """At most `limit` records, the same share from each task, evenly spread over each task's range of
+    throughput (a ranking model learns from the good and the bad alike)."""
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        by_task.setdefault(r.task.key, []).append(r)
+    share = max(1, limit // max(1, len(by_task)))
+    out = []
+    for recs in by_task.values():
+        recs = sorted(recs, key=lambda r: r.gflops)
+        step = max(1, len(recs) / share)
+        out += [recs[int(k * step)] for k in range(min(share, len(recs)))]
+    return out

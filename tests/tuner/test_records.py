@@ -111,7 +111,7 @@ def test_a_killed_tuner_loses_no_complete_record(tmp_path) -> None:
         warnings.simplefilter("ignore")
         loaded = rec_io.load(path)
     lines = [ln for ln in path.read_text().split("\n") if ln.strip()]
-    assert len(loaded) >= len(lines) - 1 and len(loaded) > 20
+    assert len(loaded) >= len(lines) - 1 and len(loaded) >= 12
     assert [r.result.costs[0] for r in loaded] == sorted(r.result.costs[0] for r in loaded)
 
 

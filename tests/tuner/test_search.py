@@ -111,3 +111,16 @@ def test_budget_strings() -> None:
         make_search("annealing", _task())
     with pytest.raises(ValueError, match="give a budget"):
         TaskScheduler([_task()], [1], SyntheticMeasurer())
+
+
+def test_scheduler_gives_each_model_the_other_workloads_records() -> None:
+    """Transfer: a model-guided task learns from the records of the other task of its template."""
+    a, b = _task(16, 16, 16), _task(48, 96, 64)
+    sched = TaskScheduler([a, b], [1, 1], SyntheticMeasurer(), tuner="xgb", trials=200, batch_size=16,
+                          early_stopping=None)
+    states = sched.run()
+    assert all(s.transfer_seen >= 64 for s in states), [s.transfer_seen for s in states]
+    from jitop.tuner.scheduler import _spread
+    recs = states[0].search.records + states[1].search.records
+    picked = _spread(recs, 40)
+    assert len(picked) == 40 and {r.task for r in picked} == {a, b}
