@@ -124,7 +124,6 @@ def section_program(args: argparse.Namespace, peak: float | None, target: jitop.
     start = time.time()
     report = jitop.tune([WeightedTask(t, 1) for _, t, _ in tasks], budget=args.budget, records=path,
                         tuner="xgb", seed=0, apply=False, peak_gflops=peak, progress=True)
-    print(report, flush=True)
     recs = rec_io.load(path)
     rng = np.random.default_rng(0)
     rows, vs_torch = [], {"NCHW": [], "NHWC": [], "matmul": []}

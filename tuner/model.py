@@ -27,8 +27,12 @@ from jitop.tuner.task import Task
 MIN_OWN = 8          # own records needed to rank without transfer (fewer: the search samples randomly)
 MIN_TRANSFER = 16    # transfer records needed to rank with few own records
 ROUNDS = 150
+# pairs drawn uniformly within a task (AutoTVM's all-pairs rank loss), not XGBoost's default "topk" pairs:
+# on 513 measured configs of a 1024^3 matmul, topk's held-out Spearman fell from 0.64 to 0.54 as the training
+# records grew from 64 to 128, uniform pairs' rose from 0.69 to 0.75
 PARAMS = {"max_depth": 3, "eta": 0.3, "gamma": 1e-4, "min_child_weight": 1, "subsample": 1.0,
-          "lambda": 1.0, "alpha": 0.0, "objective": "rank:pairwise", "tree_method": "hist", "nthread": 2}
+          "lambda": 1.0, "alpha": 0.0, "objective": "rank:pairwise", "lambdarank_pair_method": "mean",
+          "lambdarank_num_pair_per_sample": 8, "tree_method": "hist", "nthread": 2}
 
 
 class CostModel:
