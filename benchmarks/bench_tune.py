@@ -169,7 +169,7 @@ class MemoMeasurer:
     """Measures each (task, config) once; strategies and seeds share the results (one measurement each)."""
 
     def __init__(self, inner: LocalMeasurer):
-        self.inner, self.memo, self.stats = inner, {}, inner.stats  # (task key, config) -> result
+        self.inner, self.memo = inner, {}  # (task key, config) -> result
 
     def measure(self, inputs: list[MeasureInput]) -> list:
         new = [i for i in dict.fromkeys(inputs) if (i.task.key, i.config) not in self.memo]

@@ -79,7 +79,6 @@ class TaskScheduler:
         self.records_path, self.on_batch = records_path, on_batch
         self.transfer = list(transfer)
         self.trials = 0
-        self.started = time.perf_counter()
 
     # ** budget **
     def _left(self) -> int:

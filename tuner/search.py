@@ -45,9 +45,13 @@ class SearchStrategy:
         self.records: list[Record] = []
         self.best_cost = math.inf
         self.best_config: Config | None = None
-        self.trials = 0
-        self._best_at = 0
+        self._best_at = 0  # trials done when the best was measured
         self.seconds = {"model": 0.0, "search": 0.0}
+
+    @property
+    def trials(self) -> int:
+        """Configs measured so far (each has its record)."""
+        return len(self.records)
 
     def has_next(self) -> bool:
         """Whether any point of the space is left unmeasured."""
@@ -74,7 +78,6 @@ class SearchStrategy:
         for inp, res in zip(inputs, results):
             self.visited.add(self.space.index_of(inp.config))
             self.records.append(Record(self.task, inp.config, res))
-            self.trials += 1
             if res.ok and res.cost < self.best_cost:
                 self.best_cost, self.best_config, self._best_at = res.cost, inp.config, self.trials
 
@@ -206,8 +209,12 @@ class ModelGuidedSearch(SearchStrategy):
         return out
 
     def _accept(self, current: np.ndarray, new: np.ndarray, temperature: float) -> np.ndarray:
-        spread = max(float(np.ptp(current)), 1e-9)  # the model's scores have no unit: anneal on their spread
-        gain = (new - current) / spread
+        scored = current[np.isfinite(current)]  # -inf: a point beyond the plan's featurising budget
+        spread = max(float(np.ptp(scored)) if scored.size else 0.0, 1e-9)  # scores have no unit: their spread
+        to_scored, from_scored = np.isfinite(new), np.isfinite(current)
+        gain = np.where(to_scored, np.inf, -np.inf)  # never move onto an unscored point, always leave one
+        both = to_scored & from_scored
+        gain[both] = (new[both] - current[both]) / spread
         prob = np.exp(np.minimum(gain, 0) / max(temperature, 1e-3))
         return self.rng.random(len(new)) < prob
 
@@ -216,18 +223,19 @@ class ModelGuidedSearch(SearchStrategy):
         return points @ scale
 
     def _scores(self, points: np.ndarray, cache: dict[int, float]) -> np.ndarray:
-        """Predicted scores of points (each point predicted once per plan). Past the plan's budget of newly
-        featurised points, only points featurised before are scored; others score -inf (never accepted)."""
+        """Predicted scores of points (each point predicted once per plan). Points already featurised are
+        always scored; at most the plan's remaining budget of new ones is, the others score -inf (never
+        accepted)."""
         idx = self._index(points).tolist()
         unknown = sorted({i for i in idx if i not in cache})
-        if len(unknown) > self._budget:
+        if unknown:
             from jitop.tuner.features import is_memoised
-            known = [i for i in unknown if is_memoised(self.task, self.space.get(i))]
-            fresh = [i for i in unknown if i not in set(known)][: self._budget]
-            unknown = known + fresh
-            for i in idx:
-                cache.setdefault(i, -math.inf) if i not in unknown else None
-        self._budget -= sum(1 for i in unknown if i not in cache)
+            fresh = [i for i in unknown if not is_memoised(self.task, self.space.get(i))]
+            over = set(fresh[max(self._budget, 0):])
+            self._budget -= len(fresh) - len(over)
+            for i in over:
+                cache[i] = -math.inf
+            unknown = [i for i in unknown if i not in over]
         if unknown:
             for i, s in zip(unknown, self.model.predict([self.space.get(i) for i in unknown])):
                 cache[i] = float(s)

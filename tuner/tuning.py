@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from jitop.tuner.measure import MeasureOptions
 
 
+DEFAULT_BUDGET = "10m"
+
+
 @dataclass(frozen=True)
 class WeightedTask:
     """A task and how many times one call of the function runs it."""
@@ -50,13 +53,14 @@ def extract_tasks(fn: Callable, *example_args: Any) -> list[WeightedTask]:
     return [WeightedTask(task, n) for task, n in counts.items()]
 
 
-def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str | float | None = "10m",
+def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str | float | None = None,
          trials: int | None = None, records: str | os.PathLike | None = "tune.jsonl", tuner: str = "xgb",
          seed: int = 0, batch_size: int = 16, early_stopping: int | None = 400,
          options: MeasureOptions | None = None, progress: bool = True, apply: bool = True,
          peak_gflops: float | None = None) -> TuneReport:
     """Tune the tasks `fn(*example_args)` runs (or a list of `WeightedTask`), sharing one budget: `budget`
-    wall-clock ("10m", "90s", seconds) and/or `trials`, whichever ends first. Every measurement is appended
+    wall-clock ("10m", "90s", seconds; 10 minutes if neither is given) and/or `trials`, whichever ends
+    first. Every measurement is appended
     to `records` (JSON lines; earlier records of the same file seed the search). `tuner`: "xgb" (model-
     guided), "random" or "grid". `apply`: later compiles in this process use the best configs found.
     Returns a TuneReport (print it for the table).
@@ -66,8 +70,8 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     weighted = list(fn) if isinstance(fn, (list, tuple)) else extract_tasks(fn, *example_args)
     if not weighted:
         raise ValueError("tune: the function runs no tunable operator (matmul, conv2d) for these arguments")
-    if trials is not None and budget == "10m":
-        budget = None  # trials given alone: they are the budget
+    if trials is None and budget is None:
+        budget = DEFAULT_BUDGET
     path = os.fspath(records) if records is not None else None
     earlier = rec_io.load(path) if path is not None else []
     show = Progress(enabled=progress)

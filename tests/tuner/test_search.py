@@ -124,3 +124,21 @@ def test_scheduler_gives_each_model_the_other_workloads_records() -> None:
     recs = states[0].search.records + states[1].search.records
     picked = _spread(recs, 40)
     assert len(picked) == 40 and {r.task for r in picked} == {a, b}
+
+
+def test_a_plan_featurises_at_most_its_budget_of_new_configs() -> None:
+    """Simulated annealing scores only `new_points` configs it has not featurised before (lowering is slow),
+    also after earlier plans used up budget on configs featurised since."""
+    from jitop.tuner import features as F
+    from jitop.tuner.search import ModelGuidedSearch
+    task = _task(48, 96, 64)
+    F._CACHES.pop(task.key, None)
+    search = ModelGuidedSearch(task, seed=0, new_points=20)
+    measurer = SyntheticMeasurer()
+    for _ in range(3):
+        configs = search.next_batch(16)
+        inputs = [MeasureInput(task, c) for c in configs]
+        before = len(F._cache(task).rows)
+        search.update(inputs, measurer.measure(inputs))  # refits on these records, then plans
+        assert len(F._cache(task).rows) - before <= 16 + 20
+    assert search.model.fitted and search._plan
