@@ -194,9 +194,7 @@ class LocalMeasurer:
 
     def close(self) -> None:
         """Stop the runner and the build workers (the measurer starts new ones if used again)."""
-        if self._runner is not None:
-            self._runner.stop()
-            self._runner = None
+        self._drop_runner()
         self._builder.close()
 
     def __enter__(self) -> "LocalMeasurer":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -160,8 +159,3 @@ def best(records: Sequence[Record]) -> dict[str, Record]:
         if rec.result.ok and (rec.task.key not in out or rec.result.cost < out[rec.task.key].result.cost):
             out[rec.task.key] = rec
     return out
-
-
-def now() -> float:
-    """The timestamp records carry (seconds since the epoch)."""
-    return time.time()
