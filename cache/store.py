@@ -1,4 +1,11 @@
-"""Byte stores for compiled artefacts. The cache can never make a call fail: any error is a miss.
+"""Byte stores for the persistent cache. The cache can never make a call fail: any error is a miss.
+
+`DiskStore` keeps entries in one directory through diskcache (SQLite + files; every write is one
+transaction, so it is atomic and many processes may share the directory). Every value is framed with a
+magic, a format version and its sha256, checked on each read: a corrupt, truncated or foreign entry is a
+miss and is removed. A directory that is not the user's own, or that group/others may write, is refused
+with one warning (native code from it is never loaded): the store then remembers nothing, like
+`NullStore`. Least-recently-used entries are evicted beyond the size limit.
 
 >>> store = DiskStore("/tmp/jitop-cache")     # doctest: +SKIP
 >>> store.put("key", b"object code")          # doctest: +SKIP
@@ -7,8 +14,22 @@ b'object code'
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import random
+import stat
+import struct
+import threading
+import time
 import warnings
-from typing import Protocol
+from typing import Any, Callable, Iterator, Protocol
+
+MAGIC = b"JTCE"
+FORMAT_VERSION = 1
+_FRAME = struct.Struct("<4sH32s")  # magic, format version, sha256 of the payload
+DEFAULT_SIZE_LIMIT = 2 << 30       # 2 GiB
+_OPEN_ATTEMPTS = 20                # opening races ("database is locked" when many processes create it at once)
 
 
 class Store(Protocol):
@@ -17,7 +38,10 @@ class Store(Protocol):
 
 
 class NullStore:
-    """Remembers nothing (caching disabled)."""
+    """Remembers nothing (caching disabled, or the directory was refused)."""
+
+    directory = None
+    refused: str | None = None
 
     def get(self, key: str) -> bytes | None:
         return None
@@ -25,37 +49,205 @@ class NullStore:
     def put(self, key: str, value: bytes) -> None:
         pass
 
+    def delete(self, key: str) -> None:
+        pass
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return []
+
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> None:
+        pass
+
+    def clear(self, prefix: str = "") -> int:
+        return 0
+
+    def volume(self) -> int:
+        return 0
+
+
+def frame(payload: bytes) -> bytes:
+    """A value as stored: header (magic, version, sha256) + payload."""
+    return _FRAME.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+
+
+def unframe(data: Any) -> bytes | None:
+    """The payload of a stored value, or None unless its header and checksum are right."""
+    if not isinstance(data, (bytes, bytearray)) or len(data) < _FRAME.size:
+        return None
+    magic, version, digest = _FRAME.unpack_from(data)
+    payload = bytes(data[_FRAME.size:])
+    if magic != MAGIC or version != FORMAT_VERSION or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def refusal(directory: str) -> str | None:
+    """Why `directory` must not be used as a cache (not the user's own, or writable by group/others), or None.
+    A directory that does not exist yet is fine (it is created private)."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot be inspected ({err.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by {'group and others' if st.st_mode & stat.S_IWOTH and st.st_mode & stat.S_IWGRP else 'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
 
 class DiskStore:
-    """A diskcache-backed store shared safely by many processes; writes are atomic (SQLite)."""
+    """A diskcache-backed store shared by many processes; checked values, LRU eviction beyond `size_limit`."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, size_limit: int = DEFAULT_SIZE_LIMIT):
         self.directory = directory
-        self._cache = None
+        self.size_limit = size_limit
+        self.refused: str | None = None
+        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "errors": 0}
+        self._cache: Any = None
+        self._failed = False
         self._warned = False
+        self._lock = threading.Lock()
 
-    def _open(self):
-        if self._cache is None:
-            import diskcache  # imported on first use: it costs ~20 ms
-            self._cache = diskcache.Cache(self.directory)
+    # ** opening **
+    def _open(self) -> Any:
+        if self._cache is not None or self._failed:
+            return self._cache
+        with self._lock:
+            if self._cache is None and not self._failed:
+                try:
+                    self._cache = self._open_checked()
+                except Exception as err:  # noqa: BLE001 - read-only, unreadable, locked: run from memory
+                    self._failed = True
+                    self._warn("opening", err)
         return self._cache
 
+    def _open_checked(self) -> Any:
+        why = refusal(self.directory)
+        if why is None and not os.path.isdir(self.directory):
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            why = refusal(self.directory)  # an existing parent's umask does not matter; the dir itself does
+        if why is not None:
+            self.refused = why
+            raise PermissionError(f"the directory {why}; its native code is never loaded")
+        import diskcache  # imported on first use: it costs ~20 ms
+        for attempt in range(_OPEN_ATTEMPTS):
+            try:
+                return diskcache.Cache(self.directory, size_limit=self.size_limit, timeout=30,
+                                       eviction_policy="least-recently-used", cull_limit=16)
+            except Exception as err:  # sqlite3.OperationalError: database is locked (a concurrent creator)
+                if "locked" not in str(err) or attempt == _OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.01 * (1 + attempt) * random.random())
+        raise AssertionError("unreachable")
+
     def _warn(self, what: str, err: Exception) -> None:
+        self.stats["errors"] += 1
         if not self._warned:
             self._warned = True
-            warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err!r}); continuing without it",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err}); continuing without it",
+                          RuntimeWarning, stacklevel=4)
 
+    @property
+    def usable(self) -> bool:
+        """Whether the directory could be opened (False after a refusal or an error on opening)."""
+        return self._open() is not None
+
+    # ** entries **
     def get(self, key: str) -> bytes | None:
-        try:
-            value = self._open().get(key)
-        except Exception as err:  # corrupt, unreadable, locked: a miss
-            self._warn("read", err)
+        """The payload stored under `key`, or None (missing, corrupt: removed, or any error)."""
+        cache = self._open()
+        if cache is None:
             return None
-        return value if isinstance(value, bytes) else None
+        try:
+            raw = cache.get(key)
+        except Exception as err:  # noqa: BLE001 - a corrupt database or a vanished file: a miss
+            self._warn("reading", err)
+            return None
+        if raw is None:
+            self.stats["misses"] += 1
+            return None
+        payload = unframe(raw)
+        if payload is None:
+            self.stats["corrupt"] += 1
+            self.delete(key)
+            return None
+        self.stats["hits"] += 1
+        return payload
 
     def put(self, key: str, value: bytes) -> None:
+        """Store `value` under `key` (one atomic write; errors are skipped with one warning)."""
+        cache = self._open()
+        if cache is None:
+            return
         try:
-            self._open().set(key, value)
-        except Exception as err:  # full disk, read-only directory: skip
-            self._warn("write", err)
+            cache.set(key, frame(value))
+            self.stats["writes"] += 1
+        except Exception as err:  # noqa: BLE001 - full disk, read-only directory: skip
+            self._warn("writing", err)
+
+    def delete(self, key: str) -> None:
+        """Remove one entry (nothing if it is missing or the store is unusable)."""
+        cache = self._open()
+        if cache is not None:
+            with contextlib.suppress(Exception):
+                cache.delete(key)
+
+    def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> None:
+        """Read-modify-write under the store's lock across processes: `change(old payload or None)` returns the
+        new payload (None: leave it)."""
+        cache = self._open()
+        if cache is None:
+            return
+        try:
+            with cache.transact():
+                new = change(unframe(cache.get(key)))
+                if new is not None:
+                    cache.set(key, frame(new))
+                    self.stats["writes"] += 1
+        except Exception as err:  # noqa: BLE001
+            self._warn("updating", err)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every key starting with `prefix`."""
+        cache = self._open()
+        if cache is None:
+            return []
+        try:
+            return [k for k in cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)]
+        except Exception as err:  # noqa: BLE001
+            self._warn("listing", err)
+            return []
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """(key, payload) of every valid entry whose key starts with `prefix`."""
+        for key in self.keys(prefix):
+            value = self.get(key)
+            if value is not None:
+                yield key, value
+
+    def clear(self, prefix: str = "") -> int:
+        """Remove every entry whose key starts with `prefix` (everything by default); how many were removed."""
+        keys = self.keys(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def volume(self) -> int:
+        """Bytes the cache occupies on disk (database and files)."""
+        cache = self._open()
+        try:
+            return int(cache.volume()) if cache is not None else 0
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def close(self) -> None:
+        """Close the database (reopened on the next use)."""
+        with self._lock:
+            if self._cache is not None:
+                with contextlib.suppress(Exception):
+                    self._cache.close()
+            self._cache = None

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import warnings
 
 
@@ -50,11 +52,42 @@ def parallel_min_work() -> int:
 
 
 def cache_dir() -> str:
-    """Directory of the persistent cache (JITOP_CACHE_DIR, default ~/.cache/jitop)."""
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jitop")
-    return os.environ.get("JITOP_CACHE_DIR") or default
+    """Directory of the persistent cache: JITOP_CACHE_DIR, else the platform's user cache directory
+    ($XDG_CACHE_HOME or ~/.cache on Linux, ~/Library/Caches on macOS, %LOCALAPPDATA% on Windows) + /jitop."""
+    explicit = os.environ.get("JITOP_CACHE_DIR", "").strip()
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    if sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    elif os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~/AppData/Local")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "jitop")
 
 
 def cache_enabled() -> bool:
-    """JITOP_CACHE=0 disables the persistent cache."""
+    """JITOP_CACHE=0 disables the persistent cache (everything is compiled in memory, nothing is read or written)."""
     return _env_int("JITOP_CACHE", 1) != 0
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def cache_size() -> int:
+    """Size limit of the persistent cache in bytes (JITOP_CACHE_SIZE: bytes, or "500MB", "2G"; default 2 GiB);
+    least-recently-used entries are evicted beyond it."""
+    raw = os.environ.get("JITOP_CACHE_SIZE", "").strip().lower()
+    if not raw:
+        return 2 << 30
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", raw)
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"environment variable JITOP_CACHE_SIZE={raw!r} must be a size such as 500MB, 2G or "
+                         "a number of bytes")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def verify() -> bool:
+    """JITOP_VERIFY=1: check every newly compiled kernel against numpy before its first use."""
+    return _env_int("JITOP_VERIFY", 0) != 0

@@ -21,7 +21,9 @@ import numpy as np
 from jitop import dtypes
 from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
-from jitop.graph.compile import compile_graph, graph_tasks
+from jitop import config
+from jitop.graph import kernel_cache
+from jitop.graph.compile import compile_graph, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
@@ -73,12 +75,16 @@ def _frozen(value: Any) -> Any:
 
 
 class Compiled:
-    """A cache entry: the executable (which rebuilds the function's result itself) and its trace."""
+    """A cache entry: the executable (which rebuilds the function's result itself), its trace, what the disk
+    cache did for it and the tuning tasks it runs (for the workload log)."""
 
-    __slots__ = ("exe", "trace", "call")
+    __slots__ = ("exe", "trace", "call", "lookup", "tasks")
 
-    def __init__(self, exe: Executable, trace: "Trace", kernel: "KernelFunction | None" = None):
+    def __init__(self, exe: Executable, trace: "Trace", kernel: "KernelFunction | None" = None,
+                 lookup: "kernel_cache.Lookup | None" = None, tasks: Sequence[Task] = ()):
         self.exe, self.trace = exe, trace
+        self.lookup = lookup
+        self.tasks = list(tasks)
         self.call = exe.call
         if kernel is not None and (trace.guards or trace.python_ints):
             # the function reads globals/closure data (checked before each call), or computes with Python ints
@@ -226,9 +232,16 @@ class KernelFunction:
 
     def _trace_and_build(self, values: list[Any]) -> "Compiled":
         tr = self.trace(values)
-        exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        # memory missed: the disk cache, keyed on this trace, else compile (and save)
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
-        return Compiled(exe, tr, self)
+        return Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
+
+    @property
+    def qualified_name(self) -> str:
+        """module.qualname of the decorated function (its identity in the cache and the workload log)."""
+        return f"{getattr(self.fn, '__module__', None) or '?'}.{getattr(self.fn, '__qualname__', self.__name__)}"
 
     # ** tracing **
     def trace(self, values: list[Any]) -> Trace:

@@ -25,10 +25,31 @@ from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
 
+@dataclass
+class Prepared:
+    """The pipeline up to `pick`: what the cache key is made of (the graph, the tasks and their choices)."""
+
+    name: str
+    inputs: list[Node]
+    input_names: list[str]
+    input_plan: list[tuple[str, Any]]
+    outputs: list[Node]                       # one node per returned array
+    unique: list[Node]                        # the outputs without repeats: the kernel's output buffers
+    why: dict[Node, str]                      # the nodes that get a loop nest of their own, and why
+    choices: dict[Node, tuple[Task, Choice]]  # each templated node's task and the config picked for it
+    target: Target
+
+
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                   results: list[Node], target: Target | None = None, profile: bool = False) -> Executable:
     """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`);
     `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile)."""
+    return build(prepare(name, inputs, input_names, input_plan, results, target), profile)
+
+
+def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
+            results: list[Node], target: Target | None = None) -> Prepared:
+    """The first, cheap steps of the pipeline: fusion decisions, tasks and the config `pick` chooses for each."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression
     outputs = distinct_outputs(results)
@@ -39,10 +60,16 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     tasks = extract_tasks(why, target)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
     choices = pick_all(tasks)
+    return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target)
+
+
+def build(prep: Prepared, profile: bool = False) -> Executable:
+    """The rest of the pipeline, from tensor expressions to loaded object code and the call plan."""
+    target, why, unique, choices = prep.target, prep.why, prep.unique, prep.choices
     # operands: a producer the template would re-evaluate per panel is computed once unless free to recompute
     operand_decisions = fuse_operands(why, operand_reads(choices, target))
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
-    graph = to_te(why, target, choices, inputs, input_names, input_plan, unique)
+    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique)
     st = graph.lowering.st
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
     epilogues = schedule_rules.template_epilogues(st, unique, why)
@@ -52,17 +79,27 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
     sch = schedule_rules.apply(st, unique, target, epilogues, rows)
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
-    func = lower(sch, graph.placeholders + graph.outputs + scratch, name=name)
+    func = lower(sch, graph.placeholders + graph.outputs + scratch, name=prep.name)
     if profile:
         func.attrs["profile"] = True
     # codegen: LLVM object code for the Target (loaded only if this machine can run it)
     module = compile_func(func, target)
     # plan: how a call's arguments become the kernel's arrays and its outputs the function's results
     buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
-    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in outputs], n_scratch=len(scratch))
+    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in prep.outputs], n_scratch=len(scratch))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
                       decisions=[f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
+
+
+def constant_nodes(unique: list[Node]) -> list[Node]:
+    """The graph's array constants, in the order they become kernel arguments after the inputs."""
+    return [n for n in toposort(unique) if n.prim == "array_const"]
+
+
+def constant_array(n: Node) -> np.ndarray:
+    """An array constant's data as the kernel reads it (a captured array: its own memory, read in place)."""
+    return np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape)
 
 
 def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]:
@@ -112,10 +149,9 @@ def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, 
     """Placeholders for the arguments and array constants, tensors for the outputs."""
     lowering = ToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
-    for n in toposort(unique):  # array constants are arguments too, passed from the plan
-        if n.prim == "array_const" and n not in lowering.st.placeholders:
-            placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
-            input_plan = input_plan + [("const", np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape))]
+    for n in constant_nodes(unique):  # array constants are arguments too, passed from the plan
+        placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
+        input_plan = input_plan + [("const", constant_array(n))]
     outputs = [lowering.tensor(n) for n in unique]
     return TEGraph(lowering, placeholders, outputs, input_plan)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -174,12 +174,18 @@ class ToTE:
         out = stages.out
         self.st.kind[out] = task.template
         size = len(template.config_space(task.workload, self.target))
-        self.st.chosen[out] = (f"{out.name}: template {task.template}, {choice.source} config "
-                               f"{choice.config.to_json()} (one of {size} in its space; task {task.key}"
-                               + (f"; {choice.note})" if choice.note else ")"))
+        self.st.chosen[out] = choice_line(out.name, task, choice, self.target, size)
         self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, task.workload, choice.config,
                                                                             self.target, epilogue)
         return out
+
+
+def choice_line(label: str, task: Any, choice: Any, target: Any, size: int | None = None) -> str:
+    """One line for explain(): a templated stage's task, the config picked for it and where it came from."""
+    if size is None:
+        size = len(registry.get(task.template).config_space(task.workload, target))
+    return (f"{label}: template {task.template}, {choice.source} config {choice.config.to_json()} "
+            f"(one of {size} in its space; task {task.key}" + (f"; {choice.note})" if choice.note else ")"))
 
 
 def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:

@@ -109,12 +109,16 @@ class Executable:
             return None
 
     # ** bytes **
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, constants: bool = True) -> bytes:
         """Object code, metadata, LLVM IR (if kept), plan, constants and result tree as one blob.
+
+        constants=False leaves out the constant arrays and the result tree: whoever loads the blob supplies
+        them (`from_bytes(blob, constants=[...])`), as the dispatcher does from a fresh trace (a captured
+        array is read where it lives now, not as it was when the blob was written).
 
         >>> Executable.from_bytes(exe.to_bytes())(a)   # doctest: +SKIP
         """
-        plan_json, constants = _plan_to_json(self.plan)
+        plan_json, constants_list = _plan_to_json(self.plan, constants)
         try:
             ll = self.module.get_source("ll")
         except ValueError:
@@ -124,7 +128,7 @@ class Executable:
                  "kernel.o": self.module.object_code}
         if ll is not None:
             files["kernel.ll"] = ll.encode()
-        for i, c in enumerate(constants):
+        for i, c in enumerate(constants_list):
             npy = io.BytesIO()
             np.save(npy, c, allow_pickle=False)
             files[f"const{i}.npy"] = npy.getvalue()
@@ -132,8 +136,11 @@ class Executable:
         return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
 
     @staticmethod
-    def from_bytes(data: bytes) -> "Executable":
+    def from_bytes(data: bytes, constants: Sequence[np.ndarray] | None = None) -> "Executable":
         """Load a blob written by `to_bytes`: no LLVM optimisation/codegen, no tracing.
+
+        constants: the constant arrays, in order, of a blob written with `to_bytes(constants=False)` (each
+        must have the shape and dtype the kernel was compiled for).
 
         Raises ValueError for a corrupt, truncated or incompatible blob, and `jitop.TargetMismatchError`
         (loading nothing) if it was built for a CPU whose features this machine lacks.
@@ -164,7 +171,7 @@ class Executable:
         except (TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"malformed jitop Executable (target: {type(err).__name__}: {err})") from None
         try:
-            plan = _decode(meta, plan_json, files)
+            plan = _decode(meta, plan_json, files, list(constants or ()))
             ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed jitop Executable ({type(err).__name__}: {err})") from None
@@ -451,9 +458,10 @@ def _position(p: Any) -> int:
     return p
 
 
-def _plan_to_json(plan: Plan) -> tuple[dict, list[np.ndarray]]:
-    """The plan as JSON (dtypes as strings, constants as indices) and its constants."""
-    if plan.result is not None:
+def _plan_to_json(plan: Plan, with_constants: bool = True) -> tuple[dict, list[np.ndarray]]:
+    """The plan as JSON (dtypes as strings, constants as indices, or as references to arrays the loader
+    supplies) and its constants."""
+    if plan.result is not None and with_constants:
         try:
             _check_tree(plan.result, len(plan.result_slots), allow_objects=False)
         except ValueError as err:
@@ -466,15 +474,20 @@ def _plan_to_json(plan: Plan) -> tuple[dict, list[np.ndarray]]:
             inputs.append([kind, what])
         elif kind in ("arg_swapped", "scalar"):
             inputs.append([kind, [what[0], np.dtype(what[1]).str, *([list(what[2])] if len(what) > 2 else [])]])
-        else:
+        elif with_constants:
             inputs.append([kind, len(constants)])
             constants.append(np.asarray(what))
+        else:
+            inputs.append(["const_ref", len(constants)])
+            constants.append(np.empty(0, np.uint8))  # a placeholder: numbered like the saved ones, not written
     return {"inputs": inputs, "outputs": [[list(s), np.dtype(d).str] for s, d in plan.outputs],
-            "result_slots": list(plan.result_slots), "n_scratch": plan.n_scratch, "result": plan.result}, constants
+            "result_slots": list(plan.result_slots), "n_scratch": plan.n_scratch,
+            "result": plan.result if with_constants else None}, constants if with_constants else []
 
 
-def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
-    """The Plan of a blob, checked against the module's parameters so a kernel never sees a wrong buffer."""
+def _decode(meta: dict, plan_json: dict, files: dict[str, bytes], supplied: list[np.ndarray]) -> Plan:
+    """The Plan of a blob, checked against the module's parameters so a kernel never sees a wrong buffer;
+    `supplied`: the arrays of its "const_ref" inputs, in order."""
     if meta.get("format") != MODULE_FORMAT:
         raise ValueError(f"module format {meta.get('format')}, expected {MODULE_FORMAT}")
     check_meta(meta)
@@ -494,6 +507,14 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes]) -> Plan:
             _dtype(c.dtype.str)
             c.flags.writeable = False
             inputs.append((kind, c))
+        elif kind == "const_ref":
+            k = _position(what)
+            if k >= len(supplied):
+                raise ValueError(f"the blob refers to constant {k}; {len(supplied)} were supplied")
+            c = supplied[k]
+            if not (isinstance(c, np.ndarray) and c.flags.c_contiguous and c.flags.aligned):
+                raise ValueError(f"supplied constant {k} must be a C-contiguous, aligned ndarray")
+            inputs.append(("const", c))
         else:
             raise ValueError(f"unknown input kind {kind!r}")
     outputs = [(tuple(_position(d) for d in s), _dtype(dt)) for s, dt in plan_json["outputs"]]

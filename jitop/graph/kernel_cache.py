@@ -1,0 +1,235 @@
+"""Compiled kernels in the persistent cache: memory -> disk -> compile -> save.
+
+The dispatcher still traces a new signature in a warm process (~1-10 ms): the trace gives the graph key
+(a content hash, so a changed global constant or a changed function body changes it), the captured arrays
+the kernel must read where they live now, and the result's structure. What a warm process skips is the
+expensive half: lowering, LLVM optimisation and code generation. The key is explicit (cache/keys.py):
+
+    schema, kind, function, graph, configs (each task's chosen config), target (its key holds the build
+    options), jitop (version + a digest of its own source), llvm (llvmlite + LLVM versions)
+
+An entry is the Executable's bytes without its constants (checksummed; no pickle); beside it, its key parts
+and how it was verified. A corrupt, truncated or foreign entry is a miss and is removed.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jitop import config
+from jitop.cache.keys import SCHEMA_VERSION, Key, nearest
+from jitop.cache.store import DiskStore, NullStore
+from jitop.codegen.target import llvm_version
+from jitop.errors import TargetMismatchError
+from jitop.graph.capture import LiveArray
+from jitop.graph.compile import Prepared, build, constant_array, constant_nodes
+from jitop.graph.ir import toposort
+from jitop.runtime.executable import Executable
+
+KERNEL, INFO = "kernel/", "kernel-info/"
+_stores: dict[tuple, Any] = {}
+_stores_lock = threading.Lock()
+
+
+def store() -> DiskStore | NullStore:
+    """The process's cache store for the current JITOP_CACHE / JITOP_CACHE_DIR / JITOP_CACHE_SIZE."""
+    if not config.cache_enabled():
+        return _NULL
+    where = (config.cache_dir(), config.cache_size())
+    found = _stores.get(where)
+    if found is None:
+        with _stores_lock:
+            found = _stores.setdefault(where, DiskStore(*where))
+    return found
+
+
+_NULL = NullStore()
+
+
+@dataclass
+class Lookup:
+    """What the cache did for one signature: status "hit" (loaded, no LLVM), "miss" (compiled and saved),
+    "off" (JITOP_CACHE=0, or the directory refused/unusable), "uncacheable" (the graph has no stable key)."""
+
+    status: str
+    key: Key | None = None
+    reason: str = ""
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        head = {"hit": "disk cache hit (object code loaded, LLVM not run)",
+                "miss": "disk cache miss (compiled and saved)",
+                "off": "disk cache off", "uncacheable": "not cached"}[self.status]
+        lines = [f"{head}{': ' + self.reason if self.reason else ''}"]
+        if self.key is not None:
+            lines += [f"  key {self.key.digest[:16]}, parts:", self.key.describe()]
+        return "\n".join(lines)
+
+
+# ** keys **
+def graph_key(prep: Prepared) -> str | None:
+    """Content hash of the traced graph and how arguments reach it; None if a node has no stable value
+    (an object whose repr is its address). A captured array counts by position, shape and dtype (the kernel
+    reads it in place, whatever it holds); a frozen constant by its bytes."""
+    order = toposort(prep.unique)
+    index = {n: k for k, n in enumerate(order)}
+    h = hashlib.sha256(json.dumps([prep.name, prep.input_names, repr(prep.input_plan)]).encode())
+    live = 0
+    for n in order:
+        params = []
+        for name, v in n.params:
+            if isinstance(v, LiveArray):
+                v, live = f"live#{live}", live + 1
+            elif isinstance(v, (bytes, bytearray)):
+                v = "sha256:" + hashlib.sha256(v).hexdigest()
+            else:
+                v = repr(v)
+                if " at 0x" in v or " object at " in v:
+                    return None
+            params.append((name, v))
+        h.update(f"{n.prim}|{n.shape}|{n.dtype}|{n.weak}|{params}|{[index[s] for s in n.src]}\n".encode())
+    h.update(repr([index[o] for o in prep.outputs]).encode())
+    return h.hexdigest()
+
+
+def kernel_key(prep: Prepared, function: str) -> Key | None:
+    """The cache key of the kernel `prep` compiles to, or None if its graph has no stable key."""
+    graph = graph_key(prep)
+    if graph is None:
+        return None
+    configs = [[task.template, task.key, choice.config.as_dict()] for task, choice in prep.choices.values()]
+    return Key.of(schema=SCHEMA_VERSION, kind="kernel", function=function, graph=graph, configs=configs,
+                  target=prep.target.key, jitop=code_version(), llvm=llvm_version())
+
+
+_code_version: str | None = None
+
+
+def code_version() -> str:
+    """jitop's version and a digest of its own source files: an edited or upgraded jitop never loads what
+    another one compiled (a version number alone misses local edits)."""
+    global _code_version
+    if _code_version is None:
+        from jitop import __version__
+        h = hashlib.sha256()
+        for package in ("jitop", "jitop.topi", "jitop.tuner", "jitop.cache"):
+            spec = importlib.util.find_spec(package)
+            roots = list(spec.submodule_search_locations or []) if spec else []
+            for root in roots:
+                for dirpath, dirnames, filenames in os.walk(root):
+                    dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                    for f in sorted(filenames):
+                        if f.endswith(".py"):
+                            path = os.path.join(dirpath, f)
+                            h.update(os.path.relpath(path, root).encode())
+                            with open(path, "rb") as fh:
+                                h.update(fh.read())
+        _code_version = f"{__version__}+{h.hexdigest()[:12]}"
+    return _code_version
+
+
+# ** load or build **
+def load_or_build(prep: Prepared, function: str) -> tuple[Executable, Lookup]:
+    """The Executable for `prep`: from the disk cache if an entry with its key loads, else compiled (and
+    saved). Never raises because of the cache."""
+    t0 = time.perf_counter()
+    st = store()
+    key = kernel_key(prep, function) if st is not _NULL else None
+    if st is _NULL or key is None:
+        lookup = Lookup("off" if st is _NULL else "uncacheable",
+                        reason="JITOP_CACHE=0" if st is _NULL else "the graph holds an object with no stable value")
+        return build(prep), lookup
+    exe, reason = _load(st, key, prep)
+    if exe is not None:
+        return exe, Lookup("hit", key, seconds=time.perf_counter() - t0)
+    if not st.usable:
+        return build(prep), Lookup("off", key, f"cache directory {st.directory} "
+                                   f"{st.refused or 'could not be opened'}")
+    exe = build(prep)
+    save(st, key, exe, verified="none")
+    return exe, Lookup("miss", key, reason, time.perf_counter() - t0)
+
+
+def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, str]:
+    blob = st.get(KERNEL + key.digest)
+    if blob is None:
+        return None, "no entry with this key" + _nearest_reason(st, key)
+    try:
+        exe = Executable.from_bytes(blob, constants=[constant_array(n) for n in constant_nodes(prep.unique)])
+    except (ValueError, TargetMismatchError) as err:  # damaged, or not for this machine: never loaded
+        st.delete(KERNEL + key.digest)
+        st.delete(_info_key(key))
+        return None, f"the stored entry was unusable and was removed ({err})"
+    from jitop.graph.fusion import groups as fusion_groups
+    from jitop.graph.to_te import choice_line
+    exe.groups = fusion_groups(prep.unique, prep.why)
+    exe.templates = [choice_line(f"{task.template}{k}", task, choice, prep.target)
+                     for k, (task, choice) in enumerate(prep.choices.values())]
+    exe.decisions = ["loaded from the disk cache (operand and row fusion decided when it was compiled)"]
+    return exe, ""
+
+
+def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str) -> None:
+    """Store a compiled kernel and, beside it, its key parts and how it was verified."""
+    try:
+        blob = exe.to_bytes(constants=False)
+    except ValueError:  # something the format cannot hold: it stays in memory only
+        return
+    info = {"key": json.loads(key.to_json()), "verified": verified, "created": time.time(), "bytes": len(blob)}
+    st.put(KERNEL + key.digest, blob)
+    st.put(_info_key(key), json.dumps(info).encode())
+
+
+def mark_verified(key: Key, how: str) -> None:
+    """Record how a stored kernel was verified (e.g. "numpy": checked against numpy before first use)."""
+    def change(old: bytes | None) -> bytes | None:
+        if old is None:
+            return None
+        info = json.loads(old)
+        info["verified"] = how
+        return json.dumps(info).encode()
+    store().update(_info_key(key), change)
+
+
+def _info_key(key: Key) -> str:
+    """Where a kernel's info lives: grouped by function, so a miss compares only with that function's entries."""
+    function = hashlib.sha256(str(key.get("function")).encode()).hexdigest()[:16]
+    return f"{INFO}{function}/{key.digest}"
+
+
+def stored_keys(st: DiskStore | NullStore, like: Key | None = None) -> list[tuple[Key, dict]]:
+    """The key and info of every stored kernel (of `like`'s function only, if given)."""
+    found = []
+    prefix = INFO if like is None else _info_key(like).rsplit("/", 1)[0] + "/"
+    for _, payload in st.items(prefix):
+        try:
+            info = json.loads(payload)
+            found.append((Key.from_json(json.dumps(info["key"])), info))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _nearest_reason(st: DiskStore, key: Key) -> str:
+    """Which parts differ from the nearest stored kernel of the same function (only if one exists)."""
+    same = [k for k, _ in stored_keys(st, like=key)]
+    near, differ = nearest(key, same)
+    if near is None:
+        return ""
+    return "; nearest stored entry differs in " + ", ".join(
+        f"{name} ({_short(near, name)} -> {_short(key, name)})" for name in differ)
+
+
+def _short(key: Key, name: str) -> str:
+    try:
+        v = key.get(name)
+    except KeyError:
+        return "absent"
+    text = v if isinstance(v, str) else json.dumps(v)
+    return text if len(text) <= 24 else text[:10] + "..." + text[-8:]
