@@ -15,14 +15,13 @@ True
 from jitop import config as _config
 from jitop import te
 from jitop import topi as _topi  # noqa: F401 - registers the operator templates (matmul, conv2d)
-from jitop.cache.store import DiskStore as _DiskStore
-from jitop.cache.store import NullStore as _NullStore
 from jitop.errors import JitopError, TargetMismatchError
 from jitop.runtime import fastcall as _fastcall
 from jitop.runtime import parallel as _parallel
 from jitop.target import Target
 from jitop.driver import build, lower
 from jitop.errors import FallbackError, JitopFallbackWarning
+from jitop.graph import kernel_cache as _kernel_cache
 from jitop.kernel import explain, kernel, profile
 from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu, global_avg_pool2d, layer_norm, log_softmax,
                        matmul, max_pool2d, relu, sigmoid, softmax)
@@ -35,8 +34,8 @@ __version__ = "0.1.0"
 
 # the thread pool and the native call entry keep their object code in the persistent cache (read where
 # JITOP_CACHE_DIR points when each is first needed)
-_parallel.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
-_fastcall.use_object_store(lambda: _DiskStore(_config.cache_dir()) if _config.cache_enabled() else _NullStore())
+_parallel.use_object_store(lambda: _kernel_cache.ComponentStore("pool"))
+_fastcall.use_object_store(lambda: _kernel_cache.ComponentStore("fastcall"))
 __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
            "explain", "profile", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
            "tune", "apply_records",

@@ -36,9 +36,24 @@ def optimize(mod: llvm.ModuleRef, target: Target, speed_level: int | None = None
     pb.getModulePassManager().run(mod, pb)
 
 
+_compiles = 0  # how many times this process ran LLVM's optimiser and code generator
+
+
+def compile_count() -> int:
+    """How many IR modules this process has compiled to object code (a warm process that loads everything
+    from the cache keeps it at 0).
+
+    >>> compile_count() >= 0
+    True
+    """
+    return _compiles
+
+
 def compile_ir(ll: str, target: Target | None = None, speed_level: int | None = None) -> tuple[llvm.ModuleRef, bytes]:
     """Parse, verify, optimise textual LLVM IR; return (optimised module, object code for `target`,
     by default this machine)."""
+    global _compiles
+    _compiles += 1
     init_llvm()
     target = target or Target.host()
     mod = llvm.parse_assembly(ll)

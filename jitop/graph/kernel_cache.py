@@ -45,8 +45,26 @@ def store() -> DiskStore | NullStore:
     found = _stores.get(where)
     if found is None:
         with _stores_lock:
-            found = _stores.setdefault(where, DiskStore(*where))
+            found = _stores.get(where)
+            if found is None:
+                found = _stores[where] = DiskStore(*where)
+                _drop_other_schemas(found)
     return found
+
+
+SCHEMA_MARK = "meta/kernel-schema"
+
+
+def _drop_other_schemas(st: DiskStore) -> None:
+    """Kernels stored under another key schema can never be hit again: remove them when a store is first
+    opened by a jitop with a different schema (tinygrad's versioned table, without the stale table)."""
+    mark = st.get(SCHEMA_MARK)
+    if mark == str(SCHEMA_VERSION).encode() or not st.usable:
+        return
+    if mark is not None:
+        for prefix in (KERNEL, INFO, "pool/", "fastcall/"):
+            st.clear(prefix)
+    st.put(SCHEMA_MARK, str(SCHEMA_VERSION).encode())
 
 
 _NULL = NullStore()
@@ -233,3 +251,21 @@ def _short(key: Key, name: str) -> str:
         return "absent"
     text = v if isinstance(v, str) else json.dumps(v)
     return text if len(text) <= 24 else text[:10] + "..." + text[-8:]
+
+
+class ComponentStore:
+    """The object code of a runtime component (the thread pool, the native call entry) under the same named
+    key parts as kernels: its own content key (IR, target, LLVM), the schema and jitop's code version."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def _key(self, content: str) -> str:
+        key = Key.of(schema=SCHEMA_VERSION, kind=self.kind, content=content, jitop=code_version())
+        return f"{self.kind}/{key.digest}"
+
+    def get(self, content: str) -> bytes | None:
+        return store().get(self._key(content))
+
+    def put(self, content: str, value: bytes) -> None:
+        store().put(self._key(content), value)
