@@ -32,7 +32,9 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
            ("Operator library, default configs (issue 4)", ["bench_ops.py"], ["bench_ops.py", "--quick"]),
            ("Models: GPT-2 block, decode step, MLP, ResNet block (issue 10)", ["bench_models.py"],
             ["bench_models.py", "--quick"]),
-           ("Auto-tuning (issue 11)", ["bench_tune.py"], ["bench_tune.py", "--quick"])]
+           ("Auto-tuning (issue 11)", ["bench_tune.py"], ["bench_tune.py", "--quick"]),
+           ("Persistent kernel cache: cold vs warm processes (issue 12)", ["bench_cache.py"],
+            ["bench_cache.py", "--quick"])]
 PREAMBLE = ("# Benchmark results\n\nWritten by `python benchmarks/run_all.py [names]` (see benchmarks/README.md). "
             "Each section is one command's output, run in one go, with the date it ran; figures of different "
             "sections were measured at different times. Each header states the jitop Target the code was built "

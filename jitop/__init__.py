@@ -28,6 +28,7 @@ from jitop.ops import (avg_pool2d, batch_matmul, batch_norm, conv2d, dense, gelu
 from jitop.runtime.module import Module, load_module
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 from jitop.tuner.apply import apply_records
+from jitop.tuner.task import add_source as _add_schedule_source
 from jitop.tuner.tuning import tune
 
 __version__ = "0.1.0"
@@ -36,6 +37,15 @@ __version__ = "0.1.0"
 # JITOP_CACHE_DIR points when each is first needed)
 _parallel.use_object_store(lambda: _kernel_cache.ComponentStore("pool"))
 _fastcall.use_object_store(lambda: _kernel_cache.ComponentStore("fastcall"))
+
+
+def _cached_schedule(task):  # noqa: ANN001, ANN202 - pick's source; the tuner's modules load on first use
+    """Tuned (or transferred) configs from the persistent cache (jitop.tuner.cached)."""
+    from jitop.tuner.cached import cache_source
+    return cache_source(task)
+
+
+_add_schedule_source(_cached_schedule)
 __all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
            "explain", "profile", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "__version__",
            "tune", "apply_records",

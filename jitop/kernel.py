@@ -10,6 +10,7 @@ import ctypes
 import inspect
 import math
 import threading
+import time
 import traceback
 import warnings
 import weakref
@@ -22,6 +23,7 @@ from jitop import dtypes
 from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
+from jitop import workloads
 from jitop.graph import kernel_cache
 from jitop.graph.compile import compile_graph, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
@@ -78,13 +80,16 @@ class Compiled:
     """A cache entry: the executable (which rebuilds the function's result itself), its trace, what the disk
     cache did for it and the tuning tasks it runs (for the workload log)."""
 
-    __slots__ = ("exe", "trace", "call", "lookup", "tasks")
+    __slots__ = ("exe", "trace", "call", "lookup", "tasks", "calls", "seconds", "logged")
 
     def __init__(self, exe: Executable, trace: "Trace", kernel: "KernelFunction | None" = None,
                  lookup: "kernel_cache.Lookup | None" = None, tasks: Sequence[Task] = ()):
         self.exe, self.trace = exe, trace
         self.lookup = lookup
         self.tasks = list(tasks)
+        self.calls = 0                    # calls served by the slow path (the native entry counts its own)
+        self.seconds: float | None = None  # one call's time, measured once (the workload log's time share)
+        self.logged = 0                   # calls already written to the workload log
         self.call = exe.call
         if kernel is not None and (trace.guards or trace.python_ints):
             # the function reads globals/closure data (checked before each call), or computes with Python ints
@@ -138,6 +143,7 @@ class KernelFunction:
     def clear_cache(self) -> None:
         """Forget every compiled signature (the next call of each traces and compiles again)."""
         with self._lock:
+            _RETIRED.extend(self.workload_counts())  # calls not yet in the workload log are kept
             self._fast = _always_miss  # one atomic swap: a call in flight finishes on the old entry
             self._fast_table, self._fast_specs = [], {}
             self.cache = {}
@@ -150,6 +156,23 @@ class KernelFunction:
     @hits.setter
     def hits(self, value: int) -> None:
         self._hits, self._fast_hits.value = value, 0
+
+    def workload_counts(self) -> list[tuple[Task, int, float]]:
+        """(task, calls, seconds) of every tuning task this function ran since the last time it was asked: the
+        calls of each signature (slow path and native entry) times the tasks it runs; seconds are the calls
+        times one measured call, split over the signature's tasks by their flops."""
+        out = []
+        for key, entry in list(self.cache.items()):
+            if entry is _FALLBACK or not entry.tasks:
+                continue
+            spec = self._fast_specs.get(key)
+            total = entry.calls + (spec.calls if spec is not None else 0)
+            new, entry.logged = total - entry.logged, total
+            if new <= 0:
+                continue
+            flops = sum(t.flops for t in entry.tasks) or 1
+            out += [(t, new, new * (entry.seconds or 0.0) * t.flops / flops) for t in entry.tasks]
+        return out
 
     # ** calling **
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -169,6 +192,9 @@ class KernelFunction:
             return self.fn(*args, **kwargs)
         if not kwargs and self._simple:
             self._serve_natively(key, entry)
+        entry.calls += 1
+        if entry.seconds is None:
+            return _timed_call(entry, values)
         return entry.call(values)
 
     def _serve_natively(self, key: tuple, entry: "Compiled") -> None:
@@ -215,6 +241,8 @@ class KernelFunction:
             self.misses += 1
             try:
                 entry = self._trace_and_build(values)
+                if config.verify() and run_numpy is not None:
+                    entry = self._verified(entry, values, run_numpy)
             except (Unsupported, TracerConversionError, NotImplementedError) as err:
                 entry = self._fall_back(err)
             except Exception as err:
@@ -228,7 +256,24 @@ class KernelFunction:
                 entry = self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
             if key[0] != "unhashable":
                 self.cache[key] = entry
+        workloads.maybe_flush()
+        return entry
+
+    def _verified(self, entry: "Compiled", values: list[Any], run_numpy: Callable[[], Any]) -> Any:
+        """JITOP_VERIFY=1: the kernel's result on this call's arguments against numpy's, before first use; a
+        kernel that disagrees is never used (this signature runs as numpy, with a warning) nor kept on disk."""
+        from jitop.verify import compare
+        mismatch = compare(entry.call(values), run_numpy())
+        key = entry.lookup.key if entry.lookup is not None else None
+        if mismatch is None:
+            if key is not None and entry.lookup.status in ("hit", "miss"):
+                kernel_cache.mark_verified(key, "numpy")
             return entry
+        if key is not None:
+            kernel_cache.forget(key)
+        warnings.warn(f"jitop.kernel '{self.__name__}' disagrees with numpy (JITOP_VERIFY=1): {mismatch}; this "
+                      "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=4)
+        return _FALLBACK
 
     def _trace_and_build(self, values: list[Any]) -> "Compiled":
         tr = self.trace(values)
@@ -352,7 +397,8 @@ class KernelFunction:
         return graph_tasks(self.trace(values).results)
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
-        """Print and return the traced graph, fusion groups, schedules and loop IR for these arguments."""
+        """Print and return the traced graph, fusion groups, schedules, the disk cache's answer (its key parts,
+        and on a miss the part that differed from the nearest stored entry) and loop IR for these arguments."""
         values, key = self._bind(args, kwargs)
         cached = key in self.cache
         entry = self._compile(key, values)
@@ -360,12 +406,17 @@ class KernelFunction:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         else:
             from jitop.graph.explain import describe
-            text = describe(self.__name__, entry.exe, entry.trace, cached)
+            func = entry.exe.func
+            if func is None:  # loaded from disk without its loop IR: rebuilt for display only
+                tr = entry.trace
+                func = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results).func
+            text = describe(self.__name__, entry.exe, entry.trace, cached, entry.lookup, func)
         print(text)
         return text
 
 
 _ALL_KERNELS: "weakref.WeakSet[KernelFunction]" = weakref.WeakSet()
+_RETIRED: list[tuple[Task, int, float]] = []  # counts of signatures dropped before the log was written
 
 
 def _recompile_all() -> None:
@@ -375,6 +426,14 @@ def _recompile_all() -> None:
 
 
 on_sources_changed(_recompile_all)
+
+
+def _timed_call(entry: Compiled, values: Sequence[Any]) -> Any:
+    """Call once with a clock around it: the workload log weighs each task by where the time goes."""
+    t0 = time.perf_counter()
+    result = entry.call(values)
+    entry.seconds = time.perf_counter() - t0
+    return result
 
 
 def _no_fast_spec(*args: Any, **kwargs: Any) -> None:

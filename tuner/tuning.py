@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jitop.tuner import records as rec_io
 from jitop.tuner.apply import apply_records
+from jitop.tuner.cached import save_best
 from jitop.tuner.records import Record
 from jitop.tuner.report import Progress, TaskReport, TuneReport, nominal_peak_gflops
 from jitop.tuner.scheduler import TaskScheduler, TaskState
@@ -57,13 +58,14 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
          trials: int | None = None, records: str | os.PathLike | None = "tune.jsonl", tuner: str = "xgb",
          seed: int = 0, batch_size: int = 16, early_stopping: int | None = 400,
          options: MeasureOptions | None = None, progress: bool = True, apply: bool = True,
-         peak_gflops: float | None = None) -> TuneReport:
+         peak_gflops: float | None = None, cache: bool = True) -> TuneReport:
     """Tune the tasks `fn(*example_args)` runs (or a list of `WeightedTask`), sharing one budget: `budget`
     wall-clock ("10m", "90s", seconds; 10 minutes if neither is given) and/or `trials`, whichever ends
     first. Every measurement is appended
     to `records` (JSON lines; earlier records of the same file seed the search). `tuner`: "xgb" (model-
     guided), "random" or "grid". `apply`: later compiles in this process use the best configs found.
-    Returns a TuneReport (print it for the table).
+    `cache`: save the best record of each task in the persistent cache (JITOP_CACHE_DIR), where every later
+    process's `pick` finds it with no code change. Returns a TuneReport (print it for the table).
 
     >>> report = jitop.tune(f, a, b, trials=200)   # doctest: +SKIP
     """
@@ -83,7 +85,11 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
                               records_path=path, seed=seed, transfer=earlier,
                               on_batch=lambda s, st: _show(show, s, st))
         _resume(sched, earlier)
-        states = sched.run()
+        try:
+            states = sched.run()
+        finally:  # an interrupted run keeps what it found (the records file has every trial already)
+            if cache:
+                save_best([r for s in sched.states for r in s.search.records] + earlier)
         split = {"build": measurer.stats.get("build", 0.0), "measure": measurer.stats.get("measure", 0.0),
                  **_search_seconds(states)}
     show.close()

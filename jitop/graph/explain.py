@@ -12,7 +12,7 @@ def _node_line(n: Node, names: dict[Node, str]) -> str:
     return f"  {names[n]} = {n.prim}({src}{', ' if src and params else ''}{params}) : {n.dtype}{list(n.shape)}"
 
 
-def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
+def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None) -> str:
     order = toposort(trace.results)
     names = {n: f"%{k}" for k, n in enumerate(order)}
     for n, arg in zip(trace.inputs, trace.names):
@@ -33,5 +33,7 @@ def describe(name: str, exe: Any, trace: Any, cached: bool) -> str:
         if untuned:  # one line for all of them, never a warning per call
             lines.append(f"  {untuned} of {len(exe.templates)} untuned: template defaults for this Target "
                          "(jitop.tune(f, *args) tunes them)")
-    lines += ["", "loop IR (schedule applied):", str(exe.func)]
+    if lookup is not None:
+        lines += ["", lookup.describe()]
+    lines += ["", "loop IR (schedule applied):", str(func if func is not None else exe.func)]
     return "\n".join(lines)

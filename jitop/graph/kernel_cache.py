@@ -17,58 +17,21 @@ import hashlib
 import importlib.util
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from jitop import config
-from jitop.cache.keys import SCHEMA_VERSION, Key, nearest
+from jitop.cache import keys
+from jitop.cache.keys import Key, nearest
 from jitop.cache.store import DiskStore, NullStore
+from jitop.cachedir import INFO, KERNEL, store
+from jitop.cachedir import NULL as _NULL
 from jitop.codegen.target import llvm_version
 from jitop.errors import TargetMismatchError
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, build, constant_array, constant_nodes
 from jitop.graph.ir import toposort
 from jitop.runtime.executable import Executable
-
-KERNEL, INFO = "kernel/", "kernel-info/"
-_stores: dict[tuple, Any] = {}
-_stores_lock = threading.Lock()
-
-
-def store() -> DiskStore | NullStore:
-    """The process's cache store for the current JITOP_CACHE / JITOP_CACHE_DIR / JITOP_CACHE_SIZE."""
-    if not config.cache_enabled():
-        return _NULL
-    where = (config.cache_dir(), config.cache_size())
-    found = _stores.get(where)
-    if found is None:
-        with _stores_lock:
-            found = _stores.get(where)
-            if found is None:
-                found = _stores[where] = DiskStore(*where)
-                _drop_other_schemas(found)
-    return found
-
-
-SCHEMA_MARK = "meta/kernel-schema"
-
-
-def _drop_other_schemas(st: DiskStore) -> None:
-    """Kernels stored under another key schema can never be hit again: remove them when a store is first
-    opened by a jitop with a different schema (tinygrad's versioned table, without the stale table)."""
-    mark = st.get(SCHEMA_MARK)
-    if mark == str(SCHEMA_VERSION).encode() or not st.usable:
-        return
-    if mark is not None:
-        for prefix in (KERNEL, INFO, "pool/", "fastcall/"):
-            st.clear(prefix)
-    st.put(SCHEMA_MARK, str(SCHEMA_VERSION).encode())
-
-
-_NULL = NullStore()
-
 
 @dataclass
 class Lookup:
@@ -122,7 +85,7 @@ def kernel_key(prep: Prepared, function: str) -> Key | None:
     if graph is None:
         return None
     configs = [[task.template, task.key, choice.config.as_dict()] for task, choice in prep.choices.values()]
-    return Key.of(schema=SCHEMA_VERSION, kind="kernel", function=function, graph=graph, configs=configs,
+    return Key.of(schema=keys.SCHEMA_VERSION, kind="kernel", function=function, graph=graph, configs=configs,
                   target=prep.target.key, jitop=code_version(), llvm=llvm_version())
 
 
@@ -204,6 +167,13 @@ def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str) ->
     st.put(_info_key(key), json.dumps(info).encode())
 
 
+def forget(key: Key) -> None:
+    """Remove a stored kernel (one that failed verification)."""
+    st = store()
+    st.delete(KERNEL + key.digest)
+    st.delete(_info_key(key))
+
+
 def mark_verified(key: Key, how: str) -> None:
     """Record how a stored kernel was verified (e.g. "numpy": checked against numpy before first use)."""
     def change(old: bytes | None) -> bytes | None:
@@ -261,7 +231,7 @@ class ComponentStore:
         self.kind = kind
 
     def _key(self, content: str) -> str:
-        key = Key.of(schema=SCHEMA_VERSION, kind=self.kind, content=content, jitop=code_version())
+        key = Key.of(schema=keys.SCHEMA_VERSION, kind=self.kind, content=content, jitop=code_version())
         return f"{self.kind}/{key.digest}"
 
     def get(self, content: str) -> bytes | None:

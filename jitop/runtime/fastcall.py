@@ -67,7 +67,9 @@ _NEW_FROM_DESCR, _ARRAY_TYPE = 94, 2   # slots of numpy's C API table (__multiar
 # table words
 T_NSPECS, T_SENTINEL, T_HITS, T_NEW, T_ARRAY, T_EMPTY, T_FLOAT, T_LONG, T_BOOL, T_TRUE, T_SPECS = range(11)
 # spec words, then the input records from S_RECORDS, then the output records from word spec[S_OUTREC]
-S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_RECORDS = range(12)
+# (S_CALLS: calls this signature served, for the workload log)
+S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_CALLS, S_RECORDS = \
+    range(13)
 # input record: [kind, position | data address, descr | lo, ndim | hi, dims...]
 IN_ARRAY, IN_CONST, IN_FLOAT, IN_INT, IN_BOOL = range(5)
 # output record: [descr, ndim, recycle, spare array (a strong reference, or 0), dims...]
@@ -395,6 +397,10 @@ count:
   %h = load i64, ptr %hp, align 8
   %h1 = add i64 %h, 1
   store i64 %h1, ptr %hp, align 8
+  %ncalls.p = getelementptr i64, ptr %spec, i64 {S_CALLS}
+  %ncalls = load i64, ptr %ncalls.p, align 8
+  %ncalls1 = add i64 %ncalls, 1
+  store i64 %ncalls1, ptr %ncalls.p, align 8
   %flag = call ptr @wp(ptr %spec, i64 {S_FLAG})
   %checked = icmp ne ptr %flag, null
   br i1 %checked, label %flag.read, label %result
@@ -716,7 +722,7 @@ class Spec:
         words[:S_RECORDS] = [nargs, len(inputs), len(outputs), kernel_address,
                              int(nbytes >= RELEASE_GIL_BYTES if release_gil is None else release_gil),
                              error_flag, id(raise_error) if error_flag else 0, kind, slot,
-                             id(post) if post is not None else 0, out_at]
+                             id(post) if post is not None else 0, out_at, 0]
         self.words = (ctypes.c_int64 * len(words))(*words)
         self.address = ctypes.addressof(self.words)
         self.nargs = nargs
@@ -738,6 +744,11 @@ class Spec:
         if kind is None:
             raise ValueError(f"a scalar input must be a Python float, int or bool, not {i.kind.__name__}")
         return [kind, i.position, max(i.lo, -2 ** 63), min(i.hi, 2 ** 63 - 1)]
+
+    @property
+    def calls(self) -> int:
+        """Calls the native entry served with this signature."""
+        return int(self.words[S_CALLS])
 
     def spares(self) -> list[Any]:
         """The recycled outputs the spec holds (for tests)."""

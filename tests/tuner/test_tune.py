@@ -14,6 +14,15 @@ from jitop.tuner.measure import ErrorCode, MeasureOptions
 from jitop.tuner.task import pick
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """jitop.tune saves its best records in the persistent cache: a cache of this test's own."""
+    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
+    jitop.tuner.cached.forget()
+    yield
+    jitop.tuner.cached.forget()
+
+
 @pytest.fixture
 def mlp():
     f = jitop.kernel(lambda x, w1, w2: np.maximum(x @ w1, 0) @ w2)
@@ -57,6 +66,10 @@ def test_tune_writes_records_reports_and_applies(mlp, tmp_path) -> None:
         np.testing.assert_allclose(f(*args), np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
     finally:
         report.applied.remove()
+    # without the applied records, the persistent cache still serves the best one (any later process too)
+    assert pick(weighted.task).source == "tuned" and pick(weighted.task).config == best.config
+    jitop.tuner.cached.tuned_store().clear()
+    jitop.tuner.cached.forget()
     assert pick(weighted.task).source == "default"
 
 

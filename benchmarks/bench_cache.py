@@ -1,0 +1,302 @@
+"""The persistent kernel cache: what a program's first call costs in a fresh process, with an empty cache
+and with a warm one.
+
+    python benchmarks/bench_cache.py                       # every section
+    python benchmarks/bench_cache.py --sections coldwarm --repeat 5
+    python benchmarks/bench_cache.py --quick               # smoke test: one warm process, fewer steady calls
+
+1. coldwarm: five workloads under @jitop.kernel (fallback=False): a 10-op elementwise chain
+   (bench_kernel.ten_ops) on 2**20 float32, softmax over the last axis of (512, 1024) float32
+   (bench_kernel.softmax), a @ b on 1024x1024 float32, jitop.conv2d on ResNet-18's layer1 shape
+   (1x64x56x56, 64 3x3 filters, padding 1) and the GPT-2-small block of bench_models (T=128, one kernel).
+   Every figure comes from fresh child processes (`python -c`), each workload with its own new temporary
+   JITOP_CACHE_DIR (never the user's cache; removed at the end):
+   - cold: the first process, on the empty directory: `import jitop` time and the first call (trace,
+     lower, LLVM, save; it also builds the thread pool and the native call entry, whose object code the
+     cache keeps too), both timed with time.perf_counter inside the child;
+   - warm: --repeat more processes on the same directory (median reported): the first call,
+     `jitop.codegen.target.compile_count()` after it (LLVM runs in this process; 0 when everything came
+     from disk) and each signature's `f.cache[key].lookup.status`;
+   - steady: one more warm process times a few calls after the first (median), the scale the first call is
+     read against;
+   - process: the wall time of the cold and warm processes as the parent sees them (start of `python -c`
+     to exit: interpreter, imports, building the inputs, the first call, exit).
+   Each warm result is compared with the cold process's result (saved as .npy): code loaded from disk
+   must compute what the freshly compiled code computed. Before the workloads, one untimed process imports
+   everything with JITOP_CACHE=0, so Python's own bytecode cache (.pyc) and the OS file cache are warm in
+   the cold process too: the cold/warm difference is jitop's cache alone.
+   Targets: a warm first call of at most 5 ms per kernel; the GPT-2 block (one kernel for the whole traced
+   function) at most 100 ms.
+
+JITOP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 2 (as in bench_models.py); the children inherit them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+THREADS = 2
+for _var in ("JITOP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, str(THREADS))  # before numpy and jitop load (here and in the children)
+
+import numpy as np  # noqa: E402
+
+import jitop  # noqa: E402
+from bench_kernel import softmax, ten_ops  # noqa: E402
+from bench_models import args_gpt2, gpt2_block, median_time  # noqa: E402
+from common import busy_cores, table, versions  # noqa: E402
+
+
+# ** the workloads (module-level functions: a kernel's cache identity is its module.qualname) **
+
+def matmul(a, b):
+    return a @ b
+
+
+def conv2d_layer1(x, w):
+    return jitop.conv2d(x, w, padding=1)
+
+
+def args_chain() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(20)
+    return tuple(rng.random(1 << 20, dtype=np.float32) for _ in range(3))  # in [0, 1): b + 2 never 0
+
+
+def args_softmax() -> tuple[np.ndarray, ...]:
+    return (np.random.default_rng(21).standard_normal((512, 1024)).astype(np.float32),)
+
+
+def args_matmul() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(22)
+    return tuple(rng.random((1024, 1024), dtype=np.float32) for _ in range(2))
+
+
+def args_conv2d() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(23)
+    return rng.random((1, 64, 56, 56), dtype=np.float32), rng.random((64, 64, 3, 3), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Workload:
+    label: str
+    fn: Callable
+    make_args: Callable[[], tuple]
+    target_ms: float  # warm first call target (5 ms per kernel; the GPT-2 block as a whole 100 ms)
+
+
+WORKLOADS = {
+    "chain": Workload("10-op elementwise chain, 2^20 f32", ten_ops, args_chain, 5.0),
+    "softmax": Workload("softmax (512, 1024) f32", softmax, args_softmax, 5.0),
+    "matmul": Workload("matmul 1024^3 f32", matmul, args_matmul, 5.0),
+    "conv2d": Workload("conv2d ResNet-18 layer1 64x56x56, 3x3", conv2d_layer1, args_conv2d, 5.0),
+    "gpt2": Workload("GPT-2 block T=128", gpt2_block, args_gpt2, 100.0),
+}
+
+
+# ** the child process: import jitop, build the inputs, time the first call, report as JSON **
+
+# `import jitop` is timed before anything else imports it (bench_cache imports it too)
+CHILD = """import time
+t0 = time.perf_counter()
+import jitop
+import_s = time.perf_counter() - t0
+import sys
+sys.path.insert(0, {here!r})
+from bench_cache import child_main
+child_main(import_s)
+"""
+
+
+def child_main(import_s: float) -> None:
+    """In the child: argv = workload, steady calls (0: none), reference .npy (written if absent, else compared)."""
+    from jitop.codegen.target import compile_count
+    name, steady_calls, ref = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    wl = WORKLOADS[name]
+    args = wl.make_args()
+    f = jitop.kernel(wl.fn, fallback=False)
+    t0 = time.perf_counter()
+    out = f(*args)
+    first_s = time.perf_counter() - t0
+    compiles = compile_count()  # before anything else could compile
+    lookups = [e.lookup for e in f.cache.values() if getattr(e, "lookup", None) is not None]
+    steady_s = median_time(lambda: f(*args), steady_calls)[0] if steady_calls else None
+    print(json.dumps({"import_s": import_s, "first_s": first_s, "compiles": compiles, "steady_s": steady_s,
+                      "kernels": len(f.cache), "statuses": [lk.status for lk in lookups],
+                      "lookup_s": [lk.seconds for lk in lookups],
+                      "not_hit": [lk.describe() for lk in lookups if lk.status != "hit"],
+                      "diff": compare_or_save(np.asarray(out), ref),
+                      "target": jitop.Target.current().describe()}))
+
+
+def compare_or_save(out: np.ndarray, ref: str) -> float | None:
+    """None (and save `out`) if there is no reference yet, else max |out - reference| (inf: shape/dtype differ)."""
+    if not os.path.exists(ref):
+        np.save(ref, out)
+        return None
+    expect = np.load(ref)
+    if expect.shape != out.shape or expect.dtype != out.dtype:
+        return float("inf")
+    return float(np.max(np.abs(out.astype(np.float64) - expect), initial=0.0))
+
+
+# ** the parent: run children on one cache directory **
+
+def child_env(cache_dir: str, enabled: bool = True) -> dict[str, str]:
+    env = dict(os.environ)
+    env["JITOP_CACHE_DIR"] = cache_dir  # a temporary directory of ours, never the user's cache
+    env["JITOP_CACHE"] = "1" if enabled else "0"
+    return env
+
+
+def run_child(name: str, cache_dir: str, ref: str, steady_calls: int = 0) -> tuple[dict[str, Any], float]:
+    """(the child's report, its wall time as seen from here: process start to exit)."""
+    cmd = [sys.executable, "-c", CHILD.format(here=str(HERE)), name, str(steady_calls), ref]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=child_env(cache_dir), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"child exited {proc.returncode}: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall  # the JSON is the last line
+
+
+def prime(root: str) -> None:
+    """One untimed process that imports everything with the jitop cache off: .pyc files and the OS file cache
+    are then warm for every measured process, cold ones included."""
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import bench_cache"
+    subprocess.run([sys.executable, "-c", code], env=child_env(os.path.join(root, "prime"), enabled=False),
+                   check=True, capture_output=True)
+
+
+def measure(name: str, root: str, warm_n: int, steady_calls: int) -> dict[str, Any]:
+    """Cold process, `warm_n` warm processes, one steady-state process, all on a new cache directory."""
+    cache_dir = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+    ref = os.path.join(root, f"{name}.npy")
+    cold, cold_wall = run_child(name, cache_dir, ref)
+    warm = [run_child(name, cache_dir, ref) for _ in range(warm_n)]
+    steady, _ = run_child(name, cache_dir, ref, steady_calls)  # its wall time includes the steady calls: unused
+    return {"cold": cold, "cold_wall": cold_wall, "warm": [w for w, _ in warm],
+            "warm_wall": [t for _, t in warm], "steady": steady}
+
+
+# ** the section **
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.2f}"
+
+
+def workload_row(wl: Workload, m: dict[str, Any]) -> tuple[list[object], str, list[str]]:
+    """(table row, target line, detail lines) of one measured workload."""
+    warm_first = statistics.median(w["first_s"] for w in m["warm"])
+    warm_all = [*m["warm"], m["steady"]]  # every warm process counts for compiles and statuses
+    compiles = max(w["compiles"] for w in warm_all)
+    met = warm_first * 1e3 <= wl.target_ms and compiles == 0
+    row = [wl.label, ms(m["cold"]["first_s"]), ms(warm_first), f"{warm_first / m['cold']['first_s']:.2g}",
+           f"{compiles}" if compiles == 0 else f"**{compiles}**", ms(m["steady"]["steady_s"]),
+           f"{m['cold_wall']:.2f}", f"{statistics.median(m['warm_wall']):.2f}"]
+    scope = "the whole block" if wl.target_ms > 5 else "per kernel"
+    kernels = m["steady"]["kernels"]
+    target = (f"- {wl.label}: warm first call {ms(warm_first)} ms, target <= {wl.target_ms:g} ms ({scope}; "
+              f"{kernels} kernel{'s' if kernels != 1 else ''}){'' if compiles == 0 else f', {compiles} LLVM compiles'}"
+              f": {'met' if met else '**NOT met**'}")
+    return row, target, details(wl, m)
+
+
+def details(wl: Workload, m: dict[str, Any]) -> list[str]:
+    cold, warm = m["cold"], [*m["warm"], m["steady"]]
+    statuses = sorted({s for w in warm for s in w["statuses"]})
+    diffs = [w["diff"] for w in warm]
+    same = "identical to the cold result" if all(d == 0.0 for d in diffs) else \
+        f"**differs from the cold result** (max abs diff {max(d for d in diffs if d is not None):.3g})"
+    lines = [f"- {wl.label}: import jitop {ms(cold['import_s'])} ms cold, "
+             f"{ms(statistics.median(w['import_s'] for w in warm))} ms warm; cold process ran LLVM "
+             f"{cold['compiles']} times (statuses {', '.join(cold['statuses'])}); warm statuses "
+             f"{', '.join(statuses)}; of the warm first call, "
+             f"{ms(statistics.median(s for w in warm for s in w['lookup_s']))} ms in the cache lookup (open the "
+             f"store, key, read, load the object code), the rest traces, prepares and runs the call; "
+             f"warm results {same}"]
+    for w in warm:
+        lines += [f"  warm process not served from disk:\n\n```\n{text}\n```" for text in w["not_hit"]]
+    return lines
+
+
+HEADERS = ["workload", "cold first call ms", "warm first call ms", "warm/cold", "LLVM compiles warm",
+           "steady call ms", "process cold s", "process warm s"]
+
+
+def section_coldwarm(args: argparse.Namespace, root: str) -> str:
+    warm_n = args.repeat or (1 if args.quick else 3)
+    steady_calls = 5 if args.quick else 20
+    prime(root)
+    rows, targets, notes, failed = [], [], [], []
+    for name, wl in WORKLOADS.items():
+        print(f"  coldwarm: {name} ...", file=sys.stderr, flush=True)
+        try:
+            row, target, lines = workload_row(wl, measure(name, root, warm_n, steady_calls))
+        except Exception as err:  # one workload failing must not hide the others
+            failed.append(name)
+            rows.append([wl.label, f"failed ({err})", *[""] * (len(HEADERS) - 2)])
+            continue
+        rows.append(row)
+        targets.append(target)
+        notes += lines
+    head = (f"### Cold vs warm first call ({warm_n} warm process{'es' if warm_n > 1 else ''}, median; steady: "
+            f"median of {steady_calls} calls after the first)\n\n")
+    text = head + table(HEADERS, rows) + "\n\nTargets (warm first call, no LLVM in the warm process):\n\n" + \
+        "\n".join(targets) + "\n\nDetails:\n\n" + "\n".join(notes)
+    if failed:
+        args.failed += failed
+    return text
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace, str], str]] = {"coldwarm": section_coldwarm}
+
+
+def machine_line() -> str:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    busy = busy_cores()
+    return (f"{cpu}, {os.cpu_count()} cores; Target: {jitop.Target.current().describe()}; Python "
+            f"{platform.python_version()}, numpy {np.__version__}, {versions('llvmlite')}; JITOP_NUM_THREADS="
+            f"{os.environ['JITOP_NUM_THREADS']}, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}; "
+            f"{'other processes busy ' + format(busy, '.2f') + ' cores' if busy is not None else ''} at start")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one warm process, 5 steady calls (same sizes)")
+    p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    p.add_argument("--repeat", type=int, default=None, help="warm processes per workload (default 3; 1 with --quick)")
+    args = p.parse_args()
+    args.failed = []
+    print(f"Kernel cache (cold vs warm processes){' (--quick)' if args.quick else ''} — {machine_line()}\n",
+          flush=True)
+    root = tempfile.mkdtemp(prefix="jitop-bench-cache-")  # every cache directory of the run lives under it
+    try:
+        for name in args.sections:
+            print(SECTIONS[name](args, root) + "\n", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.failed:
+        raise SystemExit(f"failed: {', '.join(args.failed)} (see the rows above)")
+
+
+if __name__ == "__main__":
+    main()

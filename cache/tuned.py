@@ -1,0 +1,72 @@
+"""The best tuning record per (task, Target) in the persistent cache, as JSON text.
+
+Entries live under "tuned/<target key>/<template>/<task key>", so the records of one template on one
+Target (the candidates for transfer to a new workload) are one prefix. A record replaces the stored one
+only if it is faster (one read-modify-write transaction: concurrent tuners never lose the better one).
+This module stores JSON; what a record means is the tuner's business (jitop.tuner.records).
+
+>>> from jitop.cache.store import NullStore
+>>> TunedStore(NullStore()).get("cpu-key", "matmul", "abc") is None
+True
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PREFIX = "tuned/"
+
+
+class TunedStore:
+    """Best record (JSON text with a "cost" to compare) per task key, grouped by Target key and template."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    @staticmethod
+    def key(target_key: str, template: str, task_key: str) -> str:
+        return f"{PREFIX}{target_key}/{template}/{task_key}"
+
+    def get(self, target_key: str, template: str, task_key: str) -> str | None:
+        """The stored record of one task, or None."""
+        payload = self.store.get(self.key(target_key, template, task_key))
+        try:
+            return json.loads(payload)["record"] if payload is not None else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, target_key: str, template: str, task_key: str, record_json: str, cost: float) -> bool:
+        """Store `record_json` unless a record at least as fast is stored; whether it was stored."""
+        stored = []
+
+        def change(old: bytes | None) -> bytes | None:
+            if old is not None and _cost(old) <= cost:
+                return None
+            stored.append(True)
+            return json.dumps({"cost": cost, "record": record_json}).encode()
+        self.store.update(self.key(target_key, template, task_key), change)
+        return bool(stored)
+
+    def records(self, target_key: str | None = None, template: str | None = None) -> list[str]:
+        """Every stored record (of one Target and template, if given), as JSON text."""
+        prefix = PREFIX + (f"{target_key}/" if target_key else "") + (f"{template}/" if target_key and template else "")
+        out = []
+        for key, payload in self.store.items(prefix):
+            if template and not target_key and f"/{template}/" not in key:
+                continue
+            try:
+                out.append(json.loads(payload)["record"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def clear(self) -> int:
+        """Remove every stored record; how many."""
+        return self.store.clear(PREFIX)
+
+
+def _cost(payload: bytes) -> float:
+    try:
+        return float(json.loads(payload)["cost"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # an unreadable entry never blocks a real record

@@ -1,0 +1,89 @@
+"""The workload log at run time: which tuning tasks (matmul/conv2d workloads) programs ran, how often, and
+where their time went, so `jitop tune` with no arguments tunes what actually ran.
+
+Counting costs the call path nothing new: the slow path and the native entry already count calls per
+compiled signature. The counts are turned into per-task records and written to the cache in batches: at
+exit, and when a new signature compiles at least a minute after the last write.
+
+>>> isinstance(logged(), list)
+True
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from jitop.cache.workloads import WorkloadLog
+from jitop.cachedir import store
+from jitop.tuner.task import Task
+
+FLUSH_EVERY_S = 60.0
+_last_flush = time.monotonic()
+_lock = threading.Lock()
+
+
+@dataclass
+class LoggedWorkload:
+    """One task as the log knows it: total calls and seconds over every logged run."""
+
+    task: Task
+    calls: int
+    seconds: float
+    functions: list[str]
+
+
+def flush() -> None:
+    """Write the calls counted since the last flush to the cache's workload log (never raises)."""
+    global _last_flush
+    from jitop.kernel import _ALL_KERNELS, _RETIRED
+    with _lock:
+        _last_flush = time.monotonic()
+        counts: list = list(_RETIRED)
+        _RETIRED.clear()
+        names: dict[str, set[str]] = defaultdict(set)
+        for kf in list(_ALL_KERNELS):
+            mine = kf.workload_counts()
+            counts += mine
+            for task, _, _ in mine:
+                names[task.key].add(kf.qualified_name)
+        merged: dict[str, list] = {}
+        for task, calls, seconds in counts:
+            m = merged.setdefault(task.key, [task, 0, 0.0])
+            m[1] += calls
+            m[2] += seconds
+        log = WorkloadLog(store())
+        for key, (task, calls, seconds) in merged.items():
+            try:
+                log.add(task.target.key, key, task.to_json(), calls, seconds, sorted(names[key]))
+            except Exception:  # noqa: BLE001 - the log never makes a program fail
+                pass
+
+
+def maybe_flush() -> None:
+    """Flush if the last write is more than FLUSH_EVERY_S old (called when a signature compiles)."""
+    if time.monotonic() - _last_flush > FLUSH_EVERY_S:
+        flush()
+
+
+def logged(target_key: str | None = None) -> list[LoggedWorkload]:
+    """The logged workloads (of one Target, if given), heaviest first; unreadable entries are skipped."""
+    out = []
+    for e in WorkloadLog(store()).entries(target_key):
+        try:
+            task = Task.from_json(e["task"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        out.append(LoggedWorkload(task, e["calls"], e["seconds"], list(e["functions"])))
+    return out
+
+
+def clear() -> int:
+    """Forget the log; how many workloads were removed."""
+    return WorkloadLog(store()).clear()
+
+
+atexit.register(flush)

@@ -1,0 +1,147 @@
+"""Tuned configs from the persistent cache: `pick` uses them with no code change.
+
+A task gets, in order: its own tuned record (source "tuned"); else the config of the nearest tuned workload
+of the same template on the same Target, projected onto the new workload's space (source "transferred":
+each knob keeps its value if the new space has it, a split takes the nearest candidate in log scale, any
+other knob falls back to the new workload's default); else nothing, and the template's default answers.
+`jitop.tune` saves the best record of every task here.
+
+>>> import jitop
+>>> from jitop.tuner.registry import get
+>>> wl = get("matmul").workload_type(m=8, n=8, k=8)
+>>> space = get("matmul").config_space(wl, jitop.Target.from_string("haswell"))
+>>> default = get("matmul").default_config(wl, jitop.Target.from_string("haswell"))
+>>> project(default, space, default) == default
+True
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Iterable
+
+from jitop.cache.tuned import TunedStore
+from jitop.cachedir import store
+from jitop.tuner import registry
+from jitop.tuner.records import Record, best
+from jitop.tuner.space import Config, ConfigSpace
+from jitop.tuner.task import Choice, Task, add_source
+
+_by_group: dict[tuple, list[Record]] = {}  # (store directory, target key, template) -> records, read once
+_lock = threading.Lock()
+
+
+def tuned_store() -> TunedStore:
+    """The tuned records of the current cache directory."""
+    return TunedStore(store())
+
+
+def cache_source(task: Task) -> Choice | None:
+    """`pick`'s question to the cache: this task's tuned config, else one transferred from its nearest tuned
+    neighbour, else None."""
+    ts = tuned_store()
+    own = ts.get(task.target.key, task.template, task.key)
+    if own is not None:
+        rec = _parse(own)
+        if rec is not None and rec.task.key == task.key:
+            return Choice(rec.config, "tuned", f"{rec.gflops:.1f} GFLOP/s, from the cache")
+    return transferred(task, _group(ts, task))
+
+
+def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
+    """The nearest tuned workload's config, projected onto `task`'s space (None without a neighbour)."""
+    ranked = sorted((r for r in records if r.task.key != task.key), key=lambda r: distance(task, r.task))
+    if not ranked:
+        return None
+    template = registry.get(task.template)
+    space = task.config_space()
+    default = template.default_config(task.workload, task.target)
+    near = ranked[0]
+    config = project(near.config, space, default)
+    kept = sum(near.config.as_dict().get(k) == v for k, v in config.values)
+    return Choice(config, "transferred", f"from tuned {near.task.template}"
+                  f"{registry.workload_to_json(near.task.workload)} ({near.gflops:.1f} GFLOP/s there; "
+                  f"{kept} of {len(config.values)} knobs kept, the rest projected)")
+
+
+def distance(a: Task, b: Task) -> float:
+    """How far apart two workloads of one template are: the sum over numeric fields of |log ratio|, plus a
+    large step for each other field that differs (dtype, layout)."""
+    wa, wb = _fields(a.workload), _fields(b.workload)
+    d = 0.0
+    for name in set(wa) | set(wb):
+        x, y = wa.get(name), wb.get(name)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
+            d += abs(math.log((abs(x) + 1) / (abs(y) + 1)))
+        elif x != y:
+            d += 100.0
+    return d
+
+
+def project(config: Config, space: ConfigSpace, default: Config) -> Config:
+    """`config` as a point of `space`: each knob's value if it is a candidate, a split's nearest candidate
+    (log scale), else the default's value."""
+    given = config.as_dict()
+    values = []
+    for knob in space.knobs:
+        v = given.get(knob.name)
+        if v not in knob.candidates:
+            v = _nearest_split(v, knob.candidates) if knob.kind == "split" else None
+            if v is None:
+                v = default[knob.name]
+        values.append((knob.name, v))
+    return Config(tuple(sorted(values)))
+
+
+def _nearest_split(value: Any, candidates: tuple) -> Any:
+    if not isinstance(value, tuple) or not all(isinstance(c, tuple) and len(c) == len(value) for c in candidates):
+        return None
+    # the inner factors are the tiles that matter; the outermost factor follows from the extent
+    return min(candidates, key=lambda c: sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(c[1:], value[1:])))
+
+
+def save_best(records: Iterable[Record]) -> int:
+    """Store the fastest successful record of each task in the cache (kept only if faster than the stored
+    one); how many were stored."""
+    ts = tuned_store()
+    stored = 0
+    for rec in best(list(records)).values():
+        if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
+                                    rec.result.cost):
+            stored += 1
+    with _lock:
+        _by_group.clear()
+    return stored
+
+
+def _group(ts: TunedStore, task: Task) -> list[Record]:
+    where = (getattr(ts.store, "directory", None), task.target.key, task.template)
+    found = _by_group.get(where)
+    if found is None:
+        found = [r for r in (_parse(t) for t in ts.records(task.target.key, task.template)) if r is not None]
+        with _lock:
+            _by_group[where] = found
+    return found
+
+
+def forget() -> None:
+    """Drop what was read from the cache (after an import or a clear, or in tests)."""
+    with _lock:
+        _by_group.clear()
+
+
+def _parse(text: str) -> Record | None:
+    try:
+        return Record.from_json(text)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _fields(workload: Any) -> dict[str, Any]:
+    import json
+    return json.loads(registry.workload_to_json(workload))
+
+
+def install() -> None:
+    """Make `pick` consult the cache (after records applied explicitly, before the template default)."""
+    add_source(cache_source)
