@@ -1,3 +1,3 @@
 from jitop.cli import main
 
-main()
+raise SystemExit(main())

@@ -36,8 +36,8 @@ class LoggedWorkload:
     functions: list[str]
 
 
-def flush() -> None:
-    """Write the calls counted since the last flush to the cache's workload log (never raises)."""
+def flush() -> list[LoggedWorkload]:
+    """Write the calls counted since the last flush to the cache's workload log (never raises); returns them."""
     global _last_flush
     from jitop.kernel import _ALL_KERNELS, _RETIRED
     with _lock:
@@ -61,6 +61,7 @@ def flush() -> None:
                 log.add(task.target.key, key, task.to_json(), calls, seconds, sorted(names[key]))
             except Exception:  # noqa: BLE001 - the log never makes a program fail
                 pass
+    return [LoggedWorkload(task, calls, seconds, sorted(names[key])) for key, (task, calls, seconds) in merged.items()]
 
 
 def maybe_flush() -> None:

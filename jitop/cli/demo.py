@@ -1,7 +1,6 @@
-"""The `jitop` command: `jitop demo` builds a kernel and shows its speed next to numpy."""
+"""`jitop demo`: build a fused elementwise kernel and show its speed next to numpy."""
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -45,13 +44,3 @@ def _best(fn, repeat: int = 5) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="jitop", description="jitop: a numpy-compatible JIT for tensor operators")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="build a fused elementwise kernel and compare its speed with numpy")
-    p_demo.add_argument("--n", type=int, default=1 << 24, help="number of float32 elements (default 2**24)")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo(args.n)

@@ -1,0 +1,181 @@
+"""`jitop cache info | list | clear | export FILE | import FILE`: look into and manage the persistent cache.
+
+Tuned records travel as JSON lines (the tuner's record format, never pickle); importing validates every
+line (schema version, task and config this jitop can read, the task key matching its task) and reports an
+invalid one with its line number."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from jitop.cli.common import CommandError, table
+
+KINDS = {"kernels": ("kernel/", "kernel-info/"), "tuned": ("tuned/",), "workloads": ("workload/",),
+         "runtime": ("pool/", "fastcall/")}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cache", help="show, list, clear, export or import the persistent cache",
+                       description="The persistent cache: compiled kernels, tuned records, the workload log.")
+    actions = p.add_subparsers(dest="action", required=True)
+    actions.add_parser("info", help="where the cache is, its size and what it holds").set_defaults(run=info)
+    p_list = actions.add_parser("list", help="list entries")
+    p_list.add_argument("--kind", choices=("kernels", "tuned", "workloads"), default=None,
+                        help="only this kind (default: all three)")
+    p_list.set_defaults(run=list_entries)
+    p_clear = actions.add_parser("clear", help="remove entries (everything by default)")
+    p_clear.add_argument("--kind", choices=tuple(KINDS), default=None, help="only this kind")
+    p_clear.set_defaults(run=clear)
+    p_export = actions.add_parser("export", help="write the tuned records as JSON lines")
+    p_export.add_argument("file", help="output file (.jsonl); '-' for stdout")
+    p_export.set_defaults(run=export)
+    p_import = actions.add_parser("import", help="read tuned records (JSON lines) into the cache")
+    p_import.add_argument("file", help="a records file written by `jitop cache export` or jitop.tune")
+    p_import.set_defaults(run=import_records)
+
+
+def _store():
+    from jitop.cachedir import store
+    st = store()
+    if st.directory is None:
+        raise CommandError("the persistent cache is disabled (JITOP_CACHE=0)", status=1)
+    return st
+
+
+def info(args: argparse.Namespace) -> int:
+    from jitop import config
+    from jitop.graph.kernel_cache import code_version
+    st = _store()
+    print(f"directory   {st.directory}")
+    if not st.usable:
+        print(f"status      unusable: {st.refused or 'could not be opened'} (jitop runs from memory)")
+        return 1
+    # a kernel is two entries (object code and info): count the first; the runtime's two kinds both count
+    counts = {kind: sum(len(st.keys(p)) for p in (prefixes if kind == "runtime" else prefixes[:1]))
+              for kind, prefixes in KINDS.items()}
+    print(f"size        {st.volume() / 2**20:.1f} MiB of {config.cache_size() / 2**20:.0f} MiB (JITOP_CACHE_SIZE; "
+          "least recently used entries are evicted beyond it)")
+    print(f"entries     {counts['kernels']} kernels, {counts['tuned']} tuned records, "
+          f"{counts['workloads']} logged workloads, {counts['runtime']} runtime objects")
+    print(f"jitop       {code_version()} (kernels of another jitop are never loaded)")
+    return 0
+
+
+def list_entries(args: argparse.Namespace) -> int:
+    st = _store()
+    kinds = [args.kind] if args.kind else ["kernels", "tuned", "workloads"]
+    for kind in kinds:
+        rows, header = {"kernels": _kernel_rows, "tuned": _tuned_rows, "workloads": _workload_rows}[kind](st)
+        print(f"{kind} ({len(rows)}):")
+        print(table(rows, header) if rows else "  (none)")
+        print()
+    return 0
+
+
+def _kernel_rows(st) -> tuple[list, list]:
+    from jitop.graph.kernel_cache import stored_keys
+    rows = []
+    for key, meta in sorted(stored_keys(st), key=lambda k: -k[1].get("created", 0)):
+        rows.append([key.get("function"), key.digest[:12], len(key.get("configs")), key.get("target"),
+                     f"{meta.get('bytes', 0) / 1024:.0f} KiB", meta.get("verified", "?"), _when(meta.get("created"))])
+    return rows, ["function", "key", "tasks", "target", "size", "verified", "created"]
+
+
+def _tuned_rows(st) -> tuple[list, list]:
+    from jitop.tuner.cached import tuned_store
+    from jitop.tuner.records import Record
+    from jitop.tuner.report import describe_task
+    rows = []
+    for text in tuned_store().records():
+        try:
+            rec = Record.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            continue
+        rows.append([describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}", rec.task.target.key,
+                     _when(rec.result.timestamp)])
+    return rows, ["task", "key", "GFLOP/s", "target", "measured"]
+
+
+def _workload_rows(st) -> tuple[list, list]:
+    from jitop import workloads
+    from jitop.tuner.report import describe_task
+    rows = [[describe_task(w.task), w.task.key[:12], w.calls, f"{w.seconds * 1e3:.1f}", ", ".join(w.functions[:3])]
+            for w in workloads.logged()]
+    return rows, ["task", "key", "calls", "ms", "functions"]
+
+
+def clear(args: argparse.Namespace) -> int:
+    st = _store()
+    prefixes = KINDS[args.kind] if args.kind else ("",)
+    removed = sum(st.clear(p) for p in prefixes)
+    from jitop.tuner.cached import forget
+    forget()
+    print(f"removed {removed} entries from {st.directory}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from jitop.tuner.cached import tuned_store
+    from jitop.tuner.records import Record
+    _store()
+    lines = []
+    for text in tuned_store().records():
+        try:
+            lines.append(Record.from_json(text).to_json())  # only what this jitop can read back
+        except (ValueError, KeyError, TypeError):
+            continue
+    out = "".join(line + "\n" for line in lines)
+    if args.file == "-":
+        sys.stdout.write(out)
+    else:
+        tmp = f"{args.file}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(out)
+        os.replace(tmp, args.file)  # a reader never sees half a file
+    print(f"exported {len(lines)} tuned records to {args.file}", file=sys.stderr)
+    return 0
+
+
+def import_records(args: argparse.Namespace) -> int:
+    from jitop.tuner.cached import forget, tuned_store
+    from jitop.tuner.records import Record
+    _store()
+    try:
+        with open(args.file) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise CommandError(f"records file {args.file!r} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CommandError(f"cannot read records file {args.file!r}: {err}") from None
+    ts, stored, bad, total = tuned_store(), 0, 0, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        total += 1
+        try:
+            rec = Record.from_json(line)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            bad += 1
+            print(f"{args.file}:{number}: skipped, not a valid jitop tuning record ({type(err).__name__}: "
+                  f"{str(err)[:200]})", file=sys.stderr)
+            continue
+        if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
+                                    rec.result.cost):
+            stored += 1
+    forget()
+    if total == 0:
+        raise CommandError(f"records file {args.file!r} holds no records (expected JSON lines from `jitop cache "
+                           "export` or jitop.tune)", status=1)
+    print(f"imported {stored} of {total} records ({bad} invalid, the rest failed trials or no faster than the "
+          "cached ones)")
+    if bad:
+        raise CommandError(f"{bad} invalid line(s) in {args.file!r} were skipped", status=1)
+    return 0
+
+
+def _when(timestamp) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp)) if timestamp else "?"
+
+

@@ -1,0 +1,99 @@
+"""`jitop tune`: tune the workloads programs actually ran (the cache's workload log), or those one script
+runs (`--script prog.py args...`), and save the best configs in the cache for every later run."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jitop.cli.common import CommandError, run_script, table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="tune the logged workloads (or a script's) and save the best configs in the cache",
+                       description="Tune matmul/conv2d workloads. Without --script: those the workload log of the "
+                                   "cache recorded (what your programs ran, weighted by their calls); with --script: "
+                                   "run that program once to log its workloads, then tune them.")
+    limit = p.add_mutually_exclusive_group()
+    limit.add_argument("--budget", help="wall-clock budget for all tasks together, e.g. 10m, 90s (default 10m)")
+    limit.add_argument("--trials", type=int, help="total number of measured configs instead of a time budget")
+    p.add_argument("--tasks", help="comma-separated filters: tune only tasks whose name or key contains one "
+                                   "(e.g. 'conv2d', 'matmul 1024', a task key prefix)")
+    p.add_argument("--tuner", choices=("xgb", "random", "grid"), default="xgb", help="search strategy (default xgb)")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also append every measured record to this file")
+    p.add_argument("--top", type=int, default=16, help="at most this many logged workloads, heaviest first (16)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    # last, as with `python -m`: everything after the script's path is the script's own arguments
+    p.add_argument("--script", nargs=argparse.REMAINDER, metavar="FILE [ARGS]",
+                   help="run this Python program once with ARGS (put jitop's options before --script) and tune "
+                        "the workloads it ran")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jitop.tuner.tuning import WeightedTask, tune
+    if args.trials is not None and args.trials < 1:
+        raise CommandError(f"--trials must be a positive number, got {args.trials}")
+    if args.script is not None and not args.script:
+        raise CommandError("--script needs the path of a Python program, e.g. jitop tune --script prog.py")
+    logged = _script_workloads(args) if args.script else _logged_workloads()
+    if not logged:
+        raise CommandError("no tunable workload (matmul, conv2d) was logged: run your program with the cache "
+                           "enabled first, or give --script prog.py" if not args.script else
+                           f"script {args.script[0]!r} ran no tunable workload (matmul, conv2d) under @jitop.kernel "
+                           "or jitop operators", status=1)
+    chosen = _filter(logged, args.tasks)[:args.top]
+    print(_plan_table(chosen), file=sys.stderr)
+    weighted = [WeightedTask(w.task, max(1, w.calls)) for w in chosen]
+    try:
+        report = tune(weighted, budget=args.budget, trials=args.trials, records=args.out, tuner=args.tuner,
+                      progress=not args.no_progress, apply=False, cache=True)
+    except ValueError as err:  # a malformed --budget, say
+        raise CommandError(str(err)) from None
+    print(report)
+    print(f"\nbest configs saved in the cache ({_cache_dir()}); later runs pick them with no code change"
+          + (f"; every record appended to {args.out}" if args.out else ""))
+    return 0
+
+
+def _script_workloads(args: argparse.Namespace) -> list:
+    """Run the script once; the workloads it ran (this run's counts, also added to the log)."""
+    from jitop import workloads
+    workloads.flush()  # earlier counts of this process are not the script's
+    run_script(args.script[0], list(args.script[1:]))
+    ran = workloads.flush()
+    return sorted(ran, key=lambda w: -w.seconds)
+
+
+def _logged_workloads() -> list:
+    from jitop import workloads
+    from jitop.driver import default_target
+    return workloads.logged(default_target().key)
+
+
+def _filter(logged: list, spec: str | None) -> list:
+    """The workloads matching any of the comma-separated filters (a usage error if one matches nothing)."""
+    if not spec:
+        return logged
+    from jitop.tuner.report import describe_task
+    filters = [f.strip() for f in spec.split(",") if f.strip()]
+    chosen = []
+    for f in filters:
+        hits = [w for w in logged if f in describe_task(w.task) or w.task.key.startswith(f)]
+        if not hits:
+            names = "; ".join(describe_task(w.task) for w in logged[:10])
+            raise CommandError(f"--tasks filter {f!r} matches none of the {len(logged)} workload(s): {names}")
+        chosen += [w for w in hits if w not in chosen]
+    return chosen
+
+
+def _plan_table(chosen: list) -> str:
+    from jitop.tuner.report import describe_task
+    total = sum(w.seconds for w in chosen) or 1.0
+    rows = [[describe_task(w.task), str(w.calls), f"{w.seconds * 1e3:.1f}", f"{100 * w.seconds / total:.0f}%",
+             ", ".join(w.functions[:3])] for w in chosen]
+    return "tuning these workloads:\n" + table(rows, ["task", "calls", "ms", "share", "functions"]) + "\n"
+
+
+def _cache_dir() -> str:
+    from jitop import config
+    return config.cache_dir()
