@@ -55,6 +55,9 @@ class NullStore:
     def keys(self, prefix: str = "") -> list[str]:
         return []
 
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        return iter(())
+
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> None:
         pass
 
@@ -108,12 +111,15 @@ class DiskStore:
         self.refused: str | None = None
         self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "errors": 0}
         self._cache: Any = None
+        self._pid = os.getpid()
         self._failed = False
         self._warned = False
         self._lock = threading.Lock()
 
     # ** opening **
     def _open(self) -> Any:
+        if self._pid != os.getpid():  # a forked child: SQLite connections must not cross fork, open anew
+            self._cache, self._pid = None, os.getpid()
         if self._cache is not None or self._failed:
             return self._cache
         with self._lock:

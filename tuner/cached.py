@@ -24,6 +24,7 @@ from jitop.cache.tuned import TunedStore
 from jitop.cachedir import store
 from jitop.tuner import registry
 from jitop.tuner.records import Record, best
+from jitop.tuner.report import describe_task
 from jitop.tuner.space import Config, ConfigSpace
 from jitop.tuner.task import Choice, Task, add_source
 
@@ -59,8 +60,7 @@ def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
     near = ranked[0]
     config = project(near.config, space, default)
     kept = sum(near.config.as_dict().get(k) == v for k, v in config.values)
-    return Choice(config, "transferred", f"from tuned {near.task.template}"
-                  f"{registry.workload_to_json(near.task.workload)} ({near.gflops:.1f} GFLOP/s there; "
+    return Choice(config, "transferred", f"from tuned {describe_task(near.task)} ({near.gflops:.1f} GFLOP/s there; "
                   f"{kept} of {len(config.values)} knobs kept, the rest projected)")
 
 

@@ -133,8 +133,17 @@ def load_or_build(prep: Prepared, function: str) -> tuple[Executable, Lookup]:
         return build(prep), Lookup("off", key, f"cache directory {st.directory} "
                                    f"{st.refused or 'could not be opened'}")
     exe = build(prep)
-    save(st, key, exe, verified="none")
+    save(st, key, exe, verified=_verification(prep))
     return exe, Lookup("miss", key, reason, time.perf_counter() - t0)
+
+
+def _verification(prep: Prepared) -> str:
+    """How a new kernel's configs were checked: tuned ones by the tuner (each candidate's output against the
+    default config's), transferred or default ones not beyond the template's own tests."""
+    sources = {choice.source for _, choice in prep.choices.values()}
+    if "tuned" in sources:
+        return "tuned configs output-checked by the tuner"
+    return "transferred config, not checked" if "transferred" in sources else "none"
 
 
 def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, str]:

@@ -96,7 +96,7 @@ with warnings.catch_warnings(record=True) as caught:
     outs = {"elementwise": kernels[0](inputs["x"], inputs["y"]), "matmul": kernels[1](inputs["a"], inputs["b"]),
             "softmax": kernels[2](inputs["s"])}
 np.savez(sys.argv[1], **inputs, **{"out_" + k: v for k, v in outs.items()})
-print(json.dumps({"status": statuses(*kernels), "compiles": compile_count(),
+print(json.dumps({"status": statuses(*kernels), "reasons": reasons(*kernels), "compiles": compile_count(),
                   "warnings": [str(w.message) for w in caught]}))
 """
 
@@ -148,7 +148,8 @@ def test_second_process_loads_every_kernel_without_llvm(tmp_path):
     first, _ = run_child(tmp_path, "three", THREE_KERNELS, cache, tmp_path / "first.npz")
     second, _ = run_child(tmp_path, "three", THREE_KERNELS, cache, tmp_path / "second.npz")
     assert first["status"] == ["miss"] * 3 and first["compiles"] > 0
-    assert second["status"] == ["hit"] * 3
+    # the reasons name any differing key part (e.g. "jitop" if its source was edited between the two runs)
+    assert second["status"] == ["hit"] * 3, second["reasons"]
     assert second["compiles"] == 0
     check_three(tmp_path / "first.npz")
     check_three(tmp_path / "second.npz")
@@ -208,6 +209,10 @@ def test_damaged_entry_is_a_miss_and_is_removed(tmp_path, monkeypatch, damage):
     (entry2,) = k2.cache.values()
     assert entry2.lookup.status == "miss"
     assert entry2.lookup.key.digest == entry.lookup.key.digest
+    if damage != "garbage":  # it passed the store's checksum: the Executable loader refused it
+        assert "removed" in entry2.lookup.reason, entry2.lookup.reason
+    if damage == "foreign-target":
+        assert "lacks" in entry2.lookup.reason, entry2.lookup.reason
     assert entry.lookup.key.digest not in kernel_entries(tmp_path / "cache")
 
     monkeypatch.undo()
@@ -352,7 +357,7 @@ def test_eight_processes_share_a_fresh_directory(tmp_path):
         check_three(tmp_path / f"out{i}.npz")
     assert len(kernel_entries(cache)) == 3
     ninth, _ = run_child(tmp_path, "three", THREE_KERNELS, cache, tmp_path / "ninth.npz")
-    assert ninth["status"] == ["hit"] * 3 and ninth["compiles"] == 0
+    assert ninth["status"] == ["hit"] * 3 and ninth["compiles"] == 0, ninth["reasons"]
     check_three(tmp_path / "ninth.npz")
 
 
