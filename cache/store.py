@@ -142,8 +142,11 @@ class DiskStore:
         import diskcache  # imported on first use: it costs ~20 ms
         for attempt in range(_OPEN_ATTEMPTS):
             try:
+                # every value a file (disk_min_file_size=0): deleting one then frees its bytes, which the
+                # eviction below counts on (rows inside the SQLite file do not shrink it); diskcache's own
+                # culling is off (cull_limit=0): it removes 16 entries at a time, the one just written too
                 return diskcache.Cache(self.directory, size_limit=self.size_limit, timeout=30,
-                                       eviction_policy="least-recently-used", cull_limit=16)
+                                       eviction_policy="least-recently-used", cull_limit=0, disk_min_file_size=0)
             except Exception as err:  # sqlite3.OperationalError: database is locked (a concurrent creator)
                 if "locked" not in str(err) or attempt == _OPEN_ATTEMPTS - 1:
                     raise
@@ -192,8 +195,24 @@ class DiskStore:
         try:
             cache.set(key, frame(value))
             self.stats["writes"] += 1
+            if cache.volume() > self.size_limit:
+                self._evict(cache, keep=key)
         except Exception as err:  # noqa: BLE001 - full disk, read-only directory: skip
             self._warn("writing", err)
+
+    def _evict(self, cache: Any, keep: str) -> None:
+        """Remove least-recently-used entries until the cache is under its size limit again; never `keep` (the
+        entry just written) nor "meta/" entries (small, and what the store needs to interpret the rest)."""
+        excess = cache.volume() - self.size_limit
+        rows = cache._sql("SELECT key, size FROM Cache ORDER BY access_time LIMIT 1000").fetchall()
+        for key, size in rows:
+            if excess <= 0:
+                break
+            if key == keep or (isinstance(key, str) and key.startswith("meta/")):
+                continue
+            if cache.delete(key):
+                excess -= size or 0
+                self.stats["evicted"] = self.stats.get("evicted", 0) + 1
 
     def delete(self, key: str) -> None:
         """Remove one entry (nothing if it is missing or the store is unusable)."""

@@ -215,8 +215,11 @@ def stored_keys(st: DiskStore | NullStore, like: Key | None = None) -> list[tupl
 
 def _nearest_reason(st: DiskStore, key: Key) -> str:
     """Which parts differ from the nearest stored kernel of the same function (only if one exists)."""
-    same = [k for k, _ in stored_keys(st, like=key)]
-    near, differ = nearest(key, same)
+    stored = [k for k, _ in stored_keys(st, like=key)]
+    if any(k.digest == key.digest for k in stored):  # its info outlived it (evicted, or removed as damaged)
+        st.delete(_info_key(key))
+        return "; the entry with this key was removed (evicted by the size limit, or damaged)"
+    near, differ = nearest(key, stored)
     if near is None:
         return ""
     return "; nearest stored entry differs in " + ", ".join(

@@ -223,9 +223,6 @@ def test_damaged_entry_is_a_miss_and_is_removed(tmp_path, monkeypatch, damage):
         assert [e.lookup.status for e in k3.cache.values()] == [expected]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a corrupt kernel frame is deleted by DiskStore.get but its "
-                   "kernel-info entry stays, so the miss is explained against the same key: 'nearest stored entry "
-                   "differs in ' with an empty list (jitop/graph/kernel_cache.py _load/_nearest_reason)")
 def test_damaged_entry_miss_reason_is_not_empty(tmp_path, monkeypatch):
     """The reason of a miss caused by a corrupt entry does not claim a nearest entry differing in nothing."""
     monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
@@ -424,10 +421,6 @@ def test_eviction_keeps_the_cache_near_its_limit(eviction_run):
     assert DiskStore(str(tmp / "cache")).volume() <= limit + largest + 2 * 4096
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: cache/store.py opens diskcache with cull_limit=16, and diskcache culls "
-                   "cull_limit entries at once whenever a write ends at or above the limit; a cache holding <= 16 "
-                   "entries then loses everything, including the entry just written (the newest kernel is a miss "
-                   "in the next process)")
 def test_eviction_keeps_the_newest_entry(eviction_run, tmp_path):
     """Every kernel is still stored right after it was compiled (eviction removes least-recently-used entries,
     never the one just written), and a new process hits the newest one."""
