@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 import jitop  # noqa: E402
 from bench_kernel import softmax, ten_ops  # noqa: E402
 from bench_models import args_gpt2, gpt2_block, median_time  # noqa: E402
-from common import busy_cores, table, versions  # noqa: E402
+from common import busy_cores, cpu_name, table, versions  # noqa: E402
 
 
 # ** the workloads (module-level functions: a kernel's cache identity is its module.qualname) **
@@ -361,12 +361,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace, str], str]] = {"coldwarm": sec
 
 
 def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     busy = busy_cores()
     busy_text = "CPU use of other processes unknown" if busy is None else f"other processes busy {busy:.2f} cores"
     return (f"{cpu}, {os.cpu_count()} cores; Target: {jitop.Target.current().describe()}; Python "

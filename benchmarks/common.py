@@ -34,15 +34,19 @@ def versions(*packages: str) -> str:
     return ", ".join(parts)
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
 def machine() -> str:
     """The CPU, the jitop Target the benchmarks build for (Target.current(): the host, or JITOP_CPU) with the
     FP32 peak measured at the start of this run (peak.py), and the library settings."""
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     from jitop import Target
     from peak import peak
     override = os.environ.get("JITOP_CPU")

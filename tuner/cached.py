@@ -131,10 +131,19 @@ def forget() -> None:
 
 
 def _parse(text: str) -> Record | None:
+    """A stored record this jitop can use: readable, and its config a point of its task's space."""
     try:
-        return Record.from_json(text)
-    except (ValueError, KeyError, TypeError):
+        return valid_record(text)
+    except Exception:  # noqa: BLE001 - another jitop's template or workload: not usable here
         return None
+
+
+def valid_record(text: str) -> Record:
+    """A record line checked all the way: schema, task (a template this jitop has), task key, and a config
+    that is a point of the task's space. Raises (ValueError, LookupError, ...) otherwise."""
+    rec = Record.from_json(text)
+    rec.task.config_space().index_of(rec.config)
+    return rec
 
 
 def _fields(workload: Any) -> dict[str, Any]:

@@ -84,14 +84,13 @@ def _kernel_rows(st) -> tuple[list, list]:
 
 
 def _tuned_rows(st) -> tuple[list, list]:
-    from jitop.tuner.cached import tuned_store
-    from jitop.tuner.records import Record
+    from jitop.tuner.cached import tuned_store, valid_record
     from jitop.tuner.report import describe_task
     rows = []
     for text in tuned_store().records():
         try:
-            rec = Record.from_json(text)
-        except (ValueError, KeyError, TypeError):
+            rec = valid_record(text)
+        except Exception:  # noqa: BLE001 - not usable by this jitop: not listed
             continue
         rows.append([describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}", rec.task.target.key,
                      _when(rec.result.timestamp)])
@@ -117,14 +116,13 @@ def clear(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    from jitop.tuner.cached import tuned_store
-    from jitop.tuner.records import Record
+    from jitop.tuner.cached import tuned_store, valid_record
     _store()
     lines = []
     for text in tuned_store().records():
         try:
-            lines.append(Record.from_json(text).to_json())  # only what this jitop can read back
-        except (ValueError, KeyError, TypeError):
+            lines.append(valid_record(text).to_json())  # only what this jitop can read back
+        except Exception:  # noqa: BLE001
             continue
     out = "".join(line + "\n" for line in lines)
     if args.file == "-":
@@ -139,8 +137,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def import_records(args: argparse.Namespace) -> int:
-    from jitop.tuner.cached import forget, tuned_store
-    from jitop.tuner.records import Record
+    from jitop.tuner.cached import forget, tuned_store, valid_record
     _store()
     try:
         with open(args.file) as f:
@@ -155,8 +152,8 @@ def import_records(args: argparse.Namespace) -> int:
             continue
         total += 1
         try:
-            rec = Record.from_json(line)
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            rec = valid_record(line)
+        except Exception as err:  # noqa: BLE001 - any line this jitop cannot use is reported and skipped
             bad += 1
             print(f"{args.file}:{number}: skipped, not a valid jitop tuning record ({type(err).__name__}: "
                   f"{str(err)[:200]})", file=sys.stderr)

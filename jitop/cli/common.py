@@ -16,12 +16,12 @@ class CommandError(Exception):
         self.status = status
 
 
-def run_script(path: str, args: list[str]) -> None:
+def run_script(path: str, args: list[str], usage: str = "jitop tune --script prog.py") -> None:
     """Run `path` as `python path args...` would, in this process (so its kernels' counters and cache
     entries can be read afterwards). A missing file is a usage error; an exception in the script, or a
     non-zero sys.exit, is a failure (its traceback is printed)."""
     if not os.path.isfile(path):
-        raise CommandError(f"script {path!r} not found (expected a Python file, e.g. jitop tune --script prog.py)")
+        raise CommandError(f"script {path!r} not found (expected a Python file, e.g. {usage})")
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))

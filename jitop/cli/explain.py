@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jitop.kernel import _ALL_KERNELS
-    run_script(args.script, list(args.script_args))
+    run_script(args.script, list(args.script_args), usage="jitop explain prog.py")
     kernels = sorted((k for k in list(_ALL_KERNELS) if k.cache), key=lambda k: k.qualified_name)
     if not kernels:
         print(f"{args.script} ran no @jitop.kernel function (nothing was compiled)")
