@@ -355,9 +355,60 @@ def section_tune(args: argparse.Namespace, root: str) -> str:
             + "\n\nThe tuner's own table (its measurements, per task):\n\n```\n" + table_text + "\n```")
 
 
+# ** section "hotpath": what the cache and the workload log cost a call that is already compiled **
+
+HOT_CHILD = """import json, time
+import numpy as np
+import jitop
+
+def add(a, b):
+    return a + b
+
+def best_us(call, n=20000, repeat=7):
+    call()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        runs.append((time.perf_counter() - t0) / n * 1e6)
+    return sorted(runs)[len(runs) // 2]
+
+a = np.ones(10, np.float32)
+m = np.ones((8, 8), np.float32)
+f = jitop.kernel(add)
+f(a, a)
+print(json.dumps({"kernel a + b, 10 f32 (native entry)": best_us(lambda: f(a, a)),
+                  "kernel a + b, keyword call (slow path)": best_us(lambda: f(a, b=a)),
+                  "jitop.matmul 8x8 f32": best_us(lambda: jitop.matmul(m, m))}))
+"""
+
+
+def hot_path(pythonpath: str | None, cache_dir: str) -> dict[str, float]:
+    env = child_env(cache_dir)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath  # another jitop checkout (e.g. the commit before the cache)
+    out = subprocess.run([sys.executable, "-c", HOT_CHILD], env=env, capture_output=True, text=True, check=True,
+                         cwd=pythonpath or None)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def section_hotpath(args: argparse.Namespace, root: str) -> str:
+    rounds = 1 if args.quick else 3
+    runs = {"this jitop": [hot_path(None, os.path.join(root, "hot")) for _ in range(rounds)]}
+    if args.baseline:
+        runs[f"baseline {args.baseline}"] = [hot_path(args.baseline, os.path.join(root, "hot-base"))
+                                             for _ in range(rounds)]
+    names = list(runs["this jitop"][0])
+    rows = [[name, *(f"{statistics.median(r[name] for r in rs):.3f}" for rs in runs.values())] for name in names]
+    return (f"### Per-call time of compiled kernels (µs, median of {rounds} processes x 7 x 20000 calls)\n\n"
+            + table(["call", *runs], rows))
+
+
 # name -> section(args, root): its markdown; root is the run's temporary directory (cache directories go under
 # it); a section appends the names of what failed to args.failed (the script then exits non-zero)
-SECTIONS: dict[str, Callable[[argparse.Namespace, str], str]] = {"coldwarm": section_coldwarm, "tune": section_tune}
+SECTIONS: dict[str, Callable[[argparse.Namespace, str], str]] = {
+    "coldwarm": section_coldwarm, "tune": section_tune, "hotpath": section_hotpath}
 
 
 def machine_line() -> str:
@@ -376,6 +427,8 @@ def main() -> None:
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
     p.add_argument("--repeat", type=int, default=None, help="warm processes per workload (default 3; 1 with --quick)")
     p.add_argument("--tune-budget", default="5m", help="budget of `jitop tune` in section tune (default 5m)")
+    p.add_argument("--baseline", help="section hotpath: also time another jitop checkout (a directory to put on "
+                                      "PYTHONPATH, e.g. a git worktree of the commit before the cache)")
     args = p.parse_args()
     args.failed = []
     print(f"Kernel cache (cold vs warm processes){' (--quick)' if args.quick else ''} — {machine_line()}\n",

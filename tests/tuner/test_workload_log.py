@@ -18,8 +18,8 @@ from jitop.verify import compare
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
+    workloads.flush()  # counts of earlier tests go to the session's log, not this test's
     monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
-    workloads.flush()  # counts of earlier tests go to their own caches' logs, not this one
     yield
 
 
