@@ -126,8 +126,9 @@ def tiny(a):
 
 def child_main(import_s: float) -> None:
     """In the child: argv = workload, steady calls (0: none), reference .npy (written if absent, else compared).
-    A steady-state child first calls a tiny kernel: its first call pays what a process pays once (opening the
-    cache, jitop's code digest, loading the thread pool and the native entry), so the workload's first call
+    A steady-state child first calls a small kernel (2**16 elements: a parallel loop): its first call pays what a
+    process pays once (opening the cache, jitop's code digest, loading the thread pool and the native entry),
+    so the workload's first call
     then shows what one more kernel costs. Every other child calls the tiny kernel last (so it is cached)."""
     from jitop.codegen.target import compile_count
     name, steady_calls, ref = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -137,7 +138,7 @@ def child_main(import_s: float) -> None:
     init_s = None
     if steady_calls:
         t0 = time.perf_counter()
-        small(np.ones(8, np.float32))
+        small(np.ones(1 << 16, np.float32))
         init_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = f(*args)
@@ -146,7 +147,7 @@ def child_main(import_s: float) -> None:
     lookups = [e.lookup for e in f.cache.values() if getattr(e, "lookup", None) is not None]
     steady_s = median_time(lambda: f(*args), steady_calls)[0] if steady_calls else None
     if not steady_calls:
-        small(np.ones(8, np.float32))
+        small(np.ones(1 << 16, np.float32))
     print(json.dumps({"import_s": import_s, "first_s": first_s, "init_s": init_s, "compiles": compiles, "steady_s": steady_s,
                       "kernels": len(f.cache), "statuses": [lk.status for lk in lookups],
                       "lookup_s": [lk.seconds for lk in lookups],
