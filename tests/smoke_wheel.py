@@ -50,6 +50,35 @@ def _naive_conv2d(x, w, stride: int, padding: int):
     return out.astype(x.dtype)
 
 
+WARM_CHILD = """import numpy as np, jitop
+from jitop.codegen.target import compile_count
+a = np.arange(12, dtype=np.float32).reshape(3, 4)
+f = jitop.kernel(lambda a: np.tanh(a) * 2 + 1)
+r = f(a)
+assert np.allclose(r, np.tanh(a) * 2 + 1), r
+print(",".join(e.lookup.status for e in f.cache.values()), compile_count())
+"""
+
+
+def _check_cli_and_warm_process(cache_dir: str) -> None:
+    """The installed `jitop` script answers, and a second process loads a kernel the first one saved."""
+    global _passed
+    import subprocess
+    script = pathlib.Path(sys.executable).parent / "jitop"
+    info = subprocess.run([str(script), "cache", "info"], capture_output=True, text=True, timeout=120)
+    if info.returncode != 0 or cache_dir not in info.stdout:
+        _fail(f"`jitop cache info` exited {info.returncode}: {info.stdout[-500:]} {info.stderr[-500:]}")
+    _passed += 1
+    print("smoke_wheel: jitop cache info ok")
+    runs = [subprocess.run([sys.executable, "-c", WARM_CHILD], capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    outs = [r.stdout.strip().split() for r in runs]
+    if any(r.returncode for r in runs) or [o[0] for o in outs] != ["miss", "hit"] or outs[1][1] != "0":
+        _fail(f"cold/warm processes: {outs} {[r.stderr[-500:] for r in runs]}")
+    _passed += 1
+    print("smoke_wheel: second process loads the kernel from the cache, no LLVM ok")
+
+
 def main(argv: list[str]) -> None:
     source_tree = pathlib.Path(argv[1]).resolve() if len(argv) > 1 else pathlib.Path(__file__).resolve().parents[1]
     # the persistent cache (thread-pool object code) goes to a throwaway directory, not the user's
@@ -94,6 +123,7 @@ def main(argv: list[str]) -> None:
         _check_close(f"jitop.conv2d stride={stride} padding={padding}",
                      jitop.conv2d(img, w, stride=stride, padding=padding), _naive_conv2d(img, w, stride, padding))
 
+    _check_cli_and_warm_process(cache_dir)
     import shutil
     shutil.rmtree(cache_dir, ignore_errors=True)
     print(f"smoke_wheel: {_passed} passed, 0 failed")
