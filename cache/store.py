@@ -29,6 +29,7 @@ MAGIC = b"JTCE"
 FORMAT_VERSION = 1
 _FRAME = struct.Struct("<4sH32s")  # magic, format version, sha256 of the payload
 DEFAULT_SIZE_LIMIT = 2 << 30       # 2 GiB
+KEPT = ("meta/", "tuned/", "workload/")  # never evicted: store metadata, tuned records, the workload log
 _OPEN_ATTEMPTS = 20                # opening races ("database is locked" when many processes create it at once)
 
 
@@ -38,10 +39,11 @@ class Store(Protocol):
 
 
 class NullStore:
-    """Remembers nothing (caching disabled, or the directory was refused)."""
+    """Remembers nothing (caching disabled): every read misses, every write is dropped, lists are empty."""
 
     directory = None
     refused: str | None = None
+    usable = False
 
     def get(self, key: str) -> bytes | None:
         return None
@@ -97,9 +99,18 @@ def refusal(directory: str) -> str | None:
         return "is not a directory"
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
         return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by {'group and others' if st.st_mode & stat.S_IWOTH and st.st_mode & stat.S_IWGRP else 'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
+    if writers:
+        return f"is writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def make_private(directory: str) -> None:
+    """Close a directory of ours to group and others (mode 700): what diskcache creates inside it follows the
+    umask (possibly group-writable), so only a private top directory keeps others from replacing entries."""
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    if mode & 0o077:
+        os.chmod(directory, mode & 0o700)
 
 
 class DiskStore:
@@ -139,6 +150,7 @@ class DiskStore:
         if why is not None:
             self.refused = why
             raise PermissionError(f"the directory {why}; its native code is never loaded")
+        make_private(self.directory)
         import diskcache  # imported on first use: it costs ~20 ms
         for attempt in range(_OPEN_ATTEMPTS):
             try:
@@ -157,8 +169,11 @@ class DiskStore:
         self.stats["errors"] += 1
         if not self._warned:
             self._warned = True
-            warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err}); continuing without it",
-                          RuntimeWarning, stacklevel=4)
+            try:
+                warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err}); continuing without it",
+                              RuntimeWarning, stacklevel=4)
+            except Exception:  # noqa: BLE001 - warnings turned into errors (-W error) must not fail the call
+                pass
 
     @property
     def usable(self) -> bool:
@@ -202,13 +217,13 @@ class DiskStore:
 
     def _evict(self, cache: Any, keep: str) -> None:
         """Remove least-recently-used entries until the cache is under its size limit again; never `keep` (the
-        entry just written) nor "meta/" entries (small, and what the store needs to interpret the rest)."""
+        entry just written) nor entries under a KEPT prefix (small, and costly or impossible to rebuild)."""
         excess = cache.volume() - self.size_limit
         rows = cache._sql("SELECT key, size FROM Cache ORDER BY access_time LIMIT 1000").fetchall()
         for key, size in rows:
             if excess <= 0:
                 break
-            if key == keep or (isinstance(key, str) and key.startswith("meta/")):
+            if key == keep or not isinstance(key, str) or key.startswith(KEPT):
                 continue
             if cache.delete(key):
                 excess -= size or 0

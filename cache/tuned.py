@@ -12,7 +12,7 @@ True
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 PREFIX = "tuned/"
 
@@ -25,6 +25,7 @@ class TunedStore:
 
     @staticmethod
     def key(target_key: str, template: str, task_key: str) -> str:
+        """The store key of one task's record."""
         return f"{PREFIX}{target_key}/{template}/{task_key}"
 
     def get(self, target_key: str, template: str, task_key: str) -> str | None:
@@ -35,12 +36,14 @@ class TunedStore:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def put(self, target_key: str, template: str, task_key: str, record_json: str, cost: float) -> bool:
-        """Store `record_json` unless a record at least as fast is stored; whether it was stored."""
+    def put(self, target_key: str, template: str, task_key: str, record_json: str, cost: float,
+            usable: Callable[[str], bool] = lambda text: True) -> bool:
+        """Store `record_json` unless a usable record at least as fast is stored (`usable(stored record JSON)`:
+        a record the reader could not use, from another jitop say, never blocks a real one); whether stored."""
         stored = []
 
         def change(old: bytes | None) -> bytes | None:
-            if old is not None and _cost(old) <= cost:
+            if old is not None and _cost(old) <= cost and usable(_record(old)):
                 return None
             stored.append(True)
             return json.dumps({"cost": cost, "record": record_json}).encode()
@@ -63,6 +66,13 @@ class TunedStore:
     def clear(self) -> int:
         """Remove every stored record; how many."""
         return self.store.clear(PREFIX)
+
+
+def _record(payload: bytes) -> str:
+    try:
+        return str(json.loads(payload)["record"])
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def _cost(payload: bytes) -> float:

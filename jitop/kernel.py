@@ -1,14 +1,16 @@
 """@jitop.kernel: trace a numpy function once per argument signature, compile it, dispatch later calls.
 
-Dispatch is in-memory (ArgSpec key -> compiled executable); the persistent cache and tuned
-schedules plug in at `_compile` later. Anything that cannot be traced runs as plain numpy with one
-warning per construct (or raises with fallback=False).
+Dispatch: ArgSpec key -> in memory -> the persistent disk cache (jitop/graph/kernel_cache.py, keyed on the
+trace) -> compile and save. Calls of each signature are counted for the workload log (jitop/workloads.py).
+Anything that cannot be traced runs as plain numpy with one warning per construct (or raises with
+fallback=False).
 """
 from __future__ import annotations
 
 import ctypes
 import inspect
 import math
+import os
 import threading
 import time
 import traceback
@@ -138,15 +140,19 @@ class KernelFunction:
         self._fast_specs: dict[tuple, Any] = {}   # key -> its fastcall.Spec, or None if it has none
         self._fast_table: list[Any] = []          # the specs self._fast serves, newest first
         self._fast_hits = ctypes.c_int64(0)       # calls the native entry served (counted in `hits`)
+        # what the workload log reads; a finalizer keeps the unlogged counts of a collected function
+        self._books = [self.cache, self._fast_specs, self.qualified_name]
+        weakref.finalize(self, _retire_books, self._books)
         _ALL_KERNELS.add(self)
 
     def clear_cache(self) -> None:
         """Forget every compiled signature (the next call of each traces and compiles again)."""
         with self._lock:
-            _RETIRED.extend(self.workload_counts())  # calls not yet in the workload log are kept
+            self._retire()  # calls not yet in the workload log are kept
             self._fast = _always_miss  # one atomic swap: a call in flight finishes on the old entry
             self._fast_table, self._fast_specs = [], {}
             self.cache = {}
+            self._books[:2] = [self.cache, self._fast_specs]
 
     @property
     def hits(self) -> int:
@@ -161,18 +167,10 @@ class KernelFunction:
         """(task, calls, seconds) of every tuning task this function ran since the last time it was asked: the
         calls of each signature (slow path and native entry) times the tasks it runs; seconds are the calls
         times one measured call, split over the signature's tasks by their flops."""
-        out = []
-        for key, entry in list(self.cache.items()):
-            if entry is _FALLBACK or not entry.tasks:
-                continue
-            spec = self._fast_specs.get(key)
-            total = entry.calls + (spec.calls if spec is not None else 0)
-            new, entry.logged = total - entry.logged, total
-            if new <= 0:
-                continue
-            flops = sum(t.flops for t in entry.tasks) or 1
-            out += [(t, new, new * (entry.seconds or 0.0) * t.flops / flops) for t in entry.tasks]
-        return out
+        return _counts(self.cache, self._fast_specs)
+
+    def _retire(self) -> None:
+        _retire_books(self._books)
 
     # ** calling **
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -401,7 +399,7 @@ class KernelFunction:
         and on a miss the part that differed from the nearest stored entry) and loop IR for these arguments."""
         values, key = self._bind(args, kwargs)
         cached = key in self.cache
-        entry = self._compile(key, values)
+        entry = self._compile(key, values, lambda: self.fn(*args, **kwargs))
         if entry is _FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         else:
@@ -416,7 +414,7 @@ class KernelFunction:
 
 
 _ALL_KERNELS: "weakref.WeakSet[KernelFunction]" = weakref.WeakSet()
-_RETIRED: list[tuple[Task, int, float]] = []  # counts of signatures dropped before the log was written
+_RETIRED: list[tuple[Task, int, float, str]] = []  # counts (and function) of signatures dropped before a flush
 
 
 def _recompile_all() -> None:
@@ -426,6 +424,42 @@ def _recompile_all() -> None:
 
 
 on_sources_changed(_recompile_all)
+
+
+def _counts(cache: dict, specs: dict) -> list[tuple[Task, int, float]]:
+    """The unlogged (task, calls, seconds) of a function's compiled signatures (see workload_counts); marks
+    them logged."""
+    out = []
+    for key, entry in list(cache.items()):
+        if entry is _FALLBACK or not entry.tasks:
+            continue
+        spec = specs.get(key)
+        total = entry.calls + (spec.calls if spec is not None else 0)
+        new, entry.logged = total - entry.logged, total
+        if new <= 0:
+            continue
+        flops = sum(t.flops for t in entry.tasks) or 1
+        out += [(t, new, new * (entry.seconds or 0.0) * t.flops / flops) for t in entry.tasks]
+    return out
+
+
+def _retire_books(books: list) -> None:
+    """Unlogged counts of a function's signatures (about to be dropped, or the function collected) wait in
+    _RETIRED, with the function's name, for the next flush."""
+    try:
+        _RETIRED.extend((*count, books[2]) for count in _counts(books[0], books[1]))
+    except Exception:  # noqa: BLE001 - a finalizer must never raise
+        pass
+
+
+def _forget_in_child() -> None:
+    """After fork: the parent logs its own counts; the child starts from zero (else they are logged twice)."""
+    for kf in list(_ALL_KERNELS):
+        _counts(kf.cache, kf._fast_specs)
+    _RETIRED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _timed_call(entry: Compiled, values: Sequence[Any]) -> Any:
@@ -451,6 +485,10 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
                 pos, kw = _split_values(kf, values)
                 try:
                     new = kf._trace_and_build(list(values))
+                    if config.verify():
+                        new = kf._verified(new, list(values), lambda: kf.fn(*pos, **kw))
+                        if new is _FALLBACK:
+                            return kf.fn(*pos, **kw)
                 except (Unsupported, TracerConversionError, NotImplementedError) as err:
                     kf._fall_back(err)
                     return kf.fn(*pos, **kw)
@@ -460,7 +498,9 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
                         raise numpy_error if type(numpy_error) is not type(err) else err
                     kf._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
                     return kf.fn(*pos, **kw)
-                entry.exe, entry.trace = new.exe, new.trace
+                kf._retire()  # calls so far ran the old graph's tasks
+                entry.exe, entry.trace, entry.lookup, entry.tasks = new.exe, new.trace, new.lookup, new.tasks
+                entry.seconds = None
         return run(values)
 
     def run(values: Sequence[Any]) -> Any:

@@ -11,7 +11,6 @@ True
 from __future__ import annotations
 
 import atexit
-import json
 import threading
 import time
 from collections import defaultdict
@@ -37,31 +36,41 @@ class LoggedWorkload:
 
 
 def flush() -> list[LoggedWorkload]:
-    """Write the calls counted since the last flush to the cache's workload log (never raises); returns them."""
+    """Write the calls counted since the last flush to the cache's workload log; returns them. Never raises
+    (the log must not make a program fail) and opens nothing when there is nothing to write."""
     global _last_flush
-    from jitop.kernel import _ALL_KERNELS, _RETIRED
-    with _lock:
-        _last_flush = time.monotonic()
-        counts: list = list(_RETIRED)
-        _RETIRED.clear()
-        names: dict[str, set[str]] = defaultdict(set)
-        for kf in list(_ALL_KERNELS):
-            mine = kf.workload_counts()
-            counts += mine
-            for task, _, _ in mine:
-                names[task.key].add(kf.qualified_name)
-        merged: dict[str, list] = {}
-        for task, calls, seconds in counts:
-            m = merged.setdefault(task.key, [task, 0, 0.0])
-            m[1] += calls
-            m[2] += seconds
-        log = WorkloadLog(store())
-        for key, (task, calls, seconds) in merged.items():
-            try:
-                log.add(task.target.key, key, task.to_json(), calls, seconds, sorted(names[key]))
-            except Exception:  # noqa: BLE001 - the log never makes a program fail
-                pass
+    try:
+        with _lock:
+            _last_flush = time.monotonic()
+            merged, names = _collect()
+            if merged:
+                _write(merged, names)
+    except Exception:  # noqa: BLE001
+        return []
     return [LoggedWorkload(task, calls, seconds, sorted(names[key])) for key, (task, calls, seconds) in merged.items()]
+
+
+def _collect() -> tuple[dict[str, list], dict[str, set[str]]]:
+    """Unlogged counts of every live kernel function and of retired ones, merged per task."""
+    from jitop.kernel import _ALL_KERNELS, _RETIRED
+    counts: list = list(_RETIRED)
+    _RETIRED.clear()
+    for kf in list(_ALL_KERNELS):
+        counts += [(*count, kf.qualified_name) for count in kf.workload_counts()]
+    names: dict[str, set[str]] = defaultdict(set)
+    merged: dict[str, list] = {}
+    for task, calls, seconds, name in counts:
+        names[task.key].add(name)
+        m = merged.setdefault(task.key, [task, 0, 0.0])
+        m[1] += calls
+        m[2] += seconds
+    return merged, names
+
+
+def _write(merged: dict[str, list], names: dict[str, set[str]]) -> None:
+    log = WorkloadLog(store())
+    for key, (task, calls, seconds) in merged.items():
+        log.add(task.target.key, key, task.to_json(), calls, seconds, sorted(names[key]))
 
 
 def maybe_flush() -> None:

@@ -26,7 +26,7 @@ from jitop.tuner import registry
 from jitop.tuner.records import Record, best
 from jitop.tuner.report import describe_task
 from jitop.tuner.space import Config, ConfigSpace
-from jitop.tuner.task import Choice, Task, add_source
+from jitop.tuner.task import Choice, Task
 
 _by_group: dict[tuple, list[Record]] = {}  # (store directory, target key, template) -> records, read once
 _lock = threading.Lock()
@@ -105,13 +105,23 @@ def save_best(records: Iterable[Record]) -> int:
     one); how many were stored."""
     ts = tuned_store()
     stored = 0
-    for rec in best(list(records)).values():
+    for rec in best([r for r in records if usable(r)]).values():
         if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost):
+                                    rec.result.cost, lambda text: _parse(text) is not None):
             stored += 1
     with _lock:
         _by_group.clear()
     return stored
+
+
+def usable(rec: Record) -> bool:
+    """Whether a record's config is a point of its task's space in this jitop (an old records file may hold
+    configs of an older template)."""
+    try:
+        rec.task.config_space().index_of(rec.config)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 def _group(ts: TunedStore, task: Task) -> list[Record]:
@@ -149,8 +159,3 @@ def valid_record(text: str) -> Record:
 def _fields(workload: Any) -> dict[str, Any]:
     import json
     return json.loads(registry.workload_to_json(workload))
-
-
-def install() -> None:
-    """Make `pick` consult the cache (after records applied explicitly, before the template default)."""
-    add_source(cache_source)

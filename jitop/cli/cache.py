@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 from jitop.cli.common import CommandError, table
 
@@ -17,6 +18,7 @@ KINDS = {"kernels": ("kernel/", "kernel-info/"), "tuned": ("tuned/",), "workload
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `jitop cache` and its actions."""
     p = sub.add_parser("cache", help="show, list, clear, export or import the persistent cache",
                        description="The persistent cache: compiled kernels, tuned records, the workload log.")
     actions = p.add_subparsers(dest="action", required=True)
@@ -36,22 +38,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p_import.set_defaults(run=import_records)
 
 
-def _store():
+def _store() -> Any:
+    """The usable cache store, else a failure saying why (disabled, refused, unopenable)."""
     from jitop.cachedir import store
     st = store()
     if st.directory is None:
         raise CommandError("the persistent cache is disabled (JITOP_CACHE=0)", status=1)
+    if not st.usable:
+        raise CommandError(f"the cache directory {st.directory} {st.refused or 'could not be opened'}; nothing "
+                           "was read or written", status=1)
     return st
 
 
 def info(args: argparse.Namespace) -> int:
+    """`jitop cache info`: where the cache is, its size and limit, what it holds."""
     from jitop import config
     from jitop.graph.kernel_cache import code_version
     st = _store()
     print(f"directory   {st.directory}")
-    if not st.usable:
-        print(f"status      unusable: {st.refused or 'could not be opened'} (jitop runs from memory)")
-        return 1
     # a kernel is two entries (object code and info): count the first; the runtime's two kinds both count
     counts = {kind: sum(len(st.keys(p)) for p in (prefixes if kind == "runtime" else prefixes[:1]))
               for kind, prefixes in KINDS.items()}
@@ -64,6 +68,7 @@ def info(args: argparse.Namespace) -> int:
 
 
 def list_entries(args: argparse.Namespace) -> int:
+    """`jitop cache list`: kernels, tuned records and logged workloads as tables."""
     st = _store()
     kinds = [args.kind] if args.kind else ["kernels", "tuned", "workloads"]
     for kind in kinds:
@@ -74,7 +79,7 @@ def list_entries(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernel_rows(st) -> tuple[list, list]:
+def _kernel_rows(st: Any) -> tuple[list, list]:
     from jitop.graph.kernel_cache import stored_keys
     rows = []
     for key, meta in sorted(stored_keys(st), key=lambda k: -k[1].get("created", 0)):
@@ -83,7 +88,7 @@ def _kernel_rows(st) -> tuple[list, list]:
     return rows, ["function", "key", "tasks", "target", "size", "verified", "created"]
 
 
-def _tuned_rows(st) -> tuple[list, list]:
+def _tuned_rows(st: Any) -> tuple[list, list]:
     from jitop.tuner.cached import tuned_store, valid_record
     from jitop.tuner.report import describe_task
     rows = []
@@ -97,7 +102,7 @@ def _tuned_rows(st) -> tuple[list, list]:
     return rows, ["task", "key", "GFLOP/s", "target", "measured"]
 
 
-def _workload_rows(st) -> tuple[list, list]:
+def _workload_rows(st: Any) -> tuple[list, list]:
     from jitop import workloads
     from jitop.tuner.report import describe_task
     rows = [[describe_task(w.task), w.task.key[:12], w.calls, f"{w.seconds * 1e3:.1f}", ", ".join(w.functions[:3])]
@@ -106,6 +111,7 @@ def _workload_rows(st) -> tuple[list, list]:
 
 
 def clear(args: argparse.Namespace) -> int:
+    """`jitop cache clear`: remove every entry, or those of one kind."""
     st = _store()
     prefixes = KINDS[args.kind] if args.kind else ("",)
     removed = sum(st.clear(p) for p in prefixes)
@@ -116,6 +122,7 @@ def clear(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    """`jitop cache export FILE`: the tuned records this jitop can use, as JSON lines."""
     from jitop.tuner.cached import tuned_store, valid_record
     _store()
     lines = []
@@ -129,14 +136,18 @@ def export(args: argparse.Namespace) -> int:
         sys.stdout.write(out)
     else:
         tmp = f"{args.file}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(out)
-        os.replace(tmp, args.file)  # a reader never sees half a file
+        try:
+            with open(tmp, "w") as f:
+                f.write(out)
+            os.replace(tmp, args.file)  # a reader never sees half a file
+        except OSError as err:
+            raise CommandError(f"cannot write {args.file!r}: {err.strerror or err}") from None
     print(f"exported {len(lines)} tuned records to {args.file}", file=sys.stderr)
     return 0
 
 
 def import_records(args: argparse.Namespace) -> int:
+    """`jitop cache import FILE`: validated records into the cache (exit 1 if a line was invalid)."""
     from jitop.tuner.cached import forget, tuned_store, valid_record
     _store()
     try:
@@ -159,7 +170,7 @@ def import_records(args: argparse.Namespace) -> int:
                   f"{str(err)[:200]})", file=sys.stderr)
             continue
         if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost):
+                                    rec.result.cost, lambda text: _usable(text)):
             stored += 1
     forget()
     if total == 0:
@@ -172,7 +183,16 @@ def import_records(args: argparse.Namespace) -> int:
     return 0
 
 
-def _when(timestamp) -> str:
+def _usable(text: str) -> bool:
+    from jitop.tuner.cached import valid_record
+    try:
+        valid_record(text)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _when(timestamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp)) if timestamp else "?"
 
 

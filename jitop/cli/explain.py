@@ -12,6 +12,7 @@ from jitop.cli.common import run_script
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `jitop explain`."""
     p = sub.add_parser("explain", help="run a program and report what jitop compiled, cached and how fast it ran")
     p.add_argument("script", help="the Python program to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -19,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the program, then describe every compiled signature of every @jitop.kernel function."""
     from jitop.kernel import _ALL_KERNELS
     run_script(args.script, list(args.script_args), usage="jitop explain prog.py")
     kernels = sorted((k for k in list(_ALL_KERNELS) if k.cache), key=lambda k: k.qualified_name)

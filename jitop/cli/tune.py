@@ -9,6 +9,7 @@ from jitop.cli.common import CommandError, run_script, table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `jitop tune`."""
     p = sub.add_parser("tune", help="tune the logged workloads (or a script's) and save the best configs in the cache",
                        description="Tune matmul/conv2d workloads. Without --script: those the workload log of the "
                                    "cache recorded (what your programs ran, weighted by their calls); with --script: "
@@ -30,7 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Tune the chosen workloads, save the best configs in the cache, print the before/after table."""
+    from jitop.cli.cache import _store
     from jitop.tuner.tuning import WeightedTask, tune
+    _store()  # a disabled or refused cache: say so before tuning, not after
     if args.trials is not None and args.trials < 1:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
@@ -65,9 +69,19 @@ def _script_workloads(args: argparse.Namespace) -> list:
 
 
 def _logged_workloads() -> list:
+    """Logged workloads whose Target this machine runs (any thread count or build options), heaviest first."""
     from jitop import workloads
-    from jitop.driver import default_target
-    return workloads.logged(default_target().key)
+    from jitop.errors import TargetMismatchError
+    runnable, foreign = [], 0
+    for w in workloads.logged():
+        try:
+            w.task.target.check_runs_on(what=str(w.task))
+            runnable.append(w)
+        except TargetMismatchError:
+            foreign += 1
+    if foreign:
+        print(f"skipping {foreign} logged workload(s) built for a CPU this machine cannot run", file=sys.stderr)
+    return runnable
 
 
 def _filter(logged: list, spec: str | None) -> list:

@@ -44,6 +44,7 @@ class Lookup:
     seconds: float = 0.0
 
     def describe(self) -> str:
+        """What happened and why, then the key's parts (for explain)."""
         head = {"hit": "disk cache hit (object code loaded, LLVM not run)",
                 "miss": "disk cache miss (compiled and saved)",
                 "off": "disk cache off", "uncacheable": "not cached"}[self.status]
@@ -61,6 +62,8 @@ def graph_key(prep: Prepared) -> str | None:
     order = toposort(prep.unique)
     index = {n: k for k, n in enumerate(order)}
     h = hashlib.sha256(json.dumps([prep.name, prep.input_names, repr(prep.input_plan)]).encode())
+    # every argument's shape and dtype, used or not (the native entry checks them all)
+    h.update(repr([(n.prim, n.shape, str(n.dtype), n.weak, n.params) for n in prep.inputs]).encode())
     live = 0
     for n in order:
         params = []
@@ -247,7 +250,9 @@ class ComponentStore:
         return f"{self.kind}/{key.digest}"
 
     def get(self, content: str) -> bytes | None:
+        """The object code stored for this content key, or None."""
         return store().get(self._key(content))
 
     def put(self, content: str, value: bytes) -> None:
+        """Store object code under this content key."""
         store().put(self._key(content), value)

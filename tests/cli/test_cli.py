@@ -374,3 +374,19 @@ def test_demo_runs(tmp_path: Path) -> None:
     r = run(tmp_path, tmp_path / "cache", "demo", "--n", "4096")
     assert r.returncode == 0, show(r)
     assert "target:" in r.stdout and "speed-up" in r.stdout and "max abs difference" in r.stdout, show(r)
+
+
+@pytest.mark.parametrize("args", [["cache", "clear"], ["cache", "info"], ["tune", "--trials", "2"]])
+def test_a_refused_cache_directory_is_a_failure_not_a_silent_success(tmp_path: Path, args: list[str]) -> None:
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)  # writable by others: refused
+    r = run(tmp_path, cache, *args)
+    assert r.returncode == 1, show(r)
+    assert str(cache) in r.stderr and "writable by" in r.stderr, show(r)
+    assert list(cache.iterdir()) == []
+
+
+def test_export_to_an_unwritable_path_is_a_clear_error(tuned: Tuned, tmp_path: Path) -> None:
+    r = run(tmp_path, tuned.cache, "cache", "export", str(tmp_path / "no" / "such" / "dir.jsonl"))
+    assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr, show(r)

@@ -3,6 +3,8 @@ from the nearest tuned workload of the template, projected onto the new space ("
 the cache keeps the fastest record per task."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,15 @@ def test_a_kernel_compiles_with_the_cached_config_and_stays_numpy_correct() -> N
     np.testing.assert_allclose(f(x, w), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
     (entry,) = f.cache.values()
     assert any("tuned config" in t and cfg.to_json() in t for t in entry.exe.templates)
+
+
+def test_an_unusable_stored_record_never_blocks_a_real_one() -> None:
+    task = matmul_task(64, 64, 64)
+    bogus = Config(tuple(sorted({**non_default(task).as_dict(), "tile_m": "x"}.items())))
+    stored = record(task, bogus, 1e-9).to_json()  # from another jitop: its config is not in our space
+    cached.tuned_store().store.update(cached.tuned_store().key(task.target.key, "matmul", task.key),
+                                      lambda old: json.dumps({"cost": 1e-9, "record": stored}).encode())
+    assert pick(task).source == "default"
+    good = non_default(task, 3)
+    assert cached.save_best([record(task, good, 1e-4)]) == 1
+    assert pick(task).config == good and pick(task).source == "tuned"

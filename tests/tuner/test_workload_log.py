@@ -54,6 +54,36 @@ def test_counts_survive_a_recompile_and_reach_the_log() -> None:
     assert workloads.logged()[0].calls == 3
 
 
+def test_counts_of_a_collected_kernel_function_reach_the_log() -> None:
+    def run() -> None:
+        g = jitop.kernel(lambda x, w: x @ w)  # local: collected when run() returns
+        x, w, _ = mlp_args(12)
+        for _ in range(9):
+            g(x, w)
+    run()
+    import gc
+    gc.collect()
+    (logged,) = workloads.flush()
+    assert logged.calls == 9 and logged.functions and "<lambda>" in logged.functions[0]
+
+
+def test_a_forked_child_does_not_log_its_parent_calls_again() -> None:
+    f = jitop.kernel(lambda x, w: x @ w)
+    x, w, _ = mlp_args(10)
+    for _ in range(6):
+        f(x, w)
+    pid = os.fork()
+    if pid == 0:  # the child exits through atexit (its flush must not log the parent's 6 calls)
+        try:
+            f(x, w)
+            workloads.flush()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    workloads.flush()
+    assert workloads.logged()[0].calls == 7  # 6 in the parent + 1 in the child
+
+
 def test_processes_add_to_one_log(tmp_path) -> None:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent("""
