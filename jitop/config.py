@@ -91,3 +91,23 @@ def cache_size() -> int:
 def verify() -> bool:
     """JITOP_VERIFY=1: check every newly compiled kernel against numpy before its first use."""
     return _env_int("JITOP_VERIFY", 0) != 0
+
+
+def autotune() -> str:
+    """JITOP_AUTOTUNE: "background" tunes every @jitop.kernel's heavy workloads while the program runs ("" if unset)."""
+    return os.environ.get("JITOP_AUTOTUNE", "").strip()
+
+
+def autotune_budget() -> str:
+    """Budget of one background tuning run (JITOP_AUTOTUNE_BUDGET, e.g. "90s", "2m"; default 2m)."""
+    return os.environ.get("JITOP_AUTOTUNE_BUDGET", "").strip() or "2m"
+
+
+def autotune_min_seconds() -> float:
+    """A workload is tuned in the background once its calls took this long in all (JITOP_AUTOTUNE_MIN_SECONDS,
+    default 0.5)."""
+    raw = os.environ.get("JITOP_AUTOTUNE_MIN_SECONDS", "").strip()
+    try:
+        return float(raw) if raw else 0.5
+    except ValueError:
+        raise ValueError(f"environment variable JITOP_AUTOTUNE_MIN_SECONDS={raw!r} must be a number") from None

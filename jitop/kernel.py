@@ -26,6 +26,8 @@ from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
 from jitop import workloads
+from jitop.autotune import mode as autotune_mode
+from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache
 from jitop.graph.compile import compile_graph, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
@@ -117,8 +119,9 @@ class KernelFunction:
     """A numpy function compiled per (shape, dtype) signature. Created by @jitop.kernel."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
-                 fallback: bool = True):
+                 fallback: bool = True, autotune: str | None = None):
         self.fn = fn
+        self.autotune = autotune_mode(autotune)
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = fn.__doc__
@@ -255,7 +258,32 @@ class KernelFunction:
             if key[0] != "unhashable":
                 self.cache[key] = entry
         workloads.maybe_flush()
+        if self.autotune == "background" and isinstance(entry, Compiled) and entry.tasks:
+            watch_for_autotune(self)
         return entry
+
+    def rebuild(self, key: tuple, old: "Compiled") -> bool:
+        """Build `key`'s signature again from its trace (configs picked anew: a tuned record arrived), off the
+        call path, then swap it in at once: the next call runs the new kernel, calls in flight finish on the
+        old one. Returns whether it swapped (False if the signature changed meanwhile)."""
+        tr = old.trace
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
+        exe.set_result(tr.result)
+        new = Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
+        with self._lock:
+            if self.cache.get(key) is not old:
+                return False
+            self._retire()  # the old kernel's calls go to the workload log first
+            spec = self._fast_specs.pop(key, None)
+            self.cache[key] = new
+            if spec is not None and any(s is spec for s in self._fast_table):
+                self._fast_table = [s for s in self._fast_table if s is not spec]
+                self._fast = fastcall.Table(self._fast_table, self._fast_hits).entry() if self._fast_table \
+                    else _always_miss  # one atomic swap; the new kernel joins the native entry on its next call
+        for listener in list(_SWAP_LISTENERS):
+            listener()
+        return True
 
     def _verified(self, entry: "Compiled", values: list[Any], run_numpy: Callable[[], Any]) -> Any:
         """JITOP_VERIFY=1: the kernel's result on this call's arguments against numpy's, before first use; a
@@ -414,6 +442,13 @@ class KernelFunction:
 
 
 _ALL_KERNELS: "weakref.WeakSet[KernelFunction]" = weakref.WeakSet()
+_SWAP_LISTENERS: list[Callable[[], None]] = []  # told when a signature's kernel is swapped (caches of entries)
+
+
+def on_swap(listener: Callable[[], None]) -> None:
+    """Call `listener()` whenever `rebuild` swaps a signature's kernel (e.g. jitop.matmul's own fast path)."""
+    if listener not in _SWAP_LISTENERS:
+        _SWAP_LISTENERS.append(listener)
 _RETIRED: list[tuple[Task, int, float, str]] = []  # counts (and function) of signatures dropped before a flush
 
 
@@ -578,7 +613,7 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
 
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
-           fallback: bool = True) -> Any:
+           fallback: bool = True, autotune: str | None = None) -> Any:
     """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
 
     >>> @jitop.kernel
@@ -588,9 +623,11 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
 
     static_argnums/static_argnames: arguments whose Python value changes the graph (recompiles per value).
     fallback=False: raise FallbackError instead of running unsupported code as plain numpy.
+    autotune="background" (or JITOP_AUTOTUNE=background): tune its heaviest matmul/conv2d workloads in a
+    low-priority process while the program runs, and swap each better kernel in (jitop.autotune).
     """
     def wrap(f: Callable) -> KernelFunction:
-        return KernelFunction(f, static_argnums, static_argnames, fallback)
+        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -83,7 +83,7 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
         sched = TaskScheduler([w.task for w in weighted], [w.count for w in weighted], measurer, tuner=tuner,
                               trials=trials, budget=budget, batch_size=batch_size, early_stopping=early_stopping,
                               records_path=path, seed=seed, transfer=earlier,
-                              on_batch=lambda s, st: _show(show, s, st))
+                              on_batch=lambda s, st: _after_batch(show, s, st, cache))
         _resume(sched, earlier)
         try:
             states = sched.run()
@@ -105,6 +105,14 @@ def _resume(sched: TaskScheduler, earlier: list[Record]) -> None:
     for state in sched.states:
         own = [r for r in earlier if r.task.key == state.task.key]
         state.search.mark_visited([r.config for r in own])
+
+
+def _after_batch(show: Progress, sched: TaskScheduler, state: TaskState, cache: bool) -> None:
+    """Progress, and the task's best so far into the cache: a program tuning in the background (and any
+    process started meanwhile) picks each improvement up as soon as it is measured."""
+    _show(show, sched, state)
+    if cache:
+        save_best(state.search.records)
 
 
 def _show(show: Progress, sched: TaskScheduler, state: TaskState) -> None:

@@ -3,6 +3,7 @@ runs (`--script prog.py args...`), and save the best configs in the cache for ev
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from jitop.cli.common import CommandError, run_script, table
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Tune the chosen workloads, save the best configs in the cache, print the before/after table."""
     from jitop.cli.cache import _store
     from jitop.tuner.tuning import WeightedTask, tune
-    _store()  # a disabled or refused cache: say so before tuning, not after
+    _hold_tuning_lock(_store().directory)  # a disabled or refused cache: said before tuning, not after
     if args.trials is not None and args.trials < 1:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
@@ -57,6 +58,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nbest configs saved in the cache ({_cache_dir()}); later runs pick them with no code change"
           + (f"; every record appended to {args.out}" if args.out else ""))
     return 0
+
+
+_held: list = []  # the lock file stays open (locked) until this process exits
+
+
+def _hold_tuning_lock(directory: str) -> None:
+    """One `jitop tune` per cache directory at a time (background tuners included): an exclusive lock on
+    tune.lock in the cache, released when this process ends, however it ends."""
+    import fcntl
+    path = os.path.join(directory, "tune.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise CommandError(f"another jitop tune is running on this cache ({path} is locked); wait for it",
+                           status=1) from None
+    _held.append(fd)
 
 
 def _script_workloads(args: argparse.Namespace) -> list:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -37,6 +38,7 @@ def optimize(mod: llvm.ModuleRef, target: Target, speed_level: int | None = None
 
 
 _compiles = 0  # how many times this process ran LLVM's optimiser and code generator
+_llvm_lock = threading.RLock()
 
 
 def compile_count() -> int:
@@ -53,16 +55,17 @@ def compile_ir(ll: str, target: Target | None = None, speed_level: int | None = 
     """Parse, verify, optimise textual LLVM IR; return (optimised module, object code for `target`,
     by default this machine)."""
     global _compiles
-    _compiles += 1
     init_llvm()
     target = target or Target.host()
-    mod = llvm.parse_assembly(ll)
-    mod.verify()
-    tm = target_machine(target)
-    mod.triple = target.triple
-    mod.data_layout = str(tm.target_data)
-    optimize(mod, target, speed_level)
-    return mod, tm.emit_object(mod)
+    with _llvm_lock:  # one LLVM context per process: compiles from several threads (background tuning) take turns
+        _compiles += 1
+        mod = llvm.parse_assembly(ll)
+        mod.verify()
+        tm = target_machine(target)
+        mod.triple = target.triple
+        mod.data_layout = str(tm.target_data)
+        optimize(mod, target, speed_level)
+        return mod, tm.emit_object(mod)
 
 
 def emit_assembly(ll: str, target: Target) -> str:

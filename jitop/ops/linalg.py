@@ -11,7 +11,7 @@ import numpy as np
 
 from jitop.dtypes import DTYPES
 from jitop.graph.tracer import Tracer, Unsupported
-from jitop.kernel import Compiled, kernel
+from jitop.kernel import Compiled, kernel, on_swap
 from jitop.tuner.task import on_sources_changed
 from jitop.ops import checks
 
@@ -35,6 +35,7 @@ def _dense_bias(x, weight, bias):
 
 _RUNNERS: dict[tuple, Compiled] = {}  # (dtype, shape) of a and b -> the compiled entry
 on_sources_changed(_RUNNERS.clear)    # tuned configs arrived: recompile, as the dispatcher does
+on_swap(_RUNNERS.clear)               # a background tuner's kernel was swapped in
 
 
 def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:

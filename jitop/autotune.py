@@ -1,0 +1,138 @@
+"""Background tuning with hot swap: `@jitop.kernel(autotune="background")` or JITOP_AUTOTUNE=background.
+
+A watcher thread (one per process, started by the first such kernel) looks every POLL_S seconds at the
+kernels that opted in. A tuning task whose measured time so far (calls x one timed call) passes
+JITOP_AUTOTUNE_MIN_SECONDS (0.5) and that has no tuned record is tuned by `jitop tune --tasks KEY --budget B`
+(JITOP_AUTOTUNE_BUDGET, 2m) in a low-priority (`nice`) subprocess; the program keeps running on its current
+kernel. The tuner saves each improvement in the cache as it is
+measured (its candidates' outputs checked against the default config's); the watcher sees the record, builds
+the new kernel in its own thread, then swaps it into the dispatcher in one step: the next call runs it, calls
+in flight finish on the old one, no call waits for the build. One tuning process per cache directory at a
+time (a lock file in the cache, taken by `jitop tune`).
+
+>>> mode(None) in ("off", "background")
+True
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any
+
+from jitop import config
+
+POLL_S = 0.5
+_kernels: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_state: dict[str, Any] = {"thread": None, "proc": None, "task": None, "tried": set(), "served": {}}
+_lock = threading.Lock()
+
+
+def mode(requested: str | None) -> str:
+    """A kernel's autotune mode: its own argument (ValueError if unknown), else JITOP_AUTOTUNE (warned about and
+    ignored if unknown), else "off"."""
+    if requested is not None:
+        if requested not in ("off", "background"):
+            raise ValueError(f"autotune={requested!r}: expected 'off' or 'background'")
+        return requested
+    env = config.autotune()
+    if env and env not in ("off", "background"):
+        warnings.warn(f"ignoring JITOP_AUTOTUNE={env!r}: expected 'off' or 'background'", RuntimeWarning, stacklevel=3)
+        return "off"
+    return env or "off"
+
+
+def watch(kernel: Any) -> None:
+    """Follow this kernel function (called when it compiles a signature); starts the watcher thread once."""
+    _kernels.add(kernel)
+    with _lock:
+        if _state["thread"] is None:
+            t = threading.Thread(target=_loop, name="jitop-autotune", daemon=True)
+            _state["thread"] = t
+            t.start()
+
+
+def _loop() -> None:
+    while True:
+        time.sleep(POLL_S)
+        try:
+            _step()
+        except Exception:  # noqa: BLE001 - background tuning never disturbs the program
+            pass
+
+
+def _step() -> None:
+    """One look: swap in kernels whose tasks got better records; start a tuner if none runs and one is due."""
+    _swap_improved()
+    proc = _state["proc"]
+    if proc is not None and proc.poll() is None:
+        return
+    _state["proc"] = None
+    task = _due_task()
+    if task is not None:
+        _start_tuner(task)
+
+
+def _due_task() -> Any:
+    """The heaviest untuned task of the watched kernels past JITOP_AUTOTUNE_MIN_SECONDS, or None."""
+    spent: dict[str, list] = {}
+    for kf in list(_kernels):
+        for entry in list(kf.cache.values()):
+            if not hasattr(entry, "tasks") or not entry.seconds:
+                continue
+            calls = entry.calls + _native_calls(kf, entry)
+            for task in entry.tasks:
+                spent.setdefault(task.key, [task, 0.0])[1] += calls * entry.seconds / max(1, len(entry.tasks))
+    least = config.autotune_min_seconds()
+    due = [(s, t) for t, s in spent.values() if s >= least and t.key not in _state["tried"] and not _tuned(t)]
+    return max(due, key=lambda d: d[0])[1] if due else None
+
+
+def _native_calls(kf: Any, entry: Any) -> int:
+    for key, e in list(kf.cache.items()):
+        if e is entry:
+            spec = kf._fast_specs.get(key)
+            return spec.calls if spec is not None else 0
+    return 0
+
+
+def _tuned(task: Any) -> bool:
+    from jitop.tuner.cached import tuned_store
+    return tuned_store().get(task.target.key, task.template, task.key) is not None
+
+
+def _start_tuner(task: Any) -> None:
+    """`jitop tune` on this one task in a nice'd subprocess (its workload is flushed to the log first)."""
+    from jitop import workloads
+    workloads.flush()
+    _state["tried"].add(task.key)
+    cmd = [sys.executable, "-m", "jitop", "tune", "--tasks", task.key, "--budget", config.autotune_budget(), "--no-progress"]
+    log = open(os.devnull, "w")
+    _state["proc"] = subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ),
+                                      preexec_fn=_low_priority if os.name == "posix" else None)
+    _state["task"] = task
+
+
+def _low_priority() -> None:
+    os.nice(10)
+
+
+def _swap_improved() -> None:
+    """Rebuild, off the call path, every watched signature whose task has a better tuned record than the
+    config it was built with; then swap it in."""
+    from jitop.tuner.cached import tuned_store
+    ts = tuned_store()
+    for kf in list(_kernels):
+        for key, entry in list(kf.cache.items()):
+            tasks = getattr(entry, "tasks", None)
+            if not tasks or kf.cache.get(key) is not entry:
+                continue
+            stamp = tuple(ts.get(t.target.key, t.template, t.key) for t in tasks)
+            if any(stamp) and _state["served"].get((id(kf), key)) != stamp:
+                _state["served"][(id(kf), key)] = stamp
+                if config.cache_enabled():
+                    kf.rebuild(key, entry)

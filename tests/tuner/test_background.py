@@ -1,0 +1,114 @@
+"""Background tuning with hot swap: the dispatcher swaps a signature's kernel atomically under concurrent calls
+(every result numpy's), a lock in the cache allows one tuner per directory, and a program that opted in picks up
+a tuned kernel while it runs."""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop.tuner import cached
+from jitop.tuner.measure import ErrorCode, MeasureResult
+from jitop.tuner.records import Record
+from jitop.tuner.registry import get
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
+    cached.forget()
+    yield
+    cached.forget()
+
+
+def test_a_swap_under_concurrent_calls_never_gives_a_wrong_result() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    want = np.maximum(a @ b, 0)
+    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
+    f(a, b)
+    ((key, old),) = f.cache.items()
+    (task,) = old.tasks
+    space = task.config_space()
+    default = get("matmul").default_config(task.workload, task.target)
+    other = next(space.get(i) for i in range(7, len(space), 11) if space.get(i) != default)
+    cached.save_best([Record(task, other, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])  # "the tuner found it"
+    stop, bad, calls = threading.Event(), [], [0]
+
+    def hammer() -> None:
+        while not stop.is_set():
+            r = f(a, b)
+            calls[0] += 1
+            if not np.allclose(r, want, rtol=1e-4, atol=1e-4):
+                bad.append(r)
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        assert f.rebuild(key, old)
+        before = calls[0]
+        while calls[0] < before + 200:  # keep calling through the swap and after it
+            pass
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad
+    (new,) = f.cache.values()
+    assert new is not old and any("tuned config" in t and other.to_json() in t for t in new.exe.templates)
+    assert not f.rebuild(key, old)  # the old entry is gone: nothing to swap
+    np.testing.assert_allclose(f(a, b), want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_tuner_per_cache_directory(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    fd = os.open(cache / "tune.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a tuner is running
+    try:
+        r = subprocess.run([sys.executable, "-m", "jitop", "tune", "--trials", "2"], capture_output=True, text=True,
+                           env={**os.environ, "JITOP_CACHE_DIR": str(cache)}, timeout=120)
+    finally:
+        os.close(fd)
+    assert r.returncode == 1 and "another jitop tune is running" in r.stderr, r.stderr
+
+
+def test_autotune_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="autotune='sometimes'"):
+        jitop.kernel(lambda a: a, autotune="sometimes")
+    assert jitop.kernel(lambda a: a, autotune="background").autotune == "background"
+
+
+def test_a_program_picks_up_a_tuned_kernel_while_it_runs(tmp_path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import numpy as np, jitop
+
+        @jitop.kernel(autotune="background")
+        def f(a, b):
+            return a @ b
+
+        if __name__ == "__main__":
+            rng = np.random.default_rng(0)
+            a, b = (rng.standard_normal((40, 40)).astype(np.float32) for _ in range(2))
+            want, deadline, seen = a @ b, time.time() + 90, ""
+            while time.time() < deadline:
+                assert np.allclose(f(a, b), want, rtol=1e-4, atol=1e-4)
+                seen = " ".join(list(f.cache.values())[0].exe.templates)
+                if "tuned config" in seen:
+                    break
+            print("SWAPPED" if "tuned config" in seen else "NOT SWAPPED", seen)
+    """))
+    env = {**os.environ, "JITOP_CACHE_DIR": str(tmp_path / "cache"), "JITOP_AUTOTUNE_BUDGET": "8s",
+           "JITOP_AUTOTUNE_MIN_SECONDS": "0.05"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("SWAPPED"), r.stdout + r.stderr[-2000:]
