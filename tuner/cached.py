@@ -1,6 +1,8 @@
 """Tuned configs from the persistent cache: `pick` uses them with no code change.
 
-A task gets, in order: its own tuned record (source "tuned"); else the config of the nearest tuned workload
+A task gets, in order: its own tuned record (source "tuned"); else the cost model's best prediction over its
+space, if a model was trained for its template on this Target (source "predicted", jitop.tuner.predict); else
+the config of the nearest tuned workload
 of the same template on the same Target, projected onto the new workload's space (source "transferred":
 each knob keeps its value if the new space has it, a split takes the nearest candidate in log scale, any
 other knob falls back to the new workload's default); else nothing, and the template's default answers.
@@ -46,7 +48,8 @@ def cache_source(task: Task) -> Choice | None:
         rec = _parse(own)
         if rec is not None and rec.task.key == task.key:
             return Choice(rec.config, "tuned", f"{rec.gflops:.1f} GFLOP/s, from the cache")
-    return transferred(task, _group(ts, task))
+    from jitop.tuner.predict import predicted_choice
+    return predicted_choice(task, ts.store) or transferred(task, _group(ts, task))
 
 
 def transferred(task: Task, records: Iterable[Record]) -> Choice | None:

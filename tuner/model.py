@@ -89,6 +89,35 @@ class CostModel:
             return
         self._booster = _train(groups, self.seed)
 
+    def fit_all(self, records: Sequence[Record]) -> None:
+        """Train on records of any tasks of the template (one ranking group per task, equal weights): a model
+        for workloads none of them is (jitop.tuner.predict)."""
+        by_task: dict[str, list[Record]] = {}
+        for r in records:
+            by_task.setdefault(r.task.key, []).append(r)
+        groups = [(*g, 1.0) for g in (_group(recs) for recs in by_task.values()) if g is not None]
+        self._booster = _train(groups, self.seed) if groups else None
+
+    def to_bytes(self) -> bytes:
+        """The fitted booster as XGBoost's own JSON (no pickle); `load` reads it back for any task of the
+        template on the same Target (features are comparable across workloads)."""
+        if self._booster is None:
+            raise RuntimeError("CostModel.to_bytes before a successful fit")
+        return bytes(self._booster.save_raw("json"))
+
+    @staticmethod
+    def load(task: Task, raw: bytes) -> "CostModel":
+        """A fitted model for `task` from `to_bytes` output (ValueError if XGBoost cannot read it)."""
+        import xgboost as xgb
+        model = CostModel(task)
+        booster = xgb.Booster()
+        try:
+            booster.load_model(bytearray(raw))
+        except xgb.core.XGBoostError as err:
+            raise ValueError(f"not an XGBoost model: {err}") from None
+        model._booster = booster
+        return model
+
     def predict(self, configs: Sequence[Config]) -> np.ndarray:
         """Scores of `configs` (higher = predicted faster); only their order is meaningful."""
         if self._booster is None:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jitop.tuner import records as rec_io
 from jitop.tuner.apply import apply_records
-from jitop.tuner.cached import save_best
+from jitop.tuner.cached import save_best, tuned_store
+from jitop.tuner.predict import save_training, train
 from jitop.tuner.records import Record
 from jitop.tuner.report import Progress, TaskReport, TuneReport, nominal_peak_gflops
 from jitop.tuner.scheduler import TaskScheduler, TaskState
@@ -90,6 +91,8 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
         finally:  # an interrupted run keeps what it found (the records file has every trial already)
             if cache:
                 save_best([r for s in sched.states for r in s.search.records] + earlier)
+                save_training(tuned_store().store, [r for s in sched.states for r in s.search.records])
+                _train_models(sched.states)
         split = {"build": measurer.stats.get("build", 0.0), "measure": measurer.stats.get("measure", 0.0),
                  **_search_seconds(states)}
     show.close()
@@ -107,12 +110,23 @@ def _resume(sched: TaskScheduler, earlier: list[Record]) -> None:
         state.search.mark_visited([r.config for r in own])
 
 
+def _train_models(states: list[TaskState]) -> None:
+    """One cost model per template and Target tuned here, on every record the cache keeps: `pick` predicts
+    configs for workloads that were never tuned (jitop.tuner.predict)."""
+    for template, target_key in {(s.task.template, s.task.target.key) for s in states}:
+        try:
+            train(tuned_store().store, template, target_key)
+        except Exception:  # noqa: BLE001 - a model is a bonus; tuning results are already saved
+            pass
+
+
 def _after_batch(show: Progress, sched: TaskScheduler, state: TaskState, cache: bool) -> None:
     """Progress, and the task's best so far into the cache: a program tuning in the background (and any
     process started meanwhile) picks each improvement up as soon as it is measured."""
     _show(show, sched, state)
     if cache:
         save_best(state.search.records)
+        save_training(tuned_store().store, state.search.records[-sched.batch_size:])
 
 
 def _show(show: Progress, sched: TaskScheduler, state: TaskState) -> None:

@@ -1,0 +1,124 @@
+"""Predicted configs for workloads that were never tuned: `pick`'s source "predicted".
+
+After `jitop.tune`, every measured record is kept in the cache ("records/<target>/<template>/<task>", the
+latest RECORDS_PER_TASK per task) and one cost model per template and Target is trained on all of them (one
+ranking group per task, as the tuner's transfer learning does) and stored as XGBoost JSON ("model/<target>/
+<template>", no pickle). A task with no tuned record then gets the model's best of CANDIDATES configs of its
+own space (the default, the configs of the nearest tuned workloads projected onto this space, and a
+deterministic sample), without measuring anything; the choice is stored ("predicted/...") so later processes
+do not rank again. Background tuning confirms or replaces it.
+
+>>> from jitop.cache.store import NullStore
+>>> predicted_choice(None, NullStore()) is None
+True
+"""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Iterable
+
+from jitop.tuner import registry
+from jitop.tuner.records import Record
+from jitop.tuner.space import Config
+from jitop.tuner.task import Choice, Task
+
+RECORDS_PER_TASK = 1000
+CANDIDATES = 48
+MIN_TASKS = 2          # tasks whose records trained the model (one task's ranking says little about another's)
+_models: dict[tuple, Any] = {}  # (store directory, target key, template) -> CostModel or None
+
+
+def save_training(store: Any, records: Iterable[Record]) -> None:
+    """Append measured records to their task's training set in the cache (the latest RECORDS_PER_TASK)."""
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        by_task.setdefault(r.task.key, []).append(r)
+    for recs in by_task.values():
+        t = recs[0].task
+        lines = [r.to_json() for r in recs]
+
+        def change(old: bytes | None, lines: list[str] = lines) -> bytes:
+            kept = old.decode().splitlines() if old else []
+            merged = list(dict.fromkeys(kept + lines))[-RECORDS_PER_TASK:]
+            return "\n".join(merged).encode()
+        store.update(f"records/{t.target.key}/{t.template}/{t.key}", change)
+
+
+def train(store: Any, template: str, target_key: str) -> int:
+    """(Re)train the template's model on every stored record of that Target and store it; returns how many
+    tasks it learned from (0: too few, nothing stored)."""
+    from jitop.tuner.cached import _parse
+    from jitop.tuner.model import CostModel
+    groups: list[Record] = []
+    tasks = 0
+    for _, payload in store.items(f"records/{target_key}/{template}/"):
+        recs = [r for r in (_parse(line) for line in payload.decode().splitlines()) if r is not None]
+        if recs and max(r.gflops for r in recs) > 0:
+            groups += recs
+            tasks += 1
+    if tasks < MIN_TASKS:
+        return 0
+    model = CostModel(groups[0].task)
+    model.fit_all(groups)
+    if not model.fitted:
+        return 0
+    store.put(f"model/{target_key}/{template}", model.to_bytes())
+    _models.clear()
+    return tasks
+
+
+def predicted_choice(task: Task | None, store: Any) -> Choice | None:
+    """The stored or freshly ranked prediction for `task`, or None (no model for its template and Target)."""
+    if task is None:
+        return None
+    key = f"predicted/{task.target.key}/{task.template}/{task.key}"
+    stored = store.get(key)
+    if stored is not None:
+        try:
+            data = json.loads(stored)
+            return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    model = _model(store, task)
+    if model is None:
+        return None
+    candidates = _candidates(task)
+    scores = model.predict(candidates)
+    best = candidates[int(scores.argmax())]
+    default = registry.get(task.template).default_config(task.workload, task.target)
+    note = (f"the cost model's best of {len(candidates)} configs of this workload's space (trained on the "
+            f"tuned workloads of {task.template} on this Target; not measured)"
+            + ("; it is the default" if best == default else ""))
+    store.put(key, json.dumps({"config": best.as_dict(), "note": note}).encode())
+    return Choice(best, "predicted", note)
+
+
+def _model(store: Any, task: Task) -> Any:
+    from jitop.tuner.model import CostModel
+    where = (getattr(store, "directory", None), task.target.key, task.template)
+    if where not in _models:
+        raw = store.get(f"model/{task.target.key}/{task.template}")
+        try:
+            _models[where] = CostModel.load(task, raw) if raw is not None else None
+        except ValueError:
+            _models[where] = None
+    model = _models[where]
+    if model is None:
+        return None
+    mine = CostModel(task)
+    mine._booster = model._booster  # the same trees; features are computed for this task
+    return mine
+
+
+def _candidates(task: Task) -> list[Config]:
+    """The default, the nearest tuned configs projected onto this space, and a deterministic sample."""
+    from jitop.tuner.cached import _group, distance, project, tuned_store
+    space = task.config_space()
+    default = registry.get(task.template).default_config(task.workload, task.target)
+    picks = [default]
+    near = sorted(_group(tuned_store(), task), key=lambda r: distance(task, r.task))[:8]
+    picks += [project(r.config, space, default) for r in near]
+    rng = random.Random(task.key)
+    picks += [space.get(rng.randrange(len(space))) for _ in range(CANDIDATES * 2)]
+    return list(dict.fromkeys(picks))[:CANDIDATES]
