@@ -112,7 +112,8 @@ def _start_tuner(task: Any) -> None:
     _state["tried"].add(task.key)
     cmd = [sys.executable, "-m", "jitop", "tune", "--tasks", task.key, "--budget", config.autotune_budget(), "--no-progress"]
     log = open(os.devnull, "w")
-    _state["proc"] = subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ),
+    env = {**os.environ, "JITOP_AUTOTUNE": "off"}  # the tuner itself never starts another tuner
+    _state["proc"] = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
                                       preexec_fn=_low_priority if os.name == "posix" else None)
     _state["task"] = task
 

@@ -55,3 +55,14 @@ def restore_global_state():
         wanted = threads if threads is not None else parallel._default_num_threads()
         if parallel.get_num_threads() != wanted:
             parallel.set_num_threads(wanted)
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A persistent cache of the test's own (for tests that tune or store records): JITOP_CACHE_DIR points into
+    tmp_path and what the tuner's cache source read from another directory is forgotten, before and after."""
+    from jitop.tuner import cached
+    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
+    cached.forget()
+    yield tmp_path / "cache"
+    cached.forget()

@@ -138,9 +138,11 @@ def _group(ts: TunedStore, task: Task) -> list[Record]:
 
 
 def forget() -> None:
-    """Drop what was read from the cache (after an import or a clear, or in tests)."""
+    """Drop what was read from the cache: records and trained models (after an import or a clear, in tests)."""
+    from jitop.tuner import predict
     with _lock:
         _by_group.clear()
+    predict._models.clear()
 
 
 def _parse(text: str) -> Record | None:

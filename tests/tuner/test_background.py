@@ -20,12 +20,7 @@ from jitop.tuner.records import Record
 from jitop.tuner.registry import get
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
-    cached.forget()
-    yield
-    cached.forget()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def test_a_swap_under_concurrent_calls_never_gives_a_wrong_result() -> None:

@@ -13,14 +13,7 @@ from jitop.tuner.registry import get
 from jitop.tuner.task import Task, pick
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
-    cached.forget()
-    predict._models.clear()
-    yield
-    cached.forget()
-    predict._models.clear()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def matmul_task(m: int, n: int, k: int) -> Task:

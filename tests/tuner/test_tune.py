@@ -14,13 +14,7 @@ from jitop.tuner.measure import ErrorCode, MeasureOptions
 from jitop.tuner.task import pick
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """jitop.tune saves its best records in the persistent cache: a cache of this test's own."""
-    monkeypatch.setenv("JITOP_CACHE_DIR", str(tmp_path / "cache"))
-    jitop.tuner.cached.forget()
-    yield
-    jitop.tuner.cached.forget()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture
