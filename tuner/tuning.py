@@ -59,14 +59,15 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
          trials: int | None = None, records: str | os.PathLike | None = "tune.jsonl", tuner: str = "xgb",
          seed: int = 0, batch_size: int = 16, early_stopping: int | None = 400,
          options: MeasureOptions | None = None, progress: bool = True, apply: bool = True,
-         peak_gflops: float | None = None, cache: bool = True) -> TuneReport:
+         peak_gflops: float | None = None, cache: bool = True, cluster: Any = None) -> TuneReport:
     """Tune the tasks `fn(*example_args)` runs (or a list of `WeightedTask`), sharing one budget: `budget`
     wall-clock ("10m", "90s", seconds; 10 minutes if neither is given) and/or `trials`, whichever ends
     first. Every measurement is appended
     to `records` (JSON lines; earlier records of the same file seed the search). `tuner`: "xgb" (model-
     guided), "random" or "grid". `apply`: later compiles in this process use the best configs found.
     `cache`: save the best record of each task in the persistent cache (JITOP_CACHE_DIR), where every later
-    process's `pick` finds it with no code change. Returns a TuneReport (print it for the table).
+    process's `pick` finds it with no code change. `cluster`: a `distributed.Client` to measure on its workers
+    (jitop.tuner.measure_dask) instead of this machine. Returns a TuneReport (print it for the table).
 
     >>> report = jitop.tune(f, a, b, trials=200)   # doctest: +SKIP
     """
@@ -80,7 +81,12 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     show = Progress(enabled=progress)
     from jitop.tuner.measure import LocalMeasurer, MeasureOptions  # worker processes: only when tuning
     start = time.perf_counter()
-    with LocalMeasurer(options or MeasureOptions()) as measurer:
+    if cluster is not None:
+        from jitop.tuner.measure_dask import DaskMeasurer
+        chosen: Any = DaskMeasurer(cluster, options or MeasureOptions())
+    else:
+        chosen = LocalMeasurer(options or MeasureOptions())
+    with chosen as measurer:
         sched = TaskScheduler([w.task for w in weighted], [w.count for w in weighted], measurer, tuner=tuner,
                               trials=trials, budget=budget, batch_size=batch_size, early_stopping=early_stopping,
                               records_path=path, seed=seed, transfer=earlier,

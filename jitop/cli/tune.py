@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from jitop.cli.common import CommandError, run_script, table
 
@@ -23,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tuner", choices=("xgb", "random", "grid"), default="xgb", help="search strategy (default xgb)")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append every measured record to this file")
     p.add_argument("--top", type=int, default=16, help="at most this many logged workloads, heaviest first (16)")
+    p.add_argument("--cluster", metavar="ADDRESS", help="measure on a Dask cluster: tcp://host:8786 (a running "
+                                                         "scheduler) or local:N (N local worker processes); "
+                                                         "needs `pip install jitop[dask]`")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     # last, as with `python -m`: everything after the script's path is the script's own arguments
     p.add_argument("--script", nargs=argparse.REMAINDER, metavar="FILE [ARGS]",
@@ -49,15 +53,37 @@ def run(args: argparse.Namespace) -> int:
     chosen = _filter(logged, args.tasks)[:args.top]
     print(_plan_table(chosen), file=sys.stderr)
     weighted = [WeightedTask(w.task, max(1, w.calls)) for w in chosen]
+    client = _client(args.cluster)
     try:
         report = tune(weighted, budget=args.budget, trials=args.trials, records=args.out, tuner=args.tuner,
-                      progress=not args.no_progress, apply=False, cache=True)
+                      progress=not args.no_progress, apply=False, cache=True, cluster=client)
     except ValueError as err:  # a malformed --budget, say
         raise CommandError(str(err)) from None
+    finally:
+        if client is not None:
+            client.close()
     print(report)
     print(f"\nbest configs saved in the cache ({_cache_dir()}); later runs pick them with no code change"
           + (f"; every record appended to {args.out}" if args.out else ""))
     return 0
+
+
+def _client(address: str | None) -> Any:
+    """A distributed.Client for --cluster (None without it)."""
+    if address is None:
+        return None
+    try:
+        from jitop.tuner.measure_dask import local_cluster
+        if address.startswith("local:"):
+            return local_cluster(int(address.split(":", 1)[1]))
+        from distributed import Client
+        return Client(address, timeout=30)
+    except ImportError:
+        raise CommandError("--cluster needs Dask's distributed: pip install jitop[dask]") from None
+    except ValueError:
+        raise CommandError(f"--cluster {address!r}: expected tcp://host:port or local:N") from None
+    except OSError as err:
+        raise CommandError(f"--cluster {address!r}: cannot connect ({err})", status=1) from None
 
 
 _held: list = []  # the lock file stays open (locked) until this process exits

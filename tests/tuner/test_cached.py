@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jitop
+from jitop.driver import default_target
 from jitop.tuner import cached
 from jitop.tuner.measure import ErrorCode, MeasureResult
 from jitop.tuner.records import Record
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def matmul_task(m: int, n: int, k: int) -> Task:
-    return Task("matmul", get("matmul").workload_type(m=m, n=n, k=k, dtype="float32"), jitop.Target.current())
+    return Task("matmul", get("matmul").workload_type(m=m, n=n, k=k, dtype="float32"), default_target())
 
 
 def non_default(task: Task, offset: int = 7) -> Config:

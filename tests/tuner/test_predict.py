@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jitop
+from jitop.driver import default_target
 from jitop.tuner import cached, predict
 from jitop.tuner.measure import ErrorCode, MeasureResult
 from jitop.tuner.records import Record
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def matmul_task(m: int, n: int, k: int) -> Task:
-    return Task("matmul", get("matmul").workload_type(m=m, n=n, k=k, dtype="float32"), jitop.Target.current())
+    return Task("matmul", get("matmul").workload_type(m=m, n=n, k=k, dtype="float32"), default_target())
 
 
 def synthetic_records(task: Task, count: int = 40) -> list[Record]:
@@ -37,7 +38,7 @@ def test_a_never_tuned_workload_gets_the_models_best_prediction(monkeypatch) -> 
     for shape in ((64, 64, 64), (128, 96, 64)):
         t = matmul_task(*shape)
         predict.save_training(store, synthetic_records(t))
-    assert predict.train(store, "matmul", jitop.Target.current().key) == 2
+    assert predict.train(store, "matmul", default_target().key) == 2
     new = matmul_task(96, 80, 72)
     choice = pick(new)
     assert choice.source == "predicted" and "cost model" in choice.note
@@ -53,7 +54,7 @@ def test_a_never_tuned_workload_gets_the_models_best_prediction(monkeypatch) -> 
 def test_no_model_without_records_of_two_workloads() -> None:
     store = cached.tuned_store().store
     predict.save_training(store, synthetic_records(matmul_task(64, 64, 64)))
-    assert predict.train(store, "matmul", jitop.Target.current().key) == 0
+    assert predict.train(store, "matmul", default_target().key) == 0
     assert pick(matmul_task(96, 80, 72)).source == "default"
 
 
@@ -61,7 +62,7 @@ def test_a_predicted_config_compiles_and_is_numpy_correct() -> None:
     store = cached.tuned_store().store
     for shape in ((64, 64, 64), (128, 96, 64)):
         predict.save_training(store, synthetic_records(matmul_task(*shape)))
-    predict.train(store, "matmul", jitop.Target.current().key)
+    predict.train(store, "matmul", default_target().key)
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((53, 71)).astype(np.float32), rng.standard_normal((71, 37)).astype(np.float32)
     f = jitop.kernel(lambda x, y: x @ y)
