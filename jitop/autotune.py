@@ -80,24 +80,17 @@ def _step() -> None:
 def _due_task() -> Any:
     """The heaviest untuned task of the watched kernels past JITOP_AUTOTUNE_MIN_SECONDS, or None."""
     spent: dict[str, list] = {}
+    from jitop.kernel import signature_calls
     for kf in list(_kernels):
-        for entry in list(kf.cache.values()):
+        for key, entry in list(kf.cache.items()):
             if not hasattr(entry, "tasks") or not entry.seconds:
                 continue
-            calls = entry.calls + _native_calls(kf, entry)
+            calls = signature_calls(entry, kf._fast_specs.get(key))
             for task in entry.tasks:
                 spent.setdefault(task.key, [task, 0.0])[1] += calls * entry.seconds / max(1, len(entry.tasks))
     least = config.autotune_min_seconds()
     due = [(s, t) for t, s in spent.values() if s >= least and t.key not in _state["tried"] and not _tuned(t)]
     return max(due, key=lambda d: d[0])[1] if due else None
-
-
-def _native_calls(kf: Any, entry: Any) -> int:
-    for key, e in list(kf.cache.items()):
-        if e is entry:
-            spec = kf._fast_specs.get(key)
-            return spec.calls if spec is not None else 0
-    return 0
 
 
 def _tuned(task: Any) -> bool:

@@ -468,14 +468,18 @@ def _counts(cache: dict, specs: dict) -> list[tuple[Task, int, float]]:
     for key, entry in list(cache.items()):
         if entry is _FALLBACK or not entry.tasks:
             continue
-        spec = specs.get(key)
-        total = entry.calls + (spec.calls if spec is not None else 0)
+        total = signature_calls(entry, specs.get(key))
         new, entry.logged = total - entry.logged, total
         if new <= 0:
             continue
         flops = sum(t.flops for t in entry.tasks) or 1
         out += [(t, new, new * (entry.seconds or 0.0) * t.flops / flops) for t in entry.tasks]
     return out
+
+
+def signature_calls(entry: Compiled, spec: Any) -> int:
+    """Calls one compiled signature served: its slow-path count plus its native entry's (`spec`, or None)."""
+    return entry.calls + (spec.calls if spec is not None else 0)
 
 
 def _retire_books(books: list) -> None:

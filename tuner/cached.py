@@ -110,7 +110,7 @@ def save_best(records: Iterable[Record]) -> int:
     stored = 0
     for rec in best([r for r in records if usable(r)]).values():
         if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost, lambda text: _parse(text) is not None):
+                                    rec.result.cost, usable_json):
             stored += 1
     with _lock:
         _by_group.clear()
@@ -151,6 +151,11 @@ def _parse(text: str) -> Record | None:
         return valid_record(text)
     except Exception:  # noqa: BLE001 - another jitop's template or workload: not usable here
         return None
+
+
+def usable_json(text: str) -> bool:
+    """Whether a stored record line is one this jitop can use (see valid_record)."""
+    return _parse(text) is not None
 
 
 def valid_record(text: str) -> Record:

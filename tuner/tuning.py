@@ -132,7 +132,6 @@ def _after_batch(show: Progress, sched: TaskScheduler, state: TaskState, cache: 
     _show(show, sched, state)
     if cache:
         save_best(state.search.records)
-        save_training(tuned_store().store, state.search.records[-sched.batch_size:])
 
 
 def _show(show: Progress, sched: TaskScheduler, state: TaskState) -> None:

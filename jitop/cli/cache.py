@@ -148,7 +148,7 @@ def export(args: argparse.Namespace) -> int:
 
 def import_records(args: argparse.Namespace) -> int:
     """`jitop cache import FILE`: validated records into the cache (exit 1 if a line was invalid)."""
-    from jitop.tuner.cached import forget, tuned_store, valid_record
+    from jitop.tuner.cached import forget, tuned_store, usable_json, valid_record
     _store()
     try:
         with open(args.file) as f:
@@ -170,7 +170,7 @@ def import_records(args: argparse.Namespace) -> int:
                   f"{str(err)[:200]})", file=sys.stderr)
             continue
         if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost, lambda text: _usable(text)):
+                                    rec.result.cost, usable_json):
             stored += 1
     forget()
     if total == 0:
@@ -181,15 +181,6 @@ def import_records(args: argparse.Namespace) -> int:
     if bad:
         raise CommandError(f"{bad} invalid line(s) in {args.file!r} were skipped", status=1)
     return 0
-
-
-def _usable(text: str) -> bool:
-    from jitop.tuner.cached import valid_record
-    try:
-        valid_record(text)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
 
 
 def _when(timestamp: float | None) -> str:

@@ -41,12 +41,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _describe(kf, key: tuple, entry, peak: float | None, bandwidth: float) -> str:
-    from jitop.kernel import _FALLBACK
+    from jitop.kernel import _FALLBACK, signature_calls
     head = f"{kf.qualified_name}({_signature(key)})"
     if entry is _FALLBACK:
         return f"{head}\n  runs as plain numpy (an unsupported construct; see the warning)\n"
     exe = entry.exe
-    lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; calls: {_calls(kf, key, entry)}"]
+    lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "
+                   f"calls: {signature_calls(entry, kf._fast_specs.get(key))}"]
     lines += [f"  {t}" for t in exe.templates]
     lookup = entry.lookup
     if lookup is not None:
@@ -63,11 +64,6 @@ def _signature(key: tuple) -> str:
         else:
             parts.append(str(part[-1]) if part else "?")
     return ", ".join(parts)
-
-
-def _calls(kf, key: tuple, entry) -> int:
-    spec = kf._fast_specs.get(key)
-    return entry.calls + (spec.calls if spec is not None else 0)
 
 
 def _speed(entry, peak: float | None, bandwidth: float) -> str:
