@@ -171,11 +171,14 @@ class MemoMeasurer:
     def __init__(self, inner: LocalMeasurer):
         self.inner, self.memo = inner, {}  # (task key, config) -> result
 
-    def measure(self, inputs: list[MeasureInput]) -> list:
+    def measure(self, inputs: list[MeasureInput], on_result=None) -> list:  # noqa: ANN001
         new = [i for i in dict.fromkeys(inputs) if (i.task.key, i.config) not in self.memo]
         for inp, res in zip(new, self.inner.measure(new) if new else []):
             self.memo[(inp.task.key, inp.config)] = res
-        return [self.memo[(i.task.key, i.config)] for i in inputs]
+        results = [self.memo[(i.task.key, i.config)] for i in inputs]
+        for n, r in enumerate(results if on_result is not None else []):
+            on_result(n, r)
+        return results
 
 
 def search_curve(name: str, task: Task, seed: int, trials: int, measurer: MemoMeasurer, batch: int = 16

@@ -3,7 +3,7 @@ one best point, so a search can be checked against the exhaustive answer in mill
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -30,10 +30,14 @@ class SyntheticMeasurer:
         self.measured: list[MeasureInput] = []
         self.stats = {"build": 0.0, "measure": 0.0}
 
-    def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
+    def measure(self, inputs: Sequence[MeasureInput],
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         self.measured += inputs
-        return [MeasureResult((math.inf,), ErrorCode.RUN_ERROR, "injected") if i.config.to_json() in self.failing
-                else MeasureResult((synthetic_cost(i.task, i.config),), ErrorCode.NO_ERROR) for i in inputs]
+        results = [MeasureResult((math.inf,), ErrorCode.RUN_ERROR, "injected") if i.config.to_json() in self.failing
+                   else MeasureResult((synthetic_cost(i.task, i.config),), ErrorCode.NO_ERROR) for i in inputs]
+        for n, r in enumerate(results if on_result is not None else []):
+            on_result(n, r)
+        return results
 
     def __enter__(self) -> "SyntheticMeasurer":
         return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import traceback
 from typing import Any
@@ -20,8 +21,21 @@ import numpy as np
 # ---------------------------------------------------------------------------------------------------------
 
 
+def exit_with_parent() -> None:
+    """Exit when the parent process dies (a killed Dask worker, a killed `jitop tune`): a spawned process
+    would otherwise live on, idle, holding its memory."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="jitop-exit-with-parent").start()
+
+
 def init_build_worker() -> None:
     """Run once per build worker: importing jitop registers the operator templates."""
+    exit_with_parent()
     import jitop  # noqa: F401 - registers the templates the tasks name
 
 
@@ -96,6 +110,7 @@ class _RunnerState:
 
 def runner_main(conn: Any) -> None:
     """Entry point of the runner process: warm up, say "ready", then answer requests until EOF."""
+    exit_with_parent()
     from jitop.runtime.parallel import parallel_for_address
     import jitop  # noqa: F401 - same import state as a user process
 

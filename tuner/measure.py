@@ -40,7 +40,7 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jitop.tuner import _measure_worker as worker
 from jitop.tuner.space import Config
@@ -177,9 +177,11 @@ class LocalMeasurer:
         self._runner: _Runner | None = None
         self._defaults: dict[str, _Built] = {}   # task key -> the default config's build (the reference)
 
-    def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
+    def measure(self, inputs: Sequence[MeasureInput],
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Build and run each candidate; one result per input, in the same order. A candidate's failure is
-        its result (an error code and infinite cost), never an exception."""
+        its result (an error code and infinite cost), never an exception. `on_result(index, result)` is called
+        as each result is known (the tuner appends it to the records file at once)."""
         inputs = list(inputs)
         if not inputs:
             return []
@@ -188,9 +190,25 @@ class LocalMeasurer:
         built, failed_defaults = self._build_batch(inputs)
         middle = time.perf_counter()
         self.stats["build"] += middle - start
-        results = self._run_batch(inputs, built, failed_defaults)
+        results = self._run_batch(inputs, built, failed_defaults, on_result)
         self.stats["measure"] += time.perf_counter() - middle
         return results
+
+    def run_prebuilt(self, inp: MeasureInput, own: "_Built", reference: "_Built | None") -> MeasureResult:
+        """Run one candidate built elsewhere (`own`), checked against `reference` (the task's default config's
+        build; None without `options.check`): the Dask measurer's workers measure builds from other workers."""
+        if own.error != ErrorCode.NO_ERROR:
+            return _failed(own.error, own.msg, own.seconds)
+        if self.options.check:
+            if reference is None or reference.error != ErrorCode.NO_ERROR:
+                why = reference.msg if reference is not None else "it was not built"
+                return _failed(reference.error if reference is not None else ErrorCode.BUILD_ERROR,
+                               f"the default config (the reference output) did not build: {why}", own.seconds)
+            self._defaults[inp.task.key] = reference
+        start = time.perf_counter()
+        result = self._run_one(inp, own, {})
+        self.stats["measure"] += time.perf_counter() - start
+        return result
 
     def close(self) -> None:
         """Stop the runner and the build workers (the measurer starts new ones if used again)."""
@@ -225,7 +243,8 @@ class LocalMeasurer:
     # -- running -------------------------------------------------------------------------------------------
 
     def _run_batch(self, inputs: list[MeasureInput], built: dict[tuple[str, str], _Built],
-                   failed_defaults: dict[str, _Built]) -> list[MeasureResult]:
+                   failed_defaults: dict[str, _Built],
+                   on_result: Callable[[int, MeasureResult], None] | None) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(inputs)
         ref_failures: dict[str, MeasureResult] = {}
         # one task after another: the runner keeps one task's inputs and reference at a time
@@ -241,6 +260,8 @@ class LocalMeasurer:
                                      own.seconds)
             else:
                 results[n] = self._run_one(inp, own, ref_failures)
+            if on_result is not None:
+                on_result(n, results[n])  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
 
     def _run_one(self, inp: MeasureInput, own: _Built, ref_failures: dict[str, MeasureResult]) -> MeasureResult:

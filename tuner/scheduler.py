@@ -137,10 +137,11 @@ class TaskScheduler:
             self.on_batch(self, state)
 
     def _measure(self, inputs: list[MeasureInput]) -> list[MeasureResult]:
-        results = self.measurer.measure(inputs)
+        path = self.records_path
+        # each record lands on disk as its result arrives: an interrupted run resumes from every finished trial
+        keep = (lambda n, r: rec_io.append(path, [Record(inputs[n].task, inputs[n].config, r)])) if path else None
+        results = self.measurer.measure(inputs, on_result=keep)
         self.trials += len(inputs)
-        if self.records_path is not None:  # every batch lands on disk before the next starts
-            rec_io.append(self.records_path, [Record(i.task, i.config, r) for i, r in zip(inputs, results)])
         return results
 
     # ** Ansor's gradient rule **

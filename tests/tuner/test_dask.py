@@ -1,6 +1,6 @@
 """The Dask measurer (jitop.tuner.measure_dask) on a LocalCluster of 2 worker processes: records arrive in the
 usual format, a worker whose Target differs measures nothing, and a worker killed while it measures loses
-no record (Dask runs its chunk again elsewhere)."""
+no record (Dask runs its trial again elsewhere)."""
 from __future__ import annotations
 
 import os
@@ -61,6 +61,7 @@ def test_a_worker_with_another_target_measures_nothing(client) -> None:
         space = task.config_space()
         results = m.measure([MeasureInput(task, space.get(i)) for i in range(4)])
         assert all(r.ok for r in results)
+        assert m.runs_on == {workers[1]: 4}  # every run on the worker of the task's Target
     finally:
         client.run(_set_cpu, None, workers=[workers[0]])
     assert DaskMeasurer(client, OPTIONS).workers_for(task.target) == workers
@@ -94,4 +95,5 @@ def test_a_killed_worker_loses_no_record(client) -> None:
     t.join(timeout=300)
     (results,) = out
     assert len(results) == 12 and all(r.ok for r in results)
+    assert sum(m.runs_on.values()) == 12
     client.wait_for_workers(2, timeout=120)

@@ -142,3 +142,31 @@ def test_a_plan_featurises_at_most_its_budget_of_new_configs() -> None:
         search.update(inputs, measurer.measure(inputs))  # refits on these records, then plans
         assert len(F._cache(task).rows) - before <= 16 + 20
     assert search.model.fitted and search._plan
+
+
+class _InterruptedMeasurer(SyntheticMeasurer):
+    """Gives `before` results of its second batch, then is interrupted (Ctrl-C in the middle of a batch)."""
+
+    def __init__(self, before: int):
+        super().__init__()
+        self.before, self.batches = before, 0
+
+    def measure(self, inputs, on_result=None):  # noqa: ANN001 - SyntheticMeasurer's signature
+        self.batches += 1
+        if self.batches < 2:
+            return super().measure(inputs, on_result)
+        for n, inp in enumerate(inputs[:self.before]):
+            on_result(n, super().measure([inp])[0])
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_batch_keeps_every_finished_trial_on_disk(tmp_path) -> None:
+    from jitop.tuner import records as rec_io
+    path = tmp_path / "tune.jsonl"
+    sched = TaskScheduler([_task()], [1], _InterruptedMeasurer(before=5), tuner="random", trials=40, batch_size=8,
+                          records_path=str(path))
+    with pytest.raises(KeyboardInterrupt):
+        sched.run()
+    recs = rec_io.load(path)
+    assert len(recs) == 1 + 5  # the default's batch, then the five results that arrived before the interrupt
+    assert len({r.config for r in recs}) == 6
