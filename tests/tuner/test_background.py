@@ -107,3 +107,13 @@ def test_a_program_picks_up_a_tuned_kernel_while_it_runs(tmp_path) -> None:
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("SWAPPED"), r.stdout + r.stderr[-2000:]
+
+
+def test_a_build_in_the_background_shortens_gil_turns_and_restores_them() -> None:
+    from jitop import autotune
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError):
+        with autotune._short_gil_turns():
+            assert sys.getswitchinterval() <= 0.0002 < before
+            raise RuntimeError("a failed build")
+    assert sys.getswitchinterval() == before
