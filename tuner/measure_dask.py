@@ -147,11 +147,15 @@ class DaskMeasurer:
         self.stats: dict[str, float] = {"build": 0.0, "measure": 0.0}
         self.runs_on: Counter[str] = Counter()
         self._references: dict[str, Any] = {}  # task key -> future of its default config's build (kept)
+        self._served: set[str] = set()  # Target keys some worker has reported: one of them may come back
 
     def workers_for(self, target: Any) -> list[str]:
         """Addresses of the workers whose Target key equals `target`'s (same CPU and features)."""
         keys = self.client.run(worker_target_key, target.to_json(), on_error="ignore")  # a dying worker: none
-        return sorted(w for w, k in keys.items() if k == target.key)
+        found = sorted(w for w, k in keys.items() if k == target.key)
+        if found:
+            self._served.add(target.key)
+        return found
 
     def measure(self, inputs: Sequence[MeasureInput],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -211,25 +215,28 @@ class _Runs:
 
     def collect(self) -> list[MeasureResult]:
         from distributed import wait
-        self._submit(range(len(self.inputs)), first=True)
+        self._submit(range(len(self.inputs)))
         while self.pending or self.unplaced:
+            done: set = set()
             if self.pending:
-                done, _ = wait(list(self.pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
+                try:
+                    done, _ = wait(list(self.pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
+                except TimeoutError:  # distributed's wait raises when none finished in time
+                    pass
             else:
-                done = set()
                 time.sleep(_POLL_S)
             for future in done:
                 self._take(future)
             self._resubmit_stranded()
         return self.results  # type: ignore[return-value]
 
-    def _submit(self, indices: Sequence[int], first: bool = False) -> None:
+    def _submit(self, indices: Sequence[int]) -> None:
         self.eligible = {}
         for n in indices:
             inp = self.inputs[n]
             workers = self._workers(inp.task.target)
             if not workers:
-                self._no_worker(n, give_up=first)
+                self._no_worker(n)
                 continue
             self.unplaced.pop(n, None)
             future = self.m.client.submit(
@@ -243,11 +250,12 @@ class _Runs:
             self.eligible[target.key] = self.m.workers_for(target)
         return self.eligible[target.key]
 
-    def _no_worker(self, n: int, give_up: bool) -> None:
-        """No eligible worker: an error record at once if there was none when the batch started, else after
-        waiting `_NO_WORKER_GRACE_S` for one to come back (a nanny restarts a dead worker)."""
+    def _no_worker(self, n: int) -> None:
+        """No eligible worker now: an error record at once if this measurer never saw one for the Target, else
+        after waiting `_NO_WORKER_GRACE_S` for one to come back (a nanny restarts a dead worker)."""
         since = self.unplaced.setdefault(n, time.monotonic())
-        if give_up or time.monotonic() - since >= _NO_WORKER_GRACE_S:
+        served = self.inputs[n].task.target.key in self.m._served
+        if not served or time.monotonic() - since >= _NO_WORKER_GRACE_S:
             self.unplaced.pop(n)
             key = self.inputs[n].task.target.key
             self._finish(n, _error(f"no worker of the cluster reports Target {key}: not measured"))

@@ -97,3 +97,29 @@ def test_a_killed_worker_loses_no_record(client) -> None:
     assert len(results) == 12 and all(r.ok for r in results)
     assert sum(m.runs_on.values()) == 12
     client.wait_for_workers(2, timeout=120)
+
+
+def test_runs_go_to_the_restarted_worker_when_the_only_eligible_one_dies(client) -> None:
+    _, _, task = matmul_task()
+    if task.target.key == jitop.Target.from_string("haswell").replace(threads=task.target.threads).key:
+        pytest.skip("this machine's Target is haswell's: the two workers cannot differ")
+    workers = sorted(client.scheduler_info()["workers"])
+    other, eligible = workers
+    client.run(_set_cpu, "haswell", workers=[other])
+    try:
+        m = DaskMeasurer(client, OPTIONS)
+        inputs = [MeasureInput(task, task.config_space().get(i)) for i in range(8)]
+        pid = client.run(os.getpid, workers=[eligible])[eligible]
+        killed = []
+
+        def kill_after_the_first_result(n, result) -> None:  # the other runs wait for the dead worker
+            if not killed:
+                killed.append(n)
+                os.kill(pid, signal.SIGKILL)
+        results = m.measure(inputs, on_result=kill_after_the_first_result)
+        assert killed and all(r.ok for r in results)
+        assert other not in m.runs_on and sum(m.runs_on.values()) == 8  # never on the haswell worker
+        assert set(m.runs_on) - {eligible}  # the rest ran on the worker its nanny restarted (a new address)
+    finally:
+        client.run(_set_cpu, None, workers=[other])
+        client.wait_for_workers(2, timeout=120)
