@@ -113,7 +113,7 @@ def _worker_measurer(options: MeasureOptions) -> LocalMeasurer:
 
 
 def close_worker_state() -> None:
-    """On a worker: stop its runner and build processes (spawned processes outlive their parent)."""
+    """On a worker: stop its runner and build processes (they would otherwise idle until the worker exits)."""
     measurer, _worker_state["measurer"] = _worker_state["measurer"], None
     if measurer is not None:
         measurer.close()
