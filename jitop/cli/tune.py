@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
         raise CommandError("--script needs the path of a Python program, e.g. jitop tune --script prog.py")
+    _check_cluster_address(args.cluster)
     logged = _script_workloads(args) if args.script else _logged_workloads()
     if not logged:
         raise CommandError("no tunable workload (matmul, conv2d) was logged: run your program with the cache "
@@ -62,10 +63,25 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if client is not None:
             client.close()
+            if client.cluster is not None:  # the LocalCluster of --cluster local:N
+                client.cluster.close()
     print(report)
     print(f"\nbest configs saved in the cache ({_cache_dir()}); later runs pick them with no code change"
           + (f"; every record appended to {args.out}" if args.out else ""))
     return 0
+
+
+def _check_cluster_address(address: str | None) -> None:
+    """A usage error for an ill-formed --cluster before any work is done."""
+    if address is None:
+        return
+    if address.startswith("local:"):
+        workers = address.split(":", 1)[1]
+        well_formed = workers.isdigit() and int(workers) >= 1
+    else:
+        well_formed = "://" in address
+    if not well_formed:
+        raise CommandError(f"--cluster {address!r}: expected tcp://host:port or local:N (N >= 1 workers)")
 
 
 def _client(address: str | None) -> Any:
@@ -81,7 +97,7 @@ def _client(address: str | None) -> Any:
     except ImportError:
         raise CommandError("--cluster needs Dask's distributed: pip install jitop[dask]") from None
     except ValueError:
-        raise CommandError(f"--cluster {address!r}: expected tcp://host:port or local:N") from None
+        raise CommandError(f"--cluster {address!r}: expected tcp://host:port or local:N (N >= 1 workers)") from None
     except OSError as err:
         raise CommandError(f"--cluster {address!r}: cannot connect ({err})", status=1) from None
 

@@ -198,6 +198,15 @@ def test_tune_without_arguments_tunes_the_logged_workloads(tmp_path: Path) -> No
     assert "matmul 32x40x40" in after.stdout, show(after)
 
 
+def test_tune_on_a_local_dask_cluster_writes_the_usual_records(tuned: Tuned, tmp_path: Path) -> None:
+    cache = tuned.copy(tmp_path)
+    r = run(tmp_path, cache, *TUNE, "--cluster", "local:2", "--out", "c.jsonl", timeout=600)
+    assert r.returncode == 0, show(r)
+    recs = rec_io.load(tmp_path / "c.jsonl")
+    assert len(recs) == 4 and all(rec.result.ok for rec in recs), show(r)
+    assert "matmul 48x40x40" in r.stdout, show(r)
+
+
 # 4. export -> clear -> import
 
 
@@ -245,9 +254,11 @@ EXIT3 = 'import sys\nif __name__ == "__main__":\n    sys.exit(3)\n'
     (["explain", "missing.py"], {}, 2, ["jitop explain: ", "'missing.py' not found"]),
     (["frobnicate"], {}, 2, ["invalid choice: 'frobnicate'"]),
     (["tune", "--trials", "2", "--budget", "1m"], {}, 2, ["not allowed with argument"]),
+    (["tune", "--trials", "1", "--cluster", "local:0"], {}, 2, ["--cluster 'local:0': expected tcp://host:port or local:N"]),
+    (["tune", "--trials", "1", "--cluster", "local:two"], {}, 2, ["--cluster 'local:two': expected"]),
 ], ids=["missing-script", "script-without-path", "script-raises", "script-exits-3", "empty-cache",
         "zero-trials", "import-missing", "import-empty", "explain-missing", "unknown-command",
-        "trials-and-budget"])
+        "trials-and-budget", "cluster-of-none", "cluster-not-a-number"])
 def test_bad_input_exits_non_zero_with_a_message(tmp_path: Path, args: list[str], files: dict[str, str],
                                                  status: int, expected: list[str]) -> None:
     for name, text in files.items():
