@@ -7,6 +7,13 @@ miss and is removed. A directory that is not the user's own, or that group/other
 with one warning (native code from it is never loaded): the store then remembers nothing, like
 `NullStore`. Least-recently-used entries are evicted beyond the size limit.
 
+Reads take a lighter path when the directory's database exists already (a warm process): one sqlite3
+connection reads diskcache's table and value files directly, without importing diskcache and running its
+set-up (which writes every setting on each open: ~5 ms of a warm process's first kernel), and refreshes the
+entries' LRU times later and to within LRU_RESOLUTION (see `_Reader`). Anything it does not recognise (another
+eviction policy, a value not stored as raw bytes or a bytes file, any error) goes to diskcache; every write
+goes to diskcache. Checksums are checked on either path.
+
 >>> store = DiskStore("/tmp/jitop-cache")     # doctest: +SKIP
 >>> store.put("key", b"object code")          # doctest: +SKIP
 >>> store.get("key")                          # doctest: +SKIP
@@ -14,6 +21,7 @@ b'object code'
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -23,6 +31,7 @@ import struct
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterator, Protocol
 
 MAGIC = b"JTCE"
@@ -113,6 +122,118 @@ def make_private(directory: str) -> None:
         os.chmod(directory, mode & 0o700)
 
 
+_FULL = object()  # _Reader.get: not something the light path reads, ask diskcache
+_DBNAME = "cache.db"  # diskcache.core.DBNAME
+_MODE_RAW, _MODE_BINARY = 1, 2  # diskcache.core.MODE_RAW / MODE_BINARY: bytes in the row / in a value file
+LRU_RESOLUTION = 600.0  # seconds: a read refreshes an entry's LRU time only if it is older than this
+_PENDING_MAX = 256      # refreshed LRU times kept before they are written (else at exit or close)
+
+
+class _Reader:
+    """Reads values diskcache stored (diskcache 5's table: key, raw, expire_time, access_time, mode, filename,
+    value) through one sqlite3 connection. Made only for a database diskcache set up with the
+    least-recently-used policy and without statistics (what DiskStore always asks for); anything else raises,
+    and the store uses diskcache.
+
+    diskcache's `get` writes each read entry's access time (the LRU order) at once: a process's first write
+    costs 1-3 ms (SQLite starts a new write-ahead log), on the first kernel's path. Here an access time is
+    refreshed only when it is older than LRU_RESOLUTION (the order eviction sees is exact to that), and the
+    refresh is written later: at exit, on close, before an eviction, or once _PENDING_MAX are waiting. A
+    refresh lost (the process killed, the database busy) only makes an entry look older to eviction."""
+
+    _SELECT = ("SELECT mode, filename, value, access_time FROM Cache WHERE key = ? AND raw = 1"
+               " AND (expire_time IS NULL OR expire_time > ?)")
+
+    def __init__(self, directory: str):
+        import sqlite3  # ~1 ms; diskcache imports it too
+        self.directory = directory
+        path = os.path.join(directory, _DBNAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)  # a new directory: diskcache creates the database
+        self._lock = threading.Lock()  # one connection for every thread, one statement at a time
+        self._pid = os.getpid()
+        self._pending: dict[str, float] = {}  # key -> access time to write
+        self._con = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            settings = dict(self._con.execute("SELECT key, value FROM Settings").fetchall())
+            if settings.get("eviction_policy") != "least-recently-used" or settings.get("statistics", 0):
+                raise ValueError("the database is set up for another eviction policy or counts statistics")
+            self._con.execute(f"PRAGMA synchronous = {int(settings.get('sqlite_synchronous', 1))}")
+        except BaseException:
+            self._con.close()
+            raise
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def get(self, key: str) -> Any:
+        """The stored (framed) value, None if there is none, or _FULL (diskcache must read it)."""
+        with self._lock:
+            rows = self._con.execute(self._SELECT, (key, time.time())).fetchall()
+        if not rows:
+            return None
+        ((mode, filename, value, accessed),) = rows
+        if mode == _MODE_RAW and isinstance(value, (bytes, bytearray)):
+            data = bytes(value)
+        elif mode == _MODE_BINARY and isinstance(filename, str):
+            try:
+                with open(os.path.join(self.directory, filename), "rb") as fh:
+                    data = fh.read()
+            except OSError:  # removed since the row was read (evicted, replaced): a miss, as in diskcache
+                return None
+        else:
+            return _FULL
+        now = time.time()
+        if not isinstance(accessed, (int, float)) or now - accessed > LRU_RESOLUTION:
+            self._pending[key] = now
+            if len(self._pending) >= _PENDING_MAX:
+                self.flush()
+        return data
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every text key starting with `prefix`, in diskcache's order (ascending)."""
+        with self._lock:
+            rows = self._con.execute("SELECT key FROM Cache WHERE raw = 1 AND typeof(key) = 'text'"
+                                     " AND substr(key, 1, ?) = ? ORDER BY key ASC",
+                                     (len(prefix), prefix)).fetchall()
+        return [k for (k,) in rows if k.startswith(prefix)]
+
+    def flush(self) -> None:
+        """Write the refreshed access times (a short wait for the lock; given up, they are dropped)."""
+        if self._pid != os.getpid() or not self._pending:  # a forked child never uses its parent's connection
+            return
+        with self._lock:
+            pending, self._pending = list(self._pending.items()), {}
+            try:
+                self._con.execute("PRAGMA busy_timeout = 250")
+                self._con.execute("BEGIN IMMEDIATE")
+                try:
+                    self._con.executemany("UPDATE Cache SET access_time = ? WHERE key = ? AND raw = 1",
+                                          [(t, k) for k, t in pending])
+                    self._con.execute("COMMIT")
+                except BaseException:
+                    self._con.execute("ROLLBACK")
+                    raise
+            except Exception:  # noqa: BLE001 - read-only, busy, closed: LRU times only
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    self._con.execute("PRAGMA busy_timeout = 30000")
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            self._con.close()
+
+
+_inherited: list[_Reader] = []  # readers a forked child got from its parent (closing one could touch its locks)
+
+
+def _flush_at_exit(ref: "weakref.ref[_Reader]") -> None:
+    reader = ref()
+    if reader is not None:
+        with contextlib.suppress(Exception):
+            reader.flush()
+
+
 class DiskStore:
     """A diskcache-backed store shared by many processes; checked values, LRU eviction beyond `size_limit`."""
 
@@ -122,15 +243,46 @@ class DiskStore:
         self.refused: str | None = None
         self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "errors": 0}
         self._cache: Any = None
+        self._reader: _Reader | None = None
+        self._reader_failed = False
         self._pid = os.getpid()
         self._failed = False
         self._warned = False
         self._lock = threading.Lock()
 
     # ** opening **
-    def _open(self) -> Any:
+    def _forked(self) -> None:
         if self._pid != os.getpid():  # a forked child: SQLite connections must not cross fork, open anew
-            self._cache, self._pid = None, os.getpid()
+            if self._reader is not None:  # the parent's connection: never used, nor closed, here
+                _inherited.append(self._reader)
+            self._cache, self._reader, self._reader_failed, self._pid = None, None, False, os.getpid()
+
+    def _light(self) -> _Reader | None:
+        """The light read path (see the module's docstring), or None: the directory has no database yet, is
+        refused (diskcache's opening then warns), or the database is not one the light path reads."""
+        self._forked()
+        if self._reader is not None or self._reader_failed:
+            return self._reader
+        with self._lock:
+            if self._reader is None and not self._reader_failed:
+                try:
+                    if refusal(self.directory) is not None:
+                        raise PermissionError(self.directory)
+                    make_private(self.directory)
+                    self._reader = _Reader(self.directory)
+                except Exception:  # noqa: BLE001 - diskcache opens it (and warns if it cannot)
+                    self._reader_failed = True
+        return self._reader
+
+    def _drop_reader(self, reader: _Reader) -> None:
+        with self._lock:
+            if self._reader is reader:
+                self._reader, self._reader_failed = None, True
+        with contextlib.suppress(Exception):
+            reader.close()
+
+    def _open(self) -> Any:
+        self._forked()
         if self._cache is not None or self._failed:
             return self._cache
         with self._lock:
@@ -178,19 +330,27 @@ class DiskStore:
     @property
     def usable(self) -> bool:
         """Whether the directory could be opened (False after a refusal or an error on opening)."""
-        return self._open() is not None
+        return self._light() is not None or self._open() is not None
 
     # ** entries **
     def get(self, key: str) -> bytes | None:
         """The payload stored under `key`, or None (missing, corrupt: removed, or any error)."""
-        cache = self._open()
-        if cache is None:
-            return None
-        try:
-            raw = cache.get(key)
-        except Exception as err:  # noqa: BLE001 - a corrupt database or a vanished file: a miss
-            self._warn("reading", err)
-            return None
+        raw, reader = _FULL, self._light()
+        if reader is not None:
+            try:
+                raw = reader.get(key)
+            except Exception:  # noqa: BLE001 - locked past the timeout, an unknown table: diskcache decides
+                self._drop_reader(reader)
+                raw = _FULL
+        if raw is _FULL:
+            cache = self._open()
+            if cache is None:
+                return None
+            try:
+                raw = cache.get(key)
+            except Exception as err:  # noqa: BLE001 - a corrupt database or a vanished file: a miss
+                self._warn("reading", err)
+                return None
         if raw is None:
             self.stats["misses"] += 1
             return None
@@ -218,6 +378,8 @@ class DiskStore:
     def _evict(self, cache: Any, keep: str) -> None:
         """Remove least-recently-used entries until the cache is under its size limit again; never `keep` (the
         entry just written) nor entries under a KEPT prefix (small, and costly or impossible to rebuild)."""
+        if self._reader is not None:  # the access times this process's reads refreshed count too
+            self._reader.flush()
         excess = cache.volume() - self.size_limit
         rows = cache._sql("SELECT key, size FROM Cache ORDER BY access_time LIMIT 1000").fetchall()
         for key, size in rows:
@@ -253,6 +415,12 @@ class DiskStore:
 
     def keys(self, prefix: str = "") -> list[str]:
         """Every key starting with `prefix`."""
+        reader = self._light()
+        if reader is not None:
+            try:
+                return reader.keys(prefix)
+            except Exception:  # noqa: BLE001 - diskcache lists them
+                self._drop_reader(reader)
         cache = self._open()
         if cache is None:
             return []
@@ -290,4 +458,7 @@ class DiskStore:
             if self._cache is not None:
                 with contextlib.suppress(Exception):
                     self._cache.close()
-            self._cache = None
+            reader, self._cache, self._reader, self._reader_failed = self._reader, None, None, False
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()

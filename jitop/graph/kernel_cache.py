@@ -93,29 +93,106 @@ def kernel_key(prep: Prepared, function: str) -> Key | None:
 
 
 _code_version: str | None = None
+CODE_DIGEST = "meta/code-digest/"  # + the source roots' hash: the last digest and the file stamps it was made of
+_SETTLED_NS = 5_000_000_000  # a file changed less than 5 s ago may change again within its timestamp's tick
+_PACKAGES = ("jitop", "jitop.topi", "jitop.tuner", "jitop.cache")  # whose .py files the digest covers
 
 
 def code_version() -> str:
     """jitop's version and a digest of its own source files: an edited or upgraded jitop never loads what
-    another one compiled (a version number alone misses local edits)."""
+    another one compiled (a version number alone misses local edits).
+
+    Hashing the sources costs ~1.5 ms per process; the store keeps the last digest with the files' stamps (path,
+    size, mtime, ctime, inode, device of every .py file: any write to a file changes its ctime, which no tool
+    can set back) and a process whose stamps are the same reuses it. A digest made while a file had changed
+    within the last seconds is not kept (a second edit in the same timestamp tick could leave the stamps
+    alike), and one that does not read back intact is computed again."""
     global _code_version
     if _code_version is None:
         from jitop import __version__
-        h = hashlib.sha256()
-        for package in ("jitop", "jitop.topi", "jitop.tuner", "jitop.cache"):
-            spec = importlib.util.find_spec(package)
-            roots = list(spec.submodule_search_locations or []) if spec else []
-            for root in roots:
-                for dirpath, dirnames, filenames in os.walk(root):
-                    dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-                    for f in sorted(filenames):
-                        if f.endswith(".py"):
-                            path = os.path.join(dirpath, f)
-                            h.update(os.path.relpath(path, root).encode())
-                            with open(path, "rb") as fh:
-                                h.update(fh.read())
-        _code_version = f"{__version__}+{h.hexdigest()[:12]}"
+        files = _source_files()
+        st = store()
+        stamp = _stamp(files)
+        memo_key = CODE_DIGEST + hashlib.sha256(json.dumps(sorted({f[0] for f in files})).encode()).hexdigest()[:16]
+        digest = _memoised_digest(st, memo_key, stamp) if stamp is not None else None
+        if digest is None:
+            digest = _source_digest(files)
+            if stamp is not None and _settled(files):
+                st.put(memo_key, json.dumps({"stamp": stamp, "digest": digest}).encode())
+        _code_version = f"{__version__}+{digest[:12]}"
     return _code_version
+
+
+def _source_files() -> list[tuple[str, str, str, os.stat_result | None]]:
+    """(package root, path relative to it, full path, stat or None) of every .py file of jitop's packages, in
+    hash order (os.walk's, top-down, names sorted; __pycache__ and symlinked directories not entered)."""
+    found: list[tuple[str, str, str, os.stat_result | None]] = []
+
+    def walk(root: str, rel: str) -> None:
+        try:
+            with os.scandir(os.path.join(root, rel) if rel else root) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:  # as os.walk: an unreadable directory is skipped
+            return
+        subdirs = []
+        for e in entries:
+            if e.is_dir():
+                if e.name != "__pycache__" and not e.is_symlink():
+                    subdirs.append(e.name)
+            elif e.name.endswith(".py"):
+                try:
+                    st = e.stat()
+                except OSError:
+                    st = None
+                found.append((root, os.path.join(rel, e.name) if rel else e.name, e.path, st))
+        for d in subdirs:
+            walk(root, os.path.join(rel, d) if rel else d)
+
+    for package in _PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for root in list(spec.submodule_search_locations or []) if spec else []:
+            walk(root, "")
+    return found
+
+
+def _source_digest(files: list[tuple[str, str, str, os.stat_result | None]]) -> str:
+    """sha256 of every file's relative path and bytes (the digest code_version shows the first 12 digits of)."""
+    h = hashlib.sha256()
+    for _, rel, path, _ in files:
+        h.update(rel.encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def _stamp(files: list[tuple[str, str, str, os.stat_result | None]]) -> str | None:
+    """sha256 of every file's path and stat stamp (taken before the files are read, so a stored stamp is never
+    newer than the bytes its digest was made of); None if a file could not be inspected."""
+    if any(st is None for *_, st in files):
+        return None
+    rows = [[path, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev] for _, _, path, s in files]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def _settled(files: list[tuple[str, str, str, os.stat_result | None]]) -> bool:
+    """Whether every file's last change (as stamped) is a few seconds old (racy-git's rule)."""
+    now = time.time_ns()
+    return all(s is not None and now - max(s.st_mtime_ns, s.st_ctime_ns) > _SETTLED_NS for *_, s in files)
+
+
+def _memoised_digest(st: DiskStore | NullStore, memo_key: str, stamp: str) -> str | None:
+    """The stored digest if it was made of files with exactly these stamps, else None."""
+    blob = st.get(memo_key)
+    if blob is None:
+        return None
+    try:
+        memo = json.loads(blob)
+        digest = memo["digest"]
+        ok = memo["stamp"] == stamp and isinstance(digest, str) and len(digest) == 64 and all(
+            c in "0123456789abcdef" for c in digest)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return digest if ok else None
 
 
 # ** load or build **
@@ -251,8 +328,11 @@ class ComponentStore:
 
     def get(self, content: str) -> bytes | None:
         """The object code stored for this content key, or None."""
-        return store().get(self._key(content))
+        st = store()
+        return None if st is _NULL else st.get(self._key(content))
 
     def put(self, content: str, value: bytes) -> None:
         """Store object code under this content key."""
-        store().put(self._key(content), value)
+        st = store()
+        if st is not _NULL:
+            st.put(self._key(content), value)
