@@ -8,7 +8,8 @@ trial budget, seed and tuner in each mode, on a fresh temporary cache each time 
 
 Reported per mode: trials per minute (cluster start-up excluded, shown apart), the time until the program
 estimate (sum over layers of the best seconds found) came within 95 % of the best estimate any mode reached,
-the program estimate after all trials (tuning quality for the same trials), and where a trial's time goes.
+the program estimate with the defaults and after all trials (tuning quality for the same trials; the default
+`local` mode runs twice, which shows how far two runs of the same mode differ), and where a trial's time goes.
 On a 2-core machine the modes share the same two cores, so the cluster can only match the pool; the model
 below extrapolates to W machines of C cores from the per-trial build and run seconds measured here:
     batch seconds = B * build_s / (W * C) + B * run_s / W + overhead per batch
@@ -76,6 +77,14 @@ def tune_mode(mode: str, trials: int, seed: int) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def default_estimate(run: dict) -> float:
+    """The program estimate with every layer's default config (each task's first record)."""
+    first: dict[str, float] = {}
+    for r in sorted(run["records"], key=lambda r: r.result.timestamp):
+        first.setdefault(r.task.key, r.result.cost)
+    return sum(first.values())
+
+
 def curve(run: dict) -> list[tuple[float, float]]:
     """(seconds since the start, program estimate) after each record, in arrival order."""
     best: dict[str, float] = {}
@@ -99,17 +108,23 @@ def per_trial(run: dict) -> tuple[float, float]:
 
 
 def model_rows(build_s: float, run_s: float, overhead_s: float, cores: int) -> list[list[object]]:
+    """Modelled trials/min on `machines` machines of `cores` cores: with batches of BATCH, and with batches
+    growing with the cluster (BATCH per machine; the search and model cost per batch taken as constant)."""
     rows = []
     for machines in (1, 2, 4, 8, 16, 32):
-        batch_s = BATCH * build_s / (machines * cores) + BATCH * run_s / machines + overhead_s
-        rows.append([machines, cores, f"{60 * BATCH / batch_s:.0f}"])
+        cells = [machines, cores]
+        for batch in (BATCH, BATCH * machines):
+            batch_s = batch * build_s / (machines * cores) + batch * run_s / machines + overhead_s
+            cells.append(f"{60 * batch / batch_s:.0f}")
+        rows.append(cells)
     return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=160)
-    p.add_argument("--modes", default="local,local:2,local:4")
+    p.add_argument("--modes", default="local,local:2,local:4,local",
+                   help="comma-separated; local twice shows the run-to-run spread of the same mode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="48 trials, local and local:2")
     args = p.parse_args()
@@ -125,10 +140,11 @@ def main() -> None:
         build_s, run_s = per_trial(run)
         n = len(run["records"])
         rows.append([run["mode"], n, f"{run['seconds']:.1f}", f"{60 * n / run['seconds']:.1f}",
-                     f"{time_to(points, best_estimate / 0.95):.1f}", f"{points[-1][1] * 1e3:.3f}",
+                     f"{time_to(points, best_estimate / 0.95):.1f}", f"{default_estimate(run) * 1e3:.3f}",
+                     f"{points[-1][1] * 1e3:.3f}",
                      f"{build_s:.3f}", f"{run_s:.3f}", f"{run['split'].get('build', 0):.1f}",
                      f"{run['split'].get('measure', 0):.1f}", f"{run['start_s']:.1f}"])
-    print(table(["mode", "trials", "tuning s", "trials/min", "s to 95% of best", "program estimate ms",
+    print(table(["mode", "trials", "tuning s", "trials/min", "s to 95% of best", "defaults ms", "tuned ms",
                  "build s/trial", "run s/trial", "build phase s", "run phase s", "cluster start s"], rows))
     local = runs[0]
     build_s, run_s = per_trial(local)
@@ -137,7 +153,8 @@ def main() -> None:
     overhead = max(0.0, (local["seconds"] - work) / batches)
     print(f"\nModel of larger clusters from the '{local['mode']}' run: build {build_s:.3f} s and run {run_s:.3f} s per "
           f"trial, {overhead:.2f} s per batch of {BATCH} outside both (search, model, process hand-offs)\n")
-    print(table(["machines", "cores each", "modelled trials/min"], model_rows(build_s, run_s, overhead, cores)
+    print(table(["machines", "cores each", f"trials/min, batch {BATCH}", f"trials/min, batch {BATCH} x machines"],
+                model_rows(build_s, run_s, overhead, cores)
                 + model_rows(build_s, run_s, overhead, 8)[1:]))
 
 

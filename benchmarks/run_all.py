@@ -37,7 +37,9 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
             ["bench_cache.py", "--quick"]),
            ("Background tuning with hot swap (issue 13)", ["bench_background.py"], ["bench_background.py", "--quick"]),
            ("Predicted configs on unseen convolutions (issue 13)", ["bench_predict.py"],
-            ["bench_predict.py", "--quick"])]
+            ["bench_predict.py", "--quick"]),
+           ("Tuning on a Dask cluster: local pool vs LocalCluster (issue 13)", ["bench_dask.py"],
+            ["bench_dask.py", "--quick"])]
 PREAMBLE = ("# Benchmark results\n\nWritten by `python benchmarks/run_all.py [names]` (see benchmarks/README.md). "
             "Each section is one command's output, run in one go, with the date it ran; figures of different "
             "sections were measured at different times. Each header states the jitop Target the code was built "
