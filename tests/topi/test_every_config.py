@@ -305,3 +305,17 @@ def test_conv2d_gemm_default_is_the_matmul_default(cpu):
         mm = tm.default_tile(512, hw * hw, 64 * 9, 4, target)
         assert cfg.algorithm == "gemm"
         assert (cfg.mr, cfg.bn, cfg.ic_unroll, not cfg.oc_outer) == (mm.mr, mm.bn, mm.k_unroll, mm.panel_outer), hw
+
+
+@pytest.mark.parametrize("cpu", list(CPUS))
+def test_conv2d_default_is_gemm_for_every_1x1_nchw_convolution(cpu):
+    """A 1x1 convolution is a plain matmul: the default takes the gemm algorithm whatever the output size
+    (3x3 ones on a large output stay direct; grouped and NHWC ones cannot use gemm)."""
+    target = CPUS[cpu]
+    for c, oc, hw, stride in ((64, 256, 56, 1), (256, 64, 56, 1), (64, 128, 56, 2), (3, 5, 7, 1)):
+        wl = tc.Conv2dWorkload(1, c, hw, hw, oc, 1, 1, stride=(stride, stride))
+        assert tc.Conv2dConfig.from_config(tc.default_config(wl, target)).algorithm == "gemm", (c, oc, hw)
+    big_3x3 = tc.Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))
+    assert tc.Conv2dConfig.from_config(tc.default_config(big_3x3, target)).algorithm == "direct"
+    nhwc = tc.Conv2dWorkload(1, 64, 56, 56, 256, 1, 1, layout="NHWC")
+    assert tc.Conv2dConfig.from_config(tc.default_config(nhwc, target)).algorithm == "direct"
