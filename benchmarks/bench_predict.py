@@ -1,8 +1,9 @@
 """Zero-shot configs: how good is the cost model's predicted config on convolutions that were never tuned?
 
-1. Train: `jitop.tune` on ResNet-18's 3x3 convolutions (NCHW, batch 1, stride 1 and the two stride-2 ones into
-   layers 2 and 3) with one budget, on a fresh temporary cache; it keeps its records there and trains the conv2d
-   model for this Target.
+1. Train: `jitop.tune` on ResNet-18's convolutions (NCHW, batch 1: the 3x3 ones of each stage, the stride-2 3x3
+   ones into layers 2 and 3, and the 1x1 stride-2 shortcuts) with one budget, on a fresh temporary cache; it
+   keeps its records there and trains the conv2d model for this Target (which then predicts for the kinds it
+   saw: 3x3 and 1x1).
 2. Unseen: ResNet-50's and MobileNet-V1's 1x1 convolutions (shapes no training task has). For each, `pick`
    gives the predicted config (no measurement); then `jitop.tune(trials=N)` on that task alone (not saved)
    gives the default's and the tuned best's GFLOP/s; the predicted config is measured in the same measurer.
@@ -36,7 +37,10 @@ from jitop.tuner.tuning import WeightedTask  # noqa: E402
 
 # (name, c, oc, hw, kernel, stride)
 TRAIN = [("r18 layer1", 64, 64, 56, 3, 1), ("r18 layer2 /2", 64, 128, 56, 3, 2), ("r18 layer2", 128, 128, 28, 3, 1),
-         ("r18 layer3 /2", 128, 256, 28, 3, 2), ("r18 layer3", 256, 256, 14, 3, 1), ("r18 layer4", 512, 512, 7, 3, 1)]
+         ("r18 layer3 /2", 128, 256, 28, 3, 2), ("r18 layer3", 256, 256, 14, 3, 1), ("r18 layer4", 512, 512, 7, 3, 1),
+         # ResNet-18's 1x1 stride-2 shortcut convolutions: a model predicts only for kinds it saw
+         ("r18 shortcut 2 /2", 64, 128, 56, 1, 2), ("r18 shortcut 3 /2", 128, 256, 28, 1, 2),
+         ("r18 shortcut 4 /2", 256, 512, 14, 1, 2)]
 UNSEEN = [("r50 1x1 64->256 @56", 64, 256, 56, 1, 1), ("r50 1x1 256->64 @56", 256, 64, 56, 1, 1),
           ("r50 1x1 1024->256 @14", 1024, 256, 14, 1, 1), ("mobilenet 1x1 128->128 @56", 128, 128, 56, 1, 1),
           ("mobilenet 1x1 512->512 @14", 512, 512, 14, 1, 1), ("mobilenet 1x1 1024->1024 @7", 1024, 1024, 7, 1, 1)]
@@ -66,7 +70,7 @@ def main() -> None:
     _keep[0] = args.keep_cache
     budget, trials, unseen = ("60s", 16, UNSEEN[:3]) if args.quick else (args.train_budget, args.trials, UNSEEN)
     print(f"Predicted configs — {cpu_name()}, {os.cpu_count()} cores; Target {default_target().describe()}; "
-          f"training: jitop.tune budget {budget} on {len(TRAIN)} ResNet-18 convs; reference: {trials} trials each\n")
+          f"training: jitop.tune budget {budget} on {len(TRAIN)} ResNet-18 convs (3x3 and 1x1 /2); reference: {trials} trials each\n")
     jitop.tune([WeightedTask(conv_task(*t[1:]), 1) for t in TRAIN], budget=budget, records=None, progress=False,
                apply=False)
     rows, ratios_best, ratios_default = [], [], []

@@ -418,4 +418,5 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
 
 
 TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
-                                               schedule, build, operand_reads))
+                                               schedule, build, operand_reads,
+                                               kind_fields=("kh", "kw", "layout", "dtype")))

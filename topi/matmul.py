@@ -319,4 +319,4 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, threads: int) -> None:
 
 
 TEMPLATE = registry.register(registry.Template("matmul", MatmulWorkload, config_space, default_config, compute,
-                                               schedule, build, operand_reads))
+                                               schedule, build, operand_reads, kind_fields=("dtype",)))

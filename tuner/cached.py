@@ -53,8 +53,11 @@ def cache_source(task: Task) -> Choice | None:
 
 
 def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
-    """The nearest tuned workload's config, projected onto `task`'s space (None without a neighbour)."""
-    ranked = sorted((r for r in records if r.task.key != task.key), key=lambda r: distance(task, r.task))
+    """The nearest tuned workload of the same kind (`Template.kind_fields`)'s config, projected onto `task`'s
+    space (None without such a neighbour)."""
+    kind = registry.get(task.template).kind(task.workload)
+    ranked = sorted((r for r in records if r.task.key != task.key and registry.get(r.task.template).kind(
+        r.task.workload) == kind), key=lambda r: distance(task, r.task))
     if not ranked:
         return None
     template = registry.get(task.template)

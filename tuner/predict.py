@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any, Iterable
 
@@ -59,13 +60,50 @@ def train(store: Any, template: str, target_key: str) -> int:
             tasks += 1
     if tasks < MIN_TASKS:
         return 0
+    # the kinds of workload on which the model, trained without the workload, picked configs at least as fast
+    # as the defaults: it predicts for those only
+    kinds = sorted(kind for kind, gain in held_out_gains(groups).items() if gain >= 1.0)
     model = CostModel(groups[0].task)
     model.fit_all(groups)
-    if not model.fitted:
+    if not model.fitted or not kinds:
+        store.delete(f"model/{target_key}/{template}")
+        _models.clear()
         return 0
+    store.put(f"model-kinds/{target_key}/{template}", json.dumps(kinds).encode())
     store.put(f"model/{target_key}/{template}", model.to_bytes())
     _models.clear()
     return tasks
+
+
+def held_out_gains(records: list[Record]) -> dict[str, float]:
+    """How a model of these records would do on a workload it never saw, per kind of workload (JSON of
+    `Template.kind`): for each task, a model trained on the other tasks picks among the task's measured
+    configs; the geomean over the kind's tasks of (the default's measured seconds / the pick's). Below 1, the
+    model's predictions for that kind are slower than the defaults (its features do not carry over) and it
+    does not predict for it. Tasks without a measured default do not count."""
+    from jitop.tuner.model import CostModel
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        if r.result.ok:
+            by_task.setdefault(r.task.key, []).append(r)
+    logs: dict[str, list[float]] = {}
+    for key, own in by_task.items():
+        task = own[0].task
+        default = registry.get(task.template).default_config(task.workload, task.target)
+        base = [r.result.cost for r in own if r.config == default]
+        others = [r for k, recs in by_task.items() if k != key for r in recs]
+        model = CostModel(others[0].task) if others else None
+        if not base or model is None:
+            continue
+        model.fit_all(others)
+        if not model.fitted:
+            continue
+        mine = CostModel(task)
+        mine._booster = model._booster
+        pick = own[int(mine.predict([r.config for r in own]).argmax())]
+        kind = json.dumps(registry.get(task.template).kind(task.workload))
+        logs.setdefault(kind, []).append(math.log(min(base) / pick.result.cost))
+    return {kind: math.exp(sum(v) / len(v)) for kind, v in logs.items()}
 
 
 def predicted_choice(task: Task | None, store: Any) -> Choice | None:
@@ -81,7 +119,7 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
         except (ValueError, KeyError, TypeError):
             pass
     model = _model(store, task)
-    if model is None:
+    if model is None or not _trained_on_kind(store, task):
         return None
     candidates = _candidates(task)
     scores = model.predict(candidates)
@@ -92,6 +130,18 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
             + ("; it is the default" if best == default else ""))
     store.put(key, json.dumps({"config": best.as_dict(), "note": note}).encode())
     return Choice(best, "predicted", note)
+
+
+def _trained_on_kind(store: Any, task: Task) -> bool:
+    """Whether the model saw workloads of `task`'s kind (Template.kind_fields) and, on them held out, beat
+    the defaults: trees do not extrapolate, so a model trained on 3x3 convolutions ranks a 1x1 convolution's
+    space by chance (measured: 0.5-0.7x its default). A model stored without its kinds predicts for none."""
+    raw = store.get(f"model-kinds/{task.target.key}/{task.template}")
+    try:
+        kinds = json.loads(raw) if raw is not None else []
+    except ValueError:
+        return False
+    return json.dumps(registry.get(task.template).kind(task.workload)) in kinds
 
 
 def _model(store: Any, task: Task) -> Any:

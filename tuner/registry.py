@@ -12,7 +12,10 @@ A template is plain functions over a frozen, JSON-serialisable workload:
 - `build(workload, config, target)` -> (Schedule, [input placeholders..., output]) standalone, for tuning;
 - `operand_reads(workload, config, target)` -> how many times the template evaluates each element of each
   operand (a packed operand once, an operand streamed per panel once per panel), so the graph fuses into
-  an operand only what is free to recompute that often.
+  an operand only what is free to recompute that often;
+- `kind_fields`: the workload fields that name the kind of computation (a convolution's kernel size, the
+  layout, the dtype): tuned records of one workload inform another (transfer, predicted configs) only when
+  these are equal: a 3x3 convolution's best schedule says little about a 1x1's.
 
 >>> from jitop.tuner import registry
 >>> import jitop   # importing jitop registers its templates
@@ -41,6 +44,11 @@ class Template:
     schedule: Callable
     build: Callable
     operand_reads: Callable
+    kind_fields: tuple[str, ...] = ()
+
+    def kind(self, workload: Any) -> list:
+        """The values of `kind_fields` of `workload` (equal kinds: comparable workloads)."""
+        return [_lists(getattr(workload, f)) for f in self.kind_fields]
 
     def workload_from_json(self, text: str | dict) -> Any:
         """Rebuild a workload from `workload_to_json`'s output (lists become tuples again)."""
@@ -80,6 +88,10 @@ def names() -> list[str]:
 def workload_to_json(workload: Any) -> str:
     """A workload (a frozen dataclass of ints, strings and tuples) as canonical JSON."""
     return json.dumps(dataclasses.asdict(workload), sort_keys=True, separators=(",", ":"))
+
+
+def _lists(v: Any) -> Any:
+    return [_lists(x) for x in v] if isinstance(v, tuple) else v
 
 
 def _tuples(v: Any) -> Any:

@@ -22,11 +22,15 @@ def matmul_task(m: int, n: int, k: int) -> Task:
 
 
 def synthetic_records(task: Task, count: int = 40) -> list[Record]:
-    """Measured-looking records whose speed grows with the register tile's width (a learnable rule)."""
+    """Measured-looking records whose speed grows with the register tile's width (a learnable rule); the
+    default config first, as `jitop.tune` measures it."""
     space = task.config_space()
     rng = np.random.default_rng(len(task.key))
     out = []
-    for i in rng.choice(len(space), size=min(count, len(space)), replace=False):
+    default = get(task.template).default_config(task.workload, task.target)
+    picks = [space.index_of(default)] + [int(i) for i in rng.choice(len(space), size=min(count, len(space)),
+                                                                     replace=False)]
+    for i in dict.fromkeys(picks):
         cfg = space.get(int(i))
         width = np.prod(cfg["tile_n"][1:]) * np.prod(cfg["tile_m"][1:])
         out.append(Record(task, cfg, MeasureResult((1e-3 / width,), ErrorCode.NO_ERROR)))
@@ -69,3 +73,47 @@ def test_a_predicted_config_compiles_and_is_numpy_correct() -> None:
     np.testing.assert_allclose(f(a, b), a @ b, rtol=1e-4, atol=1e-4)
     (entry,) = f.cache.values()
     assert any("predicted config" in t for t in entry.exe.templates)
+
+
+def conv_task(c: int, oc: int, hw: int, k: int) -> Task:
+    wl = get("conv2d").workload_type(n=1, c=c, h=hw, w=hw, oc=oc, kh=k, kw=k, pads=(k // 2,) * 4)
+    return Task("conv2d", wl, default_target())
+
+
+def conv_records(task: Task, count: int = 24) -> list[Record]:
+    """Records that rank every config by its index (any learnable order will do; the default among them)."""
+    space = task.config_space()
+    step = max(1, len(space) // count)
+    default = space.index_of(get(task.template).default_config(task.workload, task.target))
+    return [Record(task, space.get(i), MeasureResult((1e-3 * (1 + i / len(space)),), ErrorCode.NO_ERROR))
+            for i in dict.fromkeys([default, *range(0, len(space), step)][:count])]
+
+
+def test_a_model_never_ranks_a_workload_of_a_kind_it_was_not_trained_on() -> None:
+    store = cached.tuned_store().store
+    for task in (conv_task(32, 32, 14, 3), conv_task(64, 32, 7, 3)):
+        predict.save_training(store, conv_records(task))
+        cached.save_best(conv_records(task))
+    assert predict.train(store, "conv2d", default_target().key) == 2
+    pointwise = conv_task(48, 64, 14, 1)  # a 1x1 convolution: no 1x1 was trained or tuned
+    assert pick(pointwise).source == "default"  # neither predicted nor transferred from a 3x3
+    assert pick(conv_task(48, 64, 14, 3)).source == "predicted"  # a 3x3 one is ranked
+    predict.save_training(store, conv_records(conv_task(16, 16, 7, 1)))
+    assert predict.train(store, "conv2d", default_target().key) == 3
+    assert pick(conv_task(40, 64, 14, 1)).source == "predicted"  # now the model has seen a 1x1
+
+
+def test_a_model_whose_held_out_picks_are_slower_than_the_defaults_is_not_used() -> None:
+    store = cached.tuned_store().store
+    tasks = [matmul_task(64, 64, 64), matmul_task(128, 96, 64), matmul_task(96, 64, 128)]
+    learnable = [r for t in tasks for r in synthetic_records(t)]
+    (gain,) = predict.held_out_gains(learnable).values()  # one kind: float32 matmuls
+    assert gain >= 1.0
+    # the same configs, but the default is the fastest of each task and the rest are in random order
+    rng = np.random.default_rng(0)
+    noise = [Record(r.task, r.config, MeasureResult((1e-3 if r.config == get("matmul").default_config(
+        r.task.workload, r.task.target) else 2e-3 + rng.random() * 1e-3,), ErrorCode.NO_ERROR)) for r in learnable]
+    assert max(predict.held_out_gains(noise).values()) < 1.0
+    predict.save_training(store, noise)
+    assert predict.train(store, "matmul", default_target().key) == 0  # no model: pick falls back
+    assert pick(matmul_task(96, 80, 72)).source == "default"
