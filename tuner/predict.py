@@ -118,8 +118,10 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
             return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
         except (ValueError, KeyError, TypeError):
             pass
+    if not _trained_on_kind(store, task):  # first: no model at all is the common case, and this is one read
+        return None
     model = _model(store, task)
-    if model is None or not _trained_on_kind(store, task):
+    if model is None:
         return None
     candidates = _candidates(task)
     scores = model.predict(candidates)
@@ -145,17 +147,20 @@ def _trained_on_kind(store: Any, task: Task) -> bool:
 
 
 def _model(store: Any, task: Task) -> Any:
-    from jitop.tuner.model import CostModel
     where = (getattr(store, "directory", None), task.target.key, task.template)
     if where not in _models:
         raw = store.get(f"model/{task.target.key}/{task.template}")
-        try:
-            _models[where] = CostModel.load(task, raw) if raw is not None else None
-        except ValueError:
-            _models[where] = None
+        _models[where] = None
+        if raw is not None:
+            from jitop.tuner.model import CostModel  # ~6 ms (features, xgboost glue): only with a model
+            try:
+                _models[where] = CostModel.load(task, raw)
+            except ValueError:
+                pass
     model = _models[where]
     if model is None:
         return None
+    from jitop.tuner.model import CostModel
     mine = CostModel(task)
     mine._booster = model._booster  # the same trees; features are computed for this task
     return mine
