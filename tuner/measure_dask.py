@@ -25,6 +25,7 @@ measurer runs.
 """
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import socket
 import threading
@@ -91,13 +92,23 @@ def run_on_worker(task_json: str, config_json: str, target_key: str, own: _Built
                   options: MeasureOptions) -> tuple | None:
     """On a worker: run one built candidate under the host's lock; None if this worker's Target is not
     `target_key` (its environment changed since it was chosen): the client then picks another worker."""
-    from distributed import Lock, get_worker
+    from distributed import get_worker
     task = Task.from_json(task_json)
     if worker_target_key(task.target.to_json()) != target_key:
         return None
-    with Lock(f"jitop-measure-{socket.gethostname()}"):
+    with _host_lock():
         r = _worker_measurer(options).run_prebuilt(MeasureInput(task, Config.from_json(config_json)), own, reference)
     return (r.costs, int(r.error), r.error_msg, r.build_s, r.run_s, r.timestamp, get_worker().address)
+
+
+def _host_lock() -> Any:
+    """This thread's handle on the host's measuring lock, made once (each handle keeps a lease-refreshing timer
+    on the worker's event loop for good: one per trial piled up)."""
+    lock = getattr(_thread_pool, "lock", None)
+    if lock is None:
+        from distributed import Lock
+        lock = _thread_pool.lock = Lock(f"jitop-measure-{socket.gethostname()}")
+    return lock
 
 
 def _worker_measurer(options: MeasureOptions) -> LocalMeasurer:
@@ -162,6 +173,11 @@ class DaskMeasurer:
         """One result per input, in order; a task no worker can run gets RUN_ERROR results, never an exception.
         `on_result(index, result)` is called as each result arrives."""
         inputs = list(inputs)
+        if inputs and not self._has_workers():
+            results = [_error("the Dask cluster has no workers: not measured") for _ in inputs]
+            for n, r in enumerate(results if on_result is not None else []):
+                on_result(n, r)
+            return results
         start = time.perf_counter()
         builds = self._build(inputs)
         middle = time.perf_counter()
@@ -170,12 +186,24 @@ class DaskMeasurer:
         self.stats["measure"] += time.perf_counter() - middle
         return results
 
+    def _has_workers(self) -> bool:
+        """Whether the cluster has a worker, waiting `_NO_WORKER_GRACE_S` for one (a cluster starting up)."""
+        if self.client.nthreads():
+            return True
+        try:
+            self.client.wait_for_workers(1, timeout=_NO_WORKER_GRACE_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            return False
+        return True
+
     def _build(self, inputs: list[MeasureInput]) -> dict[str, Any]:
         """Submit every build (identical candidates once; each task's reference once per measurer) and wait for
         them all: config JSON + task key -> future."""
         from distributed import wait
         builds: dict[str, Any] = {}
         timeout = self.options.build_timeout_s
+        # a reference whose build errored or was cancelled (its worker lost, the connection dropped) is built again
+        self._references = {k: f for k, f in self._references.items() if f.status not in ("error", "cancelled")}
         for inp in inputs:
             key = inp.task.key + inp.config.to_json()
             if key not in builds:
@@ -221,7 +249,8 @@ class _Runs:
             if self.pending:
                 try:
                     done, _ = wait(list(self.pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
-                except TimeoutError:  # distributed's wait raises when none finished in time
+                except (TimeoutError, asyncio.TimeoutError):  # distributed's wait raises when none finished in time
+                    # (asyncio's own class before Python 3.11)
                     pass
             else:
                 time.sleep(_POLL_S)
@@ -282,7 +311,7 @@ class _Runs:
     def _resubmit_stranded(self) -> None:
         """Runs whose every allowed worker is gone (a nanny restarts a dead one under a new address) and runs
         that found no worker go again to the workers eligible now."""
-        alive = set(self.m.client.scheduler_info()["workers"])
+        alive = set(self.m.client.nthreads())  # every worker (scheduler_info lists only 5 on some versions)
         stranded = [f for f, (_, workers) in self.pending.items() if not f.done() and not set(workers) & alive]
         again = [self.pending.pop(f)[0] for f in stranded] + list(self.unplaced)
         for future in stranded:

@@ -63,6 +63,8 @@ def train(store: Any, template: str, target_key: str) -> int:
     # the kinds of workload on which the model, trained without the workload, picked configs at least as fast
     # as the defaults: it predicts for those only
     kinds = sorted(kind for kind, gain in held_out_gains(groups).items() if gain >= 1.0)
+    for old in store.keys(f"predicted/{target_key}/{template}/"):  # made by the model this one replaces
+        store.delete(old)
     model = CostModel(groups[0].task)
     model.fit_all(groups)
     if not model.fitted or not kinds:
@@ -108,7 +110,7 @@ def held_out_gains(records: list[Record]) -> dict[str, float]:
 
 def predicted_choice(task: Task | None, store: Any) -> Choice | None:
     """The stored or freshly ranked prediction for `task`, or None (no model for its template and Target)."""
-    if task is None:
+    if task is None or not _trained_on_kind(store, task):  # also: a prediction of an older model is not served
         return None
     key = f"predicted/{task.target.key}/{task.template}/{task.key}"
     stored = store.get(key)
@@ -118,8 +120,6 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
             return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
         except (ValueError, KeyError, TypeError):
             pass
-    if not _trained_on_kind(store, task):  # first: no model at all is the common case, and this is one read
-        return None
     model = _model(store, task)
     if model is None:
         return None

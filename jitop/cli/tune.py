@@ -78,8 +78,8 @@ def _check_cluster_address(address: str | None) -> None:
     if address.startswith("local:"):
         workers = address.split(":", 1)[1]
         well_formed = workers.isdigit() and int(workers) >= 1
-    else:
-        well_formed = "://" in address
+    else:  # tcp://host:port, or host:port (Dask's default protocol)
+        well_formed = "://" in address or ":" in address
     if not well_formed:
         raise CommandError(f"--cluster {address!r}: expected tcp://host:port or local:N (N >= 1 workers)")
 

@@ -123,3 +123,15 @@ def test_runs_go_to_the_restarted_worker_when_the_only_eligible_one_dies(client)
     finally:
         client.run(_set_cpu, None, workers=[other])
         client.wait_for_workers(2, timeout=120)
+
+
+def test_a_cluster_without_workers_gives_error_records_not_a_hang(monkeypatch) -> None:
+    from distributed import Client, LocalCluster
+    from jitop.tuner import measure_dask
+    monkeypatch.setattr(measure_dask, "_NO_WORKER_GRACE_S", 1.0)
+    _, _, task = matmul_task()
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        seen = []
+        (r,) = DaskMeasurer(c, OPTIONS).measure([MeasureInput(task, task.config_space().get(0))],
+                                                on_result=lambda n, res: seen.append(n))
+    assert r.error == ErrorCode.RUN_ERROR and "no workers" in r.error_msg and seen == [0]

@@ -117,3 +117,14 @@ def test_a_model_whose_held_out_picks_are_slower_than_the_defaults_is_not_used()
     predict.save_training(store, noise)
     assert predict.train(store, "matmul", default_target().key) == 0  # no model: pick falls back
     assert pick(matmul_task(96, 80, 72)).source == "default"
+
+
+def test_a_stored_prediction_is_not_served_once_its_model_no_longer_predicts_for_the_kind() -> None:
+    import json
+    store = cached.tuned_store().store
+    task = conv_task(48, 64, 14, 1)
+    space = task.config_space()
+    stale = {"config": space.get(0).as_dict(), "note": "an older model's pick"}
+    store.put(f"predicted/{task.target.key}/conv2d/{task.key}", json.dumps(stale).encode())
+    assert predict.predicted_choice(task, store) is None  # no model knows 1x1 convolutions now
+    assert pick(task).source == "default"
