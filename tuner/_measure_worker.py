@@ -110,7 +110,7 @@ class _RunnerState:
 
 def runner_main(conn: Any) -> None:
     """Entry point of the runner process: warm up, say "ready", then answer requests until EOF."""
-    exit_with_parent()
+    # no exit_with_parent here: the runner sees EOF when its parent dies, and no thread wakes up while it times
     from jitop.runtime.parallel import parallel_for_address
     import jitop  # noqa: F401 - same import state as a user process
 
