@@ -110,10 +110,12 @@ def test_a_program_picks_up_a_tuned_kernel_while_it_runs(tmp_path) -> None:
 
 
 def test_a_build_in_the_background_shortens_gil_turns_and_restores_them() -> None:
+    import gc
     from jitop import autotune
     before = sys.getswitchinterval()
+    assert gc.isenabled()
     with pytest.raises(RuntimeError):
         with autotune._short_gil_turns():
-            assert sys.getswitchinterval() <= 0.0002 < before
+            assert sys.getswitchinterval() <= 0.0002 < before and not gc.isenabled()
             raise RuntimeError("a failed build")
-    assert sys.getswitchinterval() == before
+    assert sys.getswitchinterval() == before and gc.isenabled()
