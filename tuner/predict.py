@@ -78,8 +78,8 @@ def train(store: Any, template: str, target_key: str) -> int:
 
 
 def held_out_gains(records: list[Record]) -> dict[str, float]:
-    """How a model of these records would do on a workload it never saw, per kind of workload (JSON of
-    `Template.kind`): for each task, a model trained on the other tasks picks among the task's measured
+    """How a model of these records would do on a workload it never saw, per kind of workload (the string
+    `Template.kind` gives): for each task, a model trained on the other tasks picks among the task's measured
     configs; the geomean over the kind's tasks of (the default's measured seconds / the pick's). Below 1, the
     model's predictions for that kind are slower than the defaults (its features do not carry over) and it
     does not predict for it. Tasks without a measured default do not count."""
@@ -103,7 +103,7 @@ def held_out_gains(records: list[Record]) -> dict[str, float]:
         mine = CostModel(task)
         mine._booster = model._booster
         pick = own[int(mine.predict([r.config for r in own]).argmax())]
-        kind = json.dumps(registry.get(task.template).kind(task.workload))
+        kind = registry.get(task.template).kind(task.workload)
         logs.setdefault(kind, []).append(math.log(min(base) / pick.result.cost))
     return {kind: math.exp(sum(v) / len(v)) for kind, v in logs.items()}
 
@@ -143,7 +143,7 @@ def _trained_on_kind(store: Any, task: Task) -> bool:
         kinds = json.loads(raw) if raw is not None else []
     except ValueError:
         return False
-    return json.dumps(registry.get(task.template).kind(task.workload)) in kinds
+    return registry.get(task.template).kind(task.workload) in kinds
 
 
 def _model(store: Any, task: Task) -> Any:

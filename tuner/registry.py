@@ -46,9 +46,9 @@ class Template:
     operand_reads: Callable
     kind_fields: tuple[str, ...] = ()
 
-    def kind(self, workload: Any) -> list:
-        """The values of `kind_fields` of `workload` (equal kinds: comparable workloads)."""
-        return [_lists(getattr(workload, f)) for f in self.kind_fields]
+    def kind(self, workload: Any) -> str:
+        """The values of `kind_fields` of `workload` as canonical JSON (equal kinds: comparable workloads)."""
+        return json.dumps([_lists(getattr(workload, f)) for f in self.kind_fields])
 
     def workload_from_json(self, text: str | dict) -> Any:
         """Rebuild a workload from `workload_to_json`'s output (lists become tuples again)."""
