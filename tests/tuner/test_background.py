@@ -119,3 +119,35 @@ def test_a_build_in_the_background_shortens_gil_turns_and_restores_them() -> Non
             assert sys.getswitchinterval() <= 0.0002 < before and not gc.isenabled()
             raise RuntimeError("a failed build")
     assert sys.getswitchinterval() == before and gc.isenabled()
+
+
+class _RecordingKernel:
+    """Stands in for a kernel function: notes where and at what priority its rebuild ran."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.error = error
+
+    def rebuild(self, key: tuple, entry: object) -> bool:
+        self.seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value is per thread on Linux only")
+def test_the_rebuild_runs_in_a_thread_of_lowest_priority_and_the_caller_keeps_its_own() -> None:
+    from jitop import autotune
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    kf = _RecordingKernel()
+    autotune._rebuild_quietly(kf, ("k",), object())
+    assert kf.seen == [("jitop-autotune-build", 19)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_failed_rebuild_is_raised_in_the_watcher() -> None:
+    from jitop import autotune
+    kf = _RecordingKernel(error=RuntimeError("a failed build"))
+    with pytest.raises(RuntimeError, match="a failed build"):
+        autotune._rebuild_quietly(kf, ("k",), object())
+    assert len(kf.seen) == 1
