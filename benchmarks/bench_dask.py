@@ -29,7 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-os.environ["JITOP_CACHE_DIR"] = tempfile.mkdtemp(prefix="jitop-bench-dask-")  # before jitop reads it
+if __name__ == "__main__":  # not in the spawned measuring processes, which import this module again
+    SCRATCH = tempfile.mkdtemp(prefix="jitop-bench-dask-")
+    os.environ["JITOP_CACHE_DIR"] = SCRATCH  # before jitop reads it: never the user's cache
 
 import jitop  # noqa: E402
 from common import cpu_name, table  # noqa: E402
@@ -159,4 +161,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        shutil.rmtree(SCRATCH, ignore_errors=True)

@@ -24,8 +24,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-CACHE = tempfile.mkdtemp(prefix="jitop-bench-predict-")
-os.environ["JITOP_CACHE_DIR"] = CACHE  # before jitop reads it: never the user's cache
+if __name__ == "__main__":  # not in the measurer's spawned processes, which import this module again
+    CACHE = tempfile.mkdtemp(prefix="jitop-bench-predict-")
+    os.environ["JITOP_CACHE_DIR"] = CACHE  # before jitop reads it: never the user's cache
 
 import jitop  # noqa: E402
 from common import cpu_name, table  # noqa: E402

@@ -1,12 +1,14 @@
 """Predicted configs for workloads that were never tuned: `pick`'s source "predicted".
 
 After `jitop.tune`, every measured record is kept in the cache ("records/<target>/<template>/<task>", the
-latest RECORDS_PER_TASK per task) and one cost model per template and Target is trained on all of them (one
-ranking group per task, as the tuner's transfer learning does) and stored as XGBoost JSON ("model/<target>/
-<template>", no pickle). A task with no tuned record then gets the model's best of CANDIDATES configs of its
-own space (the default, the configs of the nearest tuned workloads projected onto this space, and a
-deterministic sample), without measuring anything; the choice is stored ("predicted/...") so later processes
-do not rank again. Background tuning confirms or replaces it.
+latest RECORDS_PER_TASK per task) and one cost model per template, Target and kind of workload
+(`Template.kind`: a conv's kernel size, layout, dtype) is trained on them (one ranking group per task, as the
+tuner's transfer learning does) and stored as XGBoost JSON ("model/<target>/<template>/<kind digest>", no
+pickle) if, trained without one of the kind's workloads, it picked configs at least as fast as the defaults
+there. A task with no tuned record then gets its kind's model's best of CANDIDATES configs of its own space
+(the default, the configs of the nearest tuned workloads of its kind projected onto this space, and a
+deterministic sample), without measuring anything; the choice is stored ("predicted/...", with the digest of
+the model that made it) so later processes do not rank again. Background tuning confirms or replaces it.
 
 >>> from jitop.cache.store import NullStore
 >>> predicted_choice(None, NullStore()) is None
@@ -14,6 +16,7 @@ True
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -27,7 +30,7 @@ from jitop.tuner.task import Choice, Task
 RECORDS_PER_TASK = 1000
 CANDIDATES = 48
 MIN_TASKS = 2          # tasks whose records trained the model (one task's ranking says little about another's)
-_models: dict[tuple, Any] = {}  # (store directory, target key, template) -> CostModel or None
+_models: dict[tuple, Any] = {}  # (store directory, target key, template, kind) -> CostModel or None
 
 
 def save_training(store: Any, records: Iterable[Record]) -> None:
@@ -47,78 +50,96 @@ def save_training(store: Any, records: Iterable[Record]) -> None:
 
 
 def train(store: Any, template: str, target_key: str) -> int:
-    """(Re)train the template's model on every stored record of that Target and store it; returns how many
-    tasks it learned from (0: too few, nothing stored)."""
+    """(Re)train the template's models on every stored record of that Target, one per kind of workload
+    (`Template.kind`), and store those whose held-out picks beat the defaults; returns how many tasks the
+    stored models learned from (0: none stored). Earlier models and their predictions are dropped."""
     from jitop.tuner.cached import _parse
     from jitop.tuner.model import CostModel
-    groups: list[Record] = []
-    tasks = 0
+    by_kind: dict[str, list[Record]] = {}
+    tasks: dict[str, int] = {}
     for _, payload in store.items(f"records/{target_key}/{template}/"):
         recs = [r for r in (_parse(line) for line in payload.decode().splitlines()) if r is not None]
         if recs and max(r.gflops for r in recs) > 0:
-            groups += recs
-            tasks += 1
-    if tasks < MIN_TASKS:
-        return 0
-    # the kinds of workload on which the model, trained without the workload, picked configs at least as fast
-    # as the defaults: it predicts for those only
-    kinds = sorted(kind for kind, gain in held_out_gains(groups).items() if gain >= 1.0)
-    for old in store.keys(f"predicted/{target_key}/{template}/"):  # made by the model this one replaces
-        store.delete(old)
-    model = CostModel(groups[0].task)
-    model.fit_all(groups)
-    if not model.fitted or not kinds:
-        store.delete(f"model/{target_key}/{template}")
-        _models.clear()
-        return 0
-    store.put(f"model-kinds/{target_key}/{template}", json.dumps(kinds).encode())
-    store.put(f"model/{target_key}/{template}", model.to_bytes())
+            kind = registry.get(template).kind(recs[0].task.workload)
+            by_kind.setdefault(kind, []).extend(recs)
+            tasks[kind] = tasks.get(kind, 0) + 1
+    _drop_models(store, template, target_key)
+    digests: dict[str, str] = {}
+    for kind, recs in sorted(by_kind.items()):
+        # a kind's model predicts only if, trained without a workload of the kind, it picked configs at least
+        # as fast as the defaults on it
+        if tasks[kind] < MIN_TASKS or held_out_gains(recs).get(kind, 0.0) < 1.0:
+            continue
+        model = CostModel(recs[0].task)
+        model.fit_all(recs)
+        if model.fitted:
+            raw = model.to_bytes()
+            store.put(_model_key(target_key, template, kind), raw)
+            digests[kind] = hashlib.sha256(raw).hexdigest()[:16]
+    if digests:
+        store.put(f"model-kinds/{target_key}/{template}", json.dumps(digests).encode())
     _models.clear()
-    return tasks
+    return sum(tasks[kind] for kind in digests)
+
+
+def _drop_models(store: Any, template: str, target_key: str) -> None:
+    """Forget the template's models on this Target and every prediction they made (also the single, kind-blind
+    model of older versions)."""
+    for old in [*store.keys(f"model/{target_key}/{template}/"), *store.keys(f"predicted/{target_key}/{template}/")]:
+        store.delete(old)
+    store.delete(f"model/{target_key}/{template}")
+    store.delete(f"model-kinds/{target_key}/{template}")
+
+
+def _model_key(target_key: str, template: str, kind: str) -> str:
+    return f"model/{target_key}/{template}/{hashlib.sha256(kind.encode()).hexdigest()[:16]}"
 
 
 def held_out_gains(records: list[Record]) -> dict[str, float]:
-    """How a model of these records would do on a workload it never saw, per kind of workload (the string
-    `Template.kind` gives): for each task, a model trained on the other tasks picks among the task's measured
-    configs; the geomean over the kind's tasks of (the default's measured seconds / the pick's). Below 1, the
-    model's predictions for that kind are slower than the defaults (its features do not carry over) and it
-    does not predict for it. Tasks without a measured default do not count."""
+    """How a kind's model would do on a workload it never saw, per kind of workload (the string
+    `Template.kind` gives): for each task, a model trained on the other tasks of its kind picks among the
+    task's measured configs; the geomean over the kind's tasks of (the default's measured seconds / the
+    pick's). Below 1, the model's predictions for that kind are slower than the defaults (its features do not
+    carry over between the kind's workloads) and it does not predict for it. Tasks without a measured default,
+    and kinds of one task, do not count."""
     from jitop.tuner.model import CostModel
     by_task: dict[str, list[Record]] = {}
     for r in records:
         if r.result.ok:
             by_task.setdefault(r.task.key, []).append(r)
+    kind_of = {key: registry.get(own[0].task.template).kind(own[0].task.workload) for key, own in by_task.items()}
     logs: dict[str, list[float]] = {}
     for key, own in by_task.items():
         task = own[0].task
         default = registry.get(task.template).default_config(task.workload, task.target)
         base = [r.result.cost for r in own if r.config == default]
-        others = [r for k, recs in by_task.items() if k != key for r in recs]
-        model = CostModel(others[0].task) if others else None
-        if not base or model is None:
+        others = [r for k, recs in by_task.items() if k != key and kind_of[k] == kind_of[key] for r in recs]
+        if not base or not others:
             continue
+        model = CostModel(others[0].task)
         model.fit_all(others)
         if not model.fitted:
             continue
         mine = CostModel(task)
         mine._booster = model._booster
         pick = own[int(mine.predict([r.config for r in own]).argmax())]
-        kind = registry.get(task.template).kind(task.workload)
-        logs.setdefault(kind, []).append(math.log(min(base) / pick.result.cost))
+        logs.setdefault(kind_of[key], []).append(math.log(min(base) / pick.result.cost))
     return {kind: math.exp(sum(v) / len(v)) for kind, v in logs.items()}
 
 
 def predicted_choice(task: Task | None, store: Any) -> Choice | None:
-    """The stored or freshly ranked prediction for `task`, or None (no model for its template and Target)."""
-    if task is None or not _trained_on_kind(store, task):  # also: a prediction of an older model is not served
+    """The stored or freshly ranked prediction for `task`, or None (no model for its kind, template and Target)."""
+    digest = _kind_model(store, task) if task is not None else None
+    if task is None or digest is None:
         return None
     key = f"predicted/{task.target.key}/{task.template}/{task.key}"
     stored = store.get(key)
     if stored is not None:
         try:
             data = json.loads(stored)
-            return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
-        except (ValueError, KeyError, TypeError):
+            if data.get("model") == digest:  # made by the model that predicts for this kind now
+                return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
     model = _model(store, task)
     if model is None:
@@ -128,28 +149,31 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
     best = candidates[int(scores.argmax())]
     default = registry.get(task.template).default_config(task.workload, task.target)
     note = (f"the cost model's best of {len(candidates)} configs of this workload's space (trained on the "
-            f"tuned workloads of {task.template} on this Target; not measured)"
+            f"tuned workloads of its kind, {task.template} on this Target; not measured)"
             + ("; it is the default" if best == default else ""))
-    store.put(key, json.dumps({"config": best.as_dict(), "note": note}).encode())
+    store.put(key, json.dumps({"config": best.as_dict(), "note": note, "model": digest}).encode())
     return Choice(best, "predicted", note)
 
 
-def _trained_on_kind(store: Any, task: Task) -> bool:
-    """Whether the model saw workloads of `task`'s kind (Template.kind_fields) and, on them held out, beat
-    the defaults: trees do not extrapolate, so a model trained on 3x3 convolutions ranks a 1x1 convolution's
-    space by chance (measured: 0.5-0.7x its default). A model stored without its kinds predicts for none."""
+def _kind_model(store: Any, task: Task) -> str | None:
+    """The digest of the model that predicts for `task`'s kind, or None. Trees do not extrapolate: a model
+    trained on 3x3 convolutions ranked a 1x1 convolution's space by chance (measured: 0.5-0.7x its default), and
+    one trained on every kind let the 3x3 records outvote the 1x1 ones (a 0.5x pick on a 1x1 convolution whose
+    kind's own model picked the default)."""
     raw = store.get(f"model-kinds/{task.target.key}/{task.template}")
     try:
-        kinds = json.loads(raw) if raw is not None else []
+        digests = json.loads(raw) if raw is not None else {}
     except ValueError:
-        return False
-    return registry.get(task.template).kind(task.workload) in kinds
+        return None
+    found = digests.get(registry.get(task.template).kind(task.workload)) if isinstance(digests, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def _model(store: Any, task: Task) -> Any:
-    where = (getattr(store, "directory", None), task.target.key, task.template)
+    kind = registry.get(task.template).kind(task.workload)
+    where = (getattr(store, "directory", None), task.target.key, task.template, kind)
     if where not in _models:
-        raw = store.get(f"model/{task.target.key}/{task.template}")
+        raw = store.get(_model_key(task.target.key, task.template, kind))
         _models[where] = None
         if raw is not None:
             from jitop.tuner.model import CostModel  # ~6 ms (features, xgboost glue): only with a model
@@ -167,12 +191,15 @@ def _model(store: Any, task: Task) -> Any:
 
 
 def _candidates(task: Task) -> list[Config]:
-    """The default, the nearest tuned configs projected onto this space, and a deterministic sample."""
+    """The default, the nearest tuned configs of the same kind projected onto this space, and a
+    deterministic sample."""
     from jitop.tuner.cached import _group, distance, project, tuned_store
     space = task.config_space()
     default = registry.get(task.template).default_config(task.workload, task.target)
     picks = [default]
-    near = sorted(_group(tuned_store(), task), key=lambda r: distance(task, r.task))[:8]
+    kind = registry.get(task.template).kind(task.workload)
+    same_kind = [r for r in _group(tuned_store(), task) if registry.get(r.task.template).kind(r.task.workload) == kind]
+    near = sorted(same_kind, key=lambda r: distance(task, r.task))[:8]
     picks += [project(r.config, space, default) for r in near]
     rng = random.Random(task.key)
     picks += [space.get(rng.randrange(len(space))) for _ in range(CANDIDATES * 2)]

@@ -117,8 +117,8 @@ def _resume(sched: TaskScheduler, earlier: list[Record]) -> None:
 
 
 def _train_models(states: list[TaskState]) -> None:
-    """One cost model per template and Target tuned here, on every record the cache keeps: `pick` predicts
-    configs for workloads that were never tuned (jitop.tuner.predict)."""
+    """The cost models (one per kind of workload) of each template and Target tuned here, on every record the
+    cache keeps: `pick` predicts configs for workloads that were never tuned (jitop.tuner.predict)."""
     for template, target_key in {(s.task.template, s.task.target.key) for s in states}:
         try:
             train(tuned_store().store, template, target_key)

@@ -99,8 +99,48 @@ def test_a_model_never_ranks_a_workload_of_a_kind_it_was_not_trained_on() -> Non
     assert pick(pointwise).source == "default"  # neither predicted nor transferred from a 3x3
     assert pick(conv_task(48, 64, 14, 3)).source == "predicted"  # a 3x3 one is ranked
     predict.save_training(store, conv_records(conv_task(16, 16, 7, 1)))
-    assert predict.train(store, "conv2d", default_target().key) == 3
-    assert pick(conv_task(40, 64, 14, 1)).source == "predicted"  # now the model has seen a 1x1
+    assert predict.train(store, "conv2d", default_target().key) == 2  # one 1x1 workload: no 1x1 model yet
+    assert pick(conv_task(40, 64, 14, 1)).source == "default"
+    predict.save_training(store, conv_records(conv_task(24, 32, 14, 1)))
+    assert predict.train(store, "conv2d", default_target().key) == 4
+    assert pick(conv_task(40, 64, 14, 1)).source == "predicted"  # now a model has seen two 1x1 workloads
+
+
+def test_each_kind_has_its_own_model_trained_on_that_kind_only(monkeypatch) -> None:
+    from jitop.tuner.model import CostModel
+    store = cached.tuned_store().store
+    for task in (conv_task(32, 32, 14, 3), conv_task(64, 32, 7, 3), conv_task(16, 16, 7, 1),
+                 conv_task(24, 32, 14, 1)):
+        predict.save_training(store, conv_records(task))
+    kinds_per_fit = []
+    fit_all = CostModel.fit_all
+
+    def spy(self, records, *args, **kwargs):
+        kinds_per_fit.append({get("conv2d").kind(r.task.workload) for r in records})
+        return fit_all(self, records, *args, **kwargs)
+    monkeypatch.setattr(CostModel, "fit_all", spy)
+    assert predict.train(store, "conv2d", default_target().key) == 4
+    assert kinds_per_fit and all(len(kinds) == 1 for kinds in kinds_per_fit)  # held-out fits included
+    assert {k for kinds in kinds_per_fit for k in kinds} == {get("conv2d").kind(conv_task(8, 8, 7, k).workload)
+                                                               for k in (1, 3)}
+    assert len(list(store.keys(f"model/{default_target().key}/conv2d/"))) == 2
+
+
+def test_a_stored_prediction_of_another_model_is_not_served() -> None:
+    import json
+    store = cached.tuned_store().store
+    for task in (conv_task(32, 32, 14, 3), conv_task(64, 32, 7, 3)):
+        predict.save_training(store, conv_records(task))
+    predict.train(store, "conv2d", default_target().key)
+    task = conv_task(48, 64, 14, 3)
+    fresh = predict.predicted_choice(task, store)
+    assert fresh is not None and fresh.source == "predicted"
+    key = f"predicted/{task.target.key}/conv2d/{task.key}"
+    other = task.config_space().get(0)
+    assert other != fresh.config
+    stale = {**json.loads(store.get(key)), "config": other.as_dict(), "model": "0" * 16}  # another model's pick
+    store.put(key, json.dumps(stale).encode())
+    assert predict.predicted_choice(task, store).config == fresh.config  # ranked again by the current model
 
 
 def test_a_model_whose_held_out_picks_are_slower_than_the_defaults_is_not_used() -> None:
