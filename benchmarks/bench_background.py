@@ -50,7 +50,7 @@ def timed_rebuild(*args):  # notes when each background build ran (the benchmark
 
 autotune._rebuild_quietly = timed_rebuild
 want = jitop.conv2d(x, w, stride=stride, padding=padding)  # the first call compiles the default
-calls, swaps, wrong, last = [], [], 0, None
+calls, swaps, wrong, last, seen, put_back = [], [], 0, None, [], 0
 start = time.perf_counter()
 while time.perf_counter() - start < seconds:
     t0 = time.perf_counter()
@@ -60,9 +60,11 @@ while time.perf_counter() - start < seconds:
     wrong += not np.allclose(out, want, rtol=1e-3, atol=1e-3)
     entry = next(iter(jitop.ops.conv._conv.cache.values()), None)  # the kernel jitop.conv2d dispatches to
     if entry is not None and entry is not last:
+        put_back += any(entry is e for e in seen)  # the program found the new kernel slower: the old one again
         swaps.append(t1 - start)
+        seen.append(entry)
         last = entry
-print(json.dumps({"calls": calls, "swaps": swaps[1:], "builds": builds, "wrong": wrong}))
+print(json.dumps({"calls": calls, "swaps": swaps[1:], "builds": builds, "wrong": wrong, "put_back": put_back}))
 """
 
 
@@ -102,7 +104,8 @@ def summarise(layer: str, r: dict, seconds: float) -> tuple[list, float]:
     building, other = during(calls, r["builds"])
     ms = lambda v: f"{v * 1e3:.2f}" if v else "-"  # noqa: E731
     return [LAYERS[layer][0], ms(statistics.median(before)), ms(statistics.median(end)), f"{speedup:.2f}x",
-            f"{len(swaps)} / {len(r['builds'])}", f"{sum(hi - lo for lo, hi in r['builds']):.1f}",
+            f"{len(swaps) - r['put_back']} / {r['put_back']} / {len(r['builds'])}",
+            f"{sum(hi - lo for lo, hi in r['builds']):.1f}",
             ms(max(building) if building else 0), ms(p99(building) if building else 0), ms(max(other)),
             ms(p99(other)), f"{r['wrong']} of {len(calls)}"], speedup
 
@@ -127,7 +130,8 @@ def main() -> None:
     print(f"Background tuning — {cpu_name()}, {os.cpu_count()} cores; each program {seconds:.0f} s, tuner budget "
           f"{budget}; ms per call (median before the first swap and in the last 5 s; slowest and 99th percentile "
           f"of the calls during builds and of all other calls from 1 s)\n")
-    print(table(["layer (batch 1 unless noted, NCHW f32)", "before", "last 5 s", "speed-up", "swaps / builds",
+    print(table(["layer (batch 1 unless noted, NCHW f32)", "before", "last 5 s", "speed-up",
+                 "swaps / put back / builds",
                  "build s", "max in builds", "p99 in builds", "max other", "p99 other", "wrong"], rows))
     print(f"\nspeed-up >= 1.2x (target): {sum(s >= 1.2 for s in speedups)} of {len(speedups)} layers")
 

@@ -271,11 +271,17 @@ class KernelFunction:
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         new = Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
+        return self.replace(key, old, new)
+
+    def replace(self, key: tuple, old: "Compiled", new: "Compiled") -> bool:
+        """Serve `key`'s signature with `new` instead of `old` from the next call on (calls in flight finish on
+        `old`); also puts an earlier kernel back. Returns whether it did (False if `old` no longer serves it)."""
         with self._lock:
             if self.cache.get(key) is not old:
                 return False
             self._retire()  # the old kernel's calls go to the workload log first
             spec = self._fast_specs.pop(key, None)
+            new.logged = min(new.logged, new.calls)  # put back: its native entry's count restarts from zero
             self.cache[key] = new
             if spec is not None and any(s is spec for s in self._fast_table):
                 self._fast_table = [s for s in self._fast_table if s is not spec]

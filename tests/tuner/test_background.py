@@ -151,3 +151,52 @@ def test_a_failed_rebuild_is_raised_in_the_watcher() -> None:
     with pytest.raises(RuntimeError, match="a failed build"):
         autotune._rebuild_quietly(kf, ("k",), object())
     assert len(kf.seen) == 1
+
+
+def _swapped_kernel() -> tuple:
+    """A kernel function, its signature key, its default-config entry and the entry a tuned record built."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
+    f(a, b)
+    ((key, old),) = f.cache.items()
+    (task,) = old.tasks
+    space = task.config_space()
+    default = get("matmul").default_config(task.workload, task.target)
+    other = next(space.get(i) for i in range(5, len(space), 7) if space.get(i) != default)
+    cached.save_best([Record(task, other, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])
+    assert f.rebuild(key, old)
+    return f, key, old, (a, b)
+
+
+@pytest.mark.parametrize("after, kept", [(50.0, False), (99.0, True), (None, True)])
+def test_a_swap_the_program_runs_slower_is_undone(monkeypatch, after, kept) -> None:
+    from jitop import autotune
+    f, key, old, (a, b) = _swapped_kernel()
+    new = f.cache[key]
+    assert new is not old
+    monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: after)
+    autotune._confirm(f, key, old, before=100.0)  # the program called the old kernel 100 times a second
+    assert (f.cache[key] is new) == kept and (f.cache[key] is old) == (not kept)
+    np.testing.assert_allclose(f(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    assert f(a, b).shape == (45, 33)
+
+
+def test_the_call_rate_counts_the_programs_calls(monkeypatch) -> None:
+    from jitop import autotune
+    f, key, _, (a, b) = _swapped_kernel()
+    monkeypatch.setattr(autotune, "VERIFY_S", 0.3)
+    assert autotune._call_rate(f, key) is None  # nobody calls it: too few calls to tell
+    stop = threading.Event()
+
+    def program() -> None:
+        while not stop.is_set():
+            f(a, b)
+    t = threading.Thread(target=program)
+    t.start()
+    try:
+        rate = autotune._call_rate(f, key)
+    finally:
+        stop.set()
+        t.join()
+    assert rate is not None and rate > autotune.VERIFY_MIN_CALLS / 0.3
