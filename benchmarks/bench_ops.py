@@ -4,7 +4,8 @@
    peers np.matmul with OPENBLAS_CORETYPE=Haswell (AVX2 kernels) and unset (the kernels OpenBLAS detects,
    what users get; the column names them, e.g. SkylakeX), torch.matmul; "% of peak" against the FP32 FMA
    peak measured at the start of the run (benchmarks/peak.py) for the Target's thread count.
-2. jitop.conv2d, GFLOP/s (2*N*OC*OH*OW*IC*KH*KW), batch 1, the ResNet-18 layers, NCHW and NHWC; peers
+2. jitop.conv2d, GFLOP/s (2*N*OC*OH*OW*IC*KH*KW), batch 1, the ResNet-18 layers (`--conv-shapes ragged`:
+   six convolutions with odd output channel counts instead), NCHW and NHWC; peers
    torch NCHW and channels_last, and numpy im2col + one sgemm (common.Im2colConv2d) under both OpenBLAS
    settings; geometric means and the target ratios (jitop NCHW / torch NCHW geomean >= 0.8, jitop / numpy
    im2col (OPENBLAS_CORETYPE unset) >= 1.3 per layer).
@@ -21,7 +22,8 @@ rows are skipped when the function does not exist. JITOP_NUM_THREADS and OPENBLA
 here; torch.set_num_threads follows jitop's thread count. The header and footer give the CPU use of other
 processes (sampled from /proc/stat): 2-thread figures are only meaningful on an otherwise idle machine.
 
-    python benchmarks/bench_ops.py [--quick] [--sections matmul conv2d norm] [--peak GFLOPS]
+    python benchmarks/bench_ops.py [--quick] [--sections matmul conv2d norm] [--conv-shapes resnet18|ragged]
+                                   [--peak GFLOPS]
     JITOP_CPU=haswell python benchmarks/bench_ops.py    # AVX2 code (and AVX2 peak) on an AVX-512 machine
 
 The code is built for jitop.Target.current() (the host, or the CPU named by JITOP_CPU); the header states
@@ -68,6 +70,10 @@ LAYERS = [("layer1 64x56x56 -> 64, 3x3/1 p1", 64, 56, 64, 3, 1, 1),
           ("layer3 256x14x14 -> 256, 3x3/1 p1", 256, 14, 256, 3, 1, 1),
           ("layer4 512x7x7 -> 512, 3x3/1 p1", 512, 7, 512, 3, 1, 1),
           ("conv1 3x224x224 -> 64, 7x7/2 p3", 3, 224, 64, 7, 2, 3)]
+# --conv-shapes ragged: output channels the direct register tile does not divide (odd, MobileNet-like counts)
+RAGGED = [("37x61x61 -> 53, 3x3/1 p1", 37, 61, 53, 3, 1, 1), ("16x56x56 -> 24, 3x3/1 p1", 16, 56, 24, 3, 1, 1),
+          ("48x28x28 -> 40, 3x3/1 p1", 48, 28, 40, 3, 1, 1), ("64x30x30 -> 100, 3x3/1 p1", 64, 30, 100, 3, 1, 1),
+          ("112x14x14 -> 112, 3x3/1 p1", 112, 14, 112, 3, 1, 1), ("3x112x112 -> 24, 3x3/2 p1", 3, 112, 24, 3, 2, 1)]
 LAYERS_QUICK = [("64x14x14 -> 64, 3x3/1 p1", 64, 14, 64, 3, 1, 1),
                 ("3x32x32 -> 16, 7x7/2 p3", 3, 32, 16, 7, 2, 3)]
 NORM_SHAPE, NORM_SHAPE_QUICK = (4096, 1024), (512, 1024)
@@ -324,6 +330,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small sizes only (smoke test, not for the targets)")
     p.add_argument("--sections", nargs="+", choices=["matmul", "conv2d", "norm"],
                    default=["matmul", "conv2d", "norm"])
+    p.add_argument("--conv-shapes", choices=["resnet18", "ragged"], default="resnet18",
+                   help="conv2d section: ResNet-18's layers, or convolutions with odd channel counts")
     p.add_argument("--peak", type=float, default=None,
                    help="peak float32 GFLOP/s of the threads used (default: measured at the start, peak.py)")
     args = p.parse_args()
@@ -345,7 +353,8 @@ def main() -> None:
     if "matmul" in args.sections:
         print(section_matmul(MATMUL_QUICK if args.quick else MATMUL, peak) + "\n", flush=True)
     if "conv2d" in args.sections:
-        print(section_conv2d(LAYERS_QUICK if args.quick else LAYERS, peak) + "\n", flush=True)
+        layers = LAYERS_QUICK if args.quick else RAGGED if args.conv_shapes == "ragged" else LAYERS
+        print(section_conv2d(layers, peak) + "\n", flush=True)
     if "norm" in args.sections:
         print(section_norm(NORM_SHAPE_QUICK if args.quick else NORM_SHAPE) + "\n", flush=True)
     total = time.perf_counter() - start
