@@ -48,7 +48,8 @@ build = {}
 def watcher():
     time.sleep(0.5)
     build["start"] = time.perf_counter() - start
-    autotune._rebuild_quietly(kf, key, old)
+    new = autotune._build_quietly(kf, old)  # what the watcher does, without the confirmation's waits
+    kf.replace(key, old, new)
     build["end"] = time.perf_counter() - start
 
 

@@ -155,8 +155,9 @@ def _swap_improved() -> None:
                 _state["served"][(id(kf), key)] = stamp
                 if config.cache_enabled():
                     before = _call_rate(kf, key)
-                    _rebuild_quietly(kf, key, entry)
-                    _confirm(kf, key, entry, before)
+                    new = _build_quietly(kf, entry)
+                    if not _same_code(entry, new) and kf.replace(key, entry, new):  # the swap: program priority
+                        _confirm(kf, key, entry, new, before)
 
 
 def _call_rate(kf: Any, key: tuple) -> float | None:
@@ -174,31 +175,37 @@ def _call_rate(kf: Any, key: tuple) -> float | None:
     return calls / (time.perf_counter() - start) if calls >= VERIFY_MIN_CALLS else None
 
 
-def _confirm(kf: Any, key: tuple, old: Any, before: float | None) -> None:
+def _confirm(kf: Any, key: tuple, old: Any, new: Any, before: float | None) -> None:
     """The program confirms a swap: if it called the new kernel at under SLOWER x its rate with the old one,
     the old kernel is put back. The tuner measured its candidates while the program kept the cores busy; such
     measurements can mislead (a batch-4 conv ran 1.62 -> 1.87 ms per call after a swap, unconfirmed). The
     record stays in the cache; this process does not take it again (a later record gets its own check)."""
-    new = kf.cache.get(key)
-    if before is None or new is None or new is old:
+    if before is None or kf.cache.get(key) is not new:
         return
     after = _call_rate(kf, key)
     if after is not None and after < SLOWER * before:
         kf.replace(key, new, old)
 
 
-def _rebuild_quietly(kf: Any, key: tuple, entry: Any) -> None:
-    """`kf.rebuild` in a thread of its own at the lowest CPU priority, with short GIL turns; waits for it.
-    At the program's priority the build takes a core from the kernel's worker threads: the slowest 1 % of a
-    conv2d loop's calls took 8.4 ms during the build (0.5-1.6 ms otherwise); at nice 19, 0.5-0.7 ms during
-    and after alike (one run each of three; the build takes ~2.5 s instead of ~1.2 s)."""
+def _same_code(old: Any, new: Any) -> bool:
+    """Whether two builds of a signature are the same kernel (the same disk-cache key): nothing to swap."""
+    return old.lookup is not None and new.lookup is not None and old.lookup.key == new.lookup.key
+
+
+def _build_quietly(kf: Any, entry: Any) -> Any:
+    """`kf.built_again(entry)` in a thread of its own at the lowest CPU priority, with short GIL turns; waits
+    for it and returns the new kernel (the watcher swaps it in, at the program's priority: the swap holds
+    the function's lock). At the program's priority the build takes a core from the kernel's worker threads:
+    the slowest call of a conv2d loop during a build took 10-11 ms (1.6-2.0 ms outside builds); at nice 19,
+    5-9 ms, the 99th percentile no slower than outside builds (bench_swap.py)."""
+    built: list[Any] = []
     failed: list[BaseException] = []
 
     def build() -> None:
         _lowest_priority()
         try:
             with _short_gil_turns():
-                kf.rebuild(key, entry)
+                built.append(kf.built_again(entry))
         except Exception as e:  # noqa: BLE001 - raised again in the watcher, which ignores it
             failed.append(e)
     t = threading.Thread(target=build, name="jitop-autotune-build", daemon=True)
@@ -206,6 +213,7 @@ def _rebuild_quietly(kf: Any, key: tuple, entry: Any) -> None:
     t.join()
     if failed:
         raise failed[0]
+    return built[0]
 
 
 def _lowest_priority() -> None:

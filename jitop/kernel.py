@@ -266,12 +266,15 @@ class KernelFunction:
         """Build `key`'s signature again from its trace (configs picked anew: a tuned record arrived), off the
         call path, then swap it in at once: the next call runs the new kernel, calls in flight finish on the
         old one. Returns whether it swapped (False if the signature changed meanwhile)."""
+        return self.replace(key, old, self.built_again(old))
+
+    def built_again(self, old: "Compiled") -> "Compiled":
+        """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
         tr = old.trace
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
-        new = Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
-        return self.replace(key, old, new)
+        return Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
 
     def replace(self, key: tuple, old: "Compiled", new: "Compiled") -> bool:
         """Serve `key`'s signature with `new` instead of `old` from the next call on (calls in flight finish on

@@ -30,7 +30,7 @@ from jitop.tuner.task import Choice, Task
 RECORDS_PER_TASK = 1000
 CANDIDATES = 48
 MIN_TASKS = 2          # tasks whose records trained the model (one task's ranking says little about another's)
-_models: dict[tuple, Any] = {}  # (store directory, target key, template, kind) -> CostModel or None
+_models: dict[tuple, Any] = {}  # (store directory, target key, template, kind, digest) -> CostModel or None
 
 
 def save_training(store: Any, records: Iterable[Record]) -> None:
@@ -85,10 +85,10 @@ def train(store: Any, template: str, target_key: str) -> int:
 def _drop_models(store: Any, template: str, target_key: str) -> None:
     """Forget the template's models on this Target and every prediction they made (also the single, kind-blind
     model of older versions)."""
+    store.delete(f"model-kinds/{target_key}/{template}")  # first: a reader never finds a kind without its model
     for old in [*store.keys(f"model/{target_key}/{template}/"), *store.keys(f"predicted/{target_key}/{template}/")]:
         store.delete(old)
     store.delete(f"model/{target_key}/{template}")
-    store.delete(f"model-kinds/{target_key}/{template}")
 
 
 def _model_key(target_key: str, template: str, kind: str) -> str:
@@ -141,7 +141,7 @@ def predicted_choice(task: Task | None, store: Any) -> Choice | None:
                 return Choice(Config.from_json(json.dumps(data["config"])), "predicted", data["note"])
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
-    model = _model(store, task)
+    model = _model(store, task, digest)
     if model is None:
         return None
     candidates = _candidates(task)
@@ -169,13 +169,14 @@ def _kind_model(store: Any, task: Task) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def _model(store: Any, task: Task) -> Any:
+def _model(store: Any, task: Task, digest: str) -> Any:
+    """The kind's model whose bytes have this digest (another process may have retrained it since), or None."""
     kind = registry.get(task.template).kind(task.workload)
-    where = (getattr(store, "directory", None), task.target.key, task.template, kind)
+    where = (getattr(store, "directory", None), task.target.key, task.template, kind, digest)
     if where not in _models:
         raw = store.get(_model_key(task.target.key, task.template, kind))
         _models[where] = None
-        if raw is not None:
+        if raw is not None and hashlib.sha256(raw).hexdigest()[:16] == digest:
             from jitop.tuner.model import CostModel  # ~6 ms (features, xgboost glue): only with a model
             try:
                 _models[where] = CostModel.load(task, raw)

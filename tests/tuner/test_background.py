@@ -122,17 +122,17 @@ def test_a_build_in_the_background_shortens_gil_turns_and_restores_them() -> Non
 
 
 class _RecordingKernel:
-    """Stands in for a kernel function: notes where and at what priority its rebuild ran."""
+    """Stands in for a kernel function: notes where and at what priority its build ran."""
 
     def __init__(self, error: Exception | None = None) -> None:
         self.seen: list[tuple[str, int]] = []
         self.error = error
 
-    def rebuild(self, key: tuple, entry: object) -> bool:
+    def built_again(self, entry: object) -> str:
         self.seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         if self.error is not None:
             raise self.error
-        return True
+        return "the new kernel"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value is per thread on Linux only")
@@ -140,7 +140,7 @@ def test_the_rebuild_runs_in_a_thread_of_lowest_priority_and_the_caller_keeps_it
     from jitop import autotune
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     kf = _RecordingKernel()
-    autotune._rebuild_quietly(kf, ("k",), object())
+    assert autotune._build_quietly(kf, object()) == "the new kernel"
     assert kf.seen == [("jitop-autotune-build", 19)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine == os.getpriority(os.PRIO_PROCESS, 0)
 
@@ -149,7 +149,7 @@ def test_a_failed_rebuild_is_raised_in_the_watcher() -> None:
     from jitop import autotune
     kf = _RecordingKernel(error=RuntimeError("a failed build"))
     with pytest.raises(RuntimeError, match="a failed build"):
-        autotune._rebuild_quietly(kf, ("k",), object())
+        autotune._build_quietly(kf, object())
     assert len(kf.seen) == 1
 
 
@@ -176,7 +176,7 @@ def test_a_swap_the_program_runs_slower_is_undone(monkeypatch, after, kept) -> N
     new = f.cache[key]
     assert new is not old
     monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: after)
-    autotune._confirm(f, key, old, before=100.0)  # the program called the old kernel 100 times a second
+    autotune._confirm(f, key, old, new, before=100.0)  # the program called the old kernel 100 times a second
     assert (f.cache[key] is new) == kept and (f.cache[key] is old) == (not kept)
     np.testing.assert_allclose(f(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
     assert f(a, b).shape == (45, 33)
@@ -200,3 +200,54 @@ def test_the_call_rate_counts_the_programs_calls(monkeypatch) -> None:
         stop.set()
         t.join()
     assert rate is not None and rate > autotune.VERIFY_MIN_CALLS / 0.3
+
+
+def test_a_confirmation_never_replaces_a_kernel_it_did_not_swap_in(monkeypatch) -> None:
+    from jitop import autotune
+    f, key, old, (a, b) = _swapped_kernel()
+    new = f.cache[key]
+    f.clear_cache()  # records changed meanwhile: the program compiled the signature again
+    f(a, b)
+    recompiled = f.cache[key]
+    monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: 1.0)
+    autotune._confirm(f, key, old, new, before=100.0)
+    assert f.cache[key] is recompiled
+
+
+def test_the_watcher_swaps_a_tuned_kernel_in_and_puts_it_back_if_the_program_slows(monkeypatch) -> None:
+    import weakref
+    from jitop import autotune
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
+    f(a, b)
+    ((key, old),) = f.cache.items()
+    monkeypatch.setattr(autotune, "_kernels", weakref.WeakSet([f]))
+    monkeypatch.setattr(autotune, "_state", {**autotune._state, "served": {}})
+    rates = iter([100.0, 100.0])
+    monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: next(rates))
+    autotune._swap_improved()  # no tuned record: nothing rebuilt
+    assert f.cache[key] is old and next(rates) == 100.0
+    (task,) = old.tasks
+    space = task.config_space()
+    default = get("matmul").default_config(task.workload, task.target)
+    other = next(space.get(i) for i in range(3, len(space), 5) if space.get(i) != default)
+    cached.save_best([Record(task, other, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])
+    swapped = []
+    replace = f.replace
+    monkeypatch.setattr(f, "replace", lambda k, o, n: swapped.append(n) or replace(k, o, n))
+    rates = iter([100.0, 40.0])  # before the build, then after the swap: the program slowed down
+    autotune._swap_improved()
+    assert len(swapped) == 2 and swapped[1] is old and f.cache[key] is old  # swapped in, then put back
+    assert any("tuned config" in t for t in swapped[0].exe.templates)
+    np.testing.assert_allclose(f(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    autotune._swap_improved()  # the same record: not taken again
+    assert len(swapped) == 2
+
+
+def test_a_rebuild_into_the_same_kernel_is_not_swapped() -> None:
+    from jitop import autotune
+    f, key, old, _ = _swapped_kernel()
+    new = f.cache[key]
+    assert autotune._same_code(new, f.built_again(new))  # the same record: the same code
+    assert not autotune._same_code(old, new)

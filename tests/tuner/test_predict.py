@@ -168,3 +168,33 @@ def test_a_stored_prediction_is_not_served_once_its_model_no_longer_predicts_for
     store.put(f"predicted/{task.target.key}/conv2d/{task.key}", json.dumps(stale).encode())
     assert predict.predicted_choice(task, store) is None  # no model knows 1x1 convolutions now
     assert pick(task).source == "default"
+
+
+def test_a_model_another_process_retrained_is_used_not_the_one_in_memory() -> None:
+    import hashlib
+    import json
+    from jitop.tuner.model import CostModel
+    store = cached.tuned_store().store
+    tasks = (conv_task(32, 32, 14, 3), conv_task(64, 32, 7, 3))
+    for task in tasks:
+        predict.save_training(store, conv_records(task))
+    predict.train(store, "conv2d", default_target().key)
+    new = conv_task(48, 64, 14, 3)
+    assert predict.predicted_choice(new, store) is not None  # the first model is now in this process's memory
+    # another process retrains on records that rank the configs the other way round, and drops predictions
+    flipped = [Record(r.task, r.config, MeasureResult((3e-3 - r.result.cost,), ErrorCode.NO_ERROR))
+               for t in tasks for r in conv_records(t)]
+    model = CostModel(flipped[0].task)
+    model.fit_all(flipped)
+    raw = model.to_bytes()
+    kind = get("conv2d").kind(new.workload)
+    store.put(predict._model_key(new.target.key, "conv2d", kind), raw)
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    store.put(f"model-kinds/{new.target.key}/conv2d", json.dumps({kind: digest}).encode())
+    store.delete(f"predicted/{new.target.key}/conv2d/{new.key}")
+    choice = predict.predicted_choice(new, store)
+    mine = CostModel(new)
+    mine._booster = model._booster
+    candidates = predict._candidates(new)
+    assert choice.config == candidates[int(mine.predict(candidates).argmax())]
+    assert json.loads(store.get(f"predicted/{new.target.key}/conv2d/{new.key}"))["model"] == digest
