@@ -156,8 +156,11 @@ def _swap_improved() -> None:
                 if config.cache_enabled():
                     before = _call_rate(kf, key)
                     new = _build_quietly(kf, entry)
-                    if not _same_code(entry, new) and kf.replace(key, entry, new):  # the swap: program priority
-                        _confirm(kf, key, entry, new, before)
+                    if not _same_code(entry, new):
+                        if kf.replace(key, entry, new):  # the swap, at the program's priority
+                            _confirm(kf, key, entry, new, before)
+                    elif new.exe.templates != entry.exe.templates:  # the tuner kept the default: same code,
+                        kf.replace(key, entry, new)                 # but `explain` says where it came from
 
 
 def _call_rate(kf: Any, key: tuple) -> float | None:

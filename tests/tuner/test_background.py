@@ -251,3 +251,24 @@ def test_a_rebuild_into_the_same_kernel_is_not_swapped() -> None:
     new = f.cache[key]
     assert autotune._same_code(new, f.built_again(new))  # the same record: the same code
     assert not autotune._same_code(old, new)
+
+
+def test_a_tuned_record_that_is_the_default_swaps_in_the_same_code_unchecked(monkeypatch) -> None:
+    import weakref
+    from jitop import autotune
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
+    f(a, b)
+    ((key, old),) = f.cache.items()
+    (task,) = old.tasks
+    default = get("matmul").default_config(task.workload, task.target)
+    cached.save_best([Record(task, default, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])  # the default won
+    monkeypatch.setattr(autotune, "_kernels", weakref.WeakSet([f]))
+    monkeypatch.setattr(autotune, "_state", {**autotune._state, "served": {}})
+    monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: 100.0)
+    monkeypatch.setattr(autotune, "_confirm", lambda *a: pytest.fail("the same code needs no check"))
+    autotune._swap_improved()
+    new = f.cache[key]
+    assert new is not old and autotune._same_code(old, new)
+    assert any("tuned config" in t for t in new.exe.templates)
