@@ -153,13 +153,27 @@ def test_a_failed_rebuild_is_raised_in_the_watcher() -> None:
     assert len(kf.seen) == 1
 
 
-def _swapped_kernel() -> tuple:
-    """A kernel function, its signature key, its default-config entry and the entry a tuned record built."""
-    rng = np.random.default_rng(1)
+def _compiled_kernel(seed: int) -> tuple:
+    """A kernel function compiled for one signature: the function, its key, its entry, its arguments."""
+    rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
     f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
     f(a, b)
     ((key, old),) = f.cache.items()
+    return f, key, old, (a, b)
+
+
+def _watch_only(monkeypatch, f) -> None:
+    """The watcher looks at `f` alone, with nothing served yet (the process's own state untouched)."""
+    import weakref
+    from jitop import autotune
+    monkeypatch.setattr(autotune, "_kernels", weakref.WeakSet([f]))
+    monkeypatch.setattr(autotune, "_state", {**autotune._state, "served": {}})
+
+
+def _swapped_kernel() -> tuple:
+    """A kernel function, its signature key, its default-config entry and the entry a tuned record built."""
+    f, key, old, (a, b) = _compiled_kernel(1)
     (task,) = old.tasks
     space = task.config_space()
     default = get("matmul").default_config(task.workload, task.target)
@@ -215,15 +229,9 @@ def test_a_confirmation_never_replaces_a_kernel_it_did_not_swap_in(monkeypatch) 
 
 
 def test_the_watcher_swaps_a_tuned_kernel_in_and_puts_it_back_if_the_program_slows(monkeypatch) -> None:
-    import weakref
     from jitop import autotune
-    rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
-    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
-    f(a, b)
-    ((key, old),) = f.cache.items()
-    monkeypatch.setattr(autotune, "_kernels", weakref.WeakSet([f]))
-    monkeypatch.setattr(autotune, "_state", {**autotune._state, "served": {}})
+    f, key, old, (a, b) = _compiled_kernel(3)
+    _watch_only(monkeypatch, f)
     rates = iter([100.0, 100.0])
     monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: next(rates))
     autotune._swap_improved()  # no tuned record: nothing rebuilt
@@ -254,18 +262,12 @@ def test_a_rebuild_into_the_same_kernel_is_not_swapped() -> None:
 
 
 def test_a_tuned_record_that_is_the_default_swaps_in_the_same_code_unchecked(monkeypatch) -> None:
-    import weakref
     from jitop import autotune
-    rng = np.random.default_rng(4)
-    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
-    f = jitop.kernel(lambda x, y: np.maximum(x @ y, 0))
-    f(a, b)
-    ((key, old),) = f.cache.items()
+    f, key, old, _ = _compiled_kernel(4)
     (task,) = old.tasks
     default = get("matmul").default_config(task.workload, task.target)
     cached.save_best([Record(task, default, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])  # the default won
-    monkeypatch.setattr(autotune, "_kernels", weakref.WeakSet([f]))
-    monkeypatch.setattr(autotune, "_state", {**autotune._state, "served": {}})
+    _watch_only(monkeypatch, f)
     monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: 100.0)
     monkeypatch.setattr(autotune, "_confirm", lambda *a: pytest.fail("the same code needs no check"))
     autotune._swap_improved()
