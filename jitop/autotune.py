@@ -86,12 +86,11 @@ def _step() -> None:
 def _due_task() -> Any:
     """The heaviest untuned task of the watched kernels past JITOP_AUTOTUNE_MIN_SECONDS, or None."""
     spent: dict[str, list] = {}
-    from jitop.kernel import signature_calls
     for kf in list(_kernels):
         for key, entry in list(kf.cache.items()):
             if not hasattr(entry, "tasks") or not entry.seconds:
                 continue
-            calls = signature_calls(entry, kf._fast_specs.get(key))
+            calls = _served(kf, key, entry)
             for task in entry.tasks:
                 spent.setdefault(task.key, [task, 0.0])[1] += calls * entry.seconds / max(1, len(entry.tasks))
     least = config.autotune_min_seconds()
@@ -166,16 +165,21 @@ def _swap_improved() -> None:
 def _call_rate(kf: Any, key: tuple) -> float | None:
     """The program's calls per second of one signature over the next VERIFY_S seconds (this thread sleeps
     meanwhile), or None: too few calls to tell, or its kernel changed meanwhile."""
-    from jitop.kernel import signature_calls
     entry = kf.cache.get(key)
     if entry is None:
         return None
-    first, start = signature_calls(entry, kf._fast_specs.get(key)), time.perf_counter()
+    first, start = _served(kf, key, entry), time.perf_counter()
     time.sleep(VERIFY_S)
     if kf.cache.get(key) is not entry:
         return None
-    calls = signature_calls(entry, kf._fast_specs.get(key)) - first
+    calls = _served(kf, key, entry) - first
     return calls / (time.perf_counter() - start) if calls >= VERIFY_MIN_CALLS else None
+
+
+def _served(kf: Any, key: tuple, entry: Any) -> int:
+    """Calls the compiled signature `key` of `kf` has served so far (slow path and native entry)."""
+    from jitop.kernel import signature_calls
+    return signature_calls(entry, kf._fast_specs.get(key))
 
 
 def _confirm(kf: Any, key: tuple, old: Any, new: Any, before: float | None) -> None:

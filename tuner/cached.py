@@ -55,9 +55,7 @@ def cache_source(task: Task) -> Choice | None:
 def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
     """The nearest tuned workload of the same kind (`Template.kind_fields`)'s config, projected onto `task`'s
     space (None without such a neighbour)."""
-    kind = registry.get(task.template).kind(task.workload)
-    ranked = sorted((r for r in records if r.task.key != task.key and registry.get(r.task.template).kind(
-        r.task.workload) == kind), key=lambda r: distance(task, r.task))
+    ranked = nearest_of_kind(task, records)
     if not ranked:
         return None
     template = registry.get(task.template)
@@ -68,6 +66,12 @@ def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
     kept = sum(near.config.as_dict().get(k) == v for k, v in config.values)
     return Choice(config, "transferred", f"from tuned {describe_task(near.task)} ({near.gflops:.1f} GFLOP/s there; "
                   f"{kept} of {len(config.values)} knobs kept, the rest projected)")
+
+
+def nearest_of_kind(task: Task, records: Iterable[Record]) -> list[Record]:
+    """The records of other workloads of `task`'s kind, the nearest workload's first (see `distance`)."""
+    return sorted((r for r in records if r.task.key != task.key and r.task.kind == task.kind),
+                  key=lambda r: distance(task, r.task))
 
 
 def distance(a: Task, b: Task) -> float:

@@ -60,7 +60,7 @@ def train(store: Any, template: str, target_key: str) -> int:
     for _, payload in store.items(f"records/{target_key}/{template}/"):
         recs = [r for r in (_parse(line) for line in payload.decode().splitlines()) if r is not None]
         if recs and max(r.gflops for r in recs) > 0:
-            kind = registry.get(template).kind(recs[0].task.workload)
+            kind = recs[0].task.kind
             by_kind.setdefault(kind, []).extend(recs)
             tasks[kind] = tasks.get(kind, 0) + 1
     _drop_models(store, template, target_key)
@@ -107,7 +107,7 @@ def held_out_gains(records: list[Record]) -> dict[str, float]:
     for r in records:
         if r.result.ok:
             by_task.setdefault(r.task.key, []).append(r)
-    kind_of = {key: registry.get(own[0].task.template).kind(own[0].task.workload) for key, own in by_task.items()}
+    kind_of = {key: own[0].task.kind for key, own in by_task.items()}
     logs: dict[str, list[float]] = {}
     for key, own in by_task.items():
         task = own[0].task
@@ -165,16 +165,15 @@ def _kind_model(store: Any, task: Task) -> str | None:
         digests = json.loads(raw) if raw is not None else {}
     except ValueError:
         return None
-    found = digests.get(registry.get(task.template).kind(task.workload)) if isinstance(digests, dict) else None
+    found = digests.get(task.kind) if isinstance(digests, dict) else None
     return found if isinstance(found, str) else None
 
 
 def _model(store: Any, task: Task, digest: str) -> Any:
     """The kind's model whose bytes have this digest (another process may have retrained it since), or None."""
-    kind = registry.get(task.template).kind(task.workload)
-    where = (getattr(store, "directory", None), task.target.key, task.template, kind, digest)
+    where = (getattr(store, "directory", None), task.target.key, task.template, task.kind, digest)
     if where not in _models:
-        raw = store.get(_model_key(task.target.key, task.template, kind))
+        raw = store.get(_model_key(task.target.key, task.template, task.kind))
         _models[where] = None
         if raw is not None and hashlib.sha256(raw).hexdigest()[:16] == digest:
             from jitop.tuner.model import CostModel  # ~6 ms (features, xgboost glue): only with a model
@@ -194,14 +193,11 @@ def _model(store: Any, task: Task, digest: str) -> Any:
 def _candidates(task: Task) -> list[Config]:
     """The default, the nearest tuned configs of the same kind projected onto this space, and a
     deterministic sample."""
-    from jitop.tuner.cached import _group, distance, project, tuned_store
+    from jitop.tuner.cached import _group, nearest_of_kind, project, tuned_store
     space = task.config_space()
     default = registry.get(task.template).default_config(task.workload, task.target)
     picks = [default]
-    kind = registry.get(task.template).kind(task.workload)
-    same_kind = [r for r in _group(tuned_store(), task) if registry.get(r.task.template).kind(r.task.workload) == kind]
-    near = sorted(same_kind, key=lambda r: distance(task, r.task))[:8]
-    picks += [project(r.config, space, default) for r in near]
+    picks += [project(r.config, space, default) for r in nearest_of_kind(task, _group(tuned_store(), task))[:8]]
     rng = random.Random(task.key)
     picks += [space.get(rng.randrange(len(space))) for _ in range(CANDIDATES * 2)]
     return list(dict.fromkeys(picks))[:CANDIDATES]

@@ -47,6 +47,11 @@ class Task:
         """Floating-point operations of one run of the workload."""
         return int(self.workload.flops)
 
+    @property
+    def kind(self) -> str:
+        """The kind of computation (`Template.kind`): tuned records inform only workloads of the same kind."""
+        return registry.get(self.template).kind(self.workload)
+
     def config_space(self) -> ConfigSpace:
         """The template's space of configs for this workload and Target."""
         return registry.get(self.template).config_space(self.workload, self.target)
