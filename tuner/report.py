@@ -28,17 +28,19 @@ def describe_task(task: Task) -> str:
     return f"{task.template} {task.key[:8]}"
 
 
-def nominal_peak_gflops(target: Target) -> float | None:
-    """FP32 FMA peak from the Target (FMA pipes x width x threads) and the clock /proc/cpuinfo reports;
-    None where either is unknown. A nominal figure: benchmarks measure the real one."""
-    if not target.fma_units:
-        return None
+def measured_peak_gflops(target: Target, at_least: float | None = None) -> float | None:
+    """`target`'s FP32 peak on `target.threads` threads as measured on this machine (jitop.tuner.peak: once
+    per Target, kept in the cache); None where it cannot be measured here. `at_least`: a figure a kernel
+    reached, which makes a lower stored peak be measured again. Never raises: a report without % of peak is
+    better than no report."""
+    from jitop.tuner.peak import machine_peak
     try:
-        with open("/proc/cpuinfo") as f:
-            mhz = max(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
-    except (OSError, ValueError):
+        return machine_peak(target, at_least=at_least).per_thread(target.threads)
+    except Exception as err:  # noqa: BLE001 - the peak is a bonus of the report
+        import warnings
+        warnings.warn(f"jitop: the FP32 peak could not be measured ({type(err).__name__}: {err}); no % of peak",
+                      RuntimeWarning, stacklevel=2)
         return None
-    return target.threads * target.fma_units * (target.fma_bytes // 4) * 2 * mhz / 1e3
 
 
 @dataclass
@@ -87,7 +89,8 @@ class TuneReport:
         if self.split:
             lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.split.items()))
         if peak:
-            lines.append(f"GFLOP/s; %peak of {peak:.0f} GFLOP/s")
+            lines.append(f"GFLOP/s; %peak: of {peak:.{0 if peak >= 10 else 2}f} GFLOP/s, the FP32 FMA peak measured on this machine "
+                         "(jitop.tuner.peak)")
         return "\n".join(lines)
 
 

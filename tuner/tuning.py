@@ -18,7 +18,7 @@ from jitop.tuner.apply import apply_records
 from jitop.tuner.cached import save_best, tuned_store
 from jitop.tuner.predict import save_training, train
 from jitop.tuner.records import Record
-from jitop.tuner.report import Progress, TaskReport, TuneReport, nominal_peak_gflops
+from jitop.tuner.report import Progress, TaskReport, TuneReport, measured_peak_gflops
 from jitop.tuner.scheduler import TaskScheduler, TaskState
 from jitop.tuner.task import Task
 
@@ -102,8 +102,11 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
         split = {"build": measurer.stats.get("build", 0.0), "measure": measurer.stats.get("measure", 0.0),
                  **_search_seconds(states)}
     show.close()
-    report = _report(states, time.perf_counter() - start, peak_gflops or nominal_peak_gflops(weighted[0].task.target),
-                     split)
+    report = _report(states, time.perf_counter() - start, split)
+    # % of peak: of the peak measured on this machine (once per Target, kept in the cache), measured again if a
+    # tuned kernel beats it (it was measured while other processes used the CPU)
+    fastest = max((r.best_gflops for r in report.tasks), default=0.0)
+    report.peak_gflops = peak_gflops or measured_peak_gflops(weighted[0].task.target, at_least=fastest)
     if apply:
         report.applied = apply_records([r for s in states for r in s.search.records] + earlier)
     return report
@@ -147,7 +150,7 @@ def _search_seconds(states: list[TaskState]) -> dict[str, float]:
     return {k: sum(s.search.seconds[k] for s in states) for k in ("model", "search")}
 
 
-def _report(states: list[TaskState], seconds: float, peak: float | None, split: dict) -> TuneReport:
+def _report(states: list[TaskState], seconds: float, split: dict) -> TuneReport:
     rows = [TaskReport(s.task, s.count, _gflops(s.task, s.default_cost), _gflops(s.task, s.best_cost), s.trials,
                        s.seconds, s.search.best_config.to_json() if s.search.best_config else "") for s in states]
-    return TuneReport(rows, seconds, peak, split)
+    return TuneReport(rows, seconds, None, split)

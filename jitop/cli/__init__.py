@@ -1,12 +1,16 @@
 """The `jitop` command (also `python -m jitop`):
 
-    jitop tune [--script prog.py [args...]] [--budget 10m | --trials N] [--tasks FILTER] [--tuner xgb]
+    jitop tune [--budget 10m | --trials N] [--tasks FILTER] [--tuner xgb] [--out FILE] [--script prog.py] [-- ARGS]
     jitop cache info | list | clear | export FILE | import FILE
-    jitop explain prog.py [args...]
+    jitop explain prog.py [-- ARGS]
     jitop demo
 
+jitop's own options may stand anywhere on the line, before or after the script's path; the script's own
+arguments follow `--`. An option jitop does not know, or a stray argument, before `--` is a usage error that
+says so (it is never handed to the script, nor silently dropped).
+
 Every command exits 0 on success, 1 when its work failed (a script raised, invalid records lines), 2 on
-bad usage (a missing file, an unknown task filter), with one clear message on stderr.
+bad usage (a missing file, an unknown task filter, an unknown option), with one clear message on stderr.
 
 >>> main(["cache", "info"])   # doctest: +SKIP
 """
@@ -18,9 +22,25 @@ import sys
 from jitop.cli.common import CommandError
 
 
+class UsageError(CommandError):
+    """Bad usage found while parsing the command line; `command` names the subcommand when known."""
+
+    def __init__(self, message: str, command: str | None = None):
+        super().__init__(message, status=2)
+        self.command = command
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is raised (and printed by `main` as `jitop <command>: ...`), not exited."""
+
+    def error(self, message: str):  # type: ignore[override]
+        command = self.prog.split()[1] if len(self.prog.split()) > 1 else None
+        raise UsageError(f"{message} (see `{self.prog} --help`)", command)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jitop", description="jitop: a numpy-compatible JIT for tensor operators")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="jitop", description="jitop: a numpy-compatible JIT for tensor operators")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from jitop.cli import cache, demo, explain, tune
     tune.add_parser(sub)
     cache.add_parser(sub)
@@ -31,9 +51,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line as a Namespace: jitop's options anywhere before `--`, the script's arguments after it
+    (`args.script_args`). Raises UsageError for an unknown option or a stray argument before `--`, and for
+    `--` given to a command that runs no script."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    ours, theirs = argv[:split], argv[split + 1:]
+    args, unknown = build_parser().parse_known_args(ours)
+    takes = getattr(args, "takes_script_args", False)
+    if unknown:
+        what = "option" if unknown[0].startswith("-") else "argument"
+        hint = (f"; put the script's own arguments after --, e.g. {_example(args.command, unknown)}" if takes else "")
+        raise UsageError(f"unknown {what} {' '.join(unknown)!r}{hint}", args.command)
+    if split < len(argv):
+        if not takes:
+            raise UsageError(f"`--` and what follows it ({' '.join(theirs) or 'nothing'}) are for a script's "
+                             f"arguments; jitop {args.command} runs no script", args.command)
+        if args.command == "tune" and getattr(args, "script", None) is None:
+            raise UsageError(f"arguments after -- ({' '.join(theirs) or 'nothing'}) are the script's: give the "
+                             "script with --script prog.py", args.command)
+        args.script_args = theirs
+    return args
+
+
+def _example(command: str, unknown: list[str]) -> str:
+    script = "--script prog.py" if command == "tune" else "prog.py"
+    return f"`jitop {command} {script} -- {' '.join(unknown)}`"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns (and, from the console script, exits with) its status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as err:
+        print(f"jitop{' ' + err.command if err.command else ''}: {err}", file=sys.stderr)
+        return err.status
     try:
         status = args.run(args)
     except CommandError as err:

@@ -14,7 +14,8 @@ from typing import Any
 from jitop.cli.common import CommandError, table
 
 KINDS = {"kernels": ("kernel/", "kernel-info/"), "tuned": ("tuned/",), "workloads": ("workload/",),
-         "runtime": ("pool/", "fastcall/")}
+         "runtime": ("pool/", "fastcall/"), "peaks": ("machine/peak/",)}
+LISTED = ("kernels", "tuned", "workloads", "peaks")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", required=True)
     actions.add_parser("info", help="where the cache is, its size and what it holds").set_defaults(run=info)
     p_list = actions.add_parser("list", help="list entries")
-    p_list.add_argument("--kind", choices=("kernels", "tuned", "workloads"), default=None,
-                        help="only this kind (default: all three)")
+    p_list.add_argument("--kind", choices=LISTED, default=None,
+                        help="only this kind (default: all four; peaks: the FP32 peak and memory bandwidth measured "
+                             "per Target, what %%peak divides by)")
     p_list.set_defaults(run=list_entries)
     p_clear = actions.add_parser("clear", help="remove entries (everything by default)")
     p_clear.add_argument("--kind", choices=tuple(KINDS), default=None, help="only this kind")
@@ -70,11 +72,15 @@ def info(args: argparse.Namespace) -> int:
 def list_entries(args: argparse.Namespace) -> int:
     """`jitop cache list`: kernels, tuned records and logged workloads as tables."""
     st = _store()
-    kinds = [args.kind] if args.kind else ["kernels", "tuned", "workloads"]
+    kinds = [args.kind] if args.kind else list(LISTED)
     for kind in kinds:
-        rows, header = {"kernels": _kernel_rows, "tuned": _tuned_rows, "workloads": _workload_rows}[kind](st)
+        rows, header = {"kernels": _kernel_rows, "tuned": _tuned_rows, "workloads": _workload_rows,
+                        "peaks": _peak_rows}[kind](st)
         print(f"{kind} ({len(rows)}):")
         print(table(rows, header) if rows else "  (none)")
+        if kind == "tuned" and rows:
+            print("%peak: of the FP32 peak measured on this machine for the record's Target (--kind peaks); "
+                  "-: not measured yet (jitop tune and jitop explain measure it)")
         print()
     return 0
 
@@ -90,6 +96,7 @@ def _kernel_rows(st: Any) -> tuple[list, list]:
 
 def _tuned_rows(st: Any) -> tuple[list, list]:
     from jitop.tuner.cached import tuned_store, valid_record
+    from jitop.tuner.peak import stored_peak
     from jitop.tuner.report import describe_task
     rows = []
     for text in tuned_store().records():
@@ -97,9 +104,21 @@ def _tuned_rows(st: Any) -> tuple[list, list]:
             rec = valid_record(text)
         except Exception:  # noqa: BLE001 - not usable by this jitop: not listed
             continue
-        rows.append([describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}", rec.task.target.key,
+        # % of the peak measured for the record's Target (stored by tune/explain; listing measures nothing)
+        peak = stored_peak(rec.task.target.key)
+        gflops = peak.per_thread(rec.task.target.threads) if peak else None
+        rows.append([describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}",
+                     f"{100 * rec.gflops / gflops:.0f}%" if gflops else "-", rec.task.target.key,
                      _when(rec.result.timestamp)])
-    return rows, ["task", "key", "GFLOP/s", "target", "measured"]
+    return rows, ["task", "key", "GFLOP/s", "%peak", "target", "measured"]
+
+
+def _peak_rows(st: Any) -> tuple[list, list]:
+    from jitop.tuner.peak import stored_peaks
+    rows = [[p.target_key, f"{p.gflops_1:.0f}" if p.gflops_1 else "-", f"{p.gflops_all:.0f}" if p.gflops_all else "-",
+             str(p.threads), f"{p.bandwidth_gbs:.1f}" if p.bandwidth_gbs else "-", _when(p.measured_at)]
+            for p in stored_peaks()]
+    return rows, ["target", "GFLOP/s 1 thread", "GFLOP/s all", "threads", "triad GB/s", "measured"]
 
 
 def _workload_rows(st: Any) -> tuple[list, list]:

@@ -1,58 +1,141 @@
-"""`jitop explain prog.py [args]`: run a program, then report per decorated function and signature what
+"""`jitop explain prog.py [-- args]`: run a program, then report per decorated function and signature what
 jitop did: fused kernels, template choices and where they came from, the disk cache's answer and why, and
-each kernel's time against the Target's peak and memory bandwidth (a roofline position)."""
+each kernel's time against the Target's peak and memory bandwidth (a roofline position).
+
+The time is the median of several calls with the arguments of the signature's first call, after a warm-up
+call (not the first call, with its page faults and cold caches); the peak and the bandwidth are measured on
+this machine once per Target and kept in the cache (jitop.tuner.peak: FMA chains and a multi-threaded STREAM
+triad built by jitop)."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Any
 
 import numpy as np
 
 from jitop.cli.common import run_script
 
+MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 5, 100, 0.3  # per signature: at least 5 calls, more while under 0.3 s
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `jitop explain`."""
-    p = sub.add_parser("explain", help="run a program and report what jitop compiled, cached and how fast it ran")
+    p = sub.add_parser("explain", help="run a program and report what jitop compiled, cached and how fast it ran",
+                       usage="jitop explain [-h] SCRIPT [-- SCRIPT_ARGS ...]",
+                       description="Run SCRIPT once (as `python SCRIPT SCRIPT_ARGS` would), then report per "
+                                   "@jitop.kernel function and signature: kernels, configs and their source, the "
+                                   "cache's answer, and each kernel's median time against the FP32 peak and the "
+                                   "memory bandwidth measured on this machine.",
+                       epilog="The script's own arguments go after --: jitop explain prog.py -- --epochs 3")
     p.add_argument("script", help="the Python program to run")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, script_args=[], takes_script_args=True)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the program, then describe every compiled signature of every @jitop.kernel function."""
+    from jitop import workloads
     from jitop.kernel import _ALL_KERNELS
-    run_script(args.script, list(args.script_args), usage="jitop explain prog.py")
+    with _FirstCalls() as first:
+        run_script(args.script, list(args.script_args), usage="jitop explain prog.py")
     kernels = sorted((k for k in list(_ALL_KERNELS) if k.cache), key=lambda k: k.qualified_name)
     if not kernels:
         print(f"{args.script} ran no @jitop.kernel function (nothing was compiled)")
         return 0
     from jitop.driver import default_target
-    from jitop.tuner.report import nominal_peak_gflops
+    from jitop.kernel import _FALLBACK, signature_calls
+    from jitop.tuner.peak import machine_peak, triad_array_bytes
+    workloads.flush()  # the script's calls go to the workload log; the timing calls below do not
+    calls = {id(entry): signature_calls(entry, kf._fast_specs.get(key)) for kf in kernels
+             for key, entry in list(kf.cache.items()) if entry is not _FALLBACK}
+    times = {id(entry): first.median_seconds(entry) for kf in kernels for entry in list(kf.cache.values())}
+    for kf in kernels:
+        kf.workload_counts()  # marks the timing calls as logged: they were explain's, not the program's
     target = default_target()
-    peak, bandwidth = nominal_peak_gflops(target), _bandwidth_gbs()
+    entries = [e for kf in kernels for e in kf.cache.values() if e is not _FALLBACK]
+    fastest = max((_gflops(e, times.get(id(e))) for e in entries), default=0.0)
+    streaming = max((_nbytes(e) / times[id(e)][0] / 1e9 for e in entries
+                     if times.get(id(e)) and _nbytes(e) >= triad_array_bytes(target)), default=0.0)
+    try:  # a kernel beating the stored peak or bandwidth makes them be measured again
+        measured = machine_peak(target, at_least=fastest or None, at_least_gbs=streaming or None)
+    except Exception as err:  # noqa: BLE001 - the report goes on without the roofline
+        print(f"roofline: not measured ({type(err).__name__}: {err})\n")
+        measured = None
+    peak = measured.per_thread(target.threads) if measured else None
+    bandwidth = measured.bandwidth_gbs if measured else None
     print(f"target: {target.describe()}")
-    print(f"roofline: peak {f'{peak:.0f} GFLOP/s (nominal)' if peak else 'unknown (FMA units of this CPU not known)'}"
-          f", memory bandwidth {bandwidth:.1f} GB/s (measured now, numpy copy)\n")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(measured.measured_at)) if measured else ""
+    print("roofline: " + (f"peak {peak:.{0 if peak >= 10 else 2}f} GFLOP/s (measured on this machine {when}: "
+                          f"{measured.accumulators} chains of <{measured.lanes} x float> {measured.op} on "
+                          f"{measured.threads} threads)"
+                          if peak else f"peak unknown ({measured.note if measured else 'not measured'})")
+          + (f", {measured.describe_bandwidth()}" if bandwidth else ", memory bandwidth unknown") + "\n")
     for kf in kernels:
         for key, entry in list(kf.cache.items()):
-            print(_describe(kf, key, entry, peak, bandwidth))
+            print(_describe(kf, key, entry, calls.get(id(entry), 0), times.get(id(entry)), peak, bandwidth, target))
     return 0
 
 
-def _describe(kf, key: tuple, entry, peak: float | None, bandwidth: float) -> str:
-    from jitop.kernel import _FALLBACK, signature_calls
+class _FirstCalls:
+    """While the script runs: the arguments of each compiled signature's first call (the call that compiled
+    it or found it in the cache), to time the signature again afterwards."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[Any, Any, tuple, dict]] = {}  # id(entry) -> (entry, kernel, args, kwargs)
+
+    def __enter__(self) -> "_FirstCalls":
+        from jitop.kernel import KernelFunction
+        self.original = original = KernelFunction.__call__
+        calls = self.calls
+
+        def call(kf: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(kf, *args, **kwargs)
+            for entry in list(kf.cache.values()):
+                if id(entry) not in calls and getattr(entry, "exe", None) is not None:
+                    calls[id(entry)] = (entry, kf, args, kwargs)  # new since the last call: this call's signature
+            return result
+        KernelFunction.__call__ = call
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from jitop.kernel import KernelFunction
+        KernelFunction.__call__ = self.original
+
+    def median_seconds(self, entry: Any) -> tuple[float, int] | None:
+        """(median seconds of one call, calls timed) with the first call's arguments, after a warm-up call;
+        None if the signature's arguments were not seen or a call raises."""
+        found = self.calls.get(id(entry))
+        if found is None or found[0] is not entry:
+            return None
+        _, kf, args, kwargs = found
+        try:
+            kf(*args, **kwargs)  # warm-up: caches, pages and the native entry
+            times: list[float] = []
+            stop = time.perf_counter() + TIMING_SECONDS
+            while len(times) < MIN_CALLS or (len(times) < MAX_CALLS and time.perf_counter() < stop):
+                t0 = time.perf_counter()
+                kf(*args, **kwargs)
+                times.append(time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001 - e.g. the script changed a captured global: no median, say so
+            return None
+        return statistics.median(times), len(times)
+
+
+def _describe(kf, key: tuple, entry, calls: int, timed: tuple[float, int] | None, peak: float | None,
+              bandwidth: float | None, target: Any) -> str:
+    from jitop.kernel import _FALLBACK
     head = f"{kf.qualified_name}({_signature(key)})"
     if entry is _FALLBACK:
         return f"{head}\n  runs as plain numpy (an unsupported construct; see the warning)\n"
     exe = entry.exe
     lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "
-                   f"calls: {signature_calls(entry, kf._fast_specs.get(key))}"]
+                   f"calls: {calls}"]
     lines += [f"  {t}" for t in exe.templates]
     lookup = entry.lookup
     if lookup is not None:
         lines.append("  cache: " + lookup.describe().splitlines()[0])
-    lines.append("  " + _speed(entry, peak, bandwidth))
+    lines.append("  " + _speed(entry, timed, peak, bandwidth, target))
     return "\n".join(lines) + "\n"
 
 
@@ -66,31 +149,39 @@ def _signature(key: tuple) -> str:
     return ", ".join(parts)
 
 
-def _speed(entry, peak: float | None, bandwidth: float) -> str:
-    if entry.seconds is None or entry.seconds <= 0:
-        return "time: not measured"
-    t = entry.seconds
-    flops = sum(task.flops for task in entry.tasks)
+def _nbytes(entry: Any) -> int:
+    """Bytes of a signature's arguments and results (what one call must read and write at least)."""
     plan = entry.exe.plan
     real = plan.outputs[:len(plan.outputs) - plan.n_scratch]  # scratch buffers stay in cache, mostly
     nbytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in real)
-    nbytes += sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
-    text = f"time {t * 1e3:.3f} ms (one measured call)"
+    return nbytes + sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
+
+
+def _gflops(entry: Any, timed: tuple[float, int] | None) -> float:
+    """GFLOP/s of a signature's median time (0 without one or without flops)."""
+    if timed is None or getattr(entry, "tasks", None) is None:
+        return 0.0
+    return sum(task.flops for task in entry.tasks) / timed[0] / 1e9
+
+
+def _speed(entry, timed: tuple[float, int] | None, peak: float | None, bandwidth: float | None, target: Any) -> str:
+    if timed is not None:
+        t, calls = timed
+        text = f"time {t * 1e3:.3f} ms (median of {calls} calls)"
+    elif entry.seconds is not None and entry.seconds > 0:
+        t = entry.seconds
+        text = f"time {t * 1e3:.3f} ms (its first call only: its arguments could not be called again)"
+    else:
+        return "time: not measured"
+    flops = sum(task.flops for task in entry.tasks)
+    nbytes = _nbytes(entry)
     if flops:
         gf = flops / t / 1e9
         text += f", {gf:.1f} GFLOP/s" + (f" = {100 * gf / peak:.0f}% of peak" if peak else "")
     gb = nbytes / t / 1e9
-    text += f", {gb:.1f} GB/s of arguments and results = {100 * gb / bandwidth:.0f}% of memory bandwidth"
+    text += f", {gb:.1f} GB/s of arguments and results"
+    if bandwidth:
+        text += f" = {100 * gb / bandwidth:.0f}% of memory bandwidth"
+        if nbytes <= target.l2_bytes * max(target.threads, 1):
+            text += " (they fit in the L2 caches: more than 100% is possible)"
     return text
-
-
-def _bandwidth_gbs() -> float:
-    """Memory bandwidth as numpy's copy of 64 MiB sees it (read + write), best of 3."""
-    src = np.ones(1 << 24, np.float32)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best / 1e9

@@ -1,5 +1,8 @@
 """`jitop tune`: tune the workloads programs actually ran (the cache's workload log), or those one script
-runs (`--script prog.py args...`), and save the best configs in the cache for every later run."""
+runs (`--script prog.py [-- args...]`), and save the best configs in the cache for every later run.
+
+jitop's options may come before or after `--script prog.py`; the script's own arguments follow `--`
+(`jitop tune --script prog.py --budget 40s -- --epochs 3`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +16,13 @@ from jitop.cli.common import CommandError, run_script, table
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `jitop tune`."""
     p = sub.add_parser("tune", help="tune the logged workloads (or a script's) and save the best configs in the cache",
+                       usage="jitop tune [options] [--script SCRIPT] [-- SCRIPT_ARGS ...]",
                        description="Tune matmul/conv2d workloads. Without --script: those the workload log of the "
                                    "cache recorded (what your programs ran, weighted by their calls); with --script: "
-                                   "run that program once to log its workloads, then tune them.")
+                                   "run that program once to log its workloads, then tune them.",
+                       epilog="jitop's options may stand before or after --script SCRIPT; the script's own "
+                              "arguments follow --, e.g. jitop tune --script prog.py --budget 40s -- --epochs 3. "
+                              "An option jitop does not know, before --, is a usage error.")
     limit = p.add_mutually_exclusive_group()
     limit.add_argument("--budget", help="wall-clock budget for all tasks together, e.g. 10m, 90s (default 10m)")
     limit.add_argument("--trials", type=int, help="total number of measured configs instead of a time budget")
@@ -28,11 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                          "scheduler) or local:N (N local worker processes); "
                                                          "needs `pip install jitop[dask]`")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    # last, as with `python -m`: everything after the script's path is the script's own arguments
-    p.add_argument("--script", nargs=argparse.REMAINDER, metavar="FILE [ARGS]",
-                   help="run this Python program once with ARGS (put jitop's options before --script) and tune "
-                        "the workloads it ran")
-    p.set_defaults(run=run)
+    p.add_argument("--script", metavar="SCRIPT",
+                   help="run this Python program once (with the arguments after --) and tune the workloads it ran")
+    p.set_defaults(run=run, script_args=[], takes_script_args=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,12 +49,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
         raise CommandError("--script needs the path of a Python program, e.g. jitop tune --script prog.py")
+    if args.script is None and args.script_args:
+        raise CommandError("arguments after -- are a script's: give the script with --script prog.py")
     _check_cluster_address(args.cluster)
     logged = _script_workloads(args) if args.script else _logged_workloads()
     if not logged:
         raise CommandError("no tunable workload (matmul, conv2d) was logged: run your program with the cache "
                            "enabled first, or give --script prog.py" if not args.script else
-                           f"script {args.script[0]!r} ran no tunable workload (matmul, conv2d) under @jitop.kernel "
+                           f"script {args.script!r} ran no tunable workload (matmul, conv2d) under @jitop.kernel "
                            "or jitop operators", status=1)
     chosen = _filter(logged, args.tasks)[:args.top]
     print(_plan_table(chosen), file=sys.stderr)
@@ -124,7 +131,7 @@ def _script_workloads(args: argparse.Namespace) -> list:
     """Run the script once; the workloads it ran (this run's counts, also added to the log)."""
     from jitop import workloads
     workloads.flush()  # earlier counts of this process are not the script's
-    run_script(args.script[0], list(args.script[1:]))
+    run_script(args.script, list(args.script_args))
     ran = workloads.flush()
     return sorted(ran, key=lambda w: -w.seconds)
 

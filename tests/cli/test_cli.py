@@ -96,7 +96,7 @@ def templates_of(r: subprocess.CompletedProcess) -> str:
 
 @dataclass
 class Tuned:
-    """The module's one tuning run: `tune --script prog.py 48 marker --out f.jsonl` on a fresh cache."""
+    """The module's one tuning run: `tune --script prog.py <options> -- 48 marker` on a fresh cache."""
 
     dir: Path
     cache: Path
@@ -116,7 +116,10 @@ def tuned(tmp_path_factory) -> Tuned:
     where = tmp_path_factory.mktemp("tuned")
     write_prog(where)
     cache = where / "cache"
-    result = run(where, cache, *TUNE, "--out", "f.jsonl", "--script", "prog.py", "48", "marker", timeout=600)
+    # jitop's options after --script (they are jitop's, not the script's: --trials 4 and --out f.jsonl are
+    # checked below), the script's own arguments after --
+    result = run(where, cache, "tune", "--script", "prog.py", *TUNE[1:], "--out", "f.jsonl", "--", "48", "marker",
+                 timeout=600)
     listing = run(where, cache, "cache", "list", "--kind", "tuned")
     return Tuned(where, cache, result, where / "f.jsonl", listing)
 
@@ -133,6 +136,7 @@ def test_tune_script_runs_the_program_tunes_and_prints_the_table(tuned: Tuned) -
     table = "\n".join(lines[start:])
     assert "matmul 48x40x40" in table and "program (tuned tasks)" in table
     assert "saved in the cache" in r.stdout and "f.jsonl" in r.stdout
+    assert "FP32 FMA peak measured on this machine" in r.stdout, show(r)  # %peak: of the measured peak
     # the plan goes to stderr; --no-progress: no per-batch progress lines
     assert "tuning these workloads" in r.stderr and "__main__.mlp" in r.stderr, show(r)
     assert "trials |" not in r.stderr, show(r)
@@ -241,7 +245,10 @@ EXIT3 = 'import sys\nif __name__ == "__main__":\n    sys.exit(3)\n'
 
 @pytest.mark.parametrize("args, files, status, expected", [
     (["tune", "--script", "missing.py"], {}, 2, ["jitop tune: ", "'missing.py' not found"]),
-    (["tune", "--script"], {}, 2, ["jitop tune: ", "--script needs the path"]),
+    (["tune", "--script"], {}, 2, ["jitop tune: ", "argument --script: expected one argument"]),
+    (["tune", "--script", "prog.py", "--my-flag"], {}, 2, ["jitop tune: ", "unknown option '--my-flag'",
+                                                          "after --", "--script prog.py -- --my-flag"]),
+    (["explain", "prog.py", "48"], {}, 2, ["jitop explain: ", "unknown argument '48'", "jitop explain prog.py -- 48"]),
     (["tune", "--trials", "1", "--script", "boom.py"], {"boom.py": BOOM}, 1,
      ["Traceback (most recent call last)", "RuntimeError: boom from the script",
       "jitop tune: script 'boom.py' raised an exception"]),
@@ -256,7 +263,8 @@ EXIT3 = 'import sys\nif __name__ == "__main__":\n    sys.exit(3)\n'
     (["tune", "--trials", "2", "--budget", "1m"], {}, 2, ["not allowed with argument"]),
     (["tune", "--trials", "1", "--cluster", "local:0"], {}, 2, ["--cluster 'local:0': expected tcp://host:port or local:N"]),
     (["tune", "--trials", "1", "--cluster", "local:two"], {}, 2, ["--cluster 'local:two': expected"]),
-], ids=["missing-script", "script-without-path", "script-raises", "script-exits-3", "empty-cache",
+], ids=["missing-script", "script-without-path", "unknown-option-before-dashes", "stray-argument-before-dashes",
+        "script-raises", "script-exits-3", "empty-cache",
         "zero-trials", "import-missing", "import-empty", "explain-missing", "unknown-command",
         "trials-and-budget", "cluster-of-none", "cluster-not-a-number"])
 def test_bad_input_exits_non_zero_with_a_message(tmp_path: Path, args: list[str], files: dict[str, str],
@@ -338,14 +346,17 @@ def test_import_refuses_a_config_outside_the_tasks_space(tuned: Tuned, tmp_path:
 def test_explain_reports_function_signature_template_cache_and_speed(tmp_path: Path) -> None:
     write_prog(tmp_path)
     cache = tmp_path / "cache"
-    first = run(tmp_path, cache, "explain", "prog.py", "48", "marker")
+    first = run(tmp_path, cache, "explain", "prog.py", "--", "48", "marker")
     assert first.returncode == 0, show(first)
     out = first.stdout
     assert "PROG ran m=48 args=['48', 'marker']" in out  # the program ran with its arguments
     assert "__main__.mlp(float32[48, 40], float32[40, 40], float32[40, 40])" in out, show(first)
     assert "template matmul" in out and "disk cache miss" in out, show(first)
     assert re.search(r"\d+(\.\d+)? GFLOP/s", out), show(first)
-    second = run(tmp_path, cache, "explain", "prog.py", "48")
+    # the time is a median of several calls; peak and bandwidth are measured on this machine (and cached)
+    assert re.search(r"time \d+\.\d+ ms \(median of \d+ calls\)", out), show(first)
+    assert "roofline: peak" in out and "measured on this machine" in out and "STREAM triad" in out, show(first)
+    second = run(tmp_path, cache, "explain", "prog.py", "--", "48")
     assert second.returncode == 0, show(second)
     assert "disk cache hit" in second.stdout and "disk cache miss" not in second.stdout, show(second)
 

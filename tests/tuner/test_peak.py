@@ -1,0 +1,169 @@
+"""jitop.tuner.peak: the FP32 peak and the memory bandwidth are measured once per Target, kept in the cache,
+reused, measured again when the stored entry is damaged (a warning, never a failure) or when a kernel beats
+them; `jitop tune`'s table divides by them (issue 21, part 5). No test asserts a speed: the fakes below stand
+in for the machine, and the one real measurement is only checked for being a measurement."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from jitop.target import Target
+from jitop.tuner import peak as peak_mod
+from jitop.tuner.peak import Peak
+
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+def fake_peak(target: Target, gflops: float = 2.0, gbs: float = 3.0) -> Peak:
+    return Peak(target_key=target.key, target=target.describe(), isa=target.isa, lanes=16, accumulators=12,
+                threads=target.threads, gflops_1=gflops / target.threads, gflops_all=gflops, bandwidth_gbs=gbs,
+                triad_bytes=128 << 20, measured_at=1.0)
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """jitop.tuner.peak.measure replaced by a fake that counts its calls; `measured.figures` are what the next
+    calls return (the last one repeats)."""
+    class Fake:
+        calls = 0
+        figures = [(2.0, 3.0)]
+
+        def __call__(self, target=None, **kwargs):
+            g, b = self.figures[min(self.calls, len(self.figures) - 1)]
+            self.calls += 1
+            return fake_peak(target or Target.current(), g, b)
+    fake = Fake()
+    monkeypatch.setattr(peak_mod, "measure", fake)
+    peak_mod.forget()
+    yield fake
+    peak_mod.forget()
+
+
+def test_the_peak_is_measured_once_then_read_from_the_cache(measured) -> None:
+    target = Target.current()
+    first = peak_mod.machine_peak(target)
+    assert measured.calls == 1 and first.gflops_all == 2.0
+    assert peak_mod.machine_peak(target) is first and measured.calls == 1  # this process: kept
+    peak_mod.forget()  # another process: the cache's
+    again = peak_mod.machine_peak(target)
+    assert measured.calls == 1 and again == first
+    assert peak_mod.stored_peak(target.key) == first and first in peak_mod.stored_peaks()
+
+
+def test_each_target_has_its_own_peak(measured) -> None:
+    host = Target.current()
+    other = host.replace(threads=host.threads + 1)
+    assert peak_mod.machine_peak(host).target_key == host.key
+    assert peak_mod.machine_peak(other).target_key == other.key and measured.calls == 2
+
+
+@pytest.mark.parametrize("payload", [b"not json", b'{"schema": 1}', b"[]", b'{"schema": 999, "gflops_all": 1}'])
+def test_an_unusable_stored_peak_is_measured_again_with_a_warning(measured, payload: bytes) -> None:
+    from jitop.cachedir import store
+    target = Target.current()
+    store().put(peak_mod.key(target), payload)
+    with pytest.warns(RuntimeWarning, match="stored peak .* unusable.*measuring it again"):
+        p = peak_mod.machine_peak(target)
+    assert measured.calls == 1 and p.gflops_all == 2.0
+    peak_mod.forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert peak_mod.machine_peak(target) == p and measured.calls == 1  # the new one was stored
+
+
+def test_a_nonsense_or_foreign_stored_peak_is_measured_again(measured) -> None:
+    from jitop.cachedir import store
+    target = Target.current()
+    bad = [dataclasses.replace(fake_peak(target), gflops_all=-5.0),
+           dataclasses.replace(fake_peak(target), gflops_all=float("nan")),
+           dataclasses.replace(fake_peak(target), target_key="someone-else")]
+    for n, p in enumerate(bad, 1):
+        store().put(peak_mod.key(target), p.to_json().encode())
+        peak_mod.forget()
+        with pytest.warns(RuntimeWarning, match="measuring it again"):
+            assert peak_mod.machine_peak(target).gflops_all == 2.0
+        assert measured.calls == n
+
+
+def test_a_stored_peak_failing_its_checksum_is_measured_again_with_a_warning(measured) -> None:
+    from jitop.cachedir import store
+    target = Target.current()
+    peak_mod.machine_peak(target)
+    st = store()
+    raw = st._open().get(peak_mod.key(target))
+    st._open().set(peak_mod.key(target), raw[:-3] + b"xyz")  # the payload changed under its checksum
+    peak_mod.forget()
+    with pytest.warns(RuntimeWarning, match="failed its checksum"):
+        assert peak_mod.machine_peak(target).gflops_all == 2.0
+    assert measured.calls == 2
+
+
+def test_a_kernel_beating_the_peak_makes_it_measured_again_once(measured) -> None:
+    target = Target.current()
+    measured.figures = [(2.0, 3.0), (50.0, 4.0), (500.0, 40.0)]
+    assert peak_mod.machine_peak(target).gflops_all == 2.0
+    assert peak_mod.machine_peak(target, at_least=1.5).gflops_all == 2.0 and measured.calls == 1  # not beaten
+    p = peak_mod.machine_peak(target, at_least=10.0)  # beaten: measured again, the higher figures kept
+    assert (p.gflops_all, p.bandwidth_gbs, measured.calls) == (50.0, 4.0, 2)
+    assert peak_mod.machine_peak(target, at_least=100.0).gflops_all == 50.0 and measured.calls == 2  # once
+    peak_mod.forget()
+    assert peak_mod.machine_peak(target).gflops_all == 50.0  # and stored
+
+
+def test_a_kernel_beating_the_bandwidth_makes_it_measured_again(measured) -> None:
+    target = Target.current()
+    measured.figures = [(2.0, 3.0), (1.0, 9.0)]
+    peak_mod.machine_peak(target)
+    p = peak_mod.machine_peak(target, at_least_gbs=5.0)
+    assert (p.gflops_all, p.bandwidth_gbs, measured.calls) == (2.0, 9.0, 2)  # each figure: the higher one
+
+
+def test_a_failed_measurement_leaves_the_report_without_percent_not_failed(monkeypatch) -> None:
+    from jitop.tuner.report import measured_peak_gflops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no LLVM today")
+    monkeypatch.setattr(peak_mod, "measure", broken)
+    peak_mod.forget()
+    try:
+        with pytest.warns(RuntimeWarning, match="could not be measured.*no LLVM today"):
+            assert measured_peak_gflops(Target.current()) is None
+    finally:
+        peak_mod.forget()
+
+
+def test_peak_json_round_trips_and_per_thread() -> None:
+    target = Target.current()
+    p = fake_peak(target, 8.0)
+    assert Peak.from_json(p.to_json()) == p
+    assert p.per_thread(target.threads) == 8.0 and p.per_thread(1) == pytest.approx(8.0 / target.threads)
+    assert "STREAM triad" in p.describe() and "24 bytes per element" in p.describe_bandwidth()
+
+
+def test_triad_arrays_are_far_beyond_the_caches_within_bounds() -> None:
+    small = Target.current().replace(l2_bytes=1 << 20, threads=2)
+    big = Target.current().replace(l2_bytes=2 << 20, threads=64)
+    assert peak_mod.triad_array_bytes(small) == peak_mod.TRIAD_MIN_BYTES
+    assert peak_mod.triad_array_bytes(big) == peak_mod.TRIAD_MAX_BYTES
+    assert peak_mod.triad_array_bytes(small) % (peak_mod.TRIAD_BLOCK * 8) == 0
+
+
+def test_the_measured_loops_are_what_they_should_be() -> None:
+    target = Target.current()
+    asm, _, lanes, acc = peak_mod.compiled(target)
+    assert peak_mod.check_asm(asm, target, acc) == []
+    assert lanes == target.lanes(4) and "triad_body" in asm
+
+
+def test_a_real_measurement_measures(monkeypatch) -> None:
+    # only that it is a measurement (positive, finite, of this Target, with its array size): no speed asserted
+    target = Target.current()
+    monkeypatch.setattr(peak_mod, "TRIAD_REPEAT", 2)
+    p = peak_mod.measure(target, call_seconds=0.002, repeat=2)
+    assert p.target_key == target.key and p.threads == target.threads and p.asm_problems == ()
+    assert np.isfinite([p.gflops_1, p.gflops_all, p.bandwidth_gbs]).all()
+    assert min(p.gflops_1, p.gflops_all, p.bandwidth_gbs) > 0
+    assert p.triad_bytes == peak_mod.triad_array_bytes(target) and p.seconds > 0
