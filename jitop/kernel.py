@@ -10,7 +10,9 @@ from __future__ import annotations
 import ctypes
 import inspect
 import math
+import operator
 import os
+import re
 import threading
 import time
 import traceback
@@ -21,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jitop import dtypes
+from jitop import dtypes, pytree
 from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
@@ -49,7 +51,8 @@ def _always_miss(*_: Any) -> Any:
 
 
 def argspec(value: Any, static: bool) -> tuple:
-    """The part of the cache key one argument contributes (shape/dtype for arrays, the value if static)."""
+    """The part of the cache key one argument (or pytree leaf) contributes: shape/dtype for arrays, the type for
+    scalars, the value if static. A container holding arrays is not one argument: see `_flatten_params`."""
     if static:
         return ("static", _frozen(value))
     if type(value) is np.ndarray:
@@ -78,6 +81,38 @@ def _frozen(value: Any) -> Any:
     if t in (bool, int, complex) or isinstance(value, np.generic):
         return (t, value)
     return value
+
+
+# leaves that sit in a container of arrays as constants of the trace (keyed by value); any other object there
+# makes the signature run as numpy, naming it
+_CONSTANT_LEAVES = (type(None), str, bytes, complex, type, np.dtype, type(Ellipsis))
+
+
+_JUST_ARRAYS = {np.ndarray}
+_DTYPE_SHAPE = operator.attrgetter("dtype", "shape")  # an exact ndarray's argspec
+
+
+class _CalledWhileTracing(Exception):
+    """A pytree argument holds a tracer: the kernel was called inside another kernel's trace."""
+
+
+def _holds_array(value: Any) -> bool:
+    return pytree.any_leaf(value, lambda v: isinstance(v, (np.ndarray, Tracer)))
+
+
+def _array_free(container: Any) -> bool:
+    return not _holds_array(container)
+
+
+def _leaf_spec(value: Any) -> tuple:
+    """argspec of a leaf inside a container of arrays (an array-free container in there is one static leaf)."""
+    if isinstance(value, (np.ndarray, bool, int, float, np.generic)):
+        return argspec(value, False)
+    if isinstance(value, _CONSTANT_LEAVES) or pytree.is_node(value):
+        return ("static", _frozen(value))
+    if isinstance(value, Tracer):
+        raise _CalledWhileTracing
+    return ("unsupported", type(value))
 
 
 class Compiled:
@@ -113,6 +148,9 @@ class Trace:
     result: Any = None  # the result's structure as a tree over `results` (jitop.runtime.executable.rebuild)
     guards: list = field(default_factory=list)  # captured globals/closure data (jitop.graph.capture.Guard)
     python_ints: bool = False  # computes Python int arithmetic in int64 (checked for results beyond it)
+    # the parameters' structure (jitop.pytree: a tuple with one entry per parameter) when a container argument
+    # was flattened into several leaves; None when each parameter is one leaf. The kernel's inputs index leaves.
+    arg_tree: Any = None
 
 
 class KernelFunction:
@@ -129,8 +167,12 @@ class KernelFunction:
         names = list(self.signature.parameters)
         self.static = {names[i] for i in static_argnums} | set(static_argnames)
         self._static_flags = tuple(n in self.static for n in names)
-        self._simple = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                                               for p in self.signature.parameters.values())
+        params = list(self.signature.parameters.values())
+        self._simple = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        # the native entry can serve a signature whose leaves are exactly the positional arguments
+        self._positional = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                              p.VAR_POSITIONAL) for p in params)
+        self._binder = _positional_binder(params)
         self.fallback = fallback
         self.cache: dict[tuple, Any] = {}
         self._hits = 0
@@ -183,65 +225,102 @@ class KernelFunction:
                 return r
         if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
             return self.fn(*args, **kwargs)  # called from inside another kernel's trace: trace through
-        values, key = self._bind(args, kwargs)
+        try:
+            values, key, tree = self._bind(args, kwargs)
+        except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
+            return self.fn(*args, **kwargs)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._compile(key, values, lambda: self.fn(*args, **kwargs))
+            entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         else:
             self._hits += 1
         if entry is _FALLBACK:
             return self.fn(*args, **kwargs)
-        if not kwargs and self._simple:
-            self._serve_natively(key, entry)
+        if not kwargs and self._positional and len(values) == len(args) <= fastcall.MAX_PARAMS:
+            self._serve_natively(key, entry, values, args)
         entry.calls += 1
         if entry.seconds is None:
             return _timed_call(entry, values)
         return entry.call(values)
 
-    def _serve_natively(self, key: tuple, entry: "Compiled") -> None:
-        """Let the native entry serve this signature from the next call on (the newest MAX_FAST_SIGNATURES)."""
+    def _serve_natively(self, key: tuple, entry: "Compiled", values: Sequence[Any], args: tuple) -> None:
+        """Let the native entry serve this signature from the next call on (the newest MAX_FAST_SIGNATURES).
+        It checks positional arguments only, so it serves a signature whose leaves (`values`) are the call's
+        positional arguments themselves (true of every call with this key, as the key holds the structure)."""
         spec = self._fast_specs.get(key, _UNSET)
         if spec is None or (spec is not _UNSET and any(s is spec for s in self._fast_table)):
             return
         with self._lock:
             spec = self._fast_specs.get(key, _UNSET)
-            if spec is _UNSET and key[0] != "unhashable" and len(key) == len(self._static_flags):
-                scalars = {k: part[1] for k, part in enumerate(key) if part[0] == "scalar"}
-                spec = self._fast_specs[key] = entry.exe.fast_spec(len(key), scalars)
+            specs = _leaf_specs(key)
+            if spec is _UNSET and specs is not None:
+                if len(values) == len(args) and all(v is a for v, a in zip(values, args)):
+                    scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
+                    spec = entry.exe.fast_spec(len(values), scalars)
+                else:
+                    spec = None
+                self._fast_specs[key] = spec
             if spec is _UNSET or spec is None or any(s is spec for s in self._fast_table):
                 return
             self._fast_table = [spec, *self._fast_table[:MAX_FAST_SIGNATURES - 1]]
             self._fast = fastcall.Table(self._fast_table, self._fast_hits).entry()  # one atomic swap
 
-    def _bind(self, args: tuple, kwargs: dict) -> tuple[list[Any], tuple]:
-        if self._simple and not kwargs and len(args) == len(self._static_flags):
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[Sequence[Any], tuple, Any]:
+        """(values, key, tree) of a call: what the kernel reads (each parameter's value, or in place of a
+        container of arrays its leaves), the cache key and the parameters' structure (None if nothing was
+        flattened). Raises _CalledWhileTracing if a container holds a tracer."""
+        if self._simple and not kwargs and len(args) == len(self._static_flags) and not any(map(pytree.is_node, args)):
             # fast path: arrays key on (dtype, shape) directly
             key = tuple([(a.dtype, a.shape) if type(a) is np.ndarray else argspec(a, False) for a in args])
             try:
                 hash(key)
-                return args, key
+                return args, key, None
             except TypeError:
                 pass
-        if kwargs or len(args) != len(self.signature.parameters):
-            bound = self.signature.bind(*args, **kwargs)
+        values = self._binder(args) if not kwargs and self._binder is not None else None
+        if values is None:
+            bound = self.signature.bind(*args, **kwargs)  # raises Python's TypeError for a call that cannot bind
             bound.apply_defaults()
             values = list(bound.arguments.values())
-        else:
-            values = list(args)
+        leaves, specs, tree = self._flatten_params(values)
+        key = specs if tree is None else ("pytree", tree, specs)
         try:
-            key = tuple(argspec(v, st) for v, st in zip(values, self._static_flags))
             hash(key)
         except TypeError:
-            key = ("unhashable", tuple(id(v) for v in values))
-        return values, key
+            key = ("unhashable", tuple(id(v) for v in leaves))
+        return leaves, key, tree
 
-    def _compile(self, key: tuple, values: list[Any], run_numpy: Callable[[], Any] | None = None) -> Any:
+    def _flatten_params(self, values: Sequence[Any]) -> tuple[list[Any], tuple, Any]:
+        """(leaves, their argspecs, structure) of bound parameter values. A non-static list, tuple or dict (a
+        *args tuple, a **kwargs dict) holding arrays is a pytree (jitop.pytree): its leaves take its place, and
+        a container in it without arrays is one static leaf. The structure is None if nothing was flattened."""
+        leaves: list[Any] = []
+        specs: list[tuple] = []
+        defs = []
+        for v, static in zip(values, self._static_flags):
+            if static or not pytree.is_node(v) or not _holds_array(v):
+                leaves.append(v)
+                specs.append(argspec(v, static))
+                defs.append(None)
+                continue
+            sub, tree = pytree.flatten(v, is_leaf=_array_free)
+            leaves += sub
+            if set(map(type, sub)) == _JUST_ARRAYS:  # the common case, without a Python call per leaf
+                specs += map(_DTYPE_SHAPE, sub)
+            else:
+                specs += [(x.dtype, x.shape) if type(x) is np.ndarray else _leaf_spec(x) for x in sub]
+            defs.append(tree)
+        nested = any(d is not None for d in defs)
+        return leaves, tuple(specs), ((tuple, tuple(defs)) if nested else None)
+
+    def _compile(self, key: tuple, values: Sequence[Any], run_numpy: Callable[[], Any] | None = None,
+                 tree: Any = None) -> Any:
         with self._lock:
             if key in self.cache:
                 return self.cache[key]
             self.misses += 1
             try:
-                entry = self._trace_and_build(values)
+                entry = self._trace_and_build(values, tree)
                 if config.verify() and run_numpy is not None:
                     entry = self._verified(entry, values, run_numpy)
             except (Unsupported, TracerConversionError, NotImplementedError) as err:
@@ -310,8 +389,8 @@ class KernelFunction:
                       "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=4)
         return _FALLBACK
 
-    def _trace_and_build(self, values: list[Any]) -> "Compiled":
-        tr = self.trace(values)
+    def _trace_and_build(self, values: Sequence[Any], tree: Any = None) -> "Compiled":
+        tr = self.trace(values, tree)
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
@@ -324,19 +403,24 @@ class KernelFunction:
         return f"{getattr(self.fn, '__module__', None) or '?'}.{getattr(self.fn, '__qualname__', self.__name__)}"
 
     # ** tracing **
-    def trace(self, values: list[Any]) -> Trace:
-        """Run the function on tracers; the graph of every array it returns."""
-        tr = Trace()
-        pos, kw = [], {}
-        for k, (name, v) in enumerate(zip(self.signature.parameters, values)):
-            param = self.signature.parameters[name]
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise Unsupported("a function with *args or **kwargs parameters")
-            t = self._tracer_for(k, name, v, tr)
-            if param.kind is param.KEYWORD_ONLY:
-                kw[name] = t
-            else:
-                pos.append(t)
+    def trace(self, values: Sequence[Any], tree: Any = None) -> Trace:
+        """Run the function on tracers; the graph of every array it returns. `values`: one per parameter, or
+        with `tree` (the structure `_bind` gave) the call's leaves."""
+        if tree is not None:
+            values = pytree.unflatten(tree, values)
+        leaves, specs, tree = self._flatten_params(values)
+        tr = Trace(arg_tree=tree)
+        names = list(self.signature.parameters) if tree is None else \
+            [p for name, d in zip(self.signature.parameters, tree[1]) for p in pytree.paths(d, name)]
+        inputs = []
+        for k, (name, v, spec) in enumerate(zip(names, leaves, specs)):
+            if spec[0] == "unsupported":
+                raise Unsupported(f"argument {name} is a {type(v).__name__}, inside a list/tuple/dict of arrays "
+                                  "(jitop traces the arrays and numbers in there, and keeps None, strings and "
+                                  "containers without arrays as constants; pass other objects as arguments of "
+                                  "their own)")
+            inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr))
+        pos, kw = _split_values(self, inputs, tree)
         # captured arrays are traced as live constants (read in place); if the function uses one outside the
         # tracer (an `if` on its values, say), it is traced again with them as constants guarded by contents
         for live in (True, False):
@@ -359,8 +443,6 @@ class KernelFunction:
         return tr
 
     def _tracer_for(self, k: int, name: str, value: Any, tr: Trace) -> Any:
-        if name in self.static:
-            return value
         if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
             raise Unsupported(f"argument '{name}' of type {type(value).__name__} (an ndarray subclass)")
         if isinstance(value, np.ndarray):
@@ -382,7 +464,7 @@ class KernelFunction:
         else:
             return value  # other Python objects act as constants of this trace (part of the key)
         tr.inputs.append(n)
-        tr.names.append(name)
+        tr.names.append(name if name.isidentifier() else _identifier(name))
         if n.prim == "arg":  # numpy keeps a non-native byte order through views and copies
             return Tracer(n, array0d=True, order=None if value.dtype.isnative else value.dtype)
         return Tracer(n)
@@ -420,23 +502,23 @@ class KernelFunction:
         """Where a call with these arguments spends its time: a profiling build (cycle counters around each
         loop nest) run `repeat` times; `print(f.profile(a, b))` lists the slowest loop nests."""
         from jitop.runtime.profile import Profile, profile_executable
-        values, _ = self._bind(args, kwargs)
-        tr = self.trace(values)
+        values, _, tree = self._bind(args, kwargs)
+        tr = self.trace(values, tree)
         exe = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, profile=True)
         return profile_executable(exe, values, repeat)
 
     def tuning_tasks(self, *args: Any, **kwargs: Any) -> list[Task]:
         """The tuning tasks (each matmul/conv2d workload) of a call with these arguments, one per use, without
         compiling anything; `jitop.tuner.extract_tasks` and `jitop.tune` ask this."""
-        values, _ = self._bind(args, kwargs)
-        return graph_tasks(self.trace(values).results)
+        values, _, tree = self._bind(args, kwargs)
+        return graph_tasks(self.trace(values, tree).results)
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """Print and return the traced graph, fusion groups, schedules, the disk cache's answer (its key parts,
         and on a miss the part that differed from the nearest stored entry) and loop IR for these arguments."""
-        values, key = self._bind(args, kwargs)
+        values, key, tree = self._bind(args, kwargs)
         cached = key in self.cache
-        entry = self._compile(key, values, lambda: self.fn(*args, **kwargs))
+        entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if entry is _FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         else:
@@ -530,9 +612,9 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
             return run(values)
         with kf._lock:
             if not holds(entry.trace.guards):
-                pos, kw = _split_values(kf, values)
+                pos, kw = _split_values(kf, values, entry.trace.arg_tree)
                 try:
-                    new = kf._trace_and_build(list(values))
+                    new = kf._trace_and_build(list(values), entry.trace.arg_tree)
                     if config.verify():
                         new = kf._verified(new, list(values), lambda: kf.fn(*pos, **kw))
                         if new is _FALLBACK:
@@ -557,20 +639,65 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
         except OverflowError as err:
             if not (entry.trace.python_ints and str(err) == INT_BEYOND_64):
                 raise
-        pos, kw = _split_values(kf, values)  # Python's int is bigger than int64: this call runs as numpy
+        pos, kw = _split_values(kf, values, entry.trace.arg_tree)  # Python's int is bigger than int64: this call runs as numpy
         return kf.fn(*pos, **kw)
     return call
 
 
-def _split_values(kf: KernelFunction, values: Sequence[Any]) -> tuple[list, dict]:
-    """Bound argument values back into positional and keyword arguments of kf.fn."""
+def _split_values(kf: KernelFunction, values: Sequence[Any], tree: Any = None) -> tuple[list, dict]:
+    """Bound argument values (or with `tree`, the parameters' structure, a call's leaves) back into positional
+    and keyword arguments of kf.fn."""
+    if tree is not None:
+        values = pytree.unflatten(tree, values)
     pos, kw = [], {}
     for (name, p), v in zip(kf.signature.parameters.items(), values):
         if p.kind is p.KEYWORD_ONLY:
             kw[name] = v
+        elif p.kind is p.VAR_POSITIONAL:
+            pos.extend(v)
+        elif p.kind is p.VAR_KEYWORD:
+            kw.update(v)
         else:
             pos.append(v)
     return pos, kw
+
+
+def _positional_binder(params: Sequence[inspect.Parameter]) -> Callable[[tuple], list | None] | None:
+    """A function binding a call without keyword arguments to one value per parameter (defaults filled in, a
+    *args tuple, an empty **kwargs dict) much faster than Signature.bind for many arguments; it returns None
+    for a call it cannot bind (Signature.bind then raises Python's error). None if a keyword-only parameter
+    has no default (such a call never binds without keywords)."""
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = [p for p in params if p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD)]
+    if any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in rest):
+        return None
+    n, required = len(pos), sum(p.default is p.empty for p in pos)
+    defaults = [p.default for p in pos]
+    var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
+    tail = [(p.kind is p.VAR_KEYWORD, p.default) for p in rest]
+
+    def bind(args: tuple) -> list | None:
+        m = len(args)
+        if m < required or (m > n and not var_pos):
+            return None
+        values = list(args[:n]) if m >= n else [*args, *defaults[m:]]
+        if var_pos:
+            values.append(tuple(args[n:]))
+        values += [{} if var_kw else default for var_kw, default in tail]
+        return values
+    return bind
+
+
+def _leaf_specs(key: tuple) -> tuple | None:
+    """The argspec of each leaf a cache key covers (None for a key that is not by value)."""
+    if key[:1] == ("unhashable",):
+        return None
+    return key[2] if key[:1] == ("pytree",) else key
+
+
+def _identifier(path: str) -> str:
+    """A leaf's path (params[3]['w']) as a kernel parameter name (params_3_w)."""
+    return "_".join(filter(None, re.split(r"\W+", path))) or "arg"
 
 
 def _bound_python_ints(tr: Trace) -> None:
