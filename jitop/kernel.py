@@ -1,5 +1,7 @@
 """@jitop.kernel: trace a numpy function once per argument signature, compile it, dispatch later calls.
 
+Arguments are bound to the signature; a list, tuple or dict holding arrays (a *args tuple, a **kwargs dict,
+nested) is a pytree (jitop/pytree.py): its leaves are the kernel's inputs, its structure part of the key.
 Dispatch: ArgSpec key -> in memory -> the persistent disk cache (jitop/graph/kernel_cache.py, keyed on the
 trace) -> compile and save. Calls of each signature are counted for the workload log (jitop/workloads.py).
 Anything that cannot be traced runs as plain numpy with one warning per construct (or raises with
@@ -86,8 +88,6 @@ def _frozen(value: Any) -> Any:
 # leaves that sit in a container of arrays as constants of the trace (keyed by value); any other object there
 # makes the signature run as numpy, naming it
 _CONSTANT_LEAVES = (type(None), str, bytes, complex, type, np.dtype, type(Ellipsis))
-
-
 _JUST_ARRAYS = {np.ndarray}
 _DTYPE_SHAPE = operator.attrgetter("dtype", "shape")  # an exact ndarray's argspec
 
@@ -97,7 +97,11 @@ class _CalledWhileTracing(Exception):
 
 
 def _holds_array(value: Any) -> bool:
-    return pytree.any_leaf(value, lambda v: isinstance(v, (np.ndarray, Tracer)))
+    return pytree.any_leaf(value, _is_array)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, Tracer))
 
 
 def _array_free(container: Any) -> bool:
@@ -639,7 +643,8 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
         except OverflowError as err:
             if not (entry.trace.python_ints and str(err) == INT_BEYOND_64):
                 raise
-        pos, kw = _split_values(kf, values, entry.trace.arg_tree)  # Python's int is bigger than int64: this call runs as numpy
+        # Python's int is bigger than int64: this call runs as numpy
+        pos, kw = _split_values(kf, values, entry.trace.arg_tree)
         return kf.fn(*pos, **kw)
     return call
 
@@ -761,7 +766,12 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     ...     return np.tanh(a * b) + np.exp(-a)
     >>> f(np.ones(4, np.float32), np.ones(4, np.float32))   # doctest: +SKIP
 
-    static_argnums/static_argnames: arguments whose Python value changes the graph (recompiles per value).
+    static_argnums/static_argnames: arguments whose Python value changes the graph (recompiles per value);
+    static_argnums counts parameters (a *args parameter is one: the whole tuple), not call positions.
+    Arguments may be pytrees: (nested) lists, tuples, namedtuples and dicts of arrays, `*args`, `**kwargs`
+    (`forward(x, *params)`, `forward(x, params)`): their arrays and numbers are traced, one signature per
+    structure and leaf shapes/dtypes; a container without arrays (a shape, axes) is a constant, by value.
+    Results may be (nested) tuples, lists and dicts of arrays, returned with their structure.
     fallback=False: raise FallbackError instead of running unsupported code as plain numpy.
     autotune="background" (or JITOP_AUTOTUNE=background): tune its heaviest matmul/conv2d workloads in a
     low-priority process while the program runs, and swap each better kernel in (jitop.autotune).
