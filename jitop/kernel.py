@@ -9,6 +9,7 @@ fallback=False).
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import inspect
 import math
@@ -78,7 +79,7 @@ def _frozen(value: Any) -> Any:
         return (t, value, math.copysign(1.0, value))
     if t in (list, tuple):
         return (t, tuple(_frozen(v) for v in value))
-    if t is dict:
+    if t is dict or t is collections.OrderedDict:
         return (t, tuple((k, _frozen(v)) for k, v in value.items()))
     if t in (bool, int, complex) or isinstance(value, np.generic):
         return (t, value)

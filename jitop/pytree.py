@@ -4,8 +4,9 @@ The names follow JAX (`tree_flatten`/`tree_unflatten`). @jitop.kernel uses them 
 holds arrays is flattened, its leaves become the kernel's parameters, and its structure is part of the cache key.
 
 A structure (`TreeDef`) is plain hashable data: `None` for a leaf, `(list | tuple | a namedtuple class,
-children)` for a sequence, `(dict, keys, children)` for a dict (keys in insertion order). Only exact list,
-tuple and dict (and namedtuples) are containers; anything else, subclasses of list and dict included, is a leaf.
+children)` for a sequence, `(dict | OrderedDict, keys, children)` for a dict (keys in insertion order). Only
+exact list, tuple, dict and OrderedDict (and namedtuples) are containers; anything else, other subclasses of
+list and dict included, is a leaf.
 
 >>> leaves, tree = flatten({"w": [1, 2], "b": (3, None)})
 >>> leaves
@@ -19,6 +20,7 @@ tuple and dict (and namedtuples) are containers; anything else, subclasses of li
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["TreeDef", "is_node", "flatten", "unflatten", "num_leaves", "paths", "any_leaf"]
@@ -27,13 +29,14 @@ TreeDef = Any  # None | tuple[type, tuple[TreeDef, ...]] | tuple[type[dict], tup
 
 
 def is_node(x: Any) -> bool:
-    """Whether `x` is a container this module takes apart: an exact list, tuple or dict, or a namedtuple.
+    """Whether `x` is a container this module takes apart: an exact list, tuple, dict or OrderedDict, or a
+    namedtuple.
 
     >>> is_node([1]), is_node({"a": 1}), is_node("ab"), is_node(None)
     (True, True, False, False)
     """
     t = type(x)
-    return t is list or t is tuple or t is dict or (isinstance(x, tuple) and hasattr(t, "_fields"))
+    return t is list or t is tuple or t is dict or t is OrderedDict or (isinstance(x, tuple) and hasattr(t, "_fields"))
 
 
 def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Any], TreeDef]:
@@ -47,11 +50,11 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
 
     def walk(x: Any) -> TreeDef:
         t = type(x)
-        if t is dict:
+        if t is dict or t is OrderedDict:
             if is_leaf is not None and is_leaf(x):
                 leaves.append(x)
                 return None
-            return (dict, tuple(x), tuple([walk(v) for v in x.values()]))
+            return (t, tuple(x), tuple([walk(v) for v in x.values()]))
         if t is list or t is tuple or (isinstance(x, tuple) and hasattr(t, "_fields")):
             if is_leaf is not None and is_leaf(x):
                 leaves.append(x)
@@ -91,8 +94,8 @@ def _build(tree: TreeDef, it: Iterator[Any]) -> Any:
             raise ValueError("unflatten: fewer leaves than the structure has")
         return x
     t = tree[0]
-    if t is dict:
-        return {k: _build(c, it) for k, c in zip(tree[1], tree[2])}
+    if t is dict or t is OrderedDict:
+        return t((k, _build(c, it)) for k, c in zip(tree[1], tree[2]))
     children = [_build(c, it) for c in tree[1]]
     if t is list:
         return children
@@ -117,7 +120,7 @@ def paths(tree: TreeDef, root: str = "") -> list[str]:
     error messages."""
     if tree is None:
         return [root]
-    if tree[0] is dict:
+    if len(tree) == 3:  # a dict
         return [p for k, c in zip(tree[1], tree[2]) for p in paths(c, f"{root}[{k!r}]")]
     return [p for i, c in enumerate(tree[1]) for p in paths(c, f"{root}[{i}]")]
 
@@ -129,7 +132,7 @@ def any_leaf(tree: Any, pred: Callable[[Any], bool]) -> bool:
     True
     """
     t = type(tree)
-    if t is dict:
+    if t is dict or t is OrderedDict:
         return any(any_leaf(v, pred) for v in tree.values())
     if t is list or t is tuple or (isinstance(tree, tuple) and hasattr(t, "_fields")):
         return any(any_leaf(v, pred) for v in tree)

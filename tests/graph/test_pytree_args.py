@@ -155,7 +155,7 @@ def test_nested_list_tuple_dict_argument() -> None:
     assert (g.misses, g.hits) == (2, 1)
 
 
-def test_namedtuple_argument() -> None:
+def test_namedtuple_and_ordered_dict_arguments() -> None:
     Layer = collections.namedtuple("Layer", "w b")
 
     @kernel
@@ -164,6 +164,12 @@ def test_namedtuple_argument() -> None:
 
     layer = Layer(A.T @ B, C[0])
     assert_tree(f(X, layer), f.fn(X, layer))
+
+    ordered = collections.OrderedDict(w=A.T @ B, b=C[0], settings=collections.OrderedDict(act="relu"))
+    g = kernel(lambda x, p: np.maximum(x @ p["w"] + p["b"], 0) if p["settings"]["act"] == "relu" else x)
+    assert_tree(g(X, ordered), g.fn(X, ordered))
+    assert_tree(g(X, ordered), g.fn(X, ordered))
+    assert (g.misses, g.hits) == (1, 1)
 
 
 def test_same_structure_and_shapes_do_not_retrace() -> None:
