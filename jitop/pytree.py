@@ -1,7 +1,7 @@
 """Pytrees: nested lists, tuples, namedtuples and dicts, taken apart into their leaves and a hashable structure.
 
-The names follow JAX (`tree_flatten`/`tree_unflatten`). @jitop.kernel uses them for arguments: a container that
-holds arrays is flattened, its leaves become the kernel's parameters, and its structure is part of the cache key.
+Modelled on JAX's `tree_flatten`/`tree_unflatten`. @jitop.kernel uses it for arguments: a container that holds
+arrays is flattened, its leaves become the kernel's parameters, and its structure is part of the cache key.
 
 A structure (`TreeDef`) is plain hashable data: `None` for a leaf, `(list | tuple | a namedtuple class,
 children)` for a sequence, `(dict | OrderedDict, keys, children)` for a dict (keys in insertion order). Only
