@@ -10,6 +10,8 @@ than the caches, counted as STREAM counts (24 bytes per element). See that modul
 
     python benchmarks/peak.py            # print the Target, the peak, the bandwidth and the checks of the loop's assembly
     python benchmarks/peak.py --asm      # and the hot loop's assembly
+    python benchmarks/peak.py --stream   # and jitop's triad side by side with a C STREAM triad (gcc -O3 -fopenmp,
+                                         #   same array size and thread count), alternating, 5 rounds
 
 A run of several scripts measures once: `export_env()` puts the figures in JITOP_BENCH_PEAK, and `peak()` in
 a child process reuses them when the child's Target key (CPU, features, threads, ...) is the same. Unlike the
@@ -20,6 +22,9 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
+import subprocess
+import tempfile
 
 from jitop.target import Target
 from jitop.tuner.peak import (Peak, accumulators_for, arith, check_asm, compiled, fma_loop_ir,  # noqa: F401
@@ -52,9 +57,64 @@ def export_env(p: Peak | None = None) -> None:
     os.environ[ENV] = (p or peak()).to_json()
 
 
+C_TRIAD = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <omp.h>
+static double now(void) { return omp_get_wtime(); }
+int main(int argc, char **argv) {
+    long n = atol(argv[1]);
+    double *a = malloc(n * 8), *b = malloc(n * 8), *c = malloc(n * 8), s = 3.0, best = 1e30;
+    #pragma omp parallel for
+    for (long i = 0; i < n; i++) { a[i] = 1.0; b[i] = 2.0; c[i] = 1.0; }
+    for (int r = 0; r < 10; r++) {
+        double t = now();
+        #pragma omp parallel for
+        for (long i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+        t = now() - t;
+        if (r > 0 && t < best) best = t;
+    }
+    printf("%.3f %g\n", 3.0 * 8 * n / best / 1e9, a[n / 2]);
+    return 0;
+}
+"""
+
+
+def stream_comparison(target: Target, rounds: int = 5) -> None:
+    """jitop's triad (jitop.tuner.peak) and a C STREAM triad of the same size and threads, alternating."""
+    from jitop.codegen.loader import load_object
+    from jitop.runtime import parallel
+    from jitop.tuner import peak as peak_mod
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        print("no C compiler: no STREAM comparison")
+        return
+    nbytes = peak_mod.triad_array_bytes(target)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "triad.c"), os.path.join(tmp, "triad")
+        with open(src, "w") as f:
+            f.write(C_TRIAD)
+        subprocess.run([gcc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
+        addr = load_object(compiled(target)[1], ["triad_body"])["triad_body"]
+        old = parallel.get_num_threads()
+        parallel.set_num_threads(target.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": str(target.threads), "OMP_PROC_BIND": "false"}
+        print(f"STREAM triad, 3 x {nbytes >> 20} MiB float64, {target.threads} threads, GB/s (24 bytes per element):")
+        print(f"{'round':>5} {'jitop':>8} {'C':>8} {'jitop/C':>8}")
+        try:
+            for r in range(rounds):
+                j = peak_mod._triad_gbs(addr, nbytes, parallel)
+                c = float(subprocess.run([exe, str(nbytes // 8)], env=env, capture_output=True, text=True,
+                                         check=True).stdout.split()[0])
+                print(f"{r:>5} {j:>8.1f} {c:>8.1f} {j / c:>8.2f}")
+        finally:
+            parallel.set_num_threads(old)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--asm", action="store_true", help="print the hot loop's assembly")
+    ap.add_argument("--stream", action="store_true", help="compare jitop's triad with a C STREAM triad (needs gcc)")
     args = ap.parse_args()
     target = Target.current()
     p = measure(target)
@@ -64,6 +124,8 @@ def main() -> None:
                                 if not p.asm_problems else "; ".join(p.asm_problems)))
     if args.asm:
         print(hot_loop(compiled(target)[0], arith(target)))
+    if args.stream:
+        stream_comparison(target)
 
 
 if __name__ == "__main__":

@@ -8,18 +8,20 @@ Both are measured with code jitop itself generates for the Target, run on jitop'
   registers (<lanes x float>), unrolled `UNROLL` times, every operand in registers, no loads or stores in the
   hot loop. Enough chains hide the FMA latency (latency x FMA units, about 8 on current x86 cores; up to 12
   and at most the Target's vector registers minus 4, so nothing spills), so it runs at the FMA units'
-  throughput. Timed on one thread (a direct call) and on `target.threads` threads (one chain set per
-  thread); each figure is the best of several ~20 ms calls. `check_asm` verifies the hot loop is what we
+  throughput. Timed on one thread (a direct call) and on `target.threads` threads (jitop_parallel_for);
+  each figure is the best of several ~20 ms calls. `check_asm` verifies the hot loop is what we
   meant (vfmadd on ymm/zmm, no memory operand, no spill). A CPU without FMA runs a multiply and an add.
+  The all-thread run has CHUNKS_PER_THREAD chain sets per thread, which the pool balances: one worker
+  woken late costs an eighth of a call, not half of it.
 - **Memory bandwidth**: STREAM's triad `a[i] = b[i] + s * c[i]` on float64 arrays, <lanes x double> vector
   loads and plain stores (as jitop's kernels store), over blocks of TRIAD_BLOCK elements claimed by all
   `target.threads` threads, the arrays' pages first touched by the same threads. Counted as STREAM counts:
   3 x 8 bytes per element (two loads, one store; the write-allocate read of `a` is not counted), best of
-  several passes. Each array is `triad_array_bytes(target)`: 4x the L2 caches of all threads together, at
-  least 128 MiB and at most 512 MiB. STREAM's own rule (each array 4x all caches) cannot be followed where a
-  virtual machine reports the host's L3 (480 MiB on a 2-core guest: 2 GiB arrays); on such a guest the
-  triad gave 45 GB/s with 32 MiB arrays, 32 with 64 MiB and 27 from 128 MiB to 512 MiB, as a C STREAM triad
-  (gcc -O3 -fopenmp) did with 128-512 MiB arrays: 128 MiB is past the cache.
+  several passes. The three arrays together are 4x the caches (the L3 as reported, plus every thread's L2),
+  as STREAM asks, each at least 128 MiB and at most 1 GiB (and a twelfth of the memory): with less, the L3
+  serves part of the traffic. On a 16-core Emerald Rapids guest (L3 300 MiB) a C STREAM triad gave 280 GB/s
+  with 32-64 MiB arrays, 123 with 128 MiB, 117 with 256 MiB and 82-85 with 512 MiB-1 GiB; on a 2-core guest
+  reporting a 480 MiB L3, 45 GB/s with 32 MiB arrays and 26-27 from 128 MiB on.
 
 Measured once per Target key (CPU, features, threads, build options) and kept in the persistent cache under
 "machine/peak/<target key>" as versioned JSON (checksummed by the store like every entry); later processes
@@ -39,6 +41,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -51,12 +54,13 @@ from jitop.target import Target
 SCHEMA = 1               # version of the stored JSON (and of the measuring method): another one is measured again
 PREFIX = "machine/peak/"
 UNROLL = 4               # FMAs per chain per loop iteration (loop overhead well under 1 %)
+CHUNKS_PER_THREAD = 8    # FMA tasks per thread in the all-thread measurement (the pool balances them)
 CALL_SECONDS = 0.02      # length of one timed FMA call
 REPEAT = 5               # timed FMA calls; the best counts
 TRIAD_BLOCK = 1 << 15    # float64 elements per claimed block (256 KiB of each array)
-TRIAD_REPEAT = 8         # timed triad passes; the best counts (STREAM reports the best of 10)
+TRIAD_REPEAT = 5         # timed triad passes; the best counts (STREAM reports the best of 10)
 TRIAD_MIN_BYTES = 128 << 20
-TRIAD_MAX_BYTES = 512 << 20
+TRIAD_MAX_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +138,8 @@ class Peak:
             return max(a, b) if a is not None and b is not None else a if b is None else b
         return dataclasses.replace(other, gflops_1=hi(self.gflops_1, other.gflops_1),
                                    gflops_all=hi(self.gflops_all, other.gflops_all),
-                                   bandwidth_gbs=hi(self.bandwidth_gbs, other.bandwidth_gbs))
+                                   bandwidth_gbs=hi(self.bandwidth_gbs, other.bandwidth_gbs),
+                                   triad_bytes=other.triad_bytes or self.triad_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,9 +316,15 @@ class _TriadClosure(ctypes.Structure):
 
 
 def triad_array_bytes(target: Target) -> int:
-    """Bytes of each triad array: 4x all threads' L2 caches, at least 128 MiB, at most 512 MiB (see the
-    module's docstring), a whole number of blocks."""
-    want = min(max(4 * target.l2_bytes * max(target.threads, 1), TRIAD_MIN_BYTES), TRIAD_MAX_BYTES)
+    """Bytes of each triad array: the three together 4x the caches (L3 plus all threads' L2), as STREAM asks;
+    at least 128 MiB, at most 1 GiB and a twelfth of the physical memory; a whole number of blocks."""
+    caches = target.l3_bytes + target.l2_bytes * max(target.threads, 1)
+    want = max(-(-4 * caches // 3), TRIAD_MIN_BYTES)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        memory = 16 << 30
+    want = max(min(want, TRIAD_MAX_BYTES, memory // 12), 16 << 20)
     block = TRIAD_BLOCK * 8
     return -(-want // block) * block
 
@@ -347,7 +358,8 @@ def measure(target: Target | None = None, call_seconds: float = CALL_SECONDS, re
     threads = target.threads
     xy = np.concatenate([np.full(lanes, 0.999, np.float32), np.full(lanes, 1e-3, np.float32)])  # acc -> ~1
     init = np.arange(acc * lanes, dtype=np.float32) / (acc * lanes)
-    out = np.zeros((max(threads, 1), lanes), np.float32)
+    tasks_all = CHUNKS_PER_THREAD * max(threads, 1)  # several per thread: a late worker costs an eighth, not half
+    out = np.zeros((tasks_all, lanes), np.float32)
     closure = _FmaClosure(1, xy.ctypes.data, init.ctypes.data, out.ctypes.data)
     flops_per_iter = 2.0 * lanes * acc * UNROLL
 
@@ -379,7 +391,7 @@ def measure(target: Target | None = None, call_seconds: float = CALL_SECONDS, re
             parallel.set_num_threads(threads)
             gall = 0.0
             for _ in range(3):  # a figure below threads x one thread's: maybe disturbed, try again
-                gall = max(gall, best(threads))
+                gall = max(gall, best(tasks_all))
                 if gall >= 0.9 * threads * g1:
                     break
         if bandwidth:
@@ -422,7 +434,7 @@ def _triad_gbs(body_addr: int, nbytes: int, parallel, repeat: int | None = None)
 # ---------------------------------------------------------------------------------------------
 
 _known: dict[str, Peak] = {}       # target key -> the peak this process uses
-_remeasured: set[str] = set()      # target keys measured again in this process (at_least)
+_remeasured: set = set()           # target keys measured again in this process (at_least; (key, "bw"): triad)
 _lock = threading.Lock()
 
 
@@ -438,23 +450,29 @@ def key(target: Target) -> str:
     return PREFIX + target.key
 
 
-def machine_peak(target: Target, at_least: float | None = None, at_least_gbs: float | None = None) -> Peak:
+def machine_peak(target: Target, at_least: float | None = None, at_least_gbs: float | None = None,
+                 bandwidth: bool = True) -> Peak:
     """`target`'s measured peak and bandwidth: this process's, else the cache's, else measured now (and
-    stored). `at_least` (GFLOP/s on `target.threads` threads) and `at_least_gbs` (GB/s from memory, not from a
-    cache): figures some kernel reached; if one beats what is known, the peak was measured while other
-    processes used the machine: it is measured again (once per process) and the higher figures kept."""
+    stored). `bandwidth=False`: the FMA peak is enough (the triad, ~1 s on big-L3 machines, is measured the
+    first time a caller needs it). `at_least` (GFLOP/s on `target.threads` threads) and `at_least_gbs` (GB/s
+    from memory, not from a cache): figures some kernel reached; if one beats what is known, the peak was
+    measured while other processes used the machine: it is measured again (once per process) and the higher
+    figures kept."""
     with _lock:
         p = _known.get(target.key)
         if p is None:
             p = _stored(target)
             if p is None:
-                p = _measure_and_store(target)
+                p = _measure_and_store(target, bandwidth=bandwidth)
             _known[target.key] = p
         beaten = ((at_least is not None and p.gflops_all is not None and at_least > p.gflops_all)
                   or (at_least_gbs is not None and p.bandwidth_gbs is not None and at_least_gbs > p.bandwidth_gbs))
         if beaten and target.key not in _remeasured:
             _remeasured.add(target.key)
-            p = _known[target.key] = _measure_and_store(target, keep=p)
+            p = _known[target.key] = _measure_and_store(target, keep=p, bandwidth=bandwidth)
+        if bandwidth and p.bandwidth_gbs is None and p.gflops_all is not None and (target.key, "bw") not in _remeasured:
+            _remeasured.add((target.key, "bw"))  # stored by a caller that needed only the FMA peak
+            p = _known[target.key] = _measure_and_store(target, keep=p, bandwidth=True)
         return p
 
 
@@ -505,9 +523,9 @@ def _stored(target: Target) -> Peak | None:
         return None
 
 
-def _measure_and_store(target: Target, keep: Peak | None = None) -> Peak:
+def _measure_and_store(target: Target, keep: Peak | None = None, bandwidth: bool = True) -> Peak:
     from jitop.cachedir import store
-    p = measure(target)
+    p = measure(target, bandwidth=bandwidth)
     if keep is not None:
         p = keep.merged(p)
     if p.gflops_all is not None:

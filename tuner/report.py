@@ -35,7 +35,7 @@ def measured_peak_gflops(target: Target, at_least: float | None = None) -> float
     better than no report."""
     from jitop.tuner.peak import machine_peak
     try:
-        return machine_peak(target, at_least=at_least).per_thread(target.threads)
+        return machine_peak(target, at_least=at_least, bandwidth=False).per_thread(target.threads)
     except Exception as err:  # noqa: BLE001 - the peak is a bonus of the report
         import warnings
         warnings.warn(f"jitop: the FP32 peak could not be measured ({type(err).__name__}: {err}); no % of peak",

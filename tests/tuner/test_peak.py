@@ -31,10 +31,10 @@ def measured(monkeypatch):
         calls = 0
         figures = [(2.0, 3.0)]
 
-        def __call__(self, target=None, **kwargs):
+        def __call__(self, target=None, bandwidth=True, **kwargs):
             g, b = self.figures[min(self.calls, len(self.figures) - 1)]
             self.calls += 1
-            return fake_peak(target or Target.current(), g, b)
+            return fake_peak(target or Target.current(), g, b if bandwidth else None)
     fake = Fake()
     monkeypatch.setattr(peak_mod, "measure", fake)
     peak_mod.forget()
@@ -121,6 +121,16 @@ def test_a_kernel_beating_the_bandwidth_makes_it_measured_again(measured) -> Non
     assert (p.gflops_all, p.bandwidth_gbs, measured.calls) == (2.0, 9.0, 2)  # each figure: the higher one
 
 
+def test_the_triad_is_measured_only_when_a_caller_needs_the_bandwidth(measured) -> None:
+    from jitop.tuner.report import measured_peak_gflops
+    target = Target.current()
+    assert measured_peak_gflops(target) == 2.0  # tune's report: the FMA peak alone
+    assert peak_mod.machine_peak(target, bandwidth=False).bandwidth_gbs is None and measured.calls == 1
+    assert peak_mod.machine_peak(target).bandwidth_gbs == 3.0 and measured.calls == 2  # explain's: the triad too
+    peak_mod.forget()
+    assert peak_mod.machine_peak(target).bandwidth_gbs == 3.0 and measured.calls == 2  # stored with it
+
+
 def test_a_failed_measurement_leaves_the_report_without_percent_not_failed(monkeypatch) -> None:
     from jitop.tuner.report import measured_peak_gflops
 
@@ -143,12 +153,20 @@ def test_peak_json_round_trips_and_per_thread() -> None:
     assert "STREAM triad" in p.describe() and "24 bytes per element" in p.describe_bandwidth()
 
 
-def test_triad_arrays_are_far_beyond_the_caches_within_bounds() -> None:
-    small = Target.current().replace(l2_bytes=1 << 20, threads=2)
-    big = Target.current().replace(l2_bytes=2 << 20, threads=64)
+def test_triad_arrays_are_4x_the_caches_within_bounds(monkeypatch) -> None:
+    host = Target.current()
+    small = host.replace(l2_bytes=1 << 20, l3_bytes=8 << 20, threads=2)
+    emr = host.replace(l2_bytes=2 << 20, l3_bytes=300 << 20, threads=16)
+    huge = host.replace(l2_bytes=2 << 20, l3_bytes=2 << 30, threads=64)
+    monkeypatch.setattr(peak_mod.os, "sysconf", lambda name: {"SC_PHYS_PAGES": 1 << 22, "SC_PAGE_SIZE": 4096}[name])
     assert peak_mod.triad_array_bytes(small) == peak_mod.TRIAD_MIN_BYTES
-    assert peak_mod.triad_array_bytes(big) == peak_mod.TRIAD_MAX_BYTES
-    assert peak_mod.triad_array_bytes(small) % (peak_mod.TRIAD_BLOCK * 8) == 0
+    assert 3 * peak_mod.triad_array_bytes(emr) >= 4 * (332 << 20)            # 4x L3 + L2s, over three arrays
+    assert peak_mod.triad_array_bytes(emr) < 450 << 20
+    assert peak_mod.triad_array_bytes(huge) == peak_mod.TRIAD_MAX_BYTES    # 16 GiB of memory: 1 GiB arrays
+    monkeypatch.setattr(peak_mod.os, "sysconf", lambda name: {"SC_PHYS_PAGES": 1 << 20, "SC_PAGE_SIZE": 4096}[name])
+    assert peak_mod.triad_array_bytes(huge) <= (4 << 30) // 12 + peak_mod.TRIAD_BLOCK * 8  # 4 GiB: a twelfth
+    for t in (small, emr, huge):
+        assert peak_mod.triad_array_bytes(t) % (peak_mod.TRIAD_BLOCK * 8) == 0
 
 
 def test_the_measured_loops_are_what_they_should_be() -> None:
@@ -162,6 +180,7 @@ def test_a_real_measurement_measures(monkeypatch) -> None:
     # only that it is a measurement (positive, finite, of this Target, with its array size): no speed asserted
     target = Target.current()
     monkeypatch.setattr(peak_mod, "TRIAD_REPEAT", 2)
+    monkeypatch.setattr(peak_mod, "triad_array_bytes", lambda target: 16 << 20)  # the plumbing, not the memory
     p = peak_mod.measure(target, call_seconds=0.002, repeat=2)
     assert p.target_key == target.key and p.threads == target.threads and p.asm_problems == ()
     assert np.isfinite([p.gflops_1, p.gflops_all, p.bandwidth_gbs]).all()
