@@ -343,9 +343,23 @@ def test_import_refuses_a_config_outside_the_tasks_space(tuned: Tuned, tmp_path:
 # 6. explain
 
 
+def seed_peak(cache: Path) -> None:
+    """Store a peak for this machine's Target in `cache`, as an earlier `jitop explain` would have: the
+    subprocess reuses it instead of measuring (the triad's page faults cost seconds on small VMs;
+    tests/tuner/test_peak.py measures for real)."""
+    from jitop.cache.store import DiskStore
+    from jitop.target import Target
+    from jitop.tuner.peak import Peak, key
+    t = Target.current()
+    p = Peak(target_key=t.key, target=t.describe(), isa=t.isa, lanes=t.lanes(4), accumulators=12, threads=t.threads,
+             gflops_1=1e5, gflops_all=1e5 * t.threads, bandwidth_gbs=1e4, triad_bytes=128 << 20, measured_at=1.0)
+    DiskStore(str(cache)).put(key(t), p.to_json().encode())
+
+
 def test_explain_reports_function_signature_template_cache_and_speed(tmp_path: Path) -> None:
     write_prog(tmp_path)
     cache = tmp_path / "cache"
+    seed_peak(cache)
     first = run(tmp_path, cache, "explain", "prog.py", "--", "48", "marker")
     assert first.returncode == 0, show(first)
     out = first.stdout
@@ -356,6 +370,7 @@ def test_explain_reports_function_signature_template_cache_and_speed(tmp_path: P
     # the time is a median of several calls; peak and bandwidth are measured on this machine (and cached)
     assert re.search(r"time \d+\.\d+ ms \(median of \d+ calls\)", out), show(first)
     assert "roofline: peak" in out and "measured on this machine" in out and "STREAM triad" in out, show(first)
+    assert "GB/s (STREAM triad on" in out and "= 0% of memory bandwidth" in out, show(first)  # the stored figures
     second = run(tmp_path, cache, "explain", "prog.py", "--", "48")
     assert second.returncode == 0, show(second)
     assert "disk cache hit" in second.stdout and "disk cache miss" not in second.stdout, show(second)
