@@ -152,6 +152,11 @@ def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, 
     for n in constant_nodes(unique):  # array constants are arguments too, passed from the plan
         placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
         input_plan = input_plan + [("const", constant_array(n))]
+    # producers first: each stage's inputs already have their tensors, so building one never recurses into
+    # the stages before it (a deep program would exhaust Python's stack)
+    for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):
+        if n in why:
+            lowering.tensor(n)
     outputs = [lowering.tensor(n) for n in unique]
     return TEGraph(lowering, placeholders, outputs, input_plan)
 

@@ -7,6 +7,8 @@ matmul, or when recomputing it would be expensive: several consumers share it, a
 it (reads each element many times), or it feeds a matmul/conv operand that the template reads once per
 panel. Into such repeated reads only what is free to recompute is fused (layout, index, cast and a couple
 of cheap ops, by `recompute_cost`); a packed operand is read once, so its producer runs while packing.
+An injective chain longer than MAX_FUSE_DEPTH is cut into several stages, so a fused expression's depth
+is bounded whatever the program's length (TVM's FuseOps caps its fusion depth too).
 """
 from __future__ import annotations
 
@@ -24,7 +26,17 @@ FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", 
 EXPENSIVE_COST = 10  # a division or transcendental, in cheap-op units
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
 FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
+# A consumer reading an inlined node twice (x * x) computes it once (the code generator emits equal
+# subexpressions once), but the passes before it walk the expression as a tree: a chain of such reads
+# doubles the tree at each step. A node read repeatedly is computed once when it costs more than this.
+MAX_REPEATED_COST = 64
 BROADCASTING = frozenset({"broadcast", "ufunc", "where"})  # read a smaller source once per output element
+# The most nodes one fused expression nests (a root and its inlined producers, along any path). The expression
+# passes (to_te, lowering, the simplifier, codegen) recurse over an expression's depth, so a bounded depth keeps
+# them within Python's stack for programs of any length. 64 elementwise ops per element between two passes
+# over memory cost more than the store and load a cut adds (256 multiply-adds over 4M float32, 2 threads,
+# AVX-512: 21.6 ms cut every 64 ops, 22.8 ms in one expression).
+MAX_FUSE_DEPTH = 64
 
 
 @dataclass
@@ -51,12 +63,15 @@ def recompute_cost(n: Node, materialized: set[Node] | dict, memo: dict[Node, int
     memo = {} if memo is None else memo
     if n in memo:
         return memo[n]
-    cost = op_cost(n)
-    for s in n.src:
-        if s not in materialized and s.prim not in INPUTS:
-            cost += recompute_cost(s, materialized, memo)
-    memo[n] = cost
-    return cost
+    # producers first (iteratively: an inlined chain may be thousands of nodes long); `memo` keeps a shared
+    # subtree's cost, so each node is visited once however often it is used
+    for m in toposort([n], skip=lambda s: s in memo or (s is not n and not _inlined(s, materialized))):
+        memo[m] = op_cost(m) + sum(memo[s] for s in m.src if _inlined(s, materialized))
+    return memo[n]
+
+
+def _inlined(s: Node, materialized: set[Node] | dict) -> bool:
+    return s not in materialized and s.prim not in INPUTS
 
 
 def _inlinable(n: Node, why: dict[Node, str]) -> bool:
@@ -67,6 +82,7 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
     """Materialized non-input nodes -> why a kernel stage ends there."""
     order = toposort(outputs)
     users = consumers(order)
+    reads = _reads(order)
     why: dict[Node, str] = {}
     for n in order:
         if n.prim in INPUTS or n.prim == "const" and n not in outputs:
@@ -81,10 +97,35 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
             continue
         if len(users[n]) >= 2 and (cost := recompute_cost(n, why, memo)) > MAX_SHARED_COST:
             why[n] = f"shared by {len(users[n])} consumers and costly to recompute ({cost} ops)"
-        elif (reads := _broadcast_reads(n, users[n])) > 1 and (cost := recompute_cost(n, why, memo)) > FREE_TO_RECOMPUTE:
-            why[n] = (f"broadcast: each element is read {reads} times by its consumer and costs {cost} ops "
+        elif reads[n] >= 2 and (cost := recompute_cost(n, why, memo)) > MAX_REPEATED_COST:
+            why[n] = f"read {reads[n]} times by its consumer and its expression is large ({cost} ops)"
+        elif (b := _broadcast_reads(n, users[n])) > 1 and (cost := recompute_cost(n, why, memo)) > FREE_TO_RECOMPUTE:
+            why[n] = (f"broadcast: each element is read {b} times by its consumer and costs {cost} ops "
                       "to recompute, so it is computed once")
+    bound_depth(order, why)
     return why
+
+
+def _reads(order: list[Node]) -> dict[Node, int]:
+    """Node -> how many operands of other nodes are it (a reader that uses it twice counts twice)."""
+    out = dict.fromkeys(order, 0)
+    for n in order:
+        for s in n.src:
+            out[s] += 1
+    return out
+
+
+def bound_depth(order: list[Node], why: dict[Node, str]) -> None:
+    """Materialize every MAX_FUSE_DEPTH-th node of an inlined chain, so no fused expression nests deeper.
+
+    `order` is topological (producers first); a node's depth is 1 + the deepest of its inlined sources."""
+    depth: dict[Node, int] = {}
+    for n in order:
+        d = 1 + max((depth[s] for s in n.src if _inlined(s, why)), default=0)
+        if d >= MAX_FUSE_DEPTH and _inlinable(n, why):
+            why[n] = f"an inlined chain of {MAX_FUSE_DEPTH} nodes (the deepest one fused expression may nest)"
+            d = 1
+        depth[n] = d
 
 
 def _broadcast_reads(n: Node, users: list[Node]) -> int:

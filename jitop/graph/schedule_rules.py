@@ -9,15 +9,24 @@
 """
 from __future__ import annotations
 
+import heapq
 import itertools
+from typing import Callable
 
-from jitop.graph.fusion import OPAQUE
+from jitop.graph.fusion import INPUTS, OPAQUE
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.to_te import Stages
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 from jitop.target import Target
 from jitop.te.tensor import IterVar, Tensor
 from jitop.tir.lower import Lowering
+
+# The most stages one output computes inside its row loop. Each member nests one more buffer allocation in
+# the loop IR, and the passes over it (lowering, codegen) recurse over that nesting, so it must stay bounded
+# whatever the program's length. A softmax or layer norm needs 2-6; a longer group (an elementwise chain
+# cut by fusion's depth bound) keeps its last members in the row loop and computes the rest once, each
+# stage a row loop of its own.
+MAX_ROW_MEMBERS = 32
 
 
 def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar | None]:
@@ -74,59 +83,86 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
         stage.parallel(stage.fuse(*data))
 
 
-def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node]) -> list[Node]:
-    """Materialized nodes that only `out` (directly or through each other) reads, one output row at a time."""
+class GraphIndex:
+    """A graph's readers and topological positions, computed once per compile: the rules below ask about
+    every template and row-group head, so re-walking the whole graph each time would be quadratic."""
+
+    def __init__(self, outputs: list[Node]):
+        order = toposort(outputs)
+        self.users = consumers(order)
+        self.position = {n: k for k, n in enumerate(order)}
+
+
+def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node],
+              graph: GraphIndex | None = None) -> list[Node]:
+    """Materialized nodes that only `out` reads (directly, through inlined nodes or through each other), that
+    out can compute one output row at a time."""
     if out.ndim < 2 or out.prim in OPAQUE:
         return []
+    graph = graph or GraphIndex(outputs)
     lead = out.shape[:-1]
 
     def row_shaped(n: Node) -> bool:
         if n.prim in OPAQUE - {"reduce"} or n in outputs:
             return False
         return n.shape == lead or (n.ndim == out.ndim and n.shape[:-1] == lead and n.shape[-1] in (1, out.shape[-1]))
-    users = consumers(toposort(outputs))
-    group = {n for n in toposort([out]) if n in materialized and n is not out and row_shaped(n)}
-    changed = True
-    while changed:
-        changed = False
-        for n in list(group):
-            if not _feeds_only(n, out, group, users, materialized):
-                group.discard(n)
-                changed = True
-    return [n for n in toposort([out]) if n in group]
+
+    def candidate(n: Node) -> bool:
+        return n not in materialized or row_shaped(n)
+    region = _only_read_by(out, candidate, graph)
+    members = sorted((n for n in region if n in materialized), key=graph.position.__getitem__)
+    # the last ones: their readers (out or later members) stay in the group
+    return members[-MAX_ROW_MEMBERS:]
 
 
-def _feeds_only(n: Node, out: Node, group: set[Node], users: dict[Node, list[Node]],
-                materialized: dict[Node, str]) -> bool:
-    """Every reader of n, looking through inlined nodes, is `out` or a group member."""
-    stack, seen = list(users[n]), set()
-    while stack:
-        u = stack.pop()
-        if u is out or u in group or id(u) in seen:
+def _only_read_by(out: Node, candidate: Callable[[Node], bool], graph: GraphIndex) -> set[Node]:
+    """The candidate nodes above `out` whose every reader is `out` or another of them.
+
+    Walked upstream from out, consumers before producers (a heap on topological position, so a node is
+    judged after all its readers that can qualify); the walk stops at nodes that do not qualify, so it
+    visits only the region and its border, not the whole graph above it."""
+    region: set[Node] = set()
+    seen: set[Node] = set()
+    heap = [(-graph.position[s], id(s), s) for s in set(out.src)]
+    heapq.heapify(heap)
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        if n in seen:
             continue
-        seen.add(id(u))
-        if u in materialized:
-            return False
-        stack.extend(users[u])
-    return True
+        seen.add(n)
+        if n.prim in INPUTS or not candidate(n) or not all(u is out or u in region for u in graph.users[n]):
+            continue
+        region.add(n)
+        for s in n.src:
+            if s not in seen:
+                heapq.heappush(heap, (-graph.position[s], id(s), s))
+    return region
 
 
 _ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
 
 
-def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str]) -> Node | None:
+def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str],
+                graph: GraphIndex | None = None) -> Node | None:
     """The output or materialized intermediate that applies only same-shape elementwise operations to
     matmul `m` (bias, activation): it reads m at its own index, so it can run on m's register tile."""
     if m in outputs:  # the matmul itself is returned: it must be written out
         return None
-    users = consumers(toposort(outputs))
-    candidates = outputs + [n for n in materialized if n not in outputs and n.prim in _ELEMENTWISE]
-    for out in candidates:
-        if out is m or out.shape != m.shape or not _feeds_only(m, out, set(), users, materialized):
-            continue
-        on_path = [n for n in toposort([out]) if n is not m and m in set(toposort([n]))]
-        if all(n.prim in _ELEMENTWISE and n.shape == m.shape for n in on_path):
-            return out
+    graph = graph or GraphIndex(outputs)
+    # the inlined nodes reading m and the materialized nodes where they end: m's epilogue is the one end
+    between, ends, stack = set(), set(), list(graph.users[m])
+    while stack:
+        u = stack.pop()
+        if u in materialized:
+            ends.add(u)
+        elif u not in between:
+            between.add(u)
+            stack.extend(graph.users[u])
+    if len(ends) != 1:
+        return None
+    (out,) = ends
+    if all(n.prim in _ELEMENTWISE and n.shape == m.shape for n in between | ends):
+        return out
     return None
 
 
@@ -135,9 +171,10 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
     the template stage it is the epilogue of (computed on that template's register tile).
     One template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory."""
     epilogues: dict[Node, Tensor] = {}
+    outputs = list(dict.fromkeys(outputs))
+    graph = GraphIndex(outputs)
     for m, t in st.tensors.items():
-        if t in st.templates and (out := epilogue_of(m, list(dict.fromkeys(outputs)), materialized)) \
-                and out not in epilogues:
+        if t in st.templates and (out := epilogue_of(m, outputs, materialized, graph)) and out not in epilogues:
             epilogues[out] = t
     return epilogues
 
@@ -178,11 +215,12 @@ def _row_heads(st: Stages, outputs: list[Node], materialized: dict[Node, str],
              and n not in epilogues]
     groups: dict[Node, list[Node]] = {}
     taken: set[Node] = set()
+    graph = GraphIndex(outputs)
     for n in reversed(heads):
         if n in taken:
             continue
         # an epilogue runs on its matmul's register tile: never one row at a time
-        members = [m for m in row_group(n, materialized, outputs)
+        members = [m for m in row_group(n, materialized, outputs, graph)
                    if m not in taken and m not in groups and m not in epilogues]
         if members:
             groups[n] = members

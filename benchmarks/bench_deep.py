@@ -1,0 +1,127 @@
+"""Compile time of deep programs under one @jitop.kernel against their depth (issue 21): it must grow
+linearly, so a whole model (ONNX next) compiles in time proportional to its size.
+
+    python benchmarks/bench_deep.py [--quick] [--no-resnet]
+
+Programs (tests/graph/test_deep_programs.py checks them against numpy):
+- chain: N elementwise ops on 1000 float32 (tanh, x * 1.0001 + 0.5 in turn), N = 250 ... 5000;
+- mlp: L residual layers h = h + relu(h @ W + b), h 16x32, L = 25 ... 200;
+- resnet: bottleneck ResNets on a 1x3x32x32 image, base width 4, from 1-1-1-1 blocks (17 convs) to
+  ResNet-50's 3-4-6-3 (53 convs, 108 array parameters).
+Each point is one cold compile (no disk cache): trace, fuse + pick configs, to loop IR + LLVM IR (Python),
+LLVM (optimise + emit object code). "per unit" is the total over the depth; linear growth keeps it flat,
+and the log-log slope of total time against depth is ~1 (2 would be quadratic).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+
+os.environ["JITOP_CACHE"] = "0"  # every point compiles cold
+
+import numpy as np  # noqa: E402
+
+import jitop  # noqa: E402
+import jitop.driver  # noqa: E402
+from jitop.graph.compile import build, prepare  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "graph"))
+from test_deep_programs import (TRACED, chain, fixed_arity, mlp_params, residual_mlp, resnet50,  # noqa: E402
+                                resnet50_convs, resnet50_params)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import cpu_name, table  # noqa: E402
+
+_llvm_seconds = 0.0
+_compile_ir = jitop.driver.compile_ir
+
+
+def _timed_compile_ir(*args, **kwargs):
+    global _llvm_seconds
+    t0 = time.perf_counter()
+    try:
+        return _compile_ir(*args, **kwargs)
+    finally:
+        _llvm_seconds += time.perf_counter() - t0
+
+
+jitop.driver.compile_ir = _timed_compile_ir
+
+
+def lscpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration, subprocess.SubprocessError):
+        return cpu_name()
+
+
+def compile_phases(fn, args: list) -> dict[str, float]:
+    """Seconds of each phase of one cold compile of fn(*args); also checks it compiled (no fallback)."""
+    global _llvm_seconds
+    k = jitop.kernel(fn, fallback=False)
+    t0 = time.perf_counter()
+    tr = k.trace(list(args))
+    t1 = time.perf_counter()
+    prep = prepare("deep", tr.inputs, tr.names, tr.plan, tr.results)
+    t2 = time.perf_counter()
+    _llvm_seconds = 0.0
+    exe = build(prep)
+    t3 = time.perf_counter()
+    assert exe is not None
+    return {"trace": t1 - t0, "fuse+pick": t2 - t1, "IR (Python)": t3 - t2 - _llvm_seconds,
+            "LLVM": _llvm_seconds, "total": t3 - t0, "stages": len(exe.groups)}
+
+
+def series(name: str, unit: str, points: list[tuple[int, object, list]]) -> str:
+    rows, xs, ts = [], [], []
+    for depth, fn, args in points:
+        p = compile_phases(fn, args)
+        xs.append(depth)
+        ts.append(p["total"])
+        rows.append([depth, p["stages"], f"{p['trace']:.2f}", f"{p['fuse+pick']:.2f}", f"{p['IR (Python)']:.2f}",
+                     f"{p['LLVM']:.2f}", f"{p['total']:.2f}", f"{1e3 * p['total'] / depth:.2f}"])
+        print(f"  {name} {depth} {unit}: {p['total']:.2f} s", file=sys.stderr, flush=True)
+    slope = np.polyfit(np.log(xs), np.log(ts), 1)[0] if len(xs) > 1 else math.nan
+    # the last doubling alone: a quadratic pass shows there first
+    last = math.log(ts[-1] / ts[-2]) / math.log(xs[-1] / xs[-2]) if len(xs) > 1 else math.nan
+    head = [unit, "stages", "trace s", "fuse+pick s", "IR (Python) s", "LLVM s", "total s", f"ms per {unit[:-1]}"]
+    return (f"### {name}\n\n" + table(head, rows) +
+            f"\n\nlog-log slope of total time vs {unit}: {slope:.2f} over the whole range, {last:.2f} over the "
+            "last step (1 = linear, 2 = quadratic)\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, smaller points")
+    ap.add_argument("--no-resnet", action="store_true", help="skip the conv nets (the slowest series)")
+    opts = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"# Compile time vs depth\n\nmachine: {lscpu_model()}, {os.cpu_count()} cores; "
+          f"Target: {jitop.Target.current().describe()}; one cold compile per point (JITOP_CACHE=0)\n")
+    x = rng.standard_normal(1000).astype(np.float32)
+    chain_ops = [250, 500, 1000] if opts.quick else [250, 500, 1000, 2000, 5000]
+    print(series("elementwise chain (1000 float32)", "ops",
+                 [(n, lambda x, n=n: chain(x, n, TRACED), [x]) for n in chain_ops]))
+    h = rng.standard_normal((16, 32)).astype(np.float32)
+    mlp_layers = [25, 50] if opts.quick else [25, 50, 100, 200]
+    points = []
+    for layers in mlp_layers:
+        ws, bs = mlp_params(layers, 32, seed=layers)
+        points.append((layers, lambda h, ws=ws, bs=bs: residual_mlp(h, ws, bs, TRACED), [h]))
+    print(series("residual MLP (16x32)", "layers", points))
+    if not opts.no_resnet:
+        img = rng.random((1, 3, 32, 32)).astype(np.float32)
+        points = []
+        for blocks in [(1, 1, 1, 1), (2, 2, 2, 2)] + ([] if opts.quick else [(3, 4, 6, 3)]):
+            params = resnet50_params(4, 10, seed=sum(blocks), blocks=blocks)
+            points.append((len(resnet50_convs(4, blocks)), fixed_arity(resnet50, len(params), blocks), [img] + params))
+        print(series("bottleneck ResNet (1x3x32x32, width 4; 3-4-6-3 blocks = ResNet-50)", "convs", points))
+
+
+if __name__ == "__main__":
+    main()
