@@ -40,6 +40,7 @@ class Lowering:
         self.buffers: dict[Tensor, Buffer] = {}
         self.ranges: dict[Expr, tuple[int, int]] = {}
         self.inlined: dict[Stage, tuple[Expr, ...]] = {}
+        self._readers: dict[int, list[tuple[Stage, list[tuple[Expr, ...]]]]] | None = None  # id(op) ->
 
     # ** root axes as functions of the leaf loops **
     def stage_loops(self, stage: Stage, root_extents: Sequence[int]) -> StageLoops:
@@ -136,13 +137,7 @@ class Lowering:
 
     def _reads_of(self, stage: Stage, parent: Stage, ivar: IterVar) -> list[tuple[Expr, ...]]:
         reads = []
-        for consumer in self.sch.stages:
-            if consumer.is_placeholder or consumer.attach_type == "inline" or consumer is stage:
-                continue
-            indices = [n.src for b in self.inlined_body(consumer) for n in tensor_loads(b)
-                       if n.arg.op is stage.op]
-            if not indices:
-                continue
+        for consumer, indices in self._readers_of(stage):
             if not self._nested_in(consumer, parent, ivar):
                 raise LoweringError(
                     f"stage '{stage.name}' is computed inside '{parent.name}' at loop '{ivar.name}', but "
@@ -151,6 +146,23 @@ class Lowering:
             axes = self.absolute_axes(consumer)
             reads += [tuple(substitute(i, axes) for i in idx) for idx in indices]
         return reads
+
+    def _readers_of(self, stage: Stage) -> list[tuple[Stage, list[tuple[Expr, ...]]]]:
+        """The stages (not inlined) that read `stage`, in schedule order, each with the indices it reads at.
+        Indexed once for all stages (the schedule is final when bounds are inferred): scanning every body
+        for every attached stage would be quadratic in the program's length."""
+        if self._readers is None:
+            self._readers = {}
+            for consumer in self.sch.stages:
+                if consumer.is_placeholder or consumer.attach_type == "inline":
+                    continue
+                by_op: dict[int, list[tuple[Expr, ...]]] = {}
+                for b in self.inlined_body(consumer):
+                    for n in tensor_loads(b):
+                        by_op.setdefault(id(n.arg.op), []).append(n.src)
+                for op, indices in by_op.items():
+                    self._readers.setdefault(op, []).append((consumer, indices))
+        return [(c, idx) for c, idx in self._readers.get(id(stage.op), []) if c is not stage]
 
     def _nested_in(self, consumer: Stage, parent: Stage, ivar: IterVar) -> bool:
         if consumer is parent:
