@@ -116,16 +116,23 @@ def _reads(order: list[Node]) -> dict[Node, int]:
 
 
 def bound_depth(order: list[Node], why: dict[Node, str]) -> None:
-    """Materialize every MAX_FUSE_DEPTH-th node of an inlined chain, so no fused expression nests deeper.
+    """Materialize the sources whose inlined expression would nest a consumer's deeper than MAX_FUSE_DEPTH
+    levels (an elementwise chain is cut every MAX_FUSE_DEPTH nodes).
 
-    `order` is topological (producers first); a node's depth is 1 + the deepest of its inlined sources."""
+    `order` is topological (producers first); a node's depth is its own levels plus the largest depth among
+    its inlined sources."""
     depth: dict[Node, int] = {}
     for n in order:
-        d = 1 + max((depth[s] for s in n.src if _inlined(s, why)), default=0)
-        if d >= MAX_FUSE_DEPTH and _inlinable(n, why):
-            why[n] = f"an inlined chain of {MAX_FUSE_DEPTH} nodes (the deepest one fused expression may nest)"
-            d = 1
-        depth[n] = d
+        own = _levels(n)
+        for s in n.src:
+            if depth[s] + own > MAX_FUSE_DEPTH and _inlinable(s, why):
+                why[s] = f"an inlined chain {depth[s]} levels deep (the deepest one fused expression may nest)"
+        depth[n] = own + max((depth[s] for s in n.src if _inlined(s, why)), default=0)
+
+
+def _levels(n: Node) -> int:
+    """How deep n's own expression nests: one, or a balanced tree of selects for a concatenation."""
+    return max(1, (len(n.src) - 1).bit_length()) if n.prim == "concat" else 1
 
 
 def _broadcast_reads(n: Node, users: list[Node]) -> int:

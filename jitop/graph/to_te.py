@@ -250,17 +250,25 @@ def _emit_index(c: ToTE, n: Node, idx: Index) -> Expr:
 
 def _emit_concat(c: ToTE, n: Node, idx: Index) -> Expr:
     ax = n.param("axis")
-    bounds, start = [], 0
+    parts, start = [], 0
     for s in n.src:
-        bounds.append((s, start))
+        if s.shape[ax]:
+            parts.append((s, start))
         start += s.shape[ax]
-    value = None
-    for s, lo in reversed(bounds):
-        if s.shape[ax] == 0:
-            continue
-        part = c.at(s, idx[:ax] + (idx[ax] - lo,) + idx[ax + 1:])
-        value = part if value is None else te.if_then_else(idx[ax] < lo + s.shape[ax], part, value)
-    return value if value is not None else const(0, n.dtype)  # every part empty: so is the result
+    if not parts:
+        return const(0, n.dtype)  # every part empty: so is the result
+    return _select_part(c, parts, idx, ax)
+
+
+def _select_part(c: ToTE, parts: list[tuple[Node, int]], idx: Index, ax: int) -> Expr:
+    """The value of the part (node, start) that holds idx[ax]: a balanced tree of selects on the parts'
+    starts, so a concatenation of k arrays nests log2(k) deep, not k (the expression passes recurse)."""
+    if len(parts) == 1:
+        s, lo = parts[0]
+        return c.at(s, idx[:ax] + (idx[ax] - lo,) + idx[ax + 1:])
+    mid = len(parts) // 2
+    return te.if_then_else(idx[ax] < parts[mid][1], _select_part(c, parts[:mid], idx, ax),
+                           _select_part(c, parts[mid:], idx, ax))
 
 
 def _emit_where(c: ToTE, n: Node, idx: Index) -> Expr:
