@@ -5,13 +5,15 @@ Index expressions are sums of coefficient * atom plus a constant; `(io*8 + ii) /
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from jitop.te.expr import Expr, Op, const, rebuild, walk
 from jitop.dtypes import DType
 
 Ranges = dict[Expr, tuple[int, int]]
 Interval = Optional[tuple[int, int]]
+# What one query has worked out about each node ("lin", "bounds", "simplify"), valid while its ranges hold
+Memo = dict[tuple[str, Expr], Any]
 _LINEAR = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.FLOORDIV, Op.FLOORMOD, Op.CONST})
 
 
@@ -40,32 +42,44 @@ class Lin:
         return Lin(q, self.const // c), Lin(r, self.const % c)
 
 
-def to_lin(e: Expr, ranges: Ranges) -> Lin:
-    """The linear form of an integer expression (non-linear parts become atoms)."""
+def to_lin(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Lin:
+    """The linear form of an integer expression (non-linear parts become atoms).
+
+    `memo` (shared by one top-level query, while `ranges` stay the same) visits each node of the expression
+    DAG once: index math reuses subexpressions (a reshape's p // W and p % W), and walking it as a tree
+    grows exponentially with the reshapes one fused expression inlines."""
+    memo = {} if memo is None else memo
+    key = ("lin", e)
+    if key not in memo:
+        memo[key] = _to_lin(e, ranges, memo)
+    return memo[key]
+
+
+def _to_lin(e: Expr, ranges: Ranges, memo: Memo) -> Lin:
     op = e.op
     if op is Op.CONST:
         return Lin({}, int(e.value))
     if op is Op.ADD:
-        return to_lin(e.src[0], ranges) + to_lin(e.src[1], ranges)
+        return to_lin(e.src[0], ranges, memo) + to_lin(e.src[1], ranges, memo)
     if op is Op.SUB:
-        return to_lin(e.src[0], ranges) + to_lin(e.src[1], ranges).scale(-1)
+        return to_lin(e.src[0], ranges, memo) + to_lin(e.src[1], ranges, memo).scale(-1)
     if op is Op.NEG:
-        return to_lin(e.src[0], ranges).scale(-1)
+        return to_lin(e.src[0], ranges, memo).scale(-1)
     if op is Op.MUL:
-        a, b = to_lin(e.src[0], ranges), to_lin(e.src[1], ranges)
+        a, b = to_lin(e.src[0], ranges, memo), to_lin(e.src[1], ranges, memo)
         if not b.terms:
             return a.scale(b.const)
         if not a.terms:
             return b.scale(a.const)
     if op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is Op.CONST and e.src[1].value > 0:
-        return _divmod_lin(e, ranges)
-    return Lin({_simplify_atom(e, ranges): 1})
+        return _divmod_lin(e, ranges, memo)
+    return Lin({_simplify_atom(e, ranges, memo): 1})
 
 
-def _divmod_lin(e: Expr, ranges: Ranges) -> Lin:
+def _divmod_lin(e: Expr, ranges: Ranges, memo: Memo) -> Lin:
     c = int(e.src[1].value)
-    q, r = to_lin(e.src[0], ranges).split_multiples(c)
-    rb = lin_bounds(r, ranges)
+    q, r = to_lin(e.src[0], ranges, memo).split_multiples(c)
+    rb = lin_bounds(r, ranges, memo)
     if rb is not None and 0 <= rb[0] and rb[1] < c:
         return q if e.op is Op.FLOORDIV else r  # the remainder never crosses a multiple of c
     inner = from_lin(r, e.dtype)
@@ -77,7 +91,7 @@ def _divmod_lin(e: Expr, ranges: Ranges) -> Lin:
     return Lin({Expr(Op.FLOORMOD, e.dtype, (inner, e.src[1])): 1})
 
 
-def merge_divmod(lin: Lin, ranges: Ranges) -> Lin:
+def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
     """c*(x % m) + c*m*(x // m) == c*x: index math that splits a flat index (p // W, p % W) and
     flattens it again (row * W + col) becomes p, so the access is seen as contiguous."""
     changed = True
@@ -88,22 +102,22 @@ def merge_divmod(lin: Lin, ranges: Ranges) -> Lin:
                     or atom not in lin.terms:
                 continue
             x, m = atom.src[0], int(atom.src[1].value)
-            div = _divmod_lin(Expr(Op.FLOORDIV, atom.dtype, (x, atom.src[1])), ranges)
+            div = _divmod_lin(Expr(Op.FLOORDIV, atom.dtype, (x, atom.src[1])), ranges, {} if memo is None else memo)
             if len(div.terms) != 1 or div.const:
                 continue
             (q, qc), = div.terms.items()
             if qc != 1 or lin.terms.get(q) != coef * m:
                 continue
             terms = {a: v for a, v in lin.terms.items() if a is not atom and a is not q}
-            lin = Lin(terms, lin.const) + to_lin(x, ranges).scale(coef)
+            lin = Lin(terms, lin.const) + to_lin(x, ranges, memo).scale(coef)
             changed = True
     return lin
 
 
-def _simplify_atom(e: Expr, ranges: Ranges) -> Expr:
+def _simplify_atom(e: Expr, ranges: Ranges, memo: Memo) -> Expr:
     if not e.src:
         return e
-    return rebuild(e, tuple(simplify(s, ranges) for s in e.src))
+    return rebuild(e, tuple(simplify(s, ranges, memo) for s in e.src))
 
 
 def from_lin(lin: Lin, dtype: DType) -> Expr:
@@ -122,10 +136,10 @@ def from_lin(lin: Lin, dtype: DType) -> Expr:
     return out
 
 
-def lin_bounds(lin: Lin, ranges: Ranges) -> Interval:
+def lin_bounds(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Interval:
     lo = hi = lin.const
     for atom, coef in lin.terms.items():
-        b = atom_bounds(atom, ranges)
+        b = atom_bounds(atom, ranges, memo)
         if b is None:
             return None
         lo += min(coef * b[0], coef * b[1])
@@ -133,19 +147,27 @@ def lin_bounds(lin: Lin, ranges: Ranges) -> Interval:
     return lo, hi
 
 
-def atom_bounds(e: Expr, ranges: Ranges) -> Interval:
+def atom_bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
+    memo = {} if memo is None else memo
+    key = ("bounds", e)
+    if key not in memo:
+        memo[key] = _atom_bounds(e, ranges, memo)
+    return memo[key]
+
+
+def _atom_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
     if e.op is Op.VAR:
         return ranges.get(e)
     if e.op is Op.CONST and not e.dtype.is_float:
         return int(e.value), int(e.value)
     if e.op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is Op.CONST and e.src[1].value > 0:
         c = int(e.src[1].value)
-        inner = bounds(e.src[0], ranges)
+        inner = bounds(e.src[0], ranges, memo)
         if e.op is Op.FLOORMOD:
             return (inner[0] % c, inner[1] % c) if inner and inner[0] // c == inner[1] // c else (0, c - 1)
         return None if inner is None else (inner[0] // c, inner[1] // c)
     if e.op in (Op.MIN, Op.MAX):
-        a, b = bounds(e.src[0], ranges), bounds(e.src[1], ranges)
+        a, b = bounds(e.src[0], ranges, memo), bounds(e.src[1], ranges, memo)
         if a is None or b is None:
             return None
         f = min if e.op is Op.MIN else max
@@ -155,26 +177,27 @@ def atom_bounds(e: Expr, ranges: Ranges) -> Interval:
     return None
 
 
-def bounds(e: Expr, ranges: Ranges) -> Interval:
+def bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
     """Constant [lo, hi] of an integer expression given variable ranges, or None if unknown."""
     if e.dtype.is_float:
         return None
-    return lin_bounds(to_lin(e, ranges), ranges)
+    memo = {} if memo is None else memo
+    return lin_bounds(to_lin(e, ranges, memo), ranges, memo)
 
 
-def prove(cond: Expr, ranges: Ranges) -> bool | None:
+def prove(cond: Expr, ranges: Ranges, memo: Memo | None = None) -> bool | None:
     """True/False if a comparison of integers holds/fails for every value in `ranges`, else None."""
     if cond.op is Op.CONST:
         return bool(cond.value)
     if cond.op is Op.AND:
-        a, b = prove(cond.src[0], ranges), prove(cond.src[1], ranges)
+        a, b = prove(cond.src[0], ranges, memo), prove(cond.src[1], ranges, memo)
         return False if False in (a, b) else (True if a and b else None)
     if cond.op not in (Op.LT, Op.LE, Op.GT, Op.GE) or not cond.src[0].dtype.is_int:
         return None
     a, b = cond.src
     if cond.op in (Op.GT, Op.GE):
         a, b = b, a  # a > b  <=>  b < a
-    d = bounds(a - b, ranges)  # holds iff d < 0 (LT) or d <= 0 (LE)
+    d = bounds(a - b, ranges, memo)  # holds iff d < 0 (LT) or d <= 0 (LE)
     if d is None:
         return None
     strict = cond.op in (Op.LT, Op.GT)
@@ -185,23 +208,24 @@ def prove(cond: Expr, ranges: Ranges) -> bool | None:
     return None
 
 
-def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
+def simplify(e: Expr, ranges: Ranges | None = None, memo: Memo | None = None) -> Expr:
     """Canonicalise integer arithmetic and decide comparisons the ranges settle."""
     ranges = ranges or {}
-    memo: dict[Expr, Expr] = {}  # expressions are DAGs: visit each shared node once
+    memo = {} if memo is None else memo  # expressions are DAGs: visit each shared node once
 
     def visit(node: Expr) -> Expr:
-        if node in memo:
-            return memo[node]
+        key = ("simplify", node)
+        if key in memo:
+            return memo[key]
         if node.dtype.is_int and node.op in _LINEAR:
-            out = from_lin(merge_divmod(to_lin(node, ranges), ranges), node.dtype)
+            out = from_lin(merge_divmod(to_lin(node, ranges, memo), ranges, memo), node.dtype)
         elif node.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
             out = rebuild(node, tuple(visit(s) for s in node.src))
-            p = prove(out, ranges)
+            p = prove(out, ranges, memo)
             out = out if p is None else const(p)
         else:
             out = rebuild(node, tuple(visit(s) for s in node.src)) if node.src else node
-        memo[node] = out
+        memo[key] = out
         return out
     return visit(e)
 

@@ -251,6 +251,28 @@ def test_reused_subexpressions_are_not_inlined_into_an_exponential_tree(step):
 
 # ** deep programs, compiled under a fixed stack budget **
 
+def test_inlined_reshapes_and_transposes_keep_their_index_math_a_dag():
+    """Each reshape reads its source at (p // W, p % W) of one flat index p: inlined through transposes, the
+    index expression reuses p, and the simplifier walked it as a tree (16 rounds took a minute)."""
+    def f(x):
+        for _ in range(40):
+            x = x.reshape(2, 4, 4, 4).transpose(3, 1, 0, 2).reshape(128) * 1.0001 + 1
+        return x
+    x = np.random.default_rng(11).standard_normal(128).astype(np.float32)
+    with stack_budget():
+        got = jitop.kernel(f, fallback=False)(x)
+    ref = reference(lambda x, ops: _permute_affine(x, 40), x)
+    assert_within(got, ref, meaningful=1e-4)
+
+
+def _permute_affine(x: Bounded, rounds: int) -> Bounded:
+    for _ in range(rounds):
+        perm = lambda a: a.reshape(2, 4, 4, 4).transpose(3, 1, 0, 2).reshape(128)  # noqa: E731
+        x = _affine(Bounded(perm(x.v), perm(x.e)), 1.0001, 1)
+    return x
+
+
+
 def test_a_concatenation_of_400_arrays_selects_its_part_by_bisection():
     """One select per part in a chain would nest 400 deep; a balanced tree nests 9."""
     def f(x):
