@@ -29,7 +29,6 @@ import jitop
 from jitop.graph import fusion
 from jitop.graph.compile import prepare
 from jitop.graph.ir import toposort
-from jitop.graph.schedule_rules import MAX_ROW_MEMBERS
 
 U = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
 TANH_ULPS = 2.0  # jitop's tanh is within 1.3 ulp (tests/codegen/test_vecmath.py), numpy's within 1
@@ -37,7 +36,7 @@ TANH_ULPS = 2.0  # jitop's tanh is within 1.3 ulp (tests/codegen/test_vecmath.py
 # MAX_FUSE_DEPTH nodes and a row loop of MAX_ROW_MEMBERS stages need ~350.
 STACK_BUDGET = 500
 # The bounds are first order: the products of two roundings they leave out are ~U**2 relative. Every
-# comparison allows this much more than the bound, so an error of that order can never fail a test.
+# comparison allows 25% more than the bound, far more than those terms, so they can never fail a test.
 SLACK = 1.25
 
 
@@ -183,7 +182,8 @@ REFERENCE = SimpleNamespace(
     tanh=_tanh, affine=_affine, dense=_dense, conv=_conv, spatial_mean=_spatial_mean,
     relu=lambda x: Bounded(np.maximum(x.v, 0), x.e),  # exact, and 1-Lipschitz
     add=lambda x, y: Bounded(x.v + y.v, x.e + y.e + U * np.abs(x.v + y.v)),
-    max_pool=lambda x: Bounded(_pool64(x.v, -np.inf), _pool64(x.e, 0.0)))  # exact; a max moves at most by
+    # exact; a max moves at most by the largest error among its window's inputs
+    max_pool=lambda x: Bounded(_pool64(x.v, -np.inf), _pool64(x.e, 0.0)))
 
 
 def reference(program: Callable, x: np.ndarray, *args: Any) -> Bounded:
@@ -291,7 +291,6 @@ def test_a_1500_op_chain_of_rows_compiles_within_a_fixed_stack_budget():
     with stack_budget():
         got = f(x)
     assert_within(got, reference(chain, x, 1500), meaningful=1e-3)
-    assert MAX_ROW_MEMBERS * 4 < STACK_BUDGET
 
 
 @pytest.mark.slow
