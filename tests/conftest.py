@@ -26,6 +26,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(SESSION_CACHE_DIR, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `all_targets` every test that takes a Target parameter (tests/targets.py: the host and haswell):
+    it already builds for each target this machine runs, so CI's second run under JITOP_CPU=haswell skips it."""
+    from jitop.target import Target
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(isinstance(value, Target) for value in params.values()):
+            item.add_marker(pytest.mark.all_targets)
+
+
 def _jitop_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("JITOP_") or k == "OMP_NUM_THREADS"}
 

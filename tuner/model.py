@@ -29,10 +29,14 @@ MIN_TRANSFER = 16    # transfer records needed to rank with few own records
 ROUNDS = 150
 # pairs drawn uniformly within a task (AutoTVM's all-pairs rank loss), not XGBoost's default "topk" pairs:
 # on 513 measured configs of a 1024^3 matmul, topk's held-out Spearman fell from 0.64 to 0.54 as the training
-# records grew from 64 to 128, uniform pairs' rose from 0.69 to 0.75
+# records grew from 64 to 128, uniform pairs' rose from 0.69 to 0.75.
+# One thread: the training sets are a few hundred rows, and the model runs beside busy cores (measuring
+# workers, the program under background tuning), where OpenMP threads spin-waiting for each other made
+# 100 trials of model-guided search take 92 s instead of 25 s (two searches at once on 2 cores)
+XGB_THREADS = 1
 PARAMS = {"max_depth": 3, "eta": 0.3, "gamma": 1e-4, "min_child_weight": 1, "subsample": 1.0,
           "lambda": 1.0, "alpha": 0.0, "objective": "rank:pairwise", "lambdarank_pair_method": "mean",
-          "lambdarank_num_pair_per_sample": 8, "tree_method": "hist", "nthread": 2}
+          "lambdarank_num_pair_per_sample": 8, "tree_method": "hist", "nthread": XGB_THREADS}
 
 
 class CostModel:
@@ -115,6 +119,7 @@ class CostModel:
             booster.load_model(bytearray(raw))
         except xgb.core.XGBoostError as err:
             raise ValueError(f"not an XGBoost model: {err}") from None
+        booster.set_param({"nthread": XGB_THREADS})
         model._booster = booster
         return model
 
@@ -125,7 +130,7 @@ class CostModel:
                                f"{MIN_OWN} records of the task or transfer records (check .fitted)")
         import xgboost as xgb  # lazily: importing jitop stays fast
         x = features(self.task, configs)
-        return self._booster.predict(xgb.DMatrix(x)).astype(np.float64)
+        return self._booster.predict(xgb.DMatrix(x, nthread=XGB_THREADS)).astype(np.float64)
 
 
 def transfer_weight(n_own: int, plan_size: int) -> float:
@@ -152,7 +157,7 @@ def _train(groups: list[tuple[np.ndarray, np.ndarray, float]], seed: int) -> Any
     import xgboost as xgb
     x = np.concatenate([g[0] for g in groups])
     y = np.concatenate([g[1] for g in groups])
-    dm = xgb.DMatrix(x, label=y)
+    dm = xgb.DMatrix(x, label=y, nthread=XGB_THREADS)
     dm.set_group([len(g[1]) for g in groups])
     dm.set_weight(np.array([g[2] for g in groups], dtype=np.float32))  # ranking weights are per group
     return xgb.train({**PARAMS, "seed": seed}, dm, num_boost_round=ROUNDS)

@@ -186,13 +186,12 @@ def test_a_new_process_compiles_with_the_tuned_config(tuned: Tuned, tmp_path: Pa
 # 3. tune with no arguments: the workload log
 
 
+@pytest.mark.slow
 def test_tune_without_arguments_tunes_the_logged_workloads(tmp_path: Path) -> None:
     write_prog(tmp_path)
     cache = tmp_path / "cache"
     plain = run(tmp_path, cache, "prog.py", "32", python=True)  # the log is flushed at exit
     assert "default config" in templates_of(plain)
-    logged = run(tmp_path, cache, "cache", "list", "--kind", "workloads")
-    assert "matmul 32x40x40" in logged.stdout, show(logged)
     r = run(tmp_path, cache, *TUNE, timeout=600)
     assert r.returncode == 0, show(r)
     assert "tuning these workloads" in r.stderr and "__main__.mlp" in r.stderr, show(r)
@@ -202,9 +201,11 @@ def test_tune_without_arguments_tunes_the_logged_workloads(tmp_path: Path) -> No
     assert "matmul 32x40x40" in after.stdout, show(after)
 
 
+@pytest.mark.slow
 def test_tune_on_a_local_dask_cluster_writes_the_usual_records(tuned: Tuned, tmp_path: Path) -> None:
     cache = tuned.copy(tmp_path)
-    r = run(tmp_path, cache, *TUNE, "--cluster", "local:2", "--out", "c.jsonl", timeout=600)
+    # one worker: the flag's wiring is under test here (tests/tuner/test_dask.py runs a cluster of two)
+    r = run(tmp_path, cache, *TUNE, "--cluster", "local:1", "--out", "c.jsonl", timeout=600)
     assert r.returncode == 0, show(r)
     recs = rec_io.load(tmp_path / "c.jsonl")
     assert len(recs) == 4 and all(rec.result.ok for rec in recs), show(r)
@@ -214,6 +215,7 @@ def test_tune_on_a_local_dask_cluster_writes_the_usual_records(tuned: Tuned, tmp
 # 4. export -> clear -> import
 
 
+@pytest.mark.slow
 def test_export_clear_import_restores_the_tuned_choices(tuned: Tuned, tmp_path: Path) -> None:
     cache = tuned.copy(tmp_path)
     before = listed_keys(run(tmp_path, cache, "cache", "list", "--kind", "tuned"))
@@ -225,7 +227,6 @@ def test_export_clear_import_restores_the_tuned_choices(tuned: Tuned, tmp_path: 
     cleared = run(tmp_path, cache, "cache", "clear")
     assert cleared.returncode == 0 and "removed" in cleared.stdout, show(cleared)
     assert info_counts(run(tmp_path, cache, "cache", "info")) == {"kernels": 0, "tuned": 0, "workloads": 0}
-    assert listed_keys(run(tmp_path, cache, "cache", "list", "--kind", "tuned")) == set()
     assert "default config" in templates_of(run(tmp_path, cache, "prog.py", "48", python=True))
 
     imported = run(tmp_path, cache, "cache", "import", "ex.jsonl")
@@ -379,6 +380,7 @@ def test_explain_reports_function_signature_template_cache_and_speed(tmp_path: P
 # 7. clearing one kind; a disabled cache
 
 
+@pytest.mark.slow
 def test_clear_kernels_keeps_the_tuned_records(tuned: Tuned, tmp_path: Path) -> None:
     cache = tuned.copy(tmp_path)
     templates_of(run(tmp_path, cache, "prog.py", "48", python=True))  # compiles and stores a kernel

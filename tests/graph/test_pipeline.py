@@ -65,4 +65,17 @@ def test_a_softmax_feeding_a_matmul_is_one_row_pass_and_its_scores_stay_on_the_t
     expected = attention(q, k, v, mask)
     out = f(q, k, v, mask)
     assert out.dtype == expected.dtype == np.float64
-    assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    # the scores are float32 dot products (K = 16), summed in another order than numpy's BLAS: each is off by
+    # up to 2 K eps32 (|q| @ |k|.T) / 4. A row's softmax moves by at most twice its largest score error
+    # (relative), and the float64 product with v carries that through |p| @ |v|.
+    probs = expected_probs(q, k, mask)
+    score_error = 2 * 16 * np.finfo(np.float32).eps * (np.abs(q) @ np.abs(k).T).astype(np.float64) / 4
+    bound = (2 * score_error.max(axis=-1, keepdims=True) + 400 * np.finfo(np.float64).eps) * (probs @ np.abs(v))
+    assert np.all(np.abs(out - expected) <= bound), np.max(np.abs(out - expected) / bound)
+
+
+def expected_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The attention's softmax, in float64."""
+    x = q.astype(np.float64) @ k.T.astype(np.float64) / 4 + mask
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -8,16 +8,16 @@ spaces differ. Parallel loops are made to really run on threads (the Target's pa
 they do at tuning sizes.
 
 Configs whose loop IR is identical to one already built (e.g. the conv template ignores `pack` when the
-rows are outermost) are lowered and checked but not compiled again. A build costs 0.1-0.9 s, so the two
-largest spaces (matmul 13x37x9: 288 points, conv nhwc_groups2_oc20_asym: 112) are SAMPLED, deterministically:
-see `_sample`. Every knob value still occurs in the sample (test_samples_cover_every_knob_value), and the
-default config of each workload is always included. All other spaces are built in full: 364 configs,
-~325 distinct compiles, ~55 s on a 2-core machine.
+rows are outermost) are lowered and checked but not compiled again. A build costs 0.1-0.9 s and the spaces
+hold ~5,000 points on two targets, so each space is SAMPLED, deterministically, by `_pairwise`: every value
+of every knob, and every pair of values of any two knobs, occurs in some built config (a covering array of
+strength 2: a template bug that needs two knobs to meet is still found), and each workload's default config
+is always built. About 500 builds instead of ~2,500 (test_samples_cover_every_pair_of_knob_values).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
 
 import numpy as np
 import pytest
@@ -34,22 +34,27 @@ RNG = np.random.default_rng(7)
 _BUILT: dict[str, object] = {}  # loop IR text -> compiled module (identical IR is compiled once)
 
 
-def _sample(space: ConfigSpace, limit: int | None, always: tuple[int, ...] = ()) -> list[int]:
-    """All indices if the space has at most `limit` points; otherwise every k-th index, k the smallest step
-    >= len/limit that is coprime with the size of every knob (so the fastest knob takes all its values, and the
-    stride is not aligned with any knob's radix), plus the last index and `always`."""
-    n = len(space)
-    if limit is None or n <= limit:
-        return list(range(n))
-    k = math.ceil(n / limit)
-    while any(math.gcd(k, len(knob)) != 1 for knob in space.knobs):
-        k += 1
-    picked = set(range(0, n, k)) | {n - 1} | set(always)
-    offset = k // 2  # a coprime step may be much larger than n / limit: a second sweep keeps the sample dense
-    while len(picked) < limit * 3 // 4 and offset < k:
-        picked |= set(range(offset, n, k))
-        offset += 1
-    return sorted(picked)
+def _pairwise(space: ConfigSpace, always: tuple[int, ...] = ()) -> list[int]:
+    """Indices of a covering array of strength 2: `always`, then greedily the point that covers the most
+    (knob, value) pairs not covered yet (lowest index on ties), until every pair of values of every two knobs
+    occurs in some picked point. Deterministic; a space with a single knob is taken whole."""
+    points = [_value_pairs(space, space.get(i)) for i in range(len(space))]
+    uncovered = set().union(*points) if points else set()
+    picked: list[int] = []
+    for i in always:
+        picked.append(i)
+        uncovered -= points[i]
+    while uncovered:
+        best = max(range(len(points)), key=lambda i: (len(points[i] & uncovered), -i))
+        picked.append(best)
+        uncovered -= points[best]
+    return sorted(set(picked))
+
+
+def _value_pairs(space: ConfigSpace, config: Config) -> set[tuple]:
+    """Every (knob, value) of `config` alone and every two of them together."""
+    values = [(knob.name, repr(config[knob.name])) for knob in space.knobs]
+    return {(v,) for v in values} | set(itertools.combinations(values, 2))
 
 
 def _build(s, args, target: Target):
@@ -73,22 +78,21 @@ def _close(got, ref, magnitude, dtype) -> None:
 
 # ** matmul **
 
-MATMUL = {  # name: (batch of C, batch of B, m, n, k, dtype, limit on the configs built (None: all))
-    # 288 points: sampled (every 7th, ~42 builds); every tile_m, tile_n, tile_k and order value occurs
-    "13x37x9_f32": ((), (), 13, 37, 9, "float32", 45),
-    "b2_5x17x3_f32": ((2,), (2,), 5, 17, 3, "float32", None),
-    "b3_4x9x5_f64_shared_B": ((3,), (), 4, 9, 5, "float64", None),   # B broadcast over C's batch
-    "b2x1_3x20x2_f32_broadcast_B": ((2, 3), (1, 3), 3, 20, 2, "float32", None),
-    "1x1x1_f32": ((), (), 1, 1, 1, "float32", None),
-    "2x70x1_f64": ((), (), 2, 70, 1, "float64", None),
-    # K long enough for K chunks (k_chunk 256 / 512: the last chunk partial), sampled
-    "5x37x600_f32_k_chunks": ((), (), 5, 37, 600, "float32", 30),
-    "b2_3x20x300_f64_shared_B_k_chunks": ((2,), (), 3, 20, 300, "float64", 30),
+MATMUL = {  # name: (batch of C, batch of B, m, n, k, dtype)
+    "13x37x9_f32": ((), (), 13, 37, 9, "float32"),
+    "b2_5x17x3_f32": ((2,), (2,), 5, 17, 3, "float32"),
+    "b3_4x9x5_f64_shared_B": ((3,), (), 4, 9, 5, "float64"),   # B broadcast over C's batch
+    "b2x1_3x20x2_f32_broadcast_B": ((2, 3), (1, 3), 3, 20, 2, "float32"),
+    "1x1x1_f32": ((), (), 1, 1, 1, "float32"),
+    "2x70x1_f64": ((), (), 2, 70, 1, "float64"),
+    # K long enough for K chunks (k_chunk 256 / 512: the last chunk partial)
+    "5x37x600_f32_k_chunks": ((), (), 5, 37, 600, "float32"),
+    "b2_3x20x300_f64_shared_B_k_chunks": ((2,), (), 3, 20, 300, "float64"),
 }
 
 
 def _matmul_workload(name) -> tm.MatmulWorkload:
-    batch, b_batch, m, n, k, dtype, _ = MATMUL[name]
+    batch, b_batch, m, n, k, dtype = MATMUL[name]
     return tm.MatmulWorkload(m, n, k, dtype, a_batch=batch, b_batch=b_batch)
 
 
@@ -99,10 +103,10 @@ def _matmul_space(name, target=HOST):
 def _matmul_cases():
     for target in runnable_targets():
         t = target.values[0]
-        for name, (*_, limit) in MATMUL.items():
+        for name in MATMUL:
             space = _matmul_space(name, t)
             default = space.index_of(tm.default_config(_matmul_workload(name), t))
-            for idx in _sample(space, limit, (default,)):
+            for idx in _pairwise(space, (default,)):
                 yield pytest.param(name, idx, t, id=f"{target.id}-{name}-{idx}")
 
 
@@ -111,7 +115,7 @@ _MATMUL_DATA: dict[str, tuple] = {}
 
 def _matmul_data(name):
     if name not in _MATMUL_DATA:
-        batch, b_batch, m, n, k, dtype, _ = MATMUL[name]
+        batch, b_batch, m, n, k, dtype = MATMUL[name]
         a = RNG.standard_normal(batch + (m, k)).astype(dtype)
         b = RNG.standard_normal(b_batch + (k, n)).astype(dtype)
         ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
@@ -131,28 +135,28 @@ def test_matmul_every_config(name, idx, target):
 
 # ** conv2d **
 
-CONV = {  # name: (Workload, limit on the configs built (None: all))
-    "nchw_1x5x6x7_oc7_3x3_pad1": (tc.Conv2dWorkload(1, 5, 6, 7, 7, 3, 3, pads=(1, 1, 1, 1)), None),
-    "nhwc_stride2_dil2_groups2": (tc.Conv2dWorkload(2, 4, 9, 8, 6, 3, 2, stride=(2, 2), pads=(1, 1, 0, 2),
-                                              dilation=(2, 2), groups=2, layout="NHWC"), None),
-    "nchw_depthwise_x2_f64": (tc.Conv2dWorkload(1, 6, 5, 5, 12, 3, 3, pads=(1, 1, 1, 1), groups=6, dtype="float64"), None),
-    "nhwc_depthwise_stride_2x1": (tc.Conv2dWorkload(2, 3, 4, 6, 3, 2, 3, stride=(2, 1), pads=(0, 1, 1, 1), groups=3,
-                                              layout="NHWC"), None),
-    # 112 points: sampled (every 3rd, 38 builds); oc 20 = a full and a partial vector of float32 channels
-    # many channels on a 3x3 output: the gemm algorithm applies (its knobs describe the matmul), sampled
-    "nchw_gemm_oc24_on_3x3": (tc.Conv2dWorkload(1, 5, 3, 3, 24, 3, 3, pads=(1, 1, 1, 1)), 40),
-    "nhwc_groups2_oc20_asym": (tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
-                                           layout="NHWC"), 40),
+CONV = {  # name: Workload
+    "nchw_1x5x6x7_oc7_3x3_pad1": tc.Conv2dWorkload(1, 5, 6, 7, 7, 3, 3, pads=(1, 1, 1, 1)),
+    "nhwc_stride2_dil2_groups2": tc.Conv2dWorkload(2, 4, 9, 8, 6, 3, 2, stride=(2, 2), pads=(1, 1, 0, 2),
+                                             dilation=(2, 2), groups=2, layout="NHWC"),
+    "nchw_depthwise_x2_f64": tc.Conv2dWorkload(1, 6, 5, 5, 12, 3, 3, pads=(1, 1, 1, 1), groups=6, dtype="float64"),
+    "nhwc_depthwise_stride_2x1": tc.Conv2dWorkload(2, 3, 4, 6, 3, 2, 3, stride=(2, 1), pads=(0, 1, 1, 1), groups=3,
+                                             layout="NHWC"),
+    # many channels on a 3x3 output: the gemm algorithm applies (its knobs describe the matmul);
+    # oc 20 = a full and a partial vector of float32 channels
+    "nchw_gemm_oc24_on_3x3": tc.Conv2dWorkload(1, 5, 3, 3, 24, 3, 3, pads=(1, 1, 1, 1)),
+    "nhwc_groups2_oc20_asym": tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
+                                          layout="NHWC"),
 }
 
 
 def _conv_cases():
     for target in runnable_targets():
         t = target.values[0]
-        for name, (wl, limit) in CONV.items():
+        for name, wl in CONV.items():
             space = tc.config_space(wl, t)
             default = space.index_of(tc.default_config(wl, t))
-            for idx in _sample(space, limit, (default,)):
+            for idx in _pairwise(space, (default,)):
                 yield pytest.param(name, idx, t, id=f"{target.id}-{name}-{idx}")
 
 
@@ -180,7 +184,7 @@ _CONV_DATA: dict[str, tuple] = {}
 
 def _conv_data(name):
     if name not in _CONV_DATA:
-        wl, _ = CONV[name]
+        wl = CONV[name]
         dtype = wl.dtype
         x = RNG.standard_normal((wl.n, wl.c, wl.h, wl.w) if wl.layout == "NCHW" else (wl.n, wl.h, wl.w, wl.c))
         w = RNG.standard_normal((wl.oc, wl.icg, wl.kh, wl.kw))
@@ -193,22 +197,24 @@ def _conv_data(name):
 
 @pytest.mark.parametrize("name, idx, target", list(_conv_cases()))
 def test_conv2d_every_config(name, idx, target):
-    wl, _ = CONV[name]
+    wl = CONV[name]
     s, args = tc.TEMPLATE.build(wl, tc.config_space(wl, target).get(idx), target)
     f = _build(s, args, target)
     x, w, ref, magnitude = _conv_data(name)
     _close(f(x, w), ref, magnitude, wl.dtype)
 
 
-def test_samples_cover_every_knob_value():
-    """The sampled spaces still try every candidate of every knob (and are a real fraction of the space)."""
-    spaces = [(_matmul_space(n), MATMUL[n][-1]) for n in MATMUL] + \
-        [(tc.config_space(wl, HOST), limit) for wl, limit in CONV.values()]
-    for space, limit in spaces:
-        picked = [space.get(i) for i in _sample(space, limit)]
-        assert len(picked) >= min(len(space), limit or len(space)) * 3 // 4
-        for knob in space.knobs:
-            assert {c[knob.name] for c in picked} == set(knob.candidates), (space, knob.name)
+def test_samples_cover_every_pair_of_knob_values():
+    """Each sample holds every pair of values of every two knobs (the space is their product, so every pair
+    exists), and is a real saving on the larger spaces."""
+    spaces = [_matmul_space(n) for n in MATMUL] + [tc.config_space(wl, HOST) for wl in CONV.values()]
+    for space in spaces:
+        picked = [space.get(i) for i in _pairwise(space)]
+        for a, b in itertools.combinations(space.knobs, 2):
+            seen = {(repr(c[a.name]), repr(c[b.name])) for c in picked}
+            assert len(seen) == len(a.candidates) * len(b.candidates), (space, a.name, b.name)
+    largest = max(spaces, key=len)
+    assert len(_pairwise(largest)) < len(largest) // 10
 
 
 # ** defaults lie in the space; configs are plain data **
@@ -275,7 +281,7 @@ def _all_spaces():
     for name in MATMUL:
         yield pytest.param(f"matmul-{name}", _matmul_space(name), lambda cfg, n=name:
                            tm.MatmulConfig.from_config(cfg).to_config(*MATMUL[n][2:5]), id=f"matmul-{name}")
-    for name, (wl, _) in CONV.items():
+    for name, wl in CONV.items():
         yield pytest.param(f"conv2d-{name}", tc.config_space(wl, HOST), lambda cfg, wl=wl:
                            tc.Conv2dConfig.from_config(cfg).to_config(wl), id=f"conv2d-{name}")
 

@@ -81,11 +81,15 @@ def test_autotune_mode_is_checked() -> None:
     assert jitop.kernel(lambda a: a, autotune="background").autotune == "background"
 
 
+@pytest.mark.slow
 def test_a_program_picks_up_a_tuned_kernel_while_it_runs(tmp_path) -> None:
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent("""
         import time
         import numpy as np, jitop
+        from jitop import autotune
+
+        autotune.POLL_S, autotune.VERIFY_S = 0.1, 0.2  # look often; count calls briefly before the swap
 
         @jitop.kernel(autotune="background")
         def f(a, b):
