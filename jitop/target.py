@@ -105,7 +105,7 @@ class Target:
         req = self.required_features
         return next((name for name in ("avx512f", "avx2", "avx") if name in req), "sse").removesuffix("f")
 
-    @property
+    @functools.cached_property  # frozen fields: hashed once (part of every cache and task key)
     def key(self) -> str:
         """A stable string naming everything compiled code depends on (part of every cache key)."""
         digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]

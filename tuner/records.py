@@ -19,6 +19,7 @@ True
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from jitop.tuner.task import Task
 SCHEMA_VERSION = 1
 
 
+@functools.lru_cache(maxsize=1)  # package metadata is read from disk: once per process, not per record
 def jitop_version() -> str:
     """The installed jitop's version (records say which jitop measured them)."""
     from importlib.metadata import PackageNotFoundError, version

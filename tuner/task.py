@@ -17,6 +17,7 @@ True
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import warnings
@@ -36,7 +37,7 @@ class Task:
     workload: Any
     target: Target
 
-    @property
+    @functools.cached_property  # frozen fields: computed once (the search asks for it per config and step)
     def key(self) -> str:
         """Stable content hash of the template, workload and target key."""
         text = json.dumps([self.template, registry.workload_to_json(self.workload), self.target.key])
