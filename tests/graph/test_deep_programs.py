@@ -349,20 +349,17 @@ def resnet50_params(width: int, classes: int, seed: int, blocks: tuple[int, ...]
                      (rng.standard_normal(classes) * 0.1).astype(np.float32)]
 
 
-def fixed_arity(program: Callable, n_params: int, *extra: Any) -> Callable:
-    """def forward(x, p0, ..., p{n-1}): program(x, [p0, ...], TRACED, *extra), every array a parameter."""
-    names = ", ".join(f"p{k}" for k in range(n_params))
-    scope = {"program": program, "ops": TRACED, "extra": extra}
-    exec(f"def forward(x, {names}):\n    return program(x, [{names}], ops, *extra)\n", scope)
-    return scope["forward"]
-
-
 @pytest.mark.slow
 def test_a_resnet50_depth_conv_net_with_108_array_parameters_compiles_as_one_kernel():
+    """Its 108 weights passed as forward(x, *params) and as forward(x, params): each is one compiled kernel."""
     params = resnet50_params(width=4, classes=10, seed=8)
     assert len(resnet50_convs(4)) == 53 and len(params) == 108
     x = np.random.default_rng(9).random((1, 3, 32, 32)).astype(np.float32)
-    f = jitop.kernel(fixed_arity(resnet50, len(params)), fallback=False)
+    variadic = jitop.kernel(lambda x, *params: resnet50(x, list(params), TRACED), fallback=False)
+    listed = jitop.kernel(lambda x, params: resnet50(x, params, TRACED), fallback=False)
     with stack_budget():
-        got = f(x, *params)
+        got = variadic(x, *params)
+        again = listed(x, params)
+    assert len(variadic.cache) == len(listed.cache) == 1
     assert_within(got, reference(resnet50, x, params), meaningful=1e-3)
+    np.testing.assert_array_equal(again, got)  # the same program: the same kernel (the disk cache's, here)
