@@ -82,7 +82,6 @@ int main(int argc, char **argv) {
 
 def stream_comparison(target: Target, rounds: int = 5) -> None:
     """jitop's triad (jitop.tuner.peak) and a C STREAM triad of the same size and threads, alternating."""
-    from jitop.codegen.loader import load_object
     from jitop.runtime import parallel
     from jitop.tuner import peak as peak_mod
     gcc = shutil.which("gcc") or shutil.which("cc")
@@ -95,7 +94,7 @@ def stream_comparison(target: Target, rounds: int = 5) -> None:
         with open(src, "w") as f:
             f.write(C_TRIAD)
         subprocess.run([gcc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
-        addr = load_object(compiled(target)[1], ["triad_body"])["triad_body"]
+        triad = peak_mod.triad_kernel(target, nbytes // 8)
         old = parallel.get_num_threads()
         parallel.set_num_threads(target.threads)
         env = {**os.environ, "OMP_NUM_THREADS": str(target.threads), "OMP_PROC_BIND": "false"}
@@ -103,7 +102,7 @@ def stream_comparison(target: Target, rounds: int = 5) -> None:
         print(f"{'round':>5} {'jitop':>8} {'C':>8} {'jitop/C':>8}")
         try:
             for r in range(rounds):
-                j = peak_mod._triad_gbs(addr, nbytes, parallel)
+                j = peak_mod._triad_gbs(triad, nbytes)
                 c = float(subprocess.run([exe, str(nbytes // 8)], env=env, capture_output=True, text=True,
                                          check=True).stdout.split()[0])
                 print(f"{r:>5} {j:>8.1f} {c:>8.1f} {j / c:>8.2f}")

@@ -13,11 +13,12 @@ Both are measured with code jitop itself generates for the Target, run on jitop'
   meant (vfmadd on ymm/zmm, no memory operand, no spill). A CPU without FMA runs a multiply and an add.
   The all-thread run has CHUNKS_PER_THREAD chain sets per thread, which the pool balances: one worker
   woken late costs an eighth of a call, not half of it.
-- **Memory bandwidth**: STREAM's triad `a[i] = b[i] + s * c[i]` on float64 arrays, <lanes x double> vector
-  loads and plain stores (as jitop's kernels store), over blocks of TRIAD_BLOCK elements claimed by all
-  `target.threads` threads, the arrays' pages first touched by the same threads. Counted as STREAM counts:
-  3 x 8 bytes per element (two loads, one store; the write-allocate read of `a` is not counted), best of
-  several passes. The three arrays together are 4x the caches (the L3 as reported, plus every thread's L2),
+- **Memory bandwidth**: STREAM's triad `a[i] = b[i] + s * c[i]` on float64 arrays, as jitop's own kernel
+  (`triad_kernel`: a tensor expression, its loop split into blocks of TRIAD_BLOCK elements, the blocks
+  parallel, each one vectorized), the blocks claimed by all `target.threads` threads, the arrays' pages first
+  touched by the same threads (on a 2-core guest, within 1-2 % of the hand-written IR it replaced). Counted
+  as STREAM counts: 3 x 8 bytes per element (two loads, one store; the write-allocate read of `a` is not
+  counted), best of several passes. The three arrays together are 4x the caches (the L3 as reported, plus every thread's L2),
   as STREAM asks, each at least 128 MiB and at most 1 GiB (and a twelfth of the memory): with less, the L3
   serves part of the traffic. On a 16-core Emerald Rapids guest (L3 300 MiB) a C STREAM triad gave 280 GB/s
   with 32-64 MiB arrays, 123 with 128 MiB, 117 with 256 MiB and 82-85 with 512 MiB-1 GiB; on a 2-core guest
@@ -46,10 +47,16 @@ import re
 import threading
 import time
 import warnings
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+from llvmlite import ir
 
+from jitop.codegen.ops import declare_intrinsic
 from jitop.target import Target
+
+if TYPE_CHECKING:
+    from jitop.runtime.module import Module
 
 SCHEMA = 1               # version of the stored JSON (and of the measuring method): another one is measured again
 PREFIX = "machine/peak/"
@@ -58,6 +65,7 @@ CHUNKS_PER_THREAD = 8    # FMA tasks per thread in the all-thread measurement (t
 CALL_SECONDS = 0.02      # length of one timed FMA call
 REPEAT = 5               # timed FMA calls; the best counts
 TRIAD_BLOCK = 1 << 15    # float64 elements per claimed block (256 KiB of each array)
+TRIAD_SCALAR = 3.0       # the triad's s
 TRIAD_REPEAT = 5         # timed triad passes; the best counts (STREAM reports the best of 10)
 TRIAD_MIN_BYTES = 128 << 20
 TRIAD_MAX_BYTES = 1 << 30
@@ -146,6 +154,12 @@ class Peak:
 # the FMA loop
 # ---------------------------------------------------------------------------------------------
 
+I32, I64, PTR = ir.IntType(32), ir.IntType(64), ir.PointerType()
+# the FMA body's closure, laid out as _FmaClosure: iterations per task, x and y (2 vectors), the chains' start
+# values (`accumulators` vectors), the tasks' results (one vector each)
+FMA_CLOSURE = ir.LiteralStructType([I64, PTR, PTR, PTR])
+
+
 def accumulators_for(target: Target) -> int:
     """Independent FMA chains: enough to hide latency x units (~8), leaving registers for x, y and spare."""
     return max(4, min(12, target.vector_registers - 4))
@@ -158,105 +172,76 @@ def fma_loop_ir(lanes: int, accumulators: int, unroll: int = UNROLL, fma: bool =
     closure -> { i64 iters, ptr xy (2 vectors: x, y), ptr init (accumulators vectors), ptr out }. Task t in
     [begin, end) starts every chain from its own `init` vector (different memory: LLVM cannot merge the
     chains), runs `iters` x `unroll` fmas per chain and stores the chains' sum to out[t]."""
-    vt = f"<{lanes} x float>"
-    lines = [
-        f"declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})",
-        "",
-        "define void @fma_body(i64 %begin, i64 %end, ptr %closure) nounwind {",
-        "entry:",
-        "  %iters = load i64, ptr %closure",
-        "  %xyp.a = getelementptr i8, ptr %closure, i64 8",
-        "  %xyp = load ptr, ptr %xyp.a",
-        "  %initp.a = getelementptr i8, ptr %closure, i64 16",
-        "  %initp = load ptr, ptr %initp.a",
-        "  %outp.a = getelementptr i8, ptr %closure, i64 24",
-        "  %outp = load ptr, ptr %outp.a",
-        f"  %x = load {vt}, ptr %xyp, align 4",
-        f"  %yp = getelementptr {vt}, ptr %xyp, i64 1",
-        f"  %y = load {vt}, ptr %yp, align 4",
-        "  %any = icmp slt i64 %begin, %end",
-        "  br i1 %any, label %task, label %done",
-        "task:",
-        "  %t = phi i64 [ %begin, %entry ], [ %t.next, %task.end ]",
-    ]
-    for j in range(accumulators):
-        lines += [f"  %ip{j} = getelementptr {vt}, ptr %initp, i64 {j}",
-                  f"  %init{j} = load {vt}, ptr %ip{j}, align 4"]
-    lines += ["  br label %loop", "loop:", "  %i = phi i64 [ 0, %task ], [ %i.next, %loop ]"]
-    for j in range(accumulators):
-        lines.append(f"  %a{j}.0 = phi {vt} [ %init{j}, %task ], [ %a{j}.{unroll}, %loop ]")
-    for u in range(unroll):
-        for j in range(accumulators):  # chains interleaved: consecutive fmas are independent
-            if fma:
-                lines.append(f"  %a{j}.{u + 1} = call {vt} @llvm.fma.v{lanes}f32({vt} %a{j}.{u}, {vt} %x, {vt} %y)")
-            else:  # no fast-math flags: LLVM keeps the multiply and the add
-                lines += [f"  %m{j}.{u} = fmul {vt} %a{j}.{u}, %x", f"  %a{j}.{u + 1} = fadd {vt} %m{j}.{u}, %y"]
-    lines += ["  %i.next = add i64 %i, 1",
-              "  %more = icmp slt i64 %i.next, %iters",
-              "  br i1 %more, label %loop, label %task.end",
-              "task.end:"]
-    total = f"%a0.{unroll}"
-    for j in range(1, accumulators):
-        lines.append(f"  %s{j} = fadd {vt} {total}, %a{j}.{unroll}")
-        total = f"%s{j}"
-    lines += [f"  %op = getelementptr {vt}, ptr %outp, i64 %t",
-              f"  store {vt} {total}, ptr %op, align 4",
-              "  %t.next = add i64 %t, 1",
-              "  %last = icmp eq i64 %t.next, %end",
-              "  br i1 %last, label %done, label %task",
-              "done:",
-              "  ret void",
-              "}"]
-    return "\n".join(lines) + "\n"
+    module = ir.Module(name="jitop_peak")
+    vec = ir.VectorType(ir.FloatType(), lanes)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), "fma_body")
+    fn.attributes.add("nounwind")  # generated code never unwinds through the pool
+    begin, end, closure = fn.args
+    begin.name, end.name, closure.name = "begin", "end", "closure"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    iters, xy, init, out = _closure_fields(b, closure, FMA_CLOSURE)
+    x, y = _load_vector(b, xy, vec, 0), _load_vector(b, xy, vec, 1)
+    step = _chain_step(b, vec, fma)
+
+    def run_task(t: ir.Value, _: list) -> list:
+        starts = [_load_vector(b, init, vec, j) for j in range(accumulators)]
+        ends = _counted_loop(b, I64(0), iters, starts, lambda _, chains: _unrolled_steps(chains, x, y, step, unroll),
+                             "fma")
+        b.store(functools.reduce(b.fadd, ends), b.gep(out, [t], source_etype=vec), align=4)
+        return []
+
+    with b.if_then(b.icmp_signed("<", begin, end)):  # the pool may hand a body an empty range
+        _counted_loop(b, begin, end, [], run_task, "task")
+    b.ret_void()
+    return str(module)
 
 
-def triad_ir(lanes: int, unroll: int = 2) -> str:
-    """LLVM IR of `triad_body(i64 begin, i64 end, ptr closure)`, a `jitop_parallel_for` body: for each block t
-    in [begin, end), a[i] = b[i] + s * c[i] over the block's `block` float64 elements (a multiple of
-    lanes x unroll). closure -> { i64 block, ptr a, ptr b, ptr c, double s }."""
-    vt = f"<{lanes} x double>"
-    step = lanes * unroll
-    lines = [
-        "define void @triad_body(i64 %begin, i64 %end, ptr %closure) nounwind {",
-        "entry:",
-        "  %block = load i64, ptr %closure",
-    ]
-    for k, name in enumerate("abc", 1):
-        lines += [f"  %{name}.a = getelementptr i8, ptr %closure, i64 {8 * k}", f"  %{name} = load ptr, ptr %{name}.a"]
-    lines += ["  %s.a = getelementptr i8, ptr %closure, i64 32",
-              "  %s = load double, ptr %s.a",
-              f"  %sv0 = insertelement {vt} undef, double %s, i32 0",
-              f"  %sv = shufflevector {vt} %sv0, {vt} undef, <{lanes} x i32> zeroinitializer",
-              "  %any = icmp slt i64 %begin, %end",
-              "  br i1 %any, label %task, label %done",
-              "task:",
-              "  %t = phi i64 [ %begin, %entry ], [ %t.next, %task.end ]",
-              "  %base = mul i64 %t, %block",
-              "  br label %loop",
-              "loop:",
-              "  %i = phi i64 [ 0, %task ], [ %i.next, %loop ]",
-              "  %idx = add i64 %base, %i"]
-    for u in range(unroll):
-        lines += [f"  %o{u} = add i64 %idx, {u * lanes}",
-                  f"  %bp{u} = getelementptr double, ptr %b, i64 %o{u}",
-                  f"  %bv{u} = load {vt}, ptr %bp{u}, align 8",
-                  f"  %cp{u} = getelementptr double, ptr %c, i64 %o{u}",
-                  f"  %cv{u} = load {vt}, ptr %cp{u}, align 8",
-                  f"  %m{u} = fmul {vt} %cv{u}, %sv",
-                  f"  %r{u} = fadd {vt} %bv{u}, %m{u}",
-                  f"  %ap{u} = getelementptr double, ptr %a, i64 %o{u}",
-                  f"  store {vt} %r{u}, ptr %ap{u}, align 8"]
-    lines += [f"  %i.next = add i64 %i, {step}",
-              "  %more = icmp slt i64 %i.next, %block",
-              "  br i1 %more, label %loop, label %task.end",
-              "task.end:",
-              "  %t.next = add i64 %t, 1",
-              "  %last = icmp eq i64 %t.next, %end",
-              "  br i1 %last, label %done, label %task",
-              "done:",
-              "  ret void",
-              "}"]
-    return "\n".join(lines) + "\n"
+def _closure_fields(b: ir.IRBuilder, closure: ir.Value, layout: ir.LiteralStructType) -> list[ir.Value]:
+    """Every field of the `layout` struct that `closure` points to, loaded."""
+    return [b.load(b.gep(closure, [I32(0), I32(k)], source_etype=layout), typ=typ)
+            for k, typ in enumerate(layout.elements)]
+
+
+def _load_vector(b: ir.IRBuilder, base: ir.Value, vec: ir.VectorType, k: int) -> ir.Value:
+    """Vector `k` of the array at `base` (align 4: numpy promises a float32 array no more)."""
+    return b.load(b.gep(base, [I64(k)], source_etype=vec), typ=vec, align=4)
+
+
+def _chain_step(b: ir.IRBuilder, vec: ir.VectorType, fma: bool) -> Callable[[ir.Value, ir.Value, ir.Value], ir.Value]:
+    """(acc, x, y) -> acc * x + y: one llvm.fma, or a multiply and an add that stay two instructions (no
+    fast-math flags: LLVM may neither fuse them nor, without FMA hardware, call libm's fmaf)."""
+    if fma:
+        intrinsic = declare_intrinsic(b.module, "llvm.fma", [vec], ir.FunctionType(vec, [vec] * 3))
+        return lambda acc, x, y: b.call(intrinsic, [acc, x, y])
+    return lambda acc, x, y: b.fadd(b.fmul(acc, x), y)
+
+
+def _unrolled_steps(chains: list[ir.Value], x: ir.Value, y: ir.Value, step: Callable, unroll: int) -> list[ir.Value]:
+    """`unroll` steps of every chain, the chains interleaved: consecutive FMAs are independent, so the FMA
+    units never wait for a result."""
+    for _ in range(unroll):
+        chains = [step(acc, x, y) for acc in chains]
+    return chains
+
+
+def _counted_loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, carried: list[ir.Value],
+                  body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]], name: str) -> list[ir.Value]:
+    """`for i in range(start, stop)` at b, as one block testing at its bottom (the caller knows it runs at least
+    once), carrying values in registers: body(i, values) emits an iteration and returns the next iteration's
+    values. Returns their values after the loop, where b is left."""
+    before, loop = b.block, b.append_basic_block(name)
+    b.branch(loop)
+    b.position_at_end(loop)
+    phis = [b.phi(I64, f"{name}.index"), *(b.phi(v.type) for v in carried)]
+    nxt = body(phis[0], phis[1:])
+    i_next = b.add(phis[0], I64(1))
+    for phi, first, then in zip(phis, (start, *carried), (i_next, *nxt)):
+        phi.add_incoming(first, before)
+        phi.add_incoming(then, b.block)  # body may have added blocks: the back edge leaves from the last
+    after = b.append_basic_block(f"{name}.end")
+    b.cbranch(b.icmp_signed("<", i_next, stop), loop, after)
+    b.position_at_end(after)
+    return nxt
 
 
 def has_fma(target: Target) -> bool:
@@ -295,24 +280,36 @@ def check_asm(asm: str, target: Target, accumulators: int, unroll: int = UNROLL)
 
 @functools.cache
 def compiled(target: Target) -> tuple[str, bytes, int, int]:
-    """(assembly of the FMA loop, object code of the FMA loop and the triad, lanes, accumulators) for
-    `target`."""
+    """(assembly of the FMA loop, its object code, lanes, accumulators) for `target`."""
     from jitop.codegen.target import compile_ir, target_machine
 
     lanes, acc = target.lanes(4), accumulators_for(target)
-    ir = fma_loop_ir(lanes, acc, fma=has_fma(target)) + "\n" + triad_ir(target.lanes(8))
-    mod, obj = compile_ir(ir, target)
+    mod, obj = compile_ir(fma_loop_ir(lanes, acc, fma=has_fma(target)), target)
     return target_machine(target).emit_assembly(mod), obj, lanes, acc
+
+
+@functools.cache
+def triad_kernel(target: Target, n: int) -> Module:
+    """jitop's own parallel triad a[i] = b[i] + TRIAD_SCALAR * c[i] over `n` float64 elements, called as
+    kernel(b, c, a): a tensor expression whose loop is split into blocks of TRIAD_BLOCK elements, the blocks run
+    on all threads (jitop_parallel_for), each block vectorized (into whole vector registers, as every jitop
+    kernel). Built, like the FMA loop, for `target`."""
+    from jitop.driver import build
+    from jitop.schedule.schedule import create_schedule
+    from jitop.te import compute, placeholder
+
+    b, c = placeholder((n,), "float64", name="b"), placeholder((n,), "float64", name="c")
+    a = compute((n,), lambda i: b[i] + TRIAD_SCALAR * c[i], name="a")
+    s = create_schedule(a.op)
+    blocks, block = s[a].split(a.op.axis[0], factor=TRIAD_BLOCK)
+    s[a].parallel(blocks)
+    s[a].vectorize(block)
+    return build(s, [b, c, a], target=target, name="triad")
 
 
 class _FmaClosure(ctypes.Structure):
     _fields_ = [("iters", ctypes.c_int64), ("xy", ctypes.c_void_p), ("init", ctypes.c_void_p),
                 ("out", ctypes.c_void_p)]
-
-
-class _TriadClosure(ctypes.Structure):
-    _fields_ = [("block", ctypes.c_int64), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("c", ctypes.c_void_p),
-                ("s", ctypes.c_double)]
 
 
 def triad_array_bytes(target: Target) -> int:
@@ -352,8 +349,7 @@ def measure(target: Target | None = None, call_seconds: float = CALL_SECONDS, re
     except TargetMismatchError as e:
         return Peak(gflops_1=None, gflops_all=None, note=str(e).split(";")[0], **fields)
 
-    addrs = load_object(obj, ["fma_body", "triad_body"])
-    body_addr = addrs["fma_body"]
+    body_addr = load_object(obj, ["fma_body"])["fma_body"]
     body = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(body_addr)
     threads = target.threads
     xy = np.concatenate([np.full(lanes, 0.999, np.float32), np.full(lanes, 1e-3, np.float32)])  # acc -> ~1
@@ -396,26 +392,23 @@ def measure(target: Target | None = None, call_seconds: float = CALL_SECONDS, re
                     break
         if bandwidth:
             nbytes = triad_array_bytes(target)
-            bw = _triad_gbs(addrs["triad_body"], nbytes, parallel)
+            bw = _triad_gbs(triad_kernel(target, nbytes // 8), nbytes)
     finally:
         parallel.set_num_threads(old_threads)
     return Peak(gflops_1=g1, gflops_all=gall, bandwidth_gbs=bw, triad_bytes=nbytes,
                 seconds=time.perf_counter() - start, measured_at=time.time(), **fields)
 
 
-def _triad_gbs(body_addr: int, nbytes: int, parallel, repeat: int | None = None) -> float:
-    """Best STREAM-counted bandwidth (GB/s) of the triad over three arrays of `nbytes` each, on the pool's
-    current thread count."""
+def _triad_gbs(triad: Module, nbytes: int, repeat: int | None = None) -> float:
+    """Best STREAM-counted bandwidth (GB/s) of `triad` (triad_kernel's, for three arrays of `nbytes` each), on
+    the pool's current thread count."""
     n = nbytes // 8
-    blocks = n // TRIAD_BLOCK
     # fresh mmap'd pages (zero until written); the triad itself writes them first, on the threads that time it
     a, b, c, untouched = (np.empty(n, np.float64) for _ in range(4))
-    closure = _TriadClosure(TRIAD_BLOCK, 0, 0, 0, 3.0)
 
     def run(dst: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
-        closure.a, closure.b, closure.c = dst.ctypes.data, x.ctypes.data, y.ctypes.data
         t0 = time.perf_counter()
-        parallel.run_parallel(body_addr, ctypes.addressof(closure), blocks)
+        triad(x, y, dst)  # dst = x + TRIAD_SCALAR * y
         return time.perf_counter() - t0
 
     run(c, untouched, untouched)  # c's pages placed by the threads (reading `untouched` reads the shared zero page)

@@ -169,11 +169,24 @@ def test_triad_arrays_are_4x_the_caches_within_bounds(monkeypatch) -> None:
         assert peak_mod.triad_array_bytes(t) % (peak_mod.TRIAD_BLOCK * 8) == 0
 
 
-def test_the_measured_loops_are_what_they_should_be() -> None:
-    target = Target.current()
+@pytest.mark.parametrize("cpu", [None, "x86-64"])  # the host; a CPU without FMA (a multiply and an add)
+def test_the_fma_loop_is_what_it_should_be(cpu: str | None) -> None:
+    target = Target.current() if cpu is None else Target.from_string(f"llvm -mcpu={cpu}")
     asm, _, lanes, acc = peak_mod.compiled(target)
     assert peak_mod.check_asm(asm, target, acc) == []
-    assert lanes == target.lanes(4) and "triad_body" in asm
+    assert lanes == target.lanes(4) and "fma_body" in asm
+
+
+def test_the_triad_is_jitops_own_parallel_vector_kernel() -> None:
+    target = Target.current()
+    n = 2 * peak_mod.TRIAD_BLOCK
+    triad = peak_mod.triad_kernel(target, n)
+    b, c = np.arange(n, dtype=np.float64), np.linspace(-1.0, 1.0, n)
+    np.testing.assert_array_equal(triad(b, c), b + peak_mod.TRIAD_SCALAR * c)
+    assert triad.meta["uses_parallel"]  # on jitop_parallel_for
+    adds = [line for line in peak_mod.hot_loop(triad.get_source("asm"), "addpd").splitlines() if "addpd" in line]
+    reg = {64: "zmm", 32: "ymm"}.get(target.vector_bytes, "xmm")
+    assert adds and all(f"%{reg}" in line for line in adds)  # on whole vector registers
 
 
 def test_a_real_measurement_measures(monkeypatch) -> None:
