@@ -30,7 +30,7 @@ import jitop.driver  # noqa: E402
 from jitop.graph.compile import build, prepare  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "graph"))
-from test_deep_programs import (TRACED, chain, fixed_arity, mlp_params, residual_mlp, resnet50,  # noqa: E402
+from test_deep_programs import (TRACED, chain, mlp_params, residual_mlp, resnet50,  # noqa: E402
                                 resnet50_convs, resnet50_params)
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -119,7 +119,8 @@ def main() -> None:
         points = []
         for blocks in [(1, 1, 1, 1), (2, 2, 2, 2)] + ([] if opts.quick else [(3, 4, 6, 3)]):
             params = resnet50_params(4, 10, seed=sum(blocks), blocks=blocks)
-            points.append((len(resnet50_convs(4, blocks)), fixed_arity(resnet50, len(params), blocks), [img] + params))
+            forward = (lambda x, params, blocks=blocks: resnet50(x, params, TRACED, blocks))  # forward(x, params)
+            points.append((len(resnet50_convs(4, blocks)), forward, [img, params]))
         print(series("bottleneck ResNet (1x3x32x32, width 4; 3-4-6-3 blocks = ResNet-50)", "convs", points))
 
 
