@@ -5,15 +5,16 @@ Index expressions are sums of coefficient * atom plus a constant; `(io*8 + ii) /
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from jitop.te.expr import Expr, Op, const, rebuild, walk
 from jitop.dtypes import DType
 
 Ranges = dict[Expr, tuple[int, int]]
 Interval = Optional[tuple[int, int]]
-# What one query has worked out about each node ("lin", "bounds", "simplify"), valid while its ranges hold
-Memo = dict[tuple[str, Expr], Any]
+# What one query has worked out about each node (its linear form, bounds, simplified form), valid while its
+# ranges hold: (the function that computed it, or "simplify", the node) -> result
+Memo = dict[tuple[Any, Expr], Any]
 _LINEAR = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.FLOORDIV, Op.FLOORMOD, Op.CONST})
 
 
@@ -48,10 +49,15 @@ def to_lin(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Lin:
     `memo` (shared by one top-level query, while `ranges` stay the same) visits each node of the expression
     DAG once: index math reuses subexpressions (a reshape's p // W and p % W), and walking it as a tree
     grows exponentially with the reshapes one fused expression inlines."""
+    return _memoised(_to_lin, e, ranges, memo)
+
+
+def _memoised(compute: Callable[[Expr, Ranges, Memo], Any], e: Expr, ranges: Ranges, memo: Memo | None) -> Any:
+    """compute(e, ranges, memo), once per (compute, e) in `memo` (a fresh memo when None)."""
     memo = {} if memo is None else memo
-    key = ("lin", e)
+    key = (compute, e)
     if key not in memo:
-        memo[key] = _to_lin(e, ranges, memo)
+        memo[key] = compute(e, ranges, memo)
     return memo[key]
 
 
@@ -148,11 +154,7 @@ def lin_bounds(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Interval:
 
 
 def atom_bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
-    memo = {} if memo is None else memo
-    key = ("bounds", e)
-    if key not in memo:
-        memo[key] = _atom_bounds(e, ranges, memo)
-    return memo[key]
+    return _memoised(_atom_bounds, e, ranges, memo)
 
 
 def _atom_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
