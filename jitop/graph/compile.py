@@ -72,9 +72,10 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique)
     st = graph.lowering.st
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
-    epilogues = schedule_rules.template_epilogues(st, unique, why)
+    index = schedule_rules.GraphIndex(unique)  # readers and order, shared by the two rules below
+    epilogues = schedule_rules.template_epilogues(st, unique, why, index)
     # row fusion: from bound inference on a probe, before anything is scheduled
-    rows, row_decision = schedule_rules.row_groups(st, unique, why, target, epilogues)
+    rows, row_decision = schedule_rules.row_groups(st, unique, why, target, epilogues, index)
     # schedule: template epilogues on the register tile, row-fused outputs, every other stage by its kind
     sch = schedule_rules.apply(st, unique, target, epilogues, rows)
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd

@@ -84,22 +84,21 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
 
 
 class GraphIndex:
-    """A graph's readers and topological positions, computed once per compile: the rules below ask about
-    every template and row-group head, so re-walking the whole graph each time would be quadratic."""
+    """A graph's topological order, readers and positions, computed once per compile (jitop/graph/compile.py):
+    the rules below ask about every template and row-group head, so re-walking the whole graph each time would
+    be quadratic."""
 
     def __init__(self, outputs: list[Node]):
-        order = toposort(outputs)
-        self.users = consumers(order)
-        self.position = {n: k for k, n in enumerate(order)}
+        self.order = toposort(outputs)
+        self.users = consumers(self.order)
+        self.position = {n: k for k, n in enumerate(self.order)}
 
 
-def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node],
-              graph: GraphIndex | None = None) -> list[Node]:
+def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node], graph: GraphIndex) -> list[Node]:
     """Materialized nodes that only `out` reads (directly, through inlined nodes or through each other), that
     out can compute one output row at a time."""
     if out.ndim < 2 or out.prim in OPAQUE:
         return []
-    graph = graph or GraphIndex(outputs)
     lead = out.shape[:-1]
 
     def row_shaped(n: Node) -> bool:
@@ -142,13 +141,11 @@ def _only_read_by(out: Node, candidate: Callable[[Node], bool], graph: GraphInde
 _ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
 
 
-def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str],
-                graph: GraphIndex | None = None) -> Node | None:
+def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str], graph: GraphIndex) -> Node | None:
     """The output or materialized intermediate that applies only same-shape elementwise operations to
     matmul `m` (bias, activation): it reads m at its own index, so it can run on m's register tile."""
     if m in outputs:  # the matmul itself is returned: it must be written out
         return None
-    graph = graph or GraphIndex(outputs)
     # the inlined nodes reading m and the materialized nodes where they end: m's epilogue is the one end
     between, ends, stack = set(), set(), list(graph.users[m])
     while stack:
@@ -166,13 +163,13 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str],
     return None
 
 
-def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node, str]) -> dict[Node, Tensor]:
+def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node, str],
+                       graph: GraphIndex) -> dict[Node, Tensor]:
     """Output (or materialized elementwise intermediate, such as an activation feeding the next matmul) ->
     the template stage it is the epilogue of (computed on that template's register tile).
     One template per epilogue: a second (conv(x, w1) + conv(x, w2)) writes its result to memory."""
     epilogues: dict[Node, Tensor] = {}
     outputs = list(dict.fromkeys(outputs))
-    graph = GraphIndex(outputs)
     for m, t in st.tensors.items():
         if t in st.templates and (out := epilogue_of(m, outputs, materialized, graph)) and out not in epilogues:
             epilogues[out] = t
@@ -180,14 +177,14 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
 
 
 def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target,
-               epilogues: dict[Node, Tensor]) -> tuple[dict[Node, list[Node]], str]:
+               epilogues: dict[Node, Tensor], graph: GraphIndex) -> tuple[dict[Node, list[Node]], str]:
     """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before
     scheduling: a probe schedule with only the row attachments is bound-inferred, and if any member would
     need more than one row per output row (it is read along another axis), nothing is row-fused, since
     computing it inside the row loop would redo it every row. All or none: a member may read another's
     row buffer. Outputs in `epilogues` are scheduled by their template instead. Returns the groups and a
     sentence saying what was decided, for explain()."""
-    groups = _row_heads(st, outputs, materialized, epilogues)
+    groups = _row_heads(st, outputs, materialized, epilogues, graph)
     if not groups:
         return {}, "no output reads a reduction or shared intermediate row by row"
     probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
@@ -208,14 +205,13 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
 
 
 def _row_heads(st: Stages, outputs: list[Node], materialized: dict[Node, str],
-               epilogues: dict[Node, Tensor]) -> dict[Node, list[Node]]:
+               epilogues: dict[Node, Tensor], graph: GraphIndex) -> dict[Node, list[Node]]:
     """Candidate row groups: each injective output, or materialized injective intermediate (a softmax
     feeding a matmul), with the row-shaped stages only it reads; consumers first, each stage in one group."""
-    heads = [n for n in toposort(outputs) if n in materialized and st.kind.get(st.tensors.get(n)) == "injective"
+    heads = [n for n in graph.order if n in materialized and st.kind.get(st.tensors.get(n)) == "injective"
              and n not in epilogues]
     groups: dict[Node, list[Node]] = {}
     taken: set[Node] = set()
-    graph = GraphIndex(outputs)
     for n in reversed(heads):
         if n in taken:
             continue
