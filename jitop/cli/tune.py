@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
         raise CommandError("--script needs the path of a Python program, e.g. jitop tune --script prog.py")
-    if args.script is None and args.script_args:
-        raise CommandError("arguments after -- are a script's: give the script with --script prog.py")
     _check_cluster_address(args.cluster)
     logged = _script_workloads(args) if args.script else _logged_workloads()
     if not logged:
