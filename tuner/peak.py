@@ -472,13 +472,7 @@ def machine_peak(target: Target, at_least: float | None = None, at_least_gbs: fl
 def stored_peaks() -> list[Peak]:
     """Every peak stored in the cache (readable ones), for `jitop cache list`."""
     from jitop.cachedir import store
-    out = []
-    for _, payload in store().items(PREFIX):
-        try:
-            out.append(Peak.from_json(payload))
-        except (ValueError, TypeError, KeyError):
-            continue
-    return out
+    return [p for _, payload in store().items(PREFIX) if (p := _readable(payload)) is not None]
 
 
 def stored_peak(target_key: str) -> Peak | None:
@@ -487,8 +481,13 @@ def stored_peak(target_key: str) -> Peak | None:
     if target_key in _known:
         return _known[target_key]
     payload = store().get(PREFIX + target_key)
+    return _readable(payload) if payload is not None else None
+
+
+def _readable(payload: bytes) -> Peak | None:
+    """A stored peak, or None if it cannot be read (listing never warns: `machine_peak` does, and measures)."""
     try:
-        return Peak.from_json(payload) if payload is not None else None
+        return Peak.from_json(payload)
     except (ValueError, TypeError, KeyError):
         return None
 
