@@ -100,6 +100,7 @@ def _divmod_lin(e: Expr, ranges: Ranges, memo: Memo) -> Lin:
 def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
     """c*(x % m) + c*m*(x // m) == c*x: index math that splits a flat index (p // W, p % W) and
     flattens it again (row * W + col) becomes p, so the access is seen as contiguous."""
+    memo = {} if memo is None else memo
     changed = True
     while changed:
         changed = False
@@ -108,7 +109,7 @@ def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
                     or atom not in lin.terms:
                 continue
             x, m = atom.src[0], int(atom.src[1].value)
-            div = _divmod_lin(Expr(Op.FLOORDIV, atom.dtype, (x, atom.src[1])), ranges, {} if memo is None else memo)
+            div = _divmod_lin(Expr(Op.FLOORDIV, atom.dtype, (x, atom.src[1])), ranges, memo)
             if len(div.terms) != 1 or div.const:
                 continue
             (q, qc), = div.terms.items()
