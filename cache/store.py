@@ -2,17 +2,19 @@
 
 `DiskStore` keeps entries in one directory through diskcache (SQLite + files; every write is one
 transaction, so it is atomic and many processes may share the directory). Every value is framed with a
-magic, a format version and its sha256, checked on each read: a corrupt, truncated or foreign entry is a
-miss and is removed. A directory that is not the user's own, or that group/others may write, is refused
-with one warning (native code from it is never loaded): the store then remembers nothing, like
-`NullStore`. Least-recently-used entries are evicted beyond the size limit.
+magic, a format version, a digest of the key it was stored under and the sha256 of the payload, all checked
+on each read: a corrupt, truncated or foreign entry, or one moved under another key, is a miss and is
+removed. The directory is opened once and checked through its descriptor (cache/directory.py): one that is
+not the user's own, or that group/others may write, is refused with one warning (native code from it is
+never loaded), and the store then remembers nothing, like `NullStore`. Least-recently-used entries are
+evicted beyond the size limit.
 
-Reads take a lighter path when the directory's database exists already (a warm process): one sqlite3
-connection reads diskcache's table and value files directly, without importing diskcache and running its
-set-up (which writes every setting on each open: ~5 ms of a warm process's first kernel), and refreshes the
-entries' LRU times later and to within LRU_RESOLUTION (see `_Reader`). Anything it does not recognise (another
-eviction policy, a value not stored as raw bytes or a bytes file, any error) goes to diskcache; every write
-goes to diskcache. Checksums are checked on either path.
+Reads never go through diskcache: one sqlite3 connection reads diskcache's table and value files directly
+(`_Reader`). It accepts the two ways jitop stores bytes (raw bytes in the row, or a regular value file inside
+the directory) and nothing else: a pickled row (which diskcache would unpickle, running whatever it holds), a
+FIFO or a device in place of a value file, a file name pointing outside the directory are corrupt entries,
+removed. It also spares a warm process diskcache's import and set-up (~5 ms of its first kernel), and refreshes
+the entries' LRU times later and to within LRU_RESOLUTION. Every write goes to diskcache.
 
 >>> store = DiskStore("/tmp/jitop-cache")     # doctest: +SKIP
 >>> store.put("key", b"object code")          # doctest: +SKIP
@@ -26,6 +28,7 @@ import contextlib
 import hashlib
 import os
 import random
+import re
 import stat
 import struct
 import threading
@@ -34,9 +37,11 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, Protocol
 
+from jitop.cache.directory import CacheDirectory, Refused
+
 MAGIC = b"JTCE"
-FORMAT_VERSION = 1
-_FRAME = struct.Struct("<4sH32s")  # magic, format version, sha256 of the payload
+FORMAT_VERSION = 2
+_FRAME = struct.Struct("<4sH32s32s")  # magic, format version, sha256 of the key, sha256 of the payload
 DEFAULT_SIZE_LIMIT = 2 << 30       # 2 GiB
 KEPT = ("meta/", "tuned/", "workload/")  # never evicted: store metadata, tuned records, the workload log
 _OPEN_ATTEMPTS = 20                # opening races ("database is locked" when many processes create it at once)
@@ -75,65 +80,101 @@ class NullStore:
     def clear(self, prefix: str = "") -> int:
         return 0
 
+    def reset(self) -> int:
+        """Empty a directory whose database cannot be opened (malformed, not a database): remove the database
+        and every value file; how many files were removed. Only a directory that holds nothing but what jitop
+        and diskcache write is touched (ValueError naming the first stranger otherwise), never a refused one."""
+        self.close()
+        path = self._where.open()
+        doomed = [name for name in os.listdir(path) if name in _OWN_FILES]
+        for sub in sorted(set(os.listdir(path)) - set(doomed)):
+            if not _VALUE_DIR.fullmatch(sub) or not os.path.isdir(os.path.join(path, sub)):
+                raise ValueError(f"{os.path.join(self.directory, sub)!r} is not a jitop cache file")
+            for name in os.listdir(os.path.join(path, sub)):
+                files = os.listdir(os.path.join(path, sub, name)) if _VALUE_DIR.fullmatch(name) else [None]
+                if any(f is None or not f.endswith(".val") for f in files):
+                    raise ValueError(f"{os.path.join(self.directory, sub, name)!r} is not a jitop cache file")
+                doomed += [os.path.join(sub, name, f) for f in files]
+        for name in doomed:
+            os.remove(os.path.join(path, name))
+        self._failed, self._warned, self._reader_failed = None, False, False
+        return len(doomed)
+
     def volume(self) -> int:
         return 0
 
 
-def frame(payload: bytes) -> bytes:
-    """A value as stored: header (magic, version, sha256) + payload."""
-    return _FRAME.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+def frame(key: str | bytes, payload: bytes) -> bytes:
+    """A value as stored under `key`: header (magic, version, sha256 of the key and of the payload) + payload."""
+    return _FRAME.pack(MAGIC, FORMAT_VERSION, _digest(key), hashlib.sha256(payload).digest()) + payload
 
 
-def unframe(data: Any) -> bytes | None:
-    """The payload of a stored value, or None unless its header and checksum are right."""
+def unframe(key: str | bytes, data: Any) -> bytes | None:
+    """The payload of a value stored under `key`, or None unless its header, key and checksum are right."""
     if not isinstance(data, (bytes, bytearray)) or len(data) < _FRAME.size:
         return None
-    magic, version, digest = _FRAME.unpack_from(data)
+    magic, version, key_digest, digest = _FRAME.unpack_from(data)
     payload = bytes(data[_FRAME.size:])
-    if magic != MAGIC or version != FORMAT_VERSION or hashlib.sha256(payload).digest() != digest:
+    if (magic != MAGIC or version != FORMAT_VERSION or key_digest != _digest(key)
+            or hashlib.sha256(payload).digest() != digest):
         return None
     return payload
 
 
-def refusal(directory: str) -> str | None:
-    """Why `directory` must not be used as a cache (not the user's own, or writable by group/others), or None.
-    A directory that does not exist yet is fine (it is created private)."""
-    try:
-        st = os.stat(directory)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return f"cannot be inspected ({err.strerror})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
-    if writers:
-        return f"is writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+def _digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else bytes(key)).digest()
 
 
-def make_private(directory: str) -> None:
-    """Close a directory of ours to group and others (mode 700): what diskcache creates inside it follows the
-    umask (possibly group-writable), so only a private top directory keeps others from replacing entries."""
-    mode = stat.S_IMODE(os.stat(directory).st_mode)
-    if mode & 0o077:
-        os.chmod(directory, mode & 0o700)
-
-
-_FULL = object()  # _Reader.get: not something the light path reads, ask diskcache
+_CORRUPT = object()  # _Reader.get: a row jitop did not write (another mode, not a regular file): remove it
 _DBNAME = "cache.db"  # diskcache.core.DBNAME
 _MODE_RAW, _MODE_BINARY = 1, 2  # diskcache.core.MODE_RAW / MODE_BINARY: bytes in the row / in a value file
+_VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]+\.val")  # diskcache's names, inside the directory
+_SELECT = ("SELECT mode, filename, value, access_time FROM Cache WHERE key = ? AND raw = 1"
+           " AND (expire_time IS NULL OR expire_time > ?)")
+_VALUE_DIR = re.compile(r"[0-9a-f]{2}")
+_OWN_FILES = (_DBNAME, _DBNAME + "-wal", _DBNAME + "-shm", _DBNAME + "-journal", "tune.lock")
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 LRU_RESOLUTION = 600.0  # seconds: a read refreshes an entry's LRU time only if it is older than this
 _PENDING_MAX = 256      # refreshed LRU times kept before they are written (else at exit or close)
 
 
+def _row_bytes(row: tuple, where: CacheDirectory, size_limit: int) -> Any:
+    """The framed value of a row (mode, filename, value, ...): bytes, None if its value file vanished since the
+    row was read (evicted, replaced: a miss, as in diskcache), or _CORRUPT for anything jitop does not write."""
+    mode, filename, value = row[:3]
+    if mode == _MODE_RAW and isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if mode == _MODE_BINARY and isinstance(filename, str) and _VALUE_FILE.fullmatch(filename):
+        return _read_value_file(where, filename, size_limit)
+    return _CORRUPT
+
+
+def _read_value_file(where: CacheDirectory, filename: str, size_limit: int) -> Any:
+    """A value file's bytes, opened without blocking (a FIFO never hangs the open) relative to the checked
+    directory; anything but a regular file of at most `size_limit` bytes is _CORRUPT."""
+    try:
+        if os.open in os.supports_dir_fd and where.fd is not None:
+            fd = os.open(filename, os.O_RDONLY | _NONBLOCK, dir_fd=where.fd)
+        else:
+            fd = os.open(os.path.join(where.open(), filename), os.O_RDONLY | _NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _CORRUPT
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > size_limit:
+            return _CORRUPT
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(size_limit + 1)
+    finally:
+        os.close(fd)
+
+
 class _Reader:
     """Reads values diskcache stored (diskcache 5's table: key, raw, expire_time, access_time, mode, filename,
-    value) through one sqlite3 connection. Made only for a database diskcache set up with the
-    least-recently-used policy and without statistics (what DiskStore always asks for); anything else raises,
-    and the store uses diskcache.
+    value) through one sqlite3 connection: only text keys (`raw = 1`: a pickled key is never matched) and only
+    the two modes jitop writes (see _row_bytes).
 
     diskcache's `get` writes each read entry's access time (the LRU order) at once: a process's first write
     costs 1-3 ms (SQLite starts a new write-ahead log), on the first kernel's path. Here an access time is
@@ -141,23 +182,18 @@ class _Reader:
     refresh is written later: at exit, on close, before an eviction, or once _PENDING_MAX are waiting. A
     refresh lost (the process killed, the database busy) only makes an entry look older to eviction."""
 
-    _SELECT = ("SELECT mode, filename, value, access_time FROM Cache WHERE key = ? AND raw = 1"
-               " AND (expire_time IS NULL OR expire_time > ?)")
-
-    def __init__(self, directory: str):
+    def __init__(self, where: CacheDirectory, size_limit: int):
         import sqlite3  # ~1 ms; diskcache imports it too
-        self.directory = directory
-        path = os.path.join(directory, _DBNAME)
+        self.where, self.size_limit = where, size_limit
+        path = os.path.join(where.open(), _DBNAME)
         if not os.path.isfile(path):
-            raise FileNotFoundError(path)  # a new directory: diskcache creates the database
+            raise FileNotFoundError(path)  # a new directory: the first write creates the database
         self._lock = threading.Lock()  # one connection for every thread, one statement at a time
         self._pid = os.getpid()
         self._pending: dict[str, float] = {}  # key -> access time to write
         self._con = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         try:
             settings = dict(self._con.execute("SELECT key, value FROM Settings").fetchall())
-            if settings.get("eviction_policy") != "least-recently-used" or settings.get("statistics", 0):
-                raise ValueError("the database is set up for another eviction policy or counts statistics")
             self._con.execute(f"PRAGMA synchronous = {int(settings.get('sqlite_synchronous', 1))}")
         except BaseException:
             self._con.close()
@@ -165,24 +201,14 @@ class _Reader:
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     def get(self, key: str) -> Any:
-        """The stored (framed) value, None if there is none, or _FULL (diskcache must read it)."""
+        """The stored (framed) value, None if there is none, or _CORRUPT."""
         with self._lock:
-            rows = self._con.execute(self._SELECT, (key, time.time())).fetchall()
+            rows = self._con.execute(_SELECT, (key, time.time())).fetchall()
         if not rows:
             return None
-        ((mode, filename, value, accessed),) = rows
-        if mode == _MODE_RAW and isinstance(value, (bytes, bytearray)):
-            data = bytes(value)
-        elif mode == _MODE_BINARY and isinstance(filename, str):
-            try:
-                with open(os.path.join(self.directory, filename), "rb") as fh:
-                    data = fh.read()
-            except OSError:  # removed since the row was read (evicted, replaced): a miss, as in diskcache
-                return None
-        else:
-            return _FULL
-        now = time.time()
-        if not isinstance(accessed, (int, float)) or now - accessed > LRU_RESOLUTION:
+        data = _row_bytes(rows[0], self.where, self.size_limit)
+        accessed, now = rows[0][3], time.time()
+        if isinstance(data, bytes) and (not isinstance(accessed, (int, float)) or now - accessed > LRU_RESOLUTION):
             self._pending[key] = now
             if len(self._pending) >= _PENDING_MAX:
                 self.flush()
@@ -234,6 +260,9 @@ def _flush_at_exit(ref: "weakref.ref[_Reader]") -> None:
             reader.flush()
 
 
+_RESET_HINT = "`jitop cache clear` resets it"
+
+
 class DiskStore:
     """A diskcache-backed store shared by many processes; checked values, LRU eviction beyond `size_limit`."""
 
@@ -242,15 +271,28 @@ class DiskStore:
         self.size_limit = size_limit
         self.refused: str | None = None
         self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "errors": 0}
+        self._where = CacheDirectory(directory)
+        weakref.finalize(self, self._where.close).atexit = False  # exit handlers may still write to it
         self._cache: Any = None
         self._reader: _Reader | None = None
         self._reader_failed = False
         self._pid = os.getpid()
-        self._failed = False
+        self._failed: Exception | None = None
         self._warned = False
         self._lock = threading.Lock()
 
     # ** opening **
+    @property
+    def path(self) -> str | None:
+        """Where to reach the checked directory (through its descriptor), or None if it is refused or unusable.
+        Files jitop keeps beside the store (tune.lock) are opened inside it."""
+        try:
+            return self._where.open()
+        except OSError as err:
+            if isinstance(err, Refused):
+                self.refused = str(err)
+            return None
+
     def _forked(self) -> None:
         if self._pid != os.getpid():  # a forked child: SQLite connections must not cross fork, open anew
             if self._reader is not None:  # the parent's connection: never used, nor closed, here
@@ -258,30 +300,25 @@ class DiskStore:
             self._cache, self._reader, self._reader_failed, self._pid = None, None, False, os.getpid()
 
     def _light(self) -> _Reader | None:
-        """The light read path (see the module's docstring), or None: the directory has no database yet, is
-        refused (diskcache's opening then warns), or the database is not one the light path reads."""
+        """The reader, or None: the directory has no database yet (nothing to read), or it is refused or
+        unreadable (`_open` then says why, once)."""
         self._forked()
         if self._reader is not None or self._reader_failed:
             return self._reader
         with self._lock:
             if self._reader is None and not self._reader_failed:
                 try:
-                    if refusal(self.directory) is not None:
-                        raise PermissionError(self.directory)
-                    make_private(self.directory)
-                    self._reader = _Reader(self.directory)
-                except Exception:  # noqa: BLE001 - diskcache opens it (and warns if it cannot)
+                    self._reader = _Reader(self._where, self.size_limit)
+                except FileNotFoundError:
+                    pass
+                except Exception:  # noqa: BLE001 - refused, not a database: _open reports it
                     self._reader_failed = True
+        if self._reader_failed:
+            self._open()
         return self._reader
 
-    def _drop_reader(self, reader: _Reader) -> None:
-        with self._lock:
-            if self._reader is reader:
-                self._reader, self._reader_failed = None, True
-        with contextlib.suppress(Exception):
-            reader.close()
-
     def _open(self) -> Any:
+        """diskcache's Cache over the checked directory (for writes), or None with one warning."""
         self._forked()
         if self._cache is not None or self._failed:
             return self._cache
@@ -289,27 +326,23 @@ class DiskStore:
             if self._cache is None and not self._failed:
                 try:
                     self._cache = self._open_checked()
-                except Exception as err:  # noqa: BLE001 - read-only, unreadable, locked: run from memory
-                    self._failed = True
-                    self._warn("opening", err)
+                except Refused as err:
+                    self.refused, self._failed = str(err), err
+                    self._warn("opening", PermissionError(f"the directory {err}; its native code is never loaded"))
+                except Exception as err:  # noqa: BLE001 - read-only, unreadable, not a database: run from memory
+                    self._failed = err
+                    self._warn("opening", err, hint=_RESET_HINT)
         return self._cache
 
     def _open_checked(self) -> Any:
-        why = refusal(self.directory)
-        if why is None and not os.path.isdir(self.directory):
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            why = refusal(self.directory)  # an existing parent's umask does not matter; the dir itself does
-        if why is not None:
-            self.refused = why
-            raise PermissionError(f"the directory {why}; its native code is never loaded")
-        make_private(self.directory)
+        path = self._where.open()
         import diskcache  # imported on first use: it costs ~20 ms
         for attempt in range(_OPEN_ATTEMPTS):
             try:
                 # every value a file (disk_min_file_size=0): deleting one then frees its bytes, which the
                 # eviction below counts on (rows inside the SQLite file do not shrink it); diskcache's own
                 # culling is off (cull_limit=0): it removes 16 entries at a time, the one just written too
-                return diskcache.Cache(self.directory, size_limit=self.size_limit, timeout=30,
+                return diskcache.Cache(path, size_limit=self.size_limit, timeout=30,
                                        eviction_policy="least-recently-used", cull_limit=0, disk_min_file_size=0)
             except Exception as err:  # sqlite3.OperationalError: database is locked (a concurrent creator)
                 if "locked" not in str(err) or attempt == _OPEN_ATTEMPTS - 1:
@@ -317,13 +350,13 @@ class DiskStore:
                 time.sleep(0.01 * (1 + attempt) * random.random())
         raise AssertionError("unreachable")
 
-    def _warn(self, what: str, err: Exception) -> None:
+    def _warn(self, what: str, err: Exception, hint: str = "") -> None:
         self.stats["errors"] += 1
         if not self._warned:
             self._warned = True
             try:
-                warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err}); continuing without it",
-                              RuntimeWarning, stacklevel=4)
+                warnings.warn(f"jitop cache at {self.directory}: {what} failed ({err}); continuing without it"
+                              f"{'; ' + hint if hint else ''}", RuntimeWarning, stacklevel=4)
             except Exception:  # noqa: BLE001 - warnings turned into errors (-W error) must not fail the call
                 pass
 
@@ -332,32 +365,27 @@ class DiskStore:
         """Whether the directory could be opened (False after a refusal or an error on opening)."""
         return self._light() is not None or self._open() is not None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the store could not be opened (refused, or the error), or None."""
+        return self.refused or (str(self._failed) if self._failed else None)
+
     # ** entries **
     def get(self, key: str) -> bytes | None:
         """The payload stored under `key`, or None (missing, corrupt: removed, or any error)."""
-        raw, reader = _FULL, self._light()
-        if reader is not None:
-            try:
-                raw = reader.get(key)
-            except Exception:  # noqa: BLE001 - locked past the timeout, an unknown table: diskcache decides
-                self._drop_reader(reader)
-                raw = _FULL
-        if raw is _FULL:
-            cache = self._open()
-            if cache is None:
-                return None
-            try:
-                raw = cache.get(key)
-            except Exception as err:  # noqa: BLE001 - a corrupt database or a vanished file: a miss
-                self._warn("reading", err)
-                return None
-        if raw is None:
-            self.stats["misses"] += 1
+        reader = self._light()
+        if reader is None:
             return None
-        payload = unframe(raw)
+        try:
+            raw = reader.get(key)
+        except Exception as err:  # noqa: BLE001 - locked past the timeout, a damaged database: a miss
+            self._warn("reading", err, hint=_RESET_HINT)
+            return None
+        payload = unframe(key, raw) if raw is not None else None
         if payload is None:
-            self.stats["corrupt"] += 1
-            self.delete(key)
+            self.stats["misses" if raw is None else "corrupt"] += 1
+            if raw is not None:
+                self.delete(key)
             return None
         self.stats["hits"] += 1
         return payload
@@ -368,7 +396,7 @@ class DiskStore:
         if cache is None:
             return
         try:
-            cache.set(key, frame(value))
+            cache.set(key, frame(key, value))
             self.stats["writes"] += 1
             if cache.volume() > self.size_limit:
                 self._evict(cache, keep=key)
@@ -400,15 +428,17 @@ class DiskStore:
 
     def update(self, key: str, change: Callable[[bytes | None], bytes | None]) -> None:
         """Read-modify-write under the store's lock across processes: `change(old payload or None)` returns the
-        new payload (None: leave it)."""
+        new payload (None: leave it). The old value is read as `get` reads it (never unpickled)."""
         cache = self._open()
         if cache is None:
             return
         try:
             with cache.transact():
-                new = change(unframe(cache.get(key)))
+                rows = cache._sql(_SELECT, (key, time.time())).fetchall()
+                raw = _row_bytes(rows[0], self._where, self.size_limit) if rows else None
+                new = change(unframe(key, raw) if isinstance(raw, bytes) else None)
                 if new is not None:
-                    cache.set(key, frame(new))
+                    cache.set(key, frame(key, new))
                     self.stats["writes"] += 1
         except Exception as err:  # noqa: BLE001
             self._warn("updating", err)
@@ -416,18 +446,12 @@ class DiskStore:
     def keys(self, prefix: str = "") -> list[str]:
         """Every key starting with `prefix`."""
         reader = self._light()
-        if reader is not None:
-            try:
-                return reader.keys(prefix)
-            except Exception:  # noqa: BLE001 - diskcache lists them
-                self._drop_reader(reader)
-        cache = self._open()
-        if cache is None:
+        if reader is None:
             return []
         try:
-            return [k for k in cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)]
+            return reader.keys(prefix)
         except Exception as err:  # noqa: BLE001
-            self._warn("listing", err)
+            self._warn("listing", err, hint=_RESET_HINT)
             return []
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
@@ -443,6 +467,26 @@ class DiskStore:
         for key in keys:
             self.delete(key)
         return len(keys)
+
+    def reset(self) -> int:
+        """Empty a directory whose database cannot be opened (malformed, not a database): remove the database
+        and every value file; how many files were removed. Only a directory that holds nothing but what jitop
+        and diskcache write is touched (ValueError naming the first stranger otherwise), never a refused one."""
+        self.close()
+        path = self._where.open()
+        doomed = [name for name in os.listdir(path) if name in _OWN_FILES]
+        for sub in sorted(set(os.listdir(path)) - set(doomed)):
+            if not _VALUE_DIR.fullmatch(sub) or not os.path.isdir(os.path.join(path, sub)):
+                raise ValueError(f"{os.path.join(self.directory, sub)!r} is not a jitop cache file")
+            for name in os.listdir(os.path.join(path, sub)):
+                files = os.listdir(os.path.join(path, sub, name)) if _VALUE_DIR.fullmatch(name) else [None]
+                if any(f is None or not f.endswith(".val") for f in files):
+                    raise ValueError(f"{os.path.join(self.directory, sub, name)!r} is not a jitop cache file")
+                doomed += [os.path.join(sub, name, f) for f in files]
+        for name in doomed:
+            os.remove(os.path.join(path, name))
+        self._failed, self._warned, self._reader_failed = None, False, False
+        return len(doomed)
 
     def volume(self) -> int:
         """Bytes the cache occupies on disk (database and files)."""

@@ -47,8 +47,9 @@ def _store() -> Any:
     if st.directory is None:
         raise CommandError("the persistent cache is disabled (JITOP_CACHE=0)", status=1)
     if not st.usable:
-        raise CommandError(f"the cache directory {st.directory} {st.refused or 'could not be opened'}; nothing "
-                           "was read or written", status=1)
+        why = f"the directory {st.refused}" if st.refused else (
+            f"it could not be opened ({st.failure}); `jitop cache clear` resets it")
+        raise CommandError(f"the cache at {st.directory} is not used: {why}; nothing was read or written", status=1)
     return st
 
 
@@ -130,13 +131,30 @@ def _workload_rows(st: Any) -> tuple[list, list]:
 
 
 def clear(args: argparse.Namespace) -> int:
-    """`jitop cache clear`: remove every entry, or those of one kind."""
+    """`jitop cache clear`: remove every entry, or those of one kind; a cache whose database cannot be opened
+    (damaged, not a database) is reset."""
+    from jitop.cachedir import store
+    st = store()
+    if st.directory is not None and not st.usable and not st.refused:
+        return _reset(st)
     st = _store()
     prefixes = KINDS[args.kind] if args.kind else ("",)
     removed = sum(st.clear(p) for p in prefixes)
     from jitop.tuner.cached import forget
     forget()
     print(f"removed {removed} entries from {st.directory}")
+    return 0
+
+
+def _reset(st: Any) -> int:
+    """Empty a cache directory whose database cannot be opened (only jitop's own files are removed)."""
+    why = st.failure
+    try:
+        removed = st.reset()
+    except (ValueError, OSError) as err:
+        raise CommandError(f"the cache at {st.directory} could not be opened ({why}) and was not reset: {err}",
+                           status=1) from None
+    print(f"the cache at {st.directory} could not be opened ({why}); reset it: removed {removed} files")
     return 0
 
 

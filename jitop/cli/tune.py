@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     """Tune the chosen workloads, save the best configs in the cache, print the before/after table."""
     from jitop.cli.cache import _store
     from jitop.tuner.tuning import WeightedTask, tune
-    _hold_tuning_lock(_store().directory)  # a disabled or refused cache: said before tuning, not after
+    _hold_tuning_lock(_store())  # a disabled or refused cache: said before tuning, not after
     if args.trials is not None and args.trials < 1:
         raise CommandError(f"--trials must be a positive number, got {args.trials}")
     if args.script is not None and not args.script:
@@ -110,12 +110,13 @@ def _client(address: str | None) -> Any:
 _held: list = []  # the lock file stays open (locked) until this process exits
 
 
-def _hold_tuning_lock(directory: str) -> None:
+def _hold_tuning_lock(st: Any) -> None:
     """One `jitop tune` per cache directory at a time (background tuners included): an exclusive lock on
-    tune.lock in the cache, released when this process ends, however it ends."""
+    tune.lock in the cache (opened inside the directory the store checked), released when this process ends,
+    however it ends."""
     import fcntl
-    path = os.path.join(directory, "tune.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    path = os.path.join(st.directory, "tune.lock")
+    fd = os.open(os.path.join(st.path, "tune.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -177,9 +177,9 @@ def _foreign_blob(a, b) -> bytes:
 
 
 DAMAGE = {
-    "garbage": lambda blob, a, b: b"junk",                                 # not a frame at all
-    "truncated": lambda blob, a, b: frame(blob[:len(blob) // 2]),          # a valid frame, half an Executable
-    "foreign-target": lambda blob, a, b: frame(_foreign_blob(a, b)),       # a valid Executable for another CPU
+    "garbage": lambda name, blob, a, b: b"junk",                              # not a frame at all
+    "truncated": lambda name, blob, a, b: frame(name, blob[:len(blob) // 2]),  # a valid frame, half an Executable
+    "foreign-target": lambda name, blob, a, b: frame(name, _foreign_blob(a, b)),  # valid, for another CPU
 }
 
 
@@ -199,7 +199,7 @@ def test_damaged_entry_is_a_miss_and_is_removed(tmp_path, monkeypatch, damage):
     name = "kernel/" + entry.lookup.key.digest
     blob = DiskStore(str(tmp_path / "cache")).get(name)
     assert blob is not None
-    bad = DAMAGE[damage](blob, a, b)
+    bad = DAMAGE[damage](name, blob, a, b)
     with diskcache.Cache(str(tmp_path / "cache")) as c:
         c.set(name, bad)
 
@@ -268,7 +268,7 @@ def test_schema_bump_removes_old_kernels(tmp_path):
     old, _ = run_child(tmp_path, "schema", SCHEMA_BUMP, cache, "same")
     assert old["status"] == ["miss"]
     with diskcache.Cache(str(cache)) as c:
-        assert unframe(c.get(SCHEMA_MARK)) == str(old["schema"]).encode()
+        assert unframe(SCHEMA_MARK, c.get(SCHEMA_MARK)) == str(old["schema"]).encode()
     assert kernel_entries(cache) == [old["digest"]]
 
     new, _ = run_child(tmp_path, "schema", SCHEMA_BUMP, cache, "bump")
@@ -276,7 +276,7 @@ def test_schema_bump_removes_old_kernels(tmp_path):
     assert new["status"] == ["miss"] and new["digest"] != old["digest"]
     assert kernel_entries(cache) == [new["digest"]]
     with diskcache.Cache(str(cache)) as c:
-        assert unframe(c.get(SCHEMA_MARK)) == str(new["schema"]).encode()
+        assert unframe(SCHEMA_MARK, c.get(SCHEMA_MARK)) == str(new["schema"]).encode()
         infos = [k for k in c.iterkeys() if k.startswith("kernel-info/")]
     assert len(infos) == 1 and infos[0].endswith(new["digest"])
 
@@ -381,7 +381,7 @@ for n in range(1, 16):
     st = kernel_cache.store()  # read without get(): a get would refresh the entries' LRU times
     steps.append({"status": status, "digest": digest, "volume": st.volume(),
                   "stored": "kernel/" + digest in st.keys("kernel/"),
-                  "bytes": len(frame(k.cache[next(reversed(k.cache))].exe.to_bytes(constants=False)))})
+                  "bytes": len(frame("kernel/" + digest, k.cache[next(reversed(k.cache))].exe.to_bytes(constants=False)))})
 print(json.dumps({"steps": steps, "limit": st.size_limit}))
 """
 
@@ -590,12 +590,14 @@ def test_diff_and_nearest():
 
 
 def test_store_frames_are_checked(tmp_path):
-    """A stored value is framed with its checksum: a flipped byte or a cut frame reads as a miss, is counted
-    as corrupt and is removed; a good value round-trips."""
-    assert unframe(frame(b"payload")) == b"payload"
-    bad = bytearray(frame(b"payload"))
+    """A stored value is framed with its key's digest and its checksum: a flipped byte, a cut frame or a value
+    framed for another key reads as a miss, is counted as corrupt and is removed; a good value round-trips."""
+    assert unframe("bad", frame("bad", b"payload")) == b"payload"
+    assert unframe("good", frame("bad", b"payload")) is None
+    bad = bytearray(frame("bad", b"payload"))
     bad[-1] ^= 1
-    assert unframe(bytes(bad)) is None and unframe(frame(b"payload")[:-1]) is None and unframe(b"x") is None
+    assert unframe("bad", bytes(bad)) is None and unframe("bad", frame("bad", b"payload")[:-1]) is None
+    assert unframe("bad", b"x") is None
     st = DiskStore(str(tmp_path / "store"))
     st.put("good", b"value")
     with diskcache.Cache(str(tmp_path / "store")) as c:

@@ -73,5 +73,5 @@ def test_damaged_value_files_are_misses(tmp_path) -> None:
     st = DiskStore(str(tmp_path / "d"))
     st.put("kernel/x", b"good")
     assert st.get("kernel/x") == b"good"
-    st._open().set("kernel/x", frame(b"good")[:-1] + b"!")  # a flipped byte under a valid-looking header
+    st._open().set("kernel/x", frame("kernel/x", b"good")[:-1] + b"!")  # a flipped byte under a valid-looking header
     assert st.get("kernel/x") is None and st.stats["corrupt"] == 1 and "kernel/x" not in st.keys()

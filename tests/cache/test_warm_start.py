@@ -89,10 +89,10 @@ def test_light_reads_match_diskcache_for_rows_files_and_foreign_values(tmp_path)
     st = DiskStore(d)
     st.put("kernel/file", b"in a file")
     cache = st._open()
-    cache.set("kernel/row", frame(b"in the row"))  # a small value kept in the database row (MODE_RAW)
+    cache.set("kernel/row", frame("kernel/row", b"in the row"))  # a small value kept in the database row (MODE_RAW)
     cache._sql("UPDATE Cache SET mode = 1, filename = NULL, value = ? WHERE key = ?",
-               (frame(b"in the row"), "kernel/row"))
-    cache.set("kernel/pickled", {"not": "bytes"})  # pickled: the light path hands it to diskcache
+               (frame("kernel/row", b"in the row"), "kernel/row"))
+    cache.set("kernel/pickled", {"not": "bytes"})  # pickled: never unpickled, a corrupt entry
     st.close()
     again = DiskStore(d)
     assert again.get("kernel/file") == b"in a file"
@@ -118,7 +118,7 @@ def test_a_damaged_or_vanished_value_file_is_a_miss_on_the_light_path(tmp_path):
     assert again.get("kernel/y") is None
 
 
-def test_another_eviction_policy_is_read_by_diskcache(tmp_path):
+def test_another_eviction_policy_is_still_read_by_the_reader(tmp_path):
     d = str(tmp_path / "policy")
     st = DiskStore(d)
     st.put("kernel/x", b"value")
@@ -126,7 +126,7 @@ def test_another_eviction_policy_is_read_by_diskcache(tmp_path):
     diskcache.Cache(d, eviction_policy="least-recently-stored").close()
     again = DiskStore(d)
     assert again.get("kernel/x") == b"value"
-    assert again._reader is None and again._cache is not None
+    assert again._reader is not None and again._cache is None
 
 
 def test_a_refused_directory_is_never_read_by_the_light_path(tmp_path):
@@ -144,7 +144,7 @@ def test_a_refused_directory_is_never_read_by_the_light_path(tmp_path):
         os.chmod(d, 0o700)
 
 
-def test_a_reader_error_falls_back_to_diskcache(tmp_path, monkeypatch):
+def test_a_reader_error_is_a_miss_with_one_warning(tmp_path, monkeypatch):
     d = str(tmp_path / "err")
     st = DiskStore(d)
     st.put("kernel/x", b"value")
@@ -155,8 +155,9 @@ def test_a_reader_error_falls_back_to_diskcache(tmp_path, monkeypatch):
     def broken(self, key):
         raise sqlite3.OperationalError("database is locked")
     monkeypatch.setattr(store_mod._Reader, "get", broken)
-    assert again.get("kernel/x") == b"value"  # diskcache read it
-    assert again._reader is None and again._cache is not None
+    with pytest.warns(RuntimeWarning, match="locked"):
+        assert again.get("kernel/x") is None  # never read through diskcache (which unpickles)
+    assert again.get("kernel/x") is None and again._cache is None
 
 
 def test_a_forked_child_reads_on_its_own_connection(tmp_path):
@@ -271,7 +272,7 @@ def test_keys_on_the_light_path_match_diskcache(tmp_path):
     st = DiskStore(d)
     for k in ("tuned/b/2", "tuned/a/1", "tuned/ä/3", "tune", "kernel/x", "tuned%/_x"):
         st.put(k, b"v")
-    st._open().set(b"tuned/bytes", frame(b"v"))  # not a text key: never listed
+    st._open().set(b"tuned/bytes", frame(b"tuned/bytes", b"v"))  # not a text key: never listed
     expected = {p: sorted(k for k in st._open().iterkeys() if isinstance(k, str) and k.startswith(p))
                 for p in ("tuned/", "tune", "", "tuned%", "nothing")}
     st.close()
