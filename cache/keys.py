@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1  # bump to invalidate every stored kernel at once (tinygrad's table-name version)
+SCHEMA_VERSION = 2  # bump to invalidate every stored kernel at once (tinygrad's table-name version)
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,16 @@ def check_object(obj: bytes) -> ObjectInfo:
 def load_object(obj: bytes, symbols: list[str], variables: list[str] = ()) -> dict[str, int]:
     """Link `obj` into the process; return the address of each function in `symbols` and global in `variables`.
 
-    Raises ValueError for bytes that are not a well-formed x86-64 ELF object or that need a symbol this
-    process does not provide (checked before LLVM sees them), RuntimeError if a name is not defined.
+    Raises ValueError for bytes that are not a well-formed x86-64 ELF object, that need a symbol this
+    process does not provide or that do not define every name asked for (another component's object, say):
+    all checked before LLVM sees them, so nothing of such an object is linked in; RuntimeError if a name its
+    symbol table lists is still not found once linked.
     """
     info = check_object(obj)
+    absent = [n for n in [*symbols, *variables] if n not in info.sizes]
+    if absent:
+        raise ValueError(f"object code does not define {absent}; it may be corrupt, another component's or from "
+                         "another jitop version")
     init_llvm()
     with _lock:
         # an engine owns the (shared, cached) TargetMachine: it is never disposed, an unused one is kept for

@@ -8,8 +8,12 @@ expensive half: lowering, LLVM optimisation and code generation. The key is expl
     schema, kind, function, graph, configs (each task's chosen config), target (its key holds the build
     options), jitop (version + a digest of its own source), llvm (llvmlite + LLVM versions)
 
-An entry is the Executable's bytes without its constants (checksummed; no pickle); beside it, its key parts
-and how it was verified. A corrupt, truncated or foreign entry is a miss and is removed.
+An entry is a small JSON header (the full key it was stored under and the signature it was built for: every
+argument's and constant's shape and dtype, the outputs' shapes and dtypes) followed by the Executable's bytes
+without its constants (checksummed; no pickle); beside it, its key parts and how it was verified. A corrupt,
+truncated or foreign entry is a miss and is removed, and so is one whose header or kernel parameters do not
+match the key looked up and the traced signature (an entry copied under another key), before anything of it
+is linked in or called. The check runs once per load (per signature per process), never per call.
 """
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ import hashlib
 import importlib.util
 import json
 import os
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from jitop.cache import keys
 from jitop.cache.keys import Key, nearest
@@ -31,7 +38,8 @@ from jitop.errors import TargetMismatchError
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, build, constant_array, constant_nodes
 from jitop.graph.ir import toposort
-from jitop.runtime.executable import Executable
+from jitop.runtime.args import ParamSpec
+from jitop.runtime.executable import Executable, Plan
 
 @dataclass
 class Lookup:
@@ -213,7 +221,9 @@ def load_or_build(prep: Prepared, function: str) -> tuple[Executable, Lookup]:
         return build(prep), Lookup("off", key, f"cache directory {st.directory} "
                                    f"{st.refused or 'could not be opened'}")
     exe = build(prep)
-    save(st, key, exe, verified=_verification(prep))
+    built_for = signature(prep)
+    if executable_signature(exe.module.params, exe.plan) == built_for:  # else it could never load: not stored
+        save(st, key, exe, verified=_verification(prep), built_for=built_for)
     return exe, Lookup("miss", key, reason, time.perf_counter() - t0)
 
 
@@ -230,11 +240,25 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
     blob = st.get(KERNEL + key.digest)
     if blob is None:
         return None, "no entry with this key" + _nearest_reason(st, key)
+    expected = signature(prep)
+
+    def built_for_this(params: list[ParamSpec], plan: Plan) -> None:  # before its object code is linked in
+        if executable_signature(params, plan) != expected:
+            raise _OtherEntry("signature")
+
     try:
-        exe = Executable.from_bytes(blob, constants=[constant_array(n) for n in constant_nodes(prep.unique)])
+        head, body = parse_entry(blob)
+        if head["key"] != key.to_json():
+            raise _OtherEntry("key")
+        if head["signature"] != expected:
+            raise _OtherEntry("signature")
+        exe = Executable.from_bytes(body, constants=[constant_array(n) for n in constant_nodes(prep.unique)],
+                                    expect=built_for_this)
+    except _OtherEntry as other:  # a valid entry, copied or moved under this key: never called
+        _remove(st, key)
+        return None, f"the stored entry was built for another {other} and was removed"
     except (ValueError, TargetMismatchError) as err:  # damaged, or not for this machine: never loaded
-        st.delete(KERNEL + key.digest)
-        st.delete(_info_key(key))
+        _remove(st, key)
         return None, f"the stored entry was unusable and was removed ({err})"
     from jitop.graph.fusion import groups as fusion_groups
     from jitop.graph.to_te import choice_line
@@ -245,12 +269,92 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
     return exe, ""
 
 
-def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str) -> None:
-    """Store a compiled kernel and, beside it, its key parts and how it was verified."""
+def _remove(st: DiskStore | NullStore, key: Key) -> None:
+    st.delete(KERNEL + key.digest)
+    st.delete(_info_key(key))
+
+
+class _OtherEntry(Exception):
+    """A well-formed entry that was not built for the key or signature looked up (str: which of the two)."""
+
+
+# ** the entry: header (key, signature) + Executable bytes **
+ENTRY_MAGIC = b"JITOPKCE"
+_ENTRY_HEAD = struct.Struct("<8sI")  # magic, length of the JSON header that follows
+MAX_ENTRY_HEADER = 16 << 20
+
+
+def entry_bytes(key: Key, built_for: list, exe_blob: bytes) -> bytes:
+    """A stored kernel: the key it is stored under and the signature it was built for (`signature`), as a
+    length-prefixed JSON header, then the Executable's bytes."""
+    head = json.dumps({"key": key.to_json(), "signature": built_for}, separators=(",", ":")).encode()
+    return _ENTRY_HEAD.pack(ENTRY_MAGIC, len(head)) + head + exe_blob
+
+
+def parse_entry(blob: bytes) -> tuple[dict, bytes]:
+    """(header, Executable bytes) of a stored kernel; ValueError unless it is one (header: {"key": the key's
+    JSON, "signature": as `signature` gives it})."""
+    if len(blob) < _ENTRY_HEAD.size:
+        raise ValueError(f"not a kernel cache entry: {len(blob)} bytes is shorter than its header")
+    magic, n = _ENTRY_HEAD.unpack_from(blob)
+    if magic != ENTRY_MAGIC:
+        raise ValueError("not a kernel cache entry (bad magic bytes)")
+    if n > min(MAX_ENTRY_HEADER, len(blob) - _ENTRY_HEAD.size):
+        raise ValueError(f"kernel cache entry header of {n} bytes runs past the entry (truncated?)")
+    try:
+        head = json.loads(blob[_ENTRY_HEAD.size:_ENTRY_HEAD.size + n])
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"kernel cache entry header is not JSON ({err})") from None
+    if not (isinstance(head, dict) and isinstance(head.get("key"), str) and isinstance(head.get("signature"), list)):
+        raise ValueError("kernel cache entry header lacks its key or signature")
+    return head, blob[_ENTRY_HEAD.size + n:]
+
+
+def signature(prep: Prepared) -> list:
+    """The signature the kernel of `prep` must have, as JSON data: each kernel input in order (each argument as
+    the trace reads it: kind, position, shape, dtype; then each array constant's shape and dtype), then each
+    output buffer's shape and dtype and which of them the function returns, in order."""
+    inputs = [_input(kind, what, n.shape, n.dtype.np) for (kind, what), n in zip(prep.input_plan, prep.inputs)]
+    if len(prep.input_plan) != len(prep.inputs):
+        inputs.append(["unpaired", len(prep.input_plan), len(prep.inputs)])
+    inputs += [_input("const", None, n.shape, n.dtype.np) for n in constant_nodes(prep.unique)]
+    outputs = [[_shape(n.shape), np.dtype(n.dtype.np).str] for n in prep.unique]
+    index = {n: k for k, n in enumerate(prep.unique)}
+    return [inputs, outputs, [index[o] for o in prep.outputs]]
+
+
+def executable_signature(params: list[ParamSpec], plan: Plan) -> list:
+    """The signature (as `signature` gives it) of a kernel with these parameters and this plan."""
+    inputs = [_input(kind, what, p.shape, p.dtype) for (kind, what), p in zip(plan.inputs, params)]
+    if len(params) < len(plan.inputs):
+        inputs.append(["unpaired", len(plan.inputs), len(params)])
+    n_real = len(plan.outputs) - plan.n_scratch
+    outputs = [[_shape(shape), np.dtype(dt).str] for shape, dt in plan.outputs[:n_real]]
+    return [inputs, outputs, list(plan.result_slots)]
+
+
+def _input(kind: str, what: Any, shape: tuple[int, ...], dtype: Any) -> list:
+    row = [kind, _shape(shape), np.dtype(dtype).str]
+    if kind == "arg":
+        row.append(int(what))
+    elif kind in ("arg_swapped", "scalar"):
+        row += [int(what[0]), np.dtype(what[1]).str, [str(t) for t in what[2]] if len(what) > 2 else []]
+    return row
+
+
+def _shape(shape: tuple[int, ...]) -> list[int]:
+    return [int(d) for d in shape]
+
+
+def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str, built_for: list | None = None) -> None:
+    """Store a compiled kernel (with its key and the signature it was built for: `built_for`, the traced
+    `signature`, default the Executable's own) and, beside it, its key parts and how it was verified."""
     try:
         blob = exe.to_bytes(constants=False)
     except ValueError:  # something the format cannot hold: it stays in memory only
         return
+    blob = entry_bytes(key, built_for if built_for is not None else
+                       executable_signature(exe.module.params, exe.plan), blob)
     info = {"key": json.loads(key.to_json()), "verified": verified, "created": time.time(), "bytes": len(blob)}
     st.put(KERNEL + key.digest, blob)
     st.put(_info_key(key), json.dumps(info).encode())
@@ -258,9 +362,7 @@ def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str) ->
 
 def forget(key: Key) -> None:
     """Remove a stored kernel (one that failed verification)."""
-    st = store()
-    st.delete(KERNEL + key.digest)
-    st.delete(_info_key(key))
+    _remove(store(), key)
 
 
 def mark_verified(key: Key, how: str) -> None:
@@ -317,22 +419,46 @@ def _short(key: Key, name: str) -> str:
 
 class ComponentStore:
     """The object code of a runtime component (the thread pool, the native call entry) under the same named
-    key parts as kernels: its own content key (IR, target, LLVM), the schema and jitop's code version."""
+    key parts as kernels: its own content key (IR, target, LLVM), the schema and jitop's code version.
+
+    A stored value carries the full key it was stored under (a length-prefixed JSON header, as a kernel's): a
+    value copied or moved under another key is a miss and is removed. The component's loader deletes an object
+    that passes this check but does not load (`delete`) and builds it afresh."""
 
     def __init__(self, kind: str):
         self.kind = kind
 
-    def _key(self, content: str) -> str:
-        key = Key.of(schema=keys.SCHEMA_VERSION, kind=self.kind, content=content, jitop=code_version())
-        return f"{self.kind}/{key.digest}"
+    def _key(self, content: str) -> Key:
+        return Key.of(schema=keys.SCHEMA_VERSION, kind=self.kind, content=content, jitop=code_version())
 
     def get(self, content: str) -> bytes | None:
-        """The object code stored for this content key, or None."""
+        """The object code stored for this content key, or None (a value stored under another key is removed)."""
         st = store()
-        return None if st is _NULL else st.get(self._key(content))
+        if st is _NULL:
+            return None
+        key = self._key(content)
+        blob = st.get(f"{self.kind}/{key.digest}")
+        if blob is None:
+            return None
+        try:
+            head, obj = parse_entry(blob)
+            ok = head["key"] == key.to_json()
+        except ValueError:
+            ok = False
+        if not ok:
+            st.delete(f"{self.kind}/{key.digest}")
+            return None
+        return obj
 
     def put(self, content: str, value: bytes) -> None:
         """Store object code under this content key."""
         st = store()
         if st is not _NULL:
-            st.put(self._key(content), value)
+            key = self._key(content)
+            st.put(f"{self.kind}/{key.digest}", entry_bytes(key, [], value))
+
+    def delete(self, content: str) -> None:
+        """Remove the object code stored under this content key (one that did not load)."""
+        st = store()
+        if st is not _NULL:
+            st.delete(f"{self.kind}/{self._key(content).digest}")

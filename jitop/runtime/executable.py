@@ -136,11 +136,15 @@ class Executable:
         return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
 
     @staticmethod
-    def from_bytes(data: bytes, constants: Sequence[np.ndarray] | None = None) -> "Executable":
+    def from_bytes(data: bytes, constants: Sequence[np.ndarray] | None = None,
+                   expect: Callable[[list[ParamSpec], Plan], None] | None = None) -> "Executable":
         """Load a blob written by `to_bytes`: no LLVM optimisation/codegen, no tracing.
 
         constants: the constant arrays, in order, of a blob written with `to_bytes(constants=False)` (each
         must have the shape and dtype the kernel was compiled for).
+        expect: called with the blob's kernel parameters and plan (both checked against each other) before its
+        object code is linked in; whatever it raises, nothing is loaded (the dispatcher refuses a blob built for
+        another signature this way).
 
         Raises ValueError for a corrupt, truncated or incompatible blob, and `jitop.TargetMismatchError`
         (loading nothing) if it was built for a CPU whose features this machine lacks.
@@ -175,6 +179,8 @@ class Executable:
             ll = files["kernel.ll"].decode() if "kernel.ll" in files else None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed jitop Executable ({type(err).__name__}: {err})") from None
+        if expect is not None:  # before any object code is linked in (the object is checked against meta below)
+            expect([ParamSpec.from_json(p) for p in meta["params"]], plan)
         # loads the object code (checked: a well-formed ELF object whose signature equals meta's params)
         return Executable(Module(meta, files["kernel.o"], ll), plan)
 

@@ -492,6 +492,9 @@ class _NoStore:
     def put(self, key: str, value: bytes) -> None:
         pass
 
+    def delete(self, key: str) -> None:
+        pass
+
 
 _object_store: Callable[[], Any] = _NoStore
 _lock = threading.Lock()
@@ -501,7 +504,7 @@ _store_missed = False                  # a caller that may not compile found no 
 
 def use_object_store(make_store: Callable[[], Any]) -> None:
     """Where the entry keeps its object code between processes: `make_store()` (called when the entry is first
-    needed) returns anything with get(key) -> bytes | None and put(key, bytes)."""
+    needed) returns anything with get(key) -> bytes | None, put(key, bytes) and delete(key)."""
     global _object_store
     _object_store = make_store
 
@@ -532,7 +535,9 @@ def _loaded(compile: bool = True) -> dict[str, Any]:
 
 def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
     """The loaded entry; None if its object code is not cached and `compile` is False. A cached object that
-    does not load is a miss (the cache never makes a call fail): compiled again if allowed, else {}."""
+    does not load (not an object file, or one without the entry's symbol: another component's) is a miss and is
+    removed (the cache never makes a call fail, nor leaves the entry unavailable from one process to the next):
+    compiled again if allowed, else None (a later caller that may compile builds and stores it)."""
     ll = _entry_ir()
     host = Target.host()
     key = "fastcall-" + hashlib.sha256(json.dumps([ll, host.triple, host.cpu, host.features,
@@ -543,12 +548,13 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
         try:
             return _load(api, obj)
         except (ValueError, RuntimeError):
-            pass
+            getattr(store, "delete", lambda _: None)(key)
     if not compile:
-        return None if obj is None else {}
+        return None
     _, obj = compile_ir(ll, host)
+    loaded = _load(api, obj)
     store.put(key, obj)
-    return _load(api, obj)
+    return loaded
 
 
 def _pyapi(name: str, restype: Any, *argtypes: Any) -> Any:

@@ -577,10 +577,7 @@ def _build_pool() -> _Pool:
     ll = (_POOL_IR.replace("MAX_THREADS", str(MAX_THREADS)).replace("SLOTS_BYTES", str(MAX_THREADS * 128))
           .replace("NUM_THREADS", str(_num_threads)).replace("SPIN_TICKS", str(SPIN_TICKS))
           .replace("CHUNKS_PER_THREAD", str(CHUNKS_PER_THREAD)))
-    obj = _pool_object(ll)
-    addrs = load_object(obj, ["jitop_parallel_for", "jitop_parallel_configure",
-                              "jitop_parallel_awake_workers", "jitop_parallel_after_fork"],
-                        ["jitop_pool_test_delay_ns"])
+    obj, addrs = _pool_object(ll)
     llvm.add_symbol("jitop_parallel_for", addrs["jitop_parallel_for"])
     pool = _Pool(addrs, obj)
     pool.configure(_num_threads, SPIN_TICKS, _oversubscribed(_num_threads))
@@ -596,29 +593,45 @@ class _NoStore:
     def put(self, key: str, value: bytes) -> None:
         pass
 
+    def delete(self, key: str) -> None:
+        pass
+
 
 _object_store = _NoStore  # makes the persistent cache; installed by the layer that owns it (use_object_store)
 
 
 def use_object_store(make_store: Callable[[], Any]) -> None:
     """Where the pool keeps its object code between processes: `make_store()` (called when the pool is
-    first built) returns anything with get(key) -> bytes | None and put(key, bytes)."""
+    first built) returns anything with get(key) -> bytes | None, put(key, bytes) and delete(key)."""
     global _object_store
     _object_store = make_store
 
 
-def _pool_object(ll: str) -> bytes:
-    """Object code of the pool for this machine: from the object store, else compiled (and stored)."""
+def _pool_object(ll: str) -> tuple[bytes, dict[str, int]]:
+    """Object code of the pool for this machine, loaded, and its symbols' addresses: from the object store,
+    else compiled (and stored). A stored object that does not load (not an object file, or one without the
+    pool's symbols: another component's) is removed and compiled afresh: the cache never leaves the pool
+    unavailable, and the kernels that need it running as numpy, from one process to the next."""
     host = Target.host()
     key = "pool-" + hashlib.sha256(json.dumps([ll, host.triple, host.cpu, host.features, llvm_version()]).encode()).hexdigest()
     store = _object_store()
     obj = store.get(key)
-    if obj is None:
-        # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
-        # optimiser leaves it unchanged (measured) and would double the first-use compile time.
-        _, obj = compile_ir(ll, host, speed_level=0)
-        store.put(key, obj)
-    return obj
+    if obj is not None:
+        try:
+            return obj, _load_pool(obj)
+        except (ValueError, RuntimeError):
+            getattr(store, "delete", lambda _: None)(key)
+    # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
+    # optimiser leaves it unchanged (measured) and would double the first-use compile time.
+    _, obj = compile_ir(ll, host, speed_level=0)
+    addrs = _load_pool(obj)
+    store.put(key, obj)
+    return obj, addrs
+
+
+def _load_pool(obj: bytes) -> dict[str, int]:
+    return load_object(obj, ["jitop_parallel_for", "jitop_parallel_configure", "jitop_parallel_awake_workers",
+                             "jitop_parallel_after_fork"], ["jitop_pool_test_delay_ns"])
 
 
 def _get_pool() -> _Pool:

@@ -179,8 +179,14 @@ def _foreign_blob(a, b) -> bytes:
 DAMAGE = {
     "garbage": lambda name, blob, a, b: b"junk",                              # not a frame at all
     "truncated": lambda name, blob, a, b: frame(name, blob[:len(blob) // 2]),  # a valid frame, half an Executable
-    "foreign-target": lambda name, blob, a, b: frame(name, _foreign_blob(a, b)),  # valid, for another CPU
+    "foreign-target": lambda name, blob, a, b: frame(name, _as_entry_of(blob, _foreign_blob(a, b))),  # for another CPU
 }
+
+
+def _as_entry_of(entry: bytes, exe_blob: bytes) -> bytes:
+    """`exe_blob` as a kernel entry with `entry`'s header (the key and signature it claims)."""
+    head, _ = kernel_cache.parse_entry(entry)
+    return kernel_cache.entry_bytes(Key.from_json(head["key"]), head["signature"], exe_blob)
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -379,9 +385,11 @@ for n in range(1, 16):
     np.testing.assert_allclose(k(a), np.tanh(a) * 2 + 1, rtol=1e-5, atol=1e-6)
     (status,), (digest,) = statuses(k)[-1:], digests(k)[-1:]
     st = kernel_cache.store()  # read without get(): a get would refresh the entries' LRU times
+    e = k.cache[next(reversed(k.cache))]  # its entry as stored: header (key, signature), then the Executable
+    entry = kernel_cache.entry_bytes(e.lookup.key, kernel_cache.executable_signature(e.exe.module.params, e.exe.plan),
+                                     e.exe.to_bytes(constants=False))
     steps.append({"status": status, "digest": digest, "volume": st.volume(),
-                  "stored": "kernel/" + digest in st.keys("kernel/"),
-                  "bytes": len(frame("kernel/" + digest, k.cache[next(reversed(k.cache))].exe.to_bytes(constants=False)))})
+                  "stored": "kernel/" + digest in st.keys("kernel/"), "bytes": len(frame("kernel/" + digest, entry))})
 print(json.dumps({"steps": steps, "limit": st.size_limit}))
 """
 
