@@ -1,12 +1,17 @@
 """Tuned configs from the persistent cache: `pick` uses them with no code change.
 
-A task gets, in order: its own tuned record (source "tuned"); else the cost model's best prediction over its
-space, if a model was trained for its template on this Target (source "predicted", jitop.tuner.predict); else
-the config of the nearest tuned workload
-of the same template on the same Target, projected onto the new workload's space (source "transferred":
-each knob keeps its value if the new space has it, a split takes the nearest candidate in log scale, any
-other knob falls back to the new workload's default); else nothing, and the template's default answers.
-`jitop.tune` saves the best record of every task here.
+A task gets, in order: its own tuned record (source "tuned"; "imported tuned" for a record `jitop cache
+import` read: a claim, not measured here, labelled so in explain and in the kernel's verification); else the
+cost model's best prediction over its space, if a model was trained for its template on this Target (source
+"predicted", jitop.tuner.predict); else the config of the nearest tuned workload of the same template on the
+same Target, projected onto the new workload's space (source "transferred": each knob keeps its value if the
+new space has it, a split takes the nearest candidate in log scale, any other knob falls back to the new
+workload's default); else nothing, and the template's default answers.
+`jitop.tune` saves the best record of every task here; a record measured here always replaces an imported
+one, an imported one never replaces a measured one (cache.tuned.TunedStore.put).
+
+Every record read from the cache is checked again (`valid_record`): a bad one (planted, or written by an older
+jitop that did not check) is skipped, never a crash in listing, transfer or prediction.
 
 >>> import jitop
 >>> from jitop.tuner.registry import get
@@ -25,13 +30,17 @@ from typing import Any, Iterable
 from jitop.cache.tuned import TunedStore
 from jitop.cachedir import store
 from jitop.tuner import registry
-from jitop.tuner.records import Record, best
+from jitop.target import Target
+from jitop.tuner.records import InvalidRecord, Record, best, check, check_speed, theoretical_gflops
 from jitop.tuner.report import describe_task
 from jitop.tuner.space import Config, ConfigSpace
 from jitop.tuner.task import Choice, Task
 
 _by_group: dict[tuple, list[Record]] = {}  # (store directory, target key, template) -> records, read once
+_bounds: dict[tuple, float] = {}  # (store directory, target key) -> gflops_bound
 _lock = threading.Lock()
+IMPORTED_SOURCE = "imported tuned"  # Choice.source of a config from an imported record
+PEAK_MARGIN = 2.0  # a record may claim up to this many times the measured peak (1 thread's figure x threads)
 
 
 def tuned_store() -> TunedStore:
@@ -47,9 +56,18 @@ def cache_source(task: Task) -> Choice | None:
     if own is not None:
         rec = _parse(own)
         if rec is not None and rec.task.key == task.key:
-            return Choice(rec.config, "tuned", f"{rec.gflops:.1f} GFLOP/s, from the cache")
+            return own_choice(rec)
     from jitop.tuner.predict import predicted_choice
     return predicted_choice(task, ts.store) or transferred(task, _group(ts, task))
+
+
+def own_choice(rec: Record) -> Choice:
+    """The Choice a task's own stored record makes: "tuned" if measured here, else "imported tuned", with
+    its origin in the note."""
+    if rec.origin.imported:
+        return Choice(rec.config, IMPORTED_SOURCE, f"{rec.gflops:.1f} GFLOP/s claimed by a record "
+                      f"{rec.origin.describe()}; jitop tune measures it")
+    return Choice(rec.config, "tuned", f"{rec.gflops:.1f} GFLOP/s, from the cache")
 
 
 def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
@@ -64,7 +82,8 @@ def transferred(task: Task, records: Iterable[Record]) -> Choice | None:
     near = ranked[0]
     config = project(near.config, space, default)
     kept = sum(near.config.as_dict().get(k) == v for k, v in config.values)
-    return Choice(config, "transferred", f"from tuned {describe_task(near.task)} ({near.gflops:.1f} GFLOP/s there; "
+    what = "imported (not measured here)" if near.origin.imported else "tuned"
+    return Choice(config, "transferred", f"from {what} {describe_task(near.task)} ({near.gflops:.1f} GFLOP/s there; "
                   f"{kept} of {len(config.values)} knobs kept, the rest projected)")
 
 
@@ -112,12 +131,13 @@ def _nearest_split(value: Any, candidates: tuple) -> Any:
 
 def save_best(records: Iterable[Record]) -> int:
     """Store the fastest successful record of each task in the cache (kept only if faster than the stored
-    one); how many were stored."""
+    one, or if the stored one was imported: a measurement made here replaces a claim); how many were stored.
+    A record that fails `valid_record`'s checks (an implausible speed) is never stored."""
     ts = tuned_store()
     stored = 0
-    for rec in best([r for r in records if usable(r)]).values():
+    for rec in best([r for r in records if usable(r) and trusted(r)]).values():
         if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost, usable_json):
+                                    rec.result.cost, usable_json, imported=rec.origin.imported):
             stored += 1
     with _lock:
         _by_group.clear()
@@ -130,6 +150,17 @@ def usable(rec: Record) -> bool:
     try:
         rec.task.config_space().index_of(rec.config)
     except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def trusted(rec: Record) -> bool:
+    """Whether a record passes the checks `valid_record` makes of a stored one beyond its config: costs,
+    workload sizes (records.check) and speed (`gflops_bound`)."""
+    try:
+        check(rec)
+        check_speed(rec, gflops_bound(rec.task.target))
+    except InvalidRecord:
         return False
     return True
 
@@ -149,6 +180,7 @@ def forget() -> None:
     from jitop.tuner import predict
     with _lock:
         _by_group.clear()
+        _bounds.clear()
     predict._models.clear()
 
 
@@ -166,11 +198,31 @@ def usable_json(text: str) -> bool:
 
 
 def valid_record(text: str) -> Record:
-    """A record line checked all the way: schema, task (a template this jitop has), task key, and a config
-    that is a point of the task's space. Raises (ValueError, LookupError, ...) otherwise."""
+    """A record line checked all the way, on import and whenever the cache is read: schema, task (a template
+    this jitop has), workload sizes, task key, costs (records.check), a config that is a point of the task's
+    space, and a speed its Target can reach (`gflops_bound`). Raises (ValueError, LookupError, ...) otherwise;
+    records.InvalidRecord names the field and what was expected."""
     rec = Record.from_json(text)
     rec.task.config_space().index_of(rec.config)
+    check_speed(rec, gflops_bound(rec.task.target))
     return rec
+
+
+def gflops_bound(target: Target) -> float:
+    """The most GFLOP/s a record of `target` may claim: PEAK_MARGIN x the FP32 peak stored for it (one
+    thread's figure x its threads; the margin covers a peak measured on a busy machine), never more than
+    records.theoretical_gflops (used alone when no peak was measured)."""
+    from jitop.tuner.peak import stored_peak
+    where = (getattr(store(), "directory", None), target.key)
+    bound = _bounds.get(where)
+    if bound is None:
+        bound = theoretical_gflops(target)
+        peak = stored_peak(target.key)
+        if peak is not None and peak.gflops_1 and peak.gflops_1 > 0:
+            bound = min(bound, PEAK_MARGIN * peak.gflops_1 * max(target.threads, 1))
+        with _lock:
+            _bounds[where] = bound
+    return bound
 
 
 def _fields(workload: Any) -> dict[str, Any]:

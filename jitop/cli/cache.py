@@ -97,21 +97,27 @@ def _kernel_rows(st: Any) -> tuple[list, list]:
 
 def _tuned_rows(st: Any) -> tuple[list, list]:
     from jitop.tuner.cached import tuned_store, valid_record
-    from jitop.tuner.peak import stored_peak
-    from jitop.tuner.report import describe_task
     rows = []
     for text in tuned_store().records():
-        try:
-            rec = valid_record(text)
-        except Exception:  # noqa: BLE001 - not usable by this jitop: not listed
+        try:  # a record this jitop cannot use or trust (another jitop's, planted) is not listed
+            rows.append(_tuned_row(valid_record(text)))
+        except Exception:  # noqa: BLE001
             continue
-        # % of the peak measured for the record's Target (stored by tune/explain; listing measures nothing)
-        peak = stored_peak(rec.task.target.key)
-        gflops = peak.per_thread(rec.task.target.threads) if peak else None
-        rows.append([describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}",
-                     f"{100 * rec.gflops / gflops:.0f}%" if gflops else "-", rec.task.target.key,
-                     _when(rec.result.timestamp)])
-    return rows, ["task", "key", "GFLOP/s", "%peak", "target", "measured"]
+    return rows, ["task", "key", "GFLOP/s", "%peak", "target", "origin", "measured"]
+
+
+def _tuned_row(rec: Any) -> list:
+    """One row of `cache list --kind tuned`: an imported record says so (its speed is a claim)."""
+    from jitop.tuner.peak import stored_peak
+    from jitop.tuner.report import describe_task
+    # % of the peak measured for the record's Target (stored by tune/explain; listing measures nothing)
+    peak = stored_peak(rec.task.target.key)
+    gflops = peak.per_thread(rec.task.target.threads) if peak else None
+    origin = (f"imported, not measured here ({os.path.basename(rec.origin.where) or '?'} {_when(rec.origin.when)})"
+              if rec.origin.imported else "measured here")
+    return [describe_task(rec.task), rec.task.key[:12], f"{rec.gflops:.1f}",
+            f"{100 * rec.gflops / gflops:.0f}%" if gflops else "-", rec.task.target.key, origin,
+            _when(rec.result.timestamp)]
 
 
 def _peak_rows(st: Any) -> tuple[list, list]:
@@ -184,40 +190,67 @@ def export(args: argparse.Namespace) -> int:
 
 
 def import_records(args: argparse.Namespace) -> int:
-    """`jitop cache import FILE`: validated records into the cache (exit 1 if a line was invalid)."""
-    from jitop.tuner.cached import forget, tuned_store, usable_json, valid_record
+    """`jitop cache import FILE`: validated records into the cache, each kept as an imported claim (never
+    replacing a measurement made here); an invalid line is reported by its number and skipped, the rest
+    still imported (exit 1 if a line was invalid)."""
+    from jitop.tuner.cached import forget, tuned_store
     _store()
-    try:
-        with open(args.file) as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise CommandError(f"records file {args.file!r} not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CommandError(f"cannot read records file {args.file!r}: {err}") from None
-    ts, stored, bad, total = tuned_store(), 0, 0, 0
+    text = _read_records_file(args.file)
+    ts, origin = tuned_store(), _import_origin(args.file)
+    counts = {"stored": 0, "bad": 0, "failed": 0, "slower": 0, "local": 0}
+    total = 0
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        total += 1
-        try:
-            rec = valid_record(line)
-        except Exception as err:  # noqa: BLE001 - any line this jitop cannot use is reported and skipped
-            bad += 1
-            print(f"{args.file}:{number}: skipped, not a valid jitop tuning record ({type(err).__name__}: "
-                  f"{str(err)[:200]})", file=sys.stderr)
-            continue
-        if rec.result.ok and ts.put(rec.task.target.key, rec.task.template, rec.task.key, rec.to_json(),
-                                    rec.result.cost, usable_json):
-            stored += 1
+        if line.strip():
+            total += 1
+            outcome = _import_line(ts, line, origin)
+            counts[outcome if isinstance(outcome, str) else "bad"] += 1
+            if not isinstance(outcome, str):
+                print(f"{args.file}:{number}: skipped, not a valid jitop tuning record ({type(outcome).__name__}: "
+                      f"{str(outcome)[:200]})", file=sys.stderr)
     forget()
     if total == 0:
         raise CommandError(f"records file {args.file!r} holds no records (expected JSON lines from `jitop cache "
                            "export` or jitop.tune)", status=1)
-    print(f"imported {stored} of {total} records ({bad} invalid, the rest failed trials or no faster than the "
-          "cached ones)")
-    if bad:
-        raise CommandError(f"{bad} invalid line(s) in {args.file!r} were skipped", status=1)
+    print(f"imported {counts['stored']} of {total} records ({counts['bad']} invalid, {counts['failed']} failed "
+          f"trials, {counts['slower']} no faster than the cached ones, {counts['local']} for tasks measured here; "
+          "imported records are claims, not measured here: jitop tune replaces them)")
+    if counts["bad"]:
+        raise CommandError(f"{counts['bad']} invalid line(s) in {args.file!r} were skipped", status=1)
     return 0
+
+
+def _read_records_file(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CommandError(f"records file {path!r} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CommandError(f"cannot read records file {path!r}: {err}") from None
+
+
+def _import_origin(path: str) -> Any:
+    from jitop.tuner.records import IMPORTED, Origin
+    return Origin(IMPORTED, os.path.abspath(path), time.time())
+
+
+def _import_line(ts: Any, line: str, origin: Any) -> str | Exception:
+    """Store one line as an imported record: "stored", "failed" (a failed trial), "slower" (an imported
+    record at least as fast is stored), "local" (a record measured here is stored), or the error that makes
+    the line invalid."""
+    import dataclasses
+
+    from jitop.tuner.cached import usable_json, valid_record
+    try:
+        rec = dataclasses.replace(valid_record(line), origin=origin)
+    except Exception as err:  # noqa: BLE001 - any line this jitop cannot use or trust is reported and skipped
+        return err
+    if not rec.result.ok:
+        return "failed"
+    t = rec.task
+    if ts.put(t.target.key, t.template, t.key, rec.to_json(), rec.result.cost, usable_json, imported=True):
+        return "stored"
+    return "local" if ts.origin(t.target.key, t.template, t.key) == "measured" else "slower"
 
 
 def _when(timestamp: float | None) -> str:

@@ -33,6 +33,10 @@ def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, 
         if untuned:  # one line for all of them, never a warning per call
             lines.append(f"  {untuned} of {len(exe.templates)} untuned: template defaults for this Target "
                          "(jitop.tune(f, *args) tunes them)")
+        imported = sum(", imported tuned config " in t for t in exe.templates)
+        if imported:  # a claim from `jitop cache import`: say so once, as for the untuned ones
+            lines.append(f"  {imported} of {len(exe.templates)} from imported records: imported, not measured here "
+                         "(jitop.tune(f, *args) measures them)")
     if lookup is not None:
         lines += ["", lookup.describe()]
     lines += ["", "loop IR (schedule applied):", str(func if func is not None else exe.func)]

@@ -229,8 +229,11 @@ def load_or_build(prep: Prepared, function: str) -> tuple[Executable, Lookup]:
 
 def _verification(prep: Prepared) -> str:
     """How a new kernel's configs were checked: tuned ones by the tuner (each candidate's output against the
-    default config's), transferred or default ones not beyond the template's own tests."""
+    default config's), transferred or default ones not beyond the template's own tests; a config from an
+    imported record (`jitop cache import`) was checked nowhere here, whatever the others were."""
     sources = {choice.source for _, choice in prep.choices.values()}
+    if "imported tuned" in sources:
+        return "imported config, not checked here"
     if "tuned" in sources:
         return "tuned configs output-checked by the tuner"
     return "transferred config, not checked" if "transferred" in sources else "none"
