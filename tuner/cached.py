@@ -159,7 +159,7 @@ def trusted(rec: Record) -> bool:
     workload sizes (records.check) and speed (`gflops_bound`)."""
     try:
         check(rec)
-        check_speed(rec, gflops_bound(rec.task.target))
+        check_speed(rec, gflops_bound(rec.task.target, rec.origin.imported))
     except InvalidRecord:
         return False
     return True
@@ -204,25 +204,29 @@ def valid_record(text: str) -> Record:
     records.InvalidRecord names the field and what was expected."""
     rec = Record.from_json(text)
     rec.task.config_space().index_of(rec.config)
-    check_speed(rec, gflops_bound(rec.task.target))
+    check_speed(rec, gflops_bound(rec.task.target, rec.origin.imported))
     return rec
 
 
-def gflops_bound(target: Target) -> float:
-    """The most GFLOP/s a record of `target` may claim: PEAK_MARGIN x the FP32 peak stored for it (one
-    thread's figure x its threads; the margin covers a peak measured on a busy machine), never more than
-    records.theoretical_gflops (used alone when no peak was measured)."""
+def gflops_bound(target: Target, imported: bool = True) -> float:
+    """The most GFLOP/s a record of `target` may claim: records.theoretical_gflops, which no honest measurement
+    exceeds; an imported record (a claim) also at most PEAK_MARGIN x the FP32 peak stored for the Target (one
+    thread's figure x its threads; the margin covers a peak measured on a busy machine). A measurement made here
+    is not held to the stored peak: a peak measured under load must never make a real record be thrown away."""
     from jitop.tuner.peak import stored_peak
+    bound = theoretical_gflops(target)
+    if not imported:
+        return bound
     where = (getattr(store(), "directory", None), target.key)
-    bound = _bounds.get(where)
-    if bound is None:
-        bound = theoretical_gflops(target)
+    found = _bounds.get(where)
+    if found is None:
+        found = bound
         peak = stored_peak(target.key)
         if peak is not None and peak.gflops_1 and peak.gflops_1 > 0:
-            bound = min(bound, PEAK_MARGIN * peak.gflops_1 * max(target.threads, 1))
+            found = min(bound, PEAK_MARGIN * peak.gflops_1 * max(target.threads, 1))
         with _lock:
-            _bounds[where] = bound
-    return bound
+            _bounds[where] = found
+    return found
 
 
 def _fields(workload: Any) -> dict[str, Any]:
