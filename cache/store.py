@@ -165,8 +165,8 @@ def _read_value_file(where: CacheDirectory, filename: str, size_limit: int) -> A
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > size_limit:
             return _CORRUPT
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(size_limit + 1)
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read()  # to its end (value files are written once, never grown)
     finally:
         os.close(fd)
 
