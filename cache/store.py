@@ -80,26 +80,6 @@ class NullStore:
     def clear(self, prefix: str = "") -> int:
         return 0
 
-    def reset(self) -> int:
-        """Empty a directory whose database cannot be opened (malformed, not a database): remove the database
-        and every value file; how many files were removed. Only a directory that holds nothing but what jitop
-        and diskcache write is touched (ValueError naming the first stranger otherwise), never a refused one."""
-        self.close()
-        path = self._where.open()
-        doomed = [name for name in os.listdir(path) if name in _OWN_FILES]
-        for sub in sorted(set(os.listdir(path)) - set(doomed)):
-            if not _VALUE_DIR.fullmatch(sub) or not os.path.isdir(os.path.join(path, sub)):
-                raise ValueError(f"{os.path.join(self.directory, sub)!r} is not a jitop cache file")
-            for name in os.listdir(os.path.join(path, sub)):
-                files = os.listdir(os.path.join(path, sub, name)) if _VALUE_DIR.fullmatch(name) else [None]
-                if any(f is None or not f.endswith(".val") for f in files):
-                    raise ValueError(f"{os.path.join(self.directory, sub, name)!r} is not a jitop cache file")
-                doomed += [os.path.join(sub, name, f) for f in files]
-        for name in doomed:
-            os.remove(os.path.join(path, name))
-        self._failed, self._warned, self._reader_failed = None, False, False
-        return len(doomed)
-
     def volume(self) -> int:
         return 0
 
@@ -169,6 +149,23 @@ def _read_value_file(where: CacheDirectory, filename: str, size_limit: int) -> A
             return fh.read()  # to its end (value files are written once, never grown)
     finally:
         os.close(fd)
+
+
+def _own_files(path: str, shown: str) -> list[str]:
+    """Every file of a cache directory (relative paths), which must all be jitop's or diskcache's: the database
+    and its journals, tune.lock, and value files two hex-named levels down; ValueError names any other."""
+    def stranger(*parts: str) -> ValueError:
+        return ValueError(f"{os.path.join(shown, *parts)!r} is not a jitop cache file")
+    found = [name for name in os.listdir(path) if name in _OWN_FILES]
+    for sub in sorted(set(os.listdir(path)) - set(found)):
+        if not _VALUE_DIR.fullmatch(sub) or not os.path.isdir(os.path.join(path, sub)):
+            raise stranger(sub)
+        for name in os.listdir(os.path.join(path, sub)):
+            files = os.listdir(os.path.join(path, sub, name)) if _VALUE_DIR.fullmatch(name) else [None]
+            if any(f is None or not f.endswith(".val") for f in files):
+                raise stranger(sub, name)
+            found += [os.path.join(sub, name, f) for f in files]
+    return found
 
 
 class _Reader:
@@ -474,15 +471,7 @@ class DiskStore:
         and diskcache write is touched (ValueError naming the first stranger otherwise), never a refused one."""
         self.close()
         path = self._where.open()
-        doomed = [name for name in os.listdir(path) if name in _OWN_FILES]
-        for sub in sorted(set(os.listdir(path)) - set(doomed)):
-            if not _VALUE_DIR.fullmatch(sub) or not os.path.isdir(os.path.join(path, sub)):
-                raise ValueError(f"{os.path.join(self.directory, sub)!r} is not a jitop cache file")
-            for name in os.listdir(os.path.join(path, sub)):
-                files = os.listdir(os.path.join(path, sub, name)) if _VALUE_DIR.fullmatch(name) else [None]
-                if any(f is None or not f.endswith(".val") for f in files):
-                    raise ValueError(f"{os.path.join(self.directory, sub, name)!r} is not a jitop cache file")
-                doomed += [os.path.join(sub, name, f) for f in files]
+        doomed = _own_files(path, shown=self.directory)
         for name in doomed:
             os.remove(os.path.join(path, name))
         self._failed, self._warned, self._reader_failed = None, False, False
