@@ -23,6 +23,7 @@ os.environ["JITOP_CACHE_DIR"] = SESSION_CACHE_DIR
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    os.environ["JITOP_CACHE"] = "0"  # what runs at exit (the workload log's flush) must not write to it now
     shutil.rmtree(SESSION_CACHE_DIR, ignore_errors=True)
 
 

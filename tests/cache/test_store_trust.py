@@ -171,7 +171,8 @@ def test_a_malformed_database_says_how_to_reset_and_clear_resets_it(tmp_path, ca
         assert DiskStore(str(d)).get("kernel/x") is None
     from jitop import cachedir
     cachedir._stores.clear()
-    assert cli_main(["cache", "clear"]) == 0
+    with pytest.warns(RuntimeWarning, match="jitop cache clear"):
+        assert cli_main(["cache", "clear"]) == 0
     assert "reset" in capsys.readouterr().out
     cachedir._stores.clear()
     st = DiskStore(str(d))
