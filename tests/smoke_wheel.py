@@ -125,6 +125,7 @@ def main(argv: list[str]) -> None:
 
     _check_cli_and_warm_process(cache_dir)
     import shutil
+    os.environ["JITOP_CACHE"] = "0"  # the workload log's flush at exit must not write to a removed directory
     shutil.rmtree(cache_dir, ignore_errors=True)
     print(f"smoke_wheel: {_passed} passed, 0 failed")
 
