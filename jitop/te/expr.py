@@ -205,8 +205,34 @@ def _canonical_value(value: Any, dt: DType) -> Any:
 
 
 def var(name: str, dtype: Any = "int64") -> Expr:
-    """A fresh scalar variable (distinct from every other, even one with the same name)."""
+    """A fresh scalar variable (distinct from every other, even one with the same name).
+
+    As a dimension of a placeholder or compute shape it is a symbol: one kernel serves every size,
+    read from the arrays' shapes when it runs.
+
+    >>> from jitop import te
+    >>> n = te.var("n")
+    >>> A = te.placeholder((n, 3), name="A")
+    >>> A.shape, n * 2
+    ((n, 3), n * 2)
+    """
     return Expr(Op.VAR, dtypes.as_dtype(dtype), (), (name, next(_uids)))
+
+
+def size_var(name: str, dtype: Any = "int64") -> Expr:
+    """A fresh variable known to be non-negative, as TVM's te.size_var (every shape symbol is one).
+
+    >>> from jitop import te
+    >>> n = te.size_var("n")
+    >>> te.compute((n,), lambda i: i * 2, name="B").shape
+    (n,)
+    """
+    return Expr(Op.VAR, dtypes.as_dtype(dtype), (), (name, next(_uids), "size"))
+
+
+def is_size_var(e: Expr) -> bool:
+    """True for a variable made by size_var (non-negative by definition)."""
+    return e.op is Op.VAR and len(e.arg) > 2 and e.arg[2] == "size"
 
 
 def as_expr(x: Any) -> Expr:

@@ -14,6 +14,30 @@ from jitop.dtypes import DType
 from jitop.te.expr import Expr, Op, binary, promote_operands as _binary_operands, as_expr, cast, const, var, walk
 
 _op_ids = itertools.count()
+Dim = int | Expr  # a dimension or extent: a Python int, or an int64 expression of shape symbols
+
+
+def as_dim(d: Any, what: str) -> Dim:
+    """`d` as a dimension: ints stay Python ints (a constant expression folds to one); an expression must be an
+    int64 function of te.var/te.size_var symbols."""
+    if isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)):
+        if d < 0:
+            raise ValueError(f"{what}: dimension {int(d)} is negative; dimensions are sizes (>= 0)")
+        return int(d)
+    if isinstance(d, IterVar):
+        d = d.var
+    if not isinstance(d, Expr):
+        raise TypeError(f"{what}: dimension {d!r} ({type(d).__name__}) must be an int or an int64 expression of "
+                        "te.var / te.size_var symbols")
+    if d.op is Op.CONST and d.dtype.is_int:
+        return as_dim(int(d.value), what)
+    if d.dtype is not dtypes.INDEX:
+        raise TypeError(f"{what}: dimension {d!r} has dtype {d.dtype}; a symbolic dimension must be int64 "
+                        "(te.var(name) and te.size_var(name) are int64 by default)")
+    bad = [n for n in walk(d) if n.op in (Op.LOAD, Op.REDUCE, Op.CALL, Op.DIV)]
+    if bad:
+        raise TypeError(f"{what}: dimension {d!r} must be integer arithmetic of symbols, not {bad[0]!r}")
+    return d
 
 
 class IterVar:
@@ -26,9 +50,9 @@ class IterVar:
 
     __slots__ = ("var", "extent", "kind", "__weakref__")
 
-    def __init__(self, name: str, extent: int, kind: str = "data"):
+    def __init__(self, name: str, extent: Dim, kind: str = "data"):
         self.var = var(name)
-        self.extent = int(extent)
+        self.extent: Dim = as_dim(extent, f"axis '{name}'")
         self.kind = kind  # "data" | "reduce"
 
     @property
@@ -36,7 +60,7 @@ class IterVar:
         return self.var.name
 
     @property
-    def dom(self) -> tuple[int, int]:
+    def dom(self) -> tuple[int, Dim]:
         """(min, extent) as TVM's Range."""
         return (0, self.extent)
 
@@ -69,7 +93,7 @@ class Tensor:
 
     __slots__ = ("op", "value_index", "shape", "dtype", "__weakref__")
 
-    def __init__(self, op: "Operation", value_index: int, shape: tuple[int, ...], dtype: DType):
+    def __init__(self, op: "Operation", value_index: int, shape: tuple[Dim, ...], dtype: DType):
         self.op, self.value_index, self.shape, self.dtype = op, value_index, shape, dtype
 
     @property
@@ -127,7 +151,7 @@ class Operation:
 class PlaceholderOp(Operation):
     """An input tensor's op (an argument of the built function)."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: DType):
+    def __init__(self, name: str, shape: tuple[Dim, ...], dtype: DType):
         self.name = name
         self.outputs = (Tensor(self, 0, shape, dtype),)
 
@@ -171,31 +195,35 @@ def read_tensors(bodies: Sequence[Expr]) -> list[Tensor]:
     return list(found.values())
 
 
-def _shape(shape: Any, what: str) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    for d in dims:
-        if not isinstance(d, (int, np.integer)) or d < 0:
-            raise ValueError(f"{what}: shape {tuple(dims)} must be non-negative integers (jitop specialises on static shapes)")
-    return tuple(int(d) for d in dims)
+def _shape(shape: Any, what: str) -> tuple[Dim, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer, Expr, IterVar)) else tuple(shape)
+    return tuple(as_dim(d, f"{what}, dimension {k} of shape {tuple(dims)}") for k, d in enumerate(dims))
 
 
-def placeholder(shape: Sequence[int] | int, dtype: Any = "float32", name: str = "placeholder") -> Tensor:
-    """An input tensor of a static shape.
+def placeholder(shape: Sequence[Dim] | Dim, dtype: Any = "float32", name: str = "placeholder") -> Tensor:
+    """An input tensor; a dimension is an int or a symbol (te.var) read from the argument's shape at run time.
 
     >>> A = placeholder((1024,), "float32", name="A")
+    >>> from jitop.te.expr import var
+    >>> n = var("n")
+    >>> placeholder((n, 4), name="X").shape
+    (n, 4)
     """
     return PlaceholderOp(name, _shape(shape, f"placeholder '{name}'"), dtypes.as_dtype(dtype)).output(0)
 
 
-def reduce_axis(dom: tuple[int, int] | int, name: str = "rv") -> IterVar:
-    """A reduction axis over [0, extent); `dom` is (0, extent) as in TVM, or just the extent.
+def reduce_axis(dom: tuple[Dim, Dim] | Dim, name: str = "rv") -> IterVar:
+    """A reduction axis over [0, extent); `dom` is (0, extent) as in TVM, or just the extent (an int or a symbol).
 
     >>> k = reduce_axis((0, 128), "k")
     """
-    lo, extent = (0, dom) if isinstance(dom, (int, np.integer)) else (int(dom[0]), int(dom[1]) - int(dom[0]))
-    if lo != 0:
+    if isinstance(dom, (tuple, list)):
+        lo, hi = (as_dim(d, f"reduce_axis '{name}' domain {tuple(dom)}") for d in dom)
+    else:
+        lo, hi = 0, dom
+    if not isinstance(lo, int) or lo != 0:
         raise NotImplementedError(f"reduce_axis '{name}' must start at 0 (got {dom}); offset the index instead: A[k + {lo}]")
-    return IterVar(name, extent, "reduce")
+    return IterVar(name, hi, "reduce")
 
 
 def _axis_names(fcompute: Callable, ndim: int) -> list[str]:
@@ -207,7 +235,7 @@ def _axis_names(fcompute: Callable, ndim: int) -> list[str]:
     return [p.name for p in params]
 
 
-def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str = "compute",
+def compute(shape: Sequence[Dim] | Dim, fcompute: Callable[..., Any], name: str = "compute",
             tag: str = "", attrs: dict | None = None) -> Tensor | tuple[Tensor, ...]:
     """A tensor defined elementwise by `fcompute(*indices)`; a tuple result gives several tensors.
 
@@ -300,14 +328,19 @@ max = Reducer("max", lambda x, y: binary(Op.MAX, x, y), _lowest)  # noqa: A001
 min = Reducer("min", lambda x, y: binary(Op.MIN, x, y), _highest)  # noqa: A001
 
 
-def broadcast_index(src_shape: tuple[int, ...], out_shape: tuple[int, ...],
+def broadcast_index(src_shape: tuple[Dim, ...], out_shape: tuple[Dim, ...],
                     idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """The index into an operand of shape `src_shape` broadcast (numpy's rules) to `out_shape` at `idx`:
-    leading dims dropped, size-1 dims pinned to 0.
+    leading dims dropped, size-1 dims pinned to 0 (a symbolic dim is never 1 here: sizes 0 and 1 stay constants).
 
     >>> i, j = var("i"), var("j")
     >>> broadcast_index((1, 3), (2, 3), (i, j))[1] is j
     True
     """
     lead = len(out_shape) - len(src_shape)
-    return tuple(const(0) if d == 1 and out_shape[lead + k] != 1 else idx[lead + k] for k, d in enumerate(src_shape))
+    return tuple(const(0) if _is_one(d) and not _is_one(out_shape[lead + k]) else idx[lead + k]
+                 for k, d in enumerate(src_shape))
+
+
+def _is_one(d: Dim) -> bool:
+    return isinstance(d, int) and d == 1

@@ -1,0 +1,85 @@
+"""Symbolic extents (te.var / te.size_var dimensions) through TE, schedules and lowering. No LLVM here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop import te
+from jitop.te.expr import is_size_var
+from jitop.te.tensor import broadcast_index
+
+
+def vector_add(n):
+    A = te.placeholder((n,), name="A")
+    B = te.placeholder((n,), name="B")
+    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
+    return A, B, C
+
+
+# ** te **
+
+def test_tvm_example_reaches_create_schedule():
+    n = te.var("n")
+    A, B, C = vector_add(n)
+    s = jitop.create_schedule(C.op)
+    assert A.shape == (n,) and C.shape[0] is n
+    assert C.op.axis[0].extent is n
+    assert [st.name for st in s.stages] == ["A", "B", "C"]
+
+
+def test_constant_dims_stay_python_ints():
+    A = te.placeholder((np.int64(4), te.const(3)), name="A")
+    assert A.shape == (4, 3) and all(type(d) is int for d in A.shape)
+    B = te.compute(A.shape, lambda i, j: A[i, j], name="B")
+    assert all(type(iv.extent) is int for iv in B.op.axis)
+    assert type(te.reduce_axis((0, np.int32(5))).extent) is int
+
+
+def test_shape_arithmetic_and_if_then_else():
+    n = te.var("n")
+    A = te.placeholder((n, n * 2), name="A")
+    B = te.compute((n * 2,), lambda j: te.if_then_else(j < n, A[0, j], A[1, j]), name="B")
+    assert repr(A.shape) == "(n, n * 2)"
+    assert repr(B.shape[0]) == "n * 2"
+    k = te.reduce_axis((0, n), "k")
+    assert k.extent is n and k.dom == (0, n)
+    S = te.compute((n * 2,), lambda j: te.sum(A[k, j], axis=k), name="S")
+    assert S.op.reduce_axis[0] is k
+
+
+def test_size_var_is_a_marked_variable():
+    n, m = te.size_var("n"), te.var("n")
+    assert is_size_var(n) and not is_size_var(m)
+    assert n is not m and n.name == m.name == "n" and n.dtype.name == "int64"
+
+
+@pytest.mark.parametrize("dim, error, words", [
+    (-1, ValueError, "negative"),
+    (1.5, TypeError, "must be an int or an int64 expression"),
+    (te.var("x", "int32"), TypeError, "must be int64"),
+])
+def test_bad_dims_say_which_dimension(dim, error, words):
+    with pytest.raises(error, match=words) as info:
+        te.placeholder((3, dim), name="Z")
+    assert "placeholder 'Z', dimension 1" in str(info.value)
+
+
+def test_a_read_is_not_a_dimension():
+    A = te.placeholder((4,), "int64", name="A")
+    with pytest.raises(TypeError, match="integer arithmetic of symbols"):
+        te.compute((A[0],), lambda i: i, name="B")
+
+
+def test_broadcast_index_with_symbols():
+    n, i, j = te.var("n"), te.var("i"), te.var("j")
+    assert broadcast_index((1, n), (n, n), (i, j)) == (te.const(0), j)
+    # a symbolic dim is never pinned, even against a 1
+    assert broadcast_index((n,), (1,), (i,)) == (i,)
+    assert broadcast_index((1,), (1,), (i,)) == (i,)
+
+
+def test_keys_distinguish_symbolic_shapes():
+    n, m = te.var("n"), te.var("m")
+    keys = {te.placeholder(shape, name="A").op.key for shape in ((n,), (m,), (n * 2,), (4,))}
+    assert len(keys) == 4
