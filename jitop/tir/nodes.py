@@ -7,7 +7,7 @@ from typing import Iterator
 
 from jitop.dtypes import DType
 from jitop.schedule.schedule import ForKind
-from jitop.te.expr import Expr, Op
+from jitop.te.expr import Expr, Op, const
 
 
 @dataclass(frozen=True, eq=False)
@@ -16,18 +16,26 @@ class Buffer:
 
     name: str
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[int | Expr, ...]  # a dim is an int, or an int64 Expr over the function's symbols
     scope: str = "global"  # "param" (argument), "global" (allocated), "local" (allocated at an attach point)
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def symbolic(self) -> bool:
+        """Whether some dimension is an expression over symbols rather than a constant."""
+        return not all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def size(self) -> int | Expr:
+        """The number of elements: an int, or an Expr when the shape is symbolic."""
+        if not self.symbolic:
+            return math.prod(self.shape)
+        return math.prod(self.shape, start=const(1))
 
     def load(self, indices: tuple[Expr, ...]) -> Expr:
         return Expr(Op.LOAD, self.dtype, tuple(indices), self)
 
     def __repr__(self) -> str:
-        return f"Buffer({self.name}, {self.dtype}{list(self.shape)}, {self.scope})"
+        return f"Buffer({self.name}, {self.dtype}[{', '.join(map(str, self.shape))}], {self.scope})"
 
 
 class Stmt:
@@ -73,13 +81,18 @@ class Allocate(Stmt):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PrimFunc:
-    """A lowered function: parameters (inputs then outputs) and a loop-IR body. `print(f)` shows the loops."""
+    """A lowered function: parameters (inputs then outputs) and a loop-IR body. `print(f)` shows the loops.
+
+    `symbols` are the int64 VARs the parameters' symbolic dims are built from, in binding order:
+    the compiled kernel receives their values (read from the arrays' shapes) as one i64 array.
+    """
 
     name: str
     params: tuple[Buffer, ...]
     body: Stmt
     outputs: tuple[int, ...] = ()      # indices into params written by the function
     attrs: dict = field(default_factory=dict)
+    symbols: tuple[Expr, ...] = ()
 
     def __str__(self) -> str:
         from jitop.tir.printer import func_str
