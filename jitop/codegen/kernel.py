@@ -30,6 +30,7 @@ MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of 
 MAX_UNROLL = 256
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
 ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
+ARRAY_DIMS_OFFSET = 32  # PyArrayObject: ... `char *data`, `int nd` (padded to 8), then `npy_intp *dimensions`
 # an error entry of `checked` that is not an access: "<exception type>: <message>", raised as that type
 NEGATIVE_POWER = "ValueError: Integers to negative integer powers are not allowed."
 # LLVM's optimiser takes time growing faster than linearly with one function's size (a 200-layer MLP in one

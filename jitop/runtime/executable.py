@@ -242,8 +242,8 @@ _NATURAL = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype
 def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict[int, type] | None,
                compile: bool) -> "fastcall.Spec | None":
     """The plan as a fastcall.Spec: the same inputs, outputs (recycled as `_allocator` does) and result."""
-    if not (module.runnable and module.address and fastcall.available(compile)):
-        return None
+    if not (module.runnable and module.address and fastcall.available(compile)) or module.symbols:
+        return None  # a kernel with symbolic shapes has no native entry yet: its symbols are bound in Python
     flag = module.error_flag_address()
     if module.checked and not flag:
         return None

@@ -13,19 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from jitop.runtime.args import ParamSpec, check_array, check_no_overlap
+from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, check_array, check_no_overlap, check_symbols
 from jitop.target import Target
 
 # errors a kernel reports about values (codegen.kernel.RAISE_IF), by the name its error entry starts with
-_VALUE_ERRORS = {"ValueError": ValueError, "OverflowError": OverflowError, "ZeroDivisionError": ZeroDivisionError}
+_VALUE_ERRORS = {"ValueError": ValueError, "OverflowError": OverflowError, "ZeroDivisionError": ZeroDivisionError,
+                 "MemoryError": MemoryError}
 FORMAT_VERSION = 3  # 2: meta['target'] is a jitop Target; 3: the object code carries its signature
 
 
-def signature_json(params: list[dict]) -> str:
-    """The canonical JSON of a kernel's parameter specs (`ParamSpec.to_json()` each, as in meta["params"]):
-    what its object code carries as `<symbol>_signature` (KernelCodegen emits it) and what the metadata's
-    params must still be when the code is loaded."""
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+def signature_json(params: list[dict], symbols: list[dict] | None = None) -> str:
+    """The canonical JSON of a kernel's parameter specs (`ParamSpec.to_json()` each, as in meta["params"])
+    and, for a kernel with symbolic shapes, its symbols (`SymbolSpec.to_json()` each, as in meta["symbols"]):
+    what its object code carries as `<symbol>_signature` (KernelCodegen emits it) and what the metadata
+    must still say when the code is loaded. A kernel without symbols signs its params alone, as before."""
+    signed: object = {"params": params, "symbols": symbols} if symbols else params
+    return json.dumps(signed, sort_keys=True, separators=(",", ":"))
 
 
 def _data_offset_ok() -> bool:
@@ -39,7 +42,19 @@ def _data_offset_ok() -> bool:
     return _OFFSET_OK
 
 
+def _dims_offset_ok() -> bool:
+    """Whether numpy's array struct keeps the dimensions pointer where a symbolic kernel's trampoline reads it."""
+    global _DIMS_OK
+    if _DIMS_OK is None:
+        from jitop.codegen.kernel import ARRAY_DIMS_OFFSET
+        probe = np.zeros((3, 5, 7))
+        dims = ctypes.c_void_p.from_address(id(probe) + ARRAY_DIMS_OFFSET).value
+        _DIMS_OK = bool(dims) and list((ctypes.c_int64 * 3).from_address(dims)) == [3, 5, 7]
+    return _DIMS_OK
+
+
 _OFFSET_OK: bool | None = None
+_DIMS_OK: bool | None = None
 
 
 class Module:
@@ -54,6 +69,9 @@ class Module:
     def __init__(self, meta: dict, object_code: bytes, ll: str | None = None):
         self.meta, self.object_code, self._ll = meta, object_code, ll
         self.params = [ParamSpec.from_json(p) for p in meta["params"]]
+        self.symbols = [SymbolSpec.from_json(s) for s in meta.get("symbols", [])]
+        # a kernel with symbolic shapes: reads its symbols from the arguments and checks the other symbolic dims
+        self.binder = ShapeBinder(self.params, self.symbols) if self.symbols else None
         self.n_inputs = sum(not p.is_output for p in self.params)
         self.target = Target.from_json(meta["target"])
         self.checked = meta.get("checked_accesses", [])
@@ -85,20 +103,30 @@ class Module:
         except (RuntimeError, ValueError) as err:
             raise ValueError(f"kernel '{self.name}': its object code cannot be loaded ({err}); rebuild it") from None
         # linked, not yet run: the code must index its buffers as the metadata's parameters describe them
-        ours = signature_json(self.meta["params"])
+        ours = signature_json(self.meta["params"], self.meta.get("symbols"))
         if signed != ours.encode() + b"\0":
             raise ValueError(f"kernel '{self.name}': object code and metadata disagree about its parameters: the "
                              f"code was compiled for {signed.rstrip(bytes(1)).decode('utf-8', 'replace')[:2000]}, "
                              f"the metadata says {ours[:2000]}; the file was edited or mixed up, rebuild it")
         n = len(self.params)
         self.address = addrs[symbol]  # the kernel itself: void kernel(void *param0, ...) (jitop.runtime.fastcall)
-        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n)(addrs[meta["symbol"]])
-        # fast entry taking the arrays themselves (only for arrays already checked by the caller)
+        # a kernel with symbols takes one more pointer: to an int64 array of their values
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (n + bool(self.symbols)))(addrs[meta["symbol"]])
+        # fast entry taking the arrays themselves (only for arrays already checked by the caller; a symbolic
+        # kernel's reads the symbols from the arrays' dimensions)
+        fast = _data_offset_ok() and (not self.symbols or _dims_offset_ok())
         self.call_arrays = (ctypes.CFUNCTYPE(None, *[ctypes.py_object] * n)(addrs[f"{meta['symbol']}_objects"])
-                            if _data_offset_ok() else lambda *arrays: self._cfunc(*[a.ctypes.data for a in arrays]))
+                            if fast else self._call_pointers)
         self._error = ctypes.c_int32.from_address(addrs[flag[0]]) if flag else None
         # a profiling build: cycle-counter ticks spent in each top-level loop nest, summed over calls
         self.profile_counters = (ctypes.c_uint64 * len(stages)).from_address(addrs[counters[0]]) if stages else None
+
+    def _call_pointers(self, *arrays: np.ndarray) -> None:
+        ptrs = [a.ctypes.data for a in arrays]
+        if self.binder is None:
+            return self._cfunc(*ptrs)
+        values = self.binder.values(arrays)
+        self._cfunc(*ptrs, (ctypes.c_int64 * len(values))(*values))
 
     @property
     def name(self) -> str:
@@ -106,13 +134,23 @@ class Module:
 
     def __call__(self, *arrays: Any) -> Any:
         if len(arrays) == self.n_inputs and self.n_inputs < len(self.params):
+            shapes = self._output_shapes(arrays)
             given = iter(arrays)
-            full = [np.empty(p.shape, p.dtype) if p.is_output else next(given) for p in self.params]
+            full = [np.empty(shapes[k], p.dtype) if p.is_output else next(given) for k, p in enumerate(self.params)]
             self._run(full)
             outs = [a for a, p in zip(full, self.params) if p.is_output]
             return outs[0] if len(outs) == 1 else tuple(outs)
         self._run(list(arrays))
         return None
+
+    def _output_shapes(self, inputs: tuple) -> list[tuple]:
+        """Each parameter's shape, for allocating the outputs: a symbolic kernel's from its inputs' symbols."""
+        if self.binder is None:
+            return [p.shape for p in self.params]
+        for k, (p, a) in enumerate(zip(self.params, inputs)):
+            check_array(p, k, a)
+        values = self.binder.bind(inputs)
+        return [self.binder.shape(k, values) if p.is_output else () for k, p in enumerate(self.params)]
 
     def _run(self, arrays: list) -> None:
         if not self.runnable:
@@ -122,6 +160,9 @@ class Module:
             raise TypeError(f"{self.name}({sig}) takes {len(self.params)} arrays (or the {self.n_inputs} inputs), "
                             f"got {len(arrays)}")
         ptrs = [check_array(p, k, a) for k, (p, a) in enumerate(zip(self.params, arrays))]
+        if self.binder is not None:
+            values = self.binder.bind(arrays)
+            ptrs.append(ctypes.addressof((ctypes.c_int64 * len(values))(*values)))
         check_no_overlap(self.params, arrays)
         self._cfunc(*ptrs)
         self.raise_if_error()
@@ -231,12 +272,18 @@ def check_meta(meta: dict, where: str = "") -> None:
     stages = meta.get("profile_stages", [])
     if not (isinstance(stages, list) and all(isinstance(c, str) for c in stages)):
         raise ValueError(f"{where}profile_stages must be a list of strings")
-    params = meta.get("params")
-    if not isinstance(params, list):
-        raise ValueError(f"{where}params must be a list")
+    params, symbols = meta.get("params"), meta.get("symbols", [])
+    if not isinstance(params, list) or not isinstance(symbols, list):
+        raise ValueError(f"{where}params and symbols must be lists")
+    specs = []
     for p in params:
         spec = ParamSpec.from_json(p)
         if (not isinstance(spec.name, str) or type(spec.is_output) is not bool or spec.dtype.kind not in "biuf"
-                or not spec.dtype.isnative or not all(type(d) is int and d >= 0 for d in spec.shape)):
+                or not spec.dtype.isnative or not all((type(d) is int and d >= 0) or type(d) is str for d in spec.shape)):
             raise ValueError(f"{where}malformed parameter {p!r}: expected a name, a native numeric dtype, "
-                             "a shape of non-negative ints and a bool is_output")
+                             "a shape of non-negative ints (or symbolic dims as strings) and a bool is_output")
+        specs.append(spec)
+    try:
+        check_symbols(specs, [SymbolSpec.from_json(s) for s in symbols])
+    except ValueError as err:
+        raise ValueError(f"{where}malformed symbols: {err}") from None
