@@ -16,7 +16,7 @@ from llvmlite import ir
 from jitop import dtypes
 from jitop.codegen import ops
 from jitop.dtypes import DType
-from jitop.te.expr import Expr, Op, const, free_vars, substitute, walk
+from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, walk
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
 from jitop.tir.bounds import BoundsCheck
 from jitop.tir.passes import substitute_stmt
@@ -28,6 +28,7 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of one vector register (`_chunk_lanes`)
 MAX_UNROLL = 256
+MAX_ALLOC_BYTES = 1 << 48  # a symbolic allocation's limit (beyond any machine's memory; keeps sizes from wrapping)
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
 ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
 ARRAY_DIMS_OFFSET = 32  # PyArrayObject: ... `char *data`, `int nd` (padded to 8), then `npy_intp *dimensions`
@@ -76,7 +77,8 @@ def _libc(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir
 
 
 class KernelCodegen:
-    """Builds one LLVM module with the kernel `func.name` (one pointer argument per buffer)."""
+    """Builds one LLVM module with the kernel `func.name`: one pointer argument per buffer, and, when the
+    function has symbols, one more pointing to an int64 array of their values (in `func.symbols` order)."""
 
     def __init__(self, func: PrimFunc, symbol: str, target: Target, signature: str | None = None):
         """`signature`: the JSON of the kernel's parameter specs (jitop.runtime.module.signature_json); the
@@ -84,13 +86,16 @@ class KernelCodegen:
         self.func, self.symbol, self.target, self.signature = func, symbol, target, signature
         self.module = ir.Module(name=symbol)
         self.avx512 = "avx512f" in target.required_features  # the math library may use AVX-512 instructions
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(func.params)), symbol)
+        self.symbol_sources = func.symbol_sources() if func.symbols else ()  # a symbol read from no input: error
+        n_args = len(func.params) + bool(func.symbols)
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * n_args), symbol)
         for arg in fn.args:
             arg.add_attribute("noalias")
         self.st = FunctionState(fn)
         for buf, arg in zip(func.params, fn.args):
             arg.name = _ident(buf.name)
             self.st.ptrs[buf] = arg
+        self._bind_symbols()
         self.vec: Vec | None = None
         self.contract = False  # FMA fusion allowed (reduction updates only)
         self.n_outlined = 0
@@ -103,6 +108,20 @@ class KernelCodegen:
     @property
     def b(self) -> ir.IRBuilder:
         return self.st.builder
+
+    def _bind_symbols(self) -> None:
+        """Load the symbols' values from the function's last argument in its entry block (each function
+        that takes that argument: the kernel and its parts; parallel bodies get them in their closure)."""
+        if not self.func.symbols:
+            return
+        values = self.st.fn.args[-1]
+        values.name = "symbols"
+        entry = ir.IRBuilder(self.st.entry)
+        for k, sym in enumerate(self.func.symbols):
+            slot = entry.gep(values, [ir.Constant(I64, k)], source_etype=I64, inbounds=True)
+            value = entry.load(slot, typ=I64, name=_ident(sym.name))
+            want = ops.llvm_type(sym.dtype)
+            self.st.env[sym] = value if want == I64 else entry.trunc(value, want)
 
     def build(self) -> ir.Module:
         if self.func.attrs.get("profile"):
@@ -131,6 +150,7 @@ class KernelCodegen:
             for buf, arg in zip(self.func.params, part.args):
                 arg.add_attribute("noalias")
                 self.st.ptrs[buf] = arg
+            self._bind_symbols()
             for nest in nests[k:k + NESTS_PER_FUNCTION]:
                 self.stmt(nest)
             self.st.finish()
@@ -163,15 +183,29 @@ class KernelCodegen:
 
     def _object_trampoline(self) -> None:
         """`<symbol>_objects(PyArrayObject*...)`: reads each array's data pointer (the field after
-        PyObject_HEAD) and calls the kernel, so callers skip ctypes' slow pointer extraction."""
+        PyObject_HEAD) and calls the kernel, so callers skip ctypes' slow pointer extraction. A kernel with
+        symbols gets their values from the arrays' dimensions (`symbol_sources`)."""
         kernel = self.st.fn
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(kernel.args)),
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(self.func.params)),
                          f"{self.symbol}_objects")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         data = [b.load(b.gep(obj, [ir.Constant(I64, ARRAY_DATA_OFFSET)], source_etype=ir.IntType(8)), typ=PTR)
                 for obj in fn.args]
+        if self.func.symbols:
+            data.append(self._symbols_from_dims(b, fn.args))
         b.call(kernel, data)
         b.ret_void()
+
+    def _symbols_from_dims(self, b: ir.IRBuilder, arrays: list[ir.Argument]) -> ir.Value:
+        """An i64[k] of the symbols' values, each read from its array's `dimensions` (npy_intp*)."""
+        values = b.alloca(ir.ArrayType(I64, len(self.symbol_sources)), name="symbols")
+        values.type = PTR
+        for k, (param, dim) in enumerate(self.symbol_sources):
+            field = b.gep(arrays[param], [ir.Constant(I64, ARRAY_DIMS_OFFSET)], source_etype=ir.IntType(8))
+            dims = b.load(field, typ=PTR)
+            size = b.load(b.gep(dims, [ir.Constant(I64, dim)], source_etype=I64), typ=I64)
+            b.store(size, b.gep(values, [ir.Constant(I64, k)], source_etype=I64))
+        return values
 
     # ** statements **
     def stmt(self, s: Stmt) -> None:
@@ -192,6 +226,8 @@ class KernelCodegen:
 
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
+        if buf.symbolic:
+            return self._heap_allocate(s)
         nbytes = max(buf.size * buf.dtype.itemsize, 1)
         elem = ops.memory_type(buf.dtype)
         if nbytes <= STACK_LIMIT:
@@ -207,6 +243,24 @@ class KernelCodegen:
         self.st.ptrs[buf] = ptr
         self.stmt(s.body)
         self.b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
+
+    def _heap_allocate(self, s: Allocate) -> None:
+        """An allocation whose size is known at run time: malloc'd where it stands, freed after its body. A
+        size malloc cannot give (or past MAX_ALLOC_BYTES) runs nothing and raises MemoryError after the call."""
+        buf, b = s.buffer, self.b
+        count = self._scalar(_clamp0(buf.size))
+        nbytes = b.mul(count, ir.Constant(I64, buf.dtype.itemsize))
+        nbytes = b.select(b.icmp_signed("<", nbytes, ir.Constant(I64, 1)), ir.Constant(I64, 1), nbytes)
+        too_big = b.icmp_unsigned(">", count, ir.Constant(I64, MAX_ALLOC_BYTES // buf.dtype.itemsize))
+        size = b.select(too_big, ir.Constant(I64, 1), nbytes)  # never ask malloc for a wrapped-around size
+        ptr = b.call(_libc(self.module, "malloc", PTR, [I64]), [size], name=_ident(buf.name))
+        failed = b.or_(too_big, b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)))
+        self._flag_if(failed, f"MemoryError: cannot allocate {buf.name} ({buf.dtype}{list(buf.shape)}) "
+                              "for these sizes")
+        with b.if_then(b.not_(failed), likely=True):
+            self.st.ptrs[buf] = ptr
+            self.stmt(s.body)
+        b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
 
     def if_then_else(self, s: IfThenElse) -> None:
         cond = self.expr(s.cond)
@@ -239,14 +293,30 @@ class KernelCodegen:
 
     # ** loops **
     def loop(self, s: For) -> None:
+        if s.extent.op is not Op.CONST:
+            return self._symbolic_loop(s)
         extent = int(s.extent.value)
         if s.kind is ForKind.UNROLLED and extent <= MAX_UNROLL:
             return self._unrolled(s, extent)
         if s.kind is ForKind.VECTORIZED and self.vec is None and _vectorizable(s):
             return self._vectorized(s, extent)
-        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None and _worth_threads(s, self.target.parallel_min_work):
-            return self._parallel(s, extent)
+        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None:
+            work = _iterations(s)
+            if isinstance(work, Expr):  # a symbolic loop inside: decide at run time
+                return self._parallel(s, ir.Constant(I64, extent), work)
+            if work >= self.target.parallel_min_work:
+                return self._parallel(s, ir.Constant(I64, extent))
         self._serial(s.var, ir.Constant(I64, 0), ir.Constant(I64, extent), lambda: self.stmt(s.body))
+
+    def _symbolic_loop(self, s: For) -> None:
+        """A loop whose trip count is known at run time: unrolled runs serially; vectorized runs whole
+        vectors and one masked vector; parallel launches threads when the work is worth them."""
+        if s.kind is ForKind.VECTORIZED and self.vec is None and _vectorizable(s):
+            return self._vectorized_symbolic(s)
+        end = self._scalar(s.extent)
+        if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None:
+            return self._parallel(s, end, _iterations(s))
+        self._serial(s.var, ir.Constant(I64, 0), end, lambda: self.stmt(s.body))
 
     def _serial(self, var: Expr, begin: ir.Value, end: ir.Value, emit_body) -> None:
         b = self.b
@@ -286,12 +356,30 @@ class KernelCodegen:
         are independent (`_vectorizable`), so how they are grouped never changes a result."""
         return self.target.lanes(_widest_itemsize(s.body))
 
-    def _vector_chunk(self, s: For, start: ir.Value, lanes: int, extent: int) -> None:
+    def _vectorized_symbolic(self, s: For) -> None:
+        """extent // lanes unmasked vectors, then one masked vector when lanes do not divide the extent. An
+        extent of at most a constant (min(8, n - 8*i)) takes that many lanes: one vector, masked or not."""
+        b = self.b
+        lanes = _constant_bound(s.extent) or self._chunk_lanes(s)
+        end = self._scalar(s.extent)
+        whole = b.sdiv(end, ir.Constant(I64, lanes))  # <= 0 for an extent <= 0: no vector runs
+        chunk = Expr(Op.VAR, dtypes.INDEX, (), (f"{s.var.name}.chunk", id(s)))
+        self._serial(chunk, ir.Constant(I64, 0), whole,
+                     lambda: self._vector_chunk(s, self.b.mul(self.st.env[chunk], ir.Constant(I64, lanes)), lanes))
+        start = b.mul(whole, ir.Constant(I64, lanes))
+        with b.if_then(b.icmp_signed("<", start, end)):
+            self._vector_chunk(s, start, lanes, end)
+
+    def _vector_chunk(self, s: For, start: ir.Value, lanes: int, extent: int | ir.Value | None = None) -> None:
+        """Lanes start, start+1, ... of loop `s`; those at or past `extent` (an int: only when lanes do not
+        divide it) are masked off."""
         b = self.b
         iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
         index = b.add(ops.splat(b, start, lanes), iota)
         mask = None
-        if extent % lanes:
+        if isinstance(extent, ir.Value):
+            mask = b.icmp_signed("<", index, ops.splat(b, extent, lanes))
+        elif extent is not None and extent % lanes:
             mask = b.icmp_signed("<", index, ops.splat(b, ir.Constant(I64, extent), lanes))
         self.vec = Vec(s.var, lanes, index, mask)
         self.st.env[s.var] = start  # lane 0's value, for uniform parts of addresses
@@ -299,19 +387,38 @@ class KernelCodegen:
         self.vec = None
         del self.st.env[s.var]
 
-    def _parallel(self, s: For, extent: int) -> None:
+    def _parallel(self, s: For, extent: ir.Value, work: Expr | None = None) -> None:
+        """Outline the body and run it on the pool over [0, extent). With symbolic `work` (innermost
+        iterations in all), only when that reaches the target's min work at run time: else the outlined
+        body runs the whole range in this thread (one copy of the body either way)."""
         self.uses_parallel = True
         env, ptrs = list(self.st.env.items()), list(self.st.ptrs.items())
-        closure_ty = ir.LiteralStructType([I64] * len(env) + [PTR] * len(ptrs))
+        closure_ty = ir.LiteralStructType([v.type for _, v in env] + [PTR] * len(ptrs))
         entry = ir.IRBuilder(self.st.entry)
         closure = entry.alloca(closure_ty, name="closure")
         closure.type = PTR
         for k, (_, v) in enumerate(env + ptrs):
             self.b.store(v, self.b.gep(closure, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), k)],
                                        source_etype=closure_ty))
+        worth = None if work is None else self._scalar(self._known_at_launch(work) >= self.target.parallel_min_work)
+        memo = self._memo  # outlining emits the body into another function: its values are not ours
         body_fn = self._outline(s, env, ptrs, closure_ty)
+        self._memo = memo
         launch = _libc(self.module, "jitop_parallel_for", ir.VoidType(), [PTR, PTR, I64])
-        self.b.call(launch, [body_fn, closure, ir.Constant(I64, extent)])
+        if worth is None:
+            self.b.call(launch, [body_fn, closure, extent])
+            return
+        with self.b.if_else(worth) as (threads, alone):
+            with threads:
+                self.b.call(launch, [body_fn, closure, extent])
+            with alone:
+                self.b.call(body_fn, [ir.Constant(I64, 0), extent, closure])
+
+    def _known_at_launch(self, work: Expr) -> Expr:
+        """`work` with the variables of loops inside the parallel one (not bound before it) at 0: an
+        estimate of the work from the launch point, e.g. min(8, n - 8*i) counts as min(8, n)."""
+        inner = [v for v in free_vars(work) if v not in self.st.env]
+        return simplify(substitute(work, {v: const(0, v.dtype) for v in inner})) if inner else work
 
     def _outline(self, s: For, env, ptrs, closure_ty) -> ir.Function:
         self.n_outlined += 1
@@ -358,7 +465,7 @@ class KernelCodegen:
         v = self.vec
         if v is None:
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
-        if lanes_ptr == "uniform" and (v.mask is None or math.prod(buf.shape) > 0):
+        if lanes_ptr == "uniform" and (v.mask is None or _nonempty(buf)):
             if v.mask is not None:  # one scalar load, redirected to element 0 when no lane is active
                 ptr = self.b.select(self._any(v.mask), ptr, self.st.ptrs[buf])
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
@@ -420,7 +527,7 @@ class KernelCodegen:
             v = self.expr(idx)
             lanes = ops.lanes_of(v)
             inside = b.and_(b.icmp_signed(">=", v, ops.splat(b, ir.Constant(I64, 0), lanes)),
-                            b.icmp_signed("<", v, ops.splat(b, ir.Constant(I64, dim), lanes)))
+                            b.icmp_signed("<", v, ops.splat(b, self._dim(dim), lanes)))
             ok = inside if ok is None else b.and_(*[ops.splat(b, x, ops.lanes_of(inside) or ops.lanes_of(ok)) for x in (ok, inside)])
         if ok is None:
             ok = ir.Constant(ir.IntType(1), 1)
@@ -434,6 +541,9 @@ class KernelCodegen:
         with b.if_then(bad, likely=False):
             b.store(ir.Constant(ir.IntType(32), len(self.checked)), self._error_flag())
         return ok
+
+    def _dim(self, dim: int | Expr) -> ir.Value:
+        return ir.Constant(I64, dim) if isinstance(dim, int) else self._scalar(dim)
 
     def _flag_if(self, bad: ir.Value, message: str) -> None:
         """Set the error flag to `message`'s entry of `checked` where `bad` holds (in an active lane)."""
@@ -667,21 +777,38 @@ def _widest_itemsize(body: Stmt) -> int:
     return widest
 
 
-def _worth_threads(s: For, min_work: int) -> bool:
-    """Whether the loop runs at least `min_work` innermost iterations in all (waking threads costs more
-    below that)."""
-    return _iterations(s) >= min_work
-
-
-def _iterations(s: Stmt) -> int:
+def _iterations(s: Stmt) -> int | Expr:
     """Statements executed by `s`: a loop's extent times its body's, a sequence's parts summed (sibling
-    loops add up; they do not multiply)."""
+    loops add up; they do not multiply). An int64 Expr where a loop's extent is symbolic."""
     if isinstance(s, For):
-        return max(int(s.extent.value), 1) * _iterations(s.body)
+        extent = int(s.extent.value) if s.extent.op is Op.CONST else s.extent
+        return _max(extent, 1) * _iterations(s.body)
     if isinstance(s, Seq):
         return sum(_iterations(x) for x in s.stmts)
     if isinstance(s, IfThenElse):
-        return max(_iterations(s.then), _iterations(s.else_) if s.else_ is not None else 0)
+        return _max(_iterations(s.then), _iterations(s.else_) if s.else_ is not None else 0)
     if isinstance(s, Allocate):
         return _iterations(s.body)
     return 1
+
+
+def _max(a: int | Expr, b: int | Expr) -> int | Expr:
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else binary(Op.MAX, a, b)
+
+
+def _clamp0(e: int | Expr) -> Expr:
+    return binary(Op.MAX, e, 0)
+
+
+def _nonempty(buf: Buffer) -> bool:
+    """Whether the buffer surely has an element 0 (a symbolic one may be empty)."""
+    return not buf.symbolic and buf.size > 0
+
+
+def _constant_bound(extent: Expr) -> int | None:
+    """c for an extent min(c, e) or min(e, c) with 1 <= c <= MAX_LANES (a loop's tail trip count), else None."""
+    if extent.op is Op.MIN:
+        for e in extent.src:
+            if e.op is Op.CONST and 1 <= e.value <= MAX_LANES:
+                return int(e.value)
+    return None

@@ -94,11 +94,36 @@ class PrimFunc:
     attrs: dict = field(default_factory=dict)
     symbols: tuple[Expr, ...] = ()
 
+    def symbol_sources(self) -> tuple[tuple[int, int], ...]:
+        """(parameter, dimension) each symbol is read from at call time: its first bare occurrence as a dim
+        of an input (parameters in order). ValueError for a symbol that is never one (its value could not
+        be read from the arguments) or for two distinct symbols with one name."""
+        names = [v.name for v in self.symbols]
+        if len(set(names)) != len(names):
+            raise ValueError(f"function '{self.name}': two distinct symbols share a name ({', '.join(names)}); "
+                             "give each te.var/te.size_var its own name")
+        found: dict[Expr, tuple[int, int]] = {}
+        for k, buf in enumerate(self.params):
+            for j, d in enumerate(buf.shape):
+                if k not in self.outputs and isinstance(d, Expr) and d.op is Op.VAR:
+                    found.setdefault(d, (k, j))
+        missing = [v.name for v in self.symbols if v not in found]
+        if missing:
+            inputs = [f"{b.name}{_dims(b)}" for k, b in enumerate(self.params) if k not in self.outputs]
+            raise ValueError(f"function '{self.name}': symbol(s) {', '.join(missing)} must be a dimension of an "
+                             "input on its own (e.g. A: float32[n]) so its value can be read from the arguments; "
+                             f"inputs: {', '.join(inputs) or 'none'}")
+        return tuple(found[v] for v in self.symbols)
+
     def __str__(self) -> str:
         from jitop.tir.printer import func_str
         return func_str(self)
 
     __repr__ = __str__
+
+
+def _dims(buf: Buffer) -> str:
+    return f"[{', '.join(map(str, buf.shape))}]"
 
 
 def seq(*stmts: Stmt | None) -> Stmt:
