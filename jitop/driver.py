@@ -8,10 +8,12 @@ from typing import Sequence
 
 from jitop.codegen.kernel import KernelCodegen
 from jitop.codegen.target import compile_ir, llvm_version
-from jitop.runtime.args import ParamSpec
+from jitop.runtime.args import ParamSpec, SymbolSpec, check_symbols
 from jitop.runtime.module import Module
 from jitop.runtime.parallel import get_num_threads
 from jitop.schedule.schedule import Schedule
+from jitop.te.expr import Expr, Op
+from jitop.te.printer import expr_str
 from jitop.te.tensor import Tensor
 from jitop.target import Target
 from jitop.tir.lower import lower as _lower
@@ -74,14 +76,35 @@ def compile_func(func: PrimFunc, target: Target) -> Module:
     from jitop.runtime.module import signature_json
     digest = hashlib.sha256(f"{func}|{target.key}|{bool(func.attrs.get('profile'))}".encode()).hexdigest()[:16]
     symbol = f"jitop_{func.name}_{digest}"
-    params = [ParamSpec(b.name, b.dtype.np, b.shape, k in func.outputs).to_json() for k, b in enumerate(func.params)]
+    params, symbols = _signature(func)
     # the object code carries its parameter signature: loading checks the metadata against it
-    cg = KernelCodegen(func, symbol, target, signature=signature_json(params))
+    cg = KernelCodegen(func, symbol, target, signature=signature_json(params, symbols))
     ll = str(cg.build())
     optimised, obj = compile_ir(ll, target)
     meta = {"name": func.name, "symbol": symbol, "params": params,
             "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked,
             "target": json.loads(target.to_json()), "llvm": llvm_version()}
+    if symbols:
+        meta["symbols"] = symbols
     if cg.profile_stages is not None:
         meta["profile_stages"] = cg.profile_stages
     return Module(meta, obj, str(optimised))
+
+
+def _signature(func: PrimFunc) -> tuple[list[dict], list[dict]]:
+    """The parameter specs (symbolic dims as their printed expressions) and the symbols (where each is read
+    from) of a function, as JSON; ValueError when a call could not bind or check them."""
+    params = [ParamSpec(b.name, b.dtype.np, tuple(_dim(d) for d in b.shape), k in func.outputs)
+              for k, b in enumerate(func.params)]
+    symbols = [SymbolSpec(v.name, k, j, v.dtype.name) for v, (k, j) in zip(func.symbols, func.symbol_sources())]
+    try:
+        check_symbols(params, symbols)
+    except ValueError as err:
+        raise ValueError(f"function '{func.name}': its symbolic shapes cannot be checked at call time: {err}") from None
+    return [p.to_json() for p in params], [s.to_json() for s in symbols]
+
+
+def _dim(d: int | Expr) -> int | str:
+    if isinstance(d, int):
+        return d
+    return int(d.value) if d.op is Op.CONST else expr_str(d)
