@@ -160,9 +160,11 @@ class Module:
             raise TypeError(f"{self.name}({sig}) takes {len(self.params)} arrays (or the {self.n_inputs} inputs), "
                             f"got {len(arrays)}")
         ptrs = [check_array(p, k, a) for k, (p, a) in enumerate(zip(self.params, arrays))]
+        symbols = None
         if self.binder is not None:
             values = self.binder.bind(arrays)
-            ptrs.append(ctypes.addressof((ctypes.c_int64 * len(values))(*values)))
+            symbols = (ctypes.c_int64 * len(values))(*values)  # alive until the call returns
+            ptrs.append(ctypes.addressof(symbols))
         check_no_overlap(self.params, arrays)
         self._cfunc(*ptrs)
         self.raise_if_error()

@@ -95,6 +95,9 @@ def test_object_trampoline_reads_the_dims(n):
     c = np.zeros(n, "float32")
     kernel("vectorized").call_arrays(a, b, c)
     np.testing.assert_array_equal(c, a + b)
+    c[:] = 0
+    kernel("vectorized")._call_pointers(a, b, c)  # the entry used where numpy's struct layout is not as expected
+    np.testing.assert_array_equal(c, a + b)
 
 
 def test_tied_dims_mismatch_is_a_value_error():
@@ -198,3 +201,70 @@ def test_constant_kernels_keep_their_abi():
     f = jitop.build(jitop.create_schedule(C.op), [A, C])
     assert "symbols" not in f.meta and f.binder is None
     assert "%symbols" not in f.get_source()
+
+
+# ---------------------------------------------------------------------------------------------
+# te -> lower -> build (TVM's example and schedules on a symbolic axis)
+# ---------------------------------------------------------------------------------------------
+
+def _tvm_example():
+    n = te.var("n")
+    A = te.placeholder((n,), name="A")
+    B = te.placeholder((n,), name="B")
+    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
+    return A, B, C
+
+
+def _lowers_symbolic() -> bool:
+    A, B, C = _tvm_example()
+    try:
+        jitop.lower(jitop.create_schedule(C.op), [A, B, C])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+needs_lowering = pytest.mark.skipif(not _lowers_symbolic(), reason="lowering of symbolic shapes (issue 23 A4) "
+                                                                    "has not landed")
+
+
+def _split_vectorize_parallel(s, C):
+    outer, inner = s[C].split(C.op.axis[0], factor=8)
+    s[C].vectorize(inner)
+    s[C].parallel(outer)
+
+
+BUILDS = {"default": lambda s, C: None, "split_vectorize_parallel": _split_vectorize_parallel}
+
+
+@functools.cache
+def built(name: str) -> jitop.Module:
+    A, B, C = _tvm_example()
+    s = jitop.create_schedule(C.op)
+    BUILDS[name](s, C)
+    return jitop.build(s, [A, B, C], target=default_target().replace(parallel_min_work=1))
+
+
+@needs_lowering
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_tvm_example_runs_for_every_n(name, n):
+    a, b = _inputs(n)
+    f = built(name)
+    c = np.empty(n, "float32")
+    f(a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    np.testing.assert_array_equal(f(a, b), a + b)
+
+
+@needs_lowering
+def test_built_kernel_checks_tied_dims_and_round_trips(tmp_path):
+    f = built("split_vectorize_parallel")
+    with pytest.raises(ValueError, match=r"argument 'B' \(position 1\) dimension 0 is 5, but it must equal "
+                                         r"argument 'A' \(position 0\) dimension 0 \(n = 4\)"):
+        f(np.zeros(4, "float32"), np.zeros(5, "float32"))
+    f.save(tmp_path / "k.jitop")
+    g = jitop.load_module(tmp_path / "k.jitop")
+    assert g.meta["symbols"] == f.meta["symbols"]
+    a, b = _inputs(1001)
+    np.testing.assert_array_equal(g(a, b), a + b)
