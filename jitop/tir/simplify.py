@@ -2,16 +2,29 @@
 
 Index expressions are sums of coefficient * atom plus a constant; `(io*8 + ii) // 8` becomes
 `io` when `ii` is known to lie in [0, 8). Loop variables' ranges come in as {var: (lo, hi)}.
+
+With symbolic shapes an endpoint may be an expression of shape symbols and outer loop variables
+(`i.outer` in [0, (n + 7) // 8 - 1]); a symbol's own range is [0, SYMBOL_MAX]. `bounds` stays integer
+(an endpoint is resolved through the ranges of the variables it uses); `prove` then tries a symbolic step
+that keeps the symbols: each loop variable is replaced by the endpoint that maximises the difference,
+and floor divisions by constants are eliminated (c * (x // c) == x - x % c), so `i.outer * 8 + i.inner < n`
+is proved for `i.outer < n // 8`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
-from jitop.te.expr import Expr, Op, const, rebuild, walk
+from jitop.te.expr import Expr, Op, const, free_vars, rebuild, walk
 from jitop.dtypes import DType
 
-Ranges = dict[Expr, tuple[int, int]]
+Endpoint = int | Expr
+Ranges = dict[Expr, tuple[Endpoint, Endpoint]]
 Interval = Optional[tuple[int, int]]
+# the largest value of a shape symbol this module assumes (the runtime checks it): dims of real arrays are
+# far below, and symbolic bounds stay small Python ints
+SYMBOL_MAX = 2 ** 48 - 1
+_MAX_CANDIDATES = 8  # upper bounds tried by one symbolic proof (a min(a, b) endpoint branches)
 # What one query has worked out about each node (its linear form, bounds, simplified form), valid while its
 # ranges hold: (the function that computed it, or "simplify", the node) -> result
 Memo = dict[tuple[Any, Expr], Any]
@@ -160,9 +173,18 @@ def atom_bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
 
 def _atom_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
     if e.op is Op.VAR:
-        return ranges.get(e)
+        return _var_bounds(e, ranges, memo)
     if e.op is Op.CONST and not e.dtype.is_float:
         return int(e.value), int(e.value)
+    if e.op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is not Op.CONST and e.dtype.is_int \
+            and _symbolic(e, ranges, memo):
+        return _symbolic_divisor_bounds(e, ranges, memo)
+    if e.op is Op.MUL and e.dtype.is_int and _symbolic(e, ranges, memo):
+        a, b = bounds(e.src[0], ranges, memo), bounds(e.src[1], ranges, memo)
+        if a is None or b is None:
+            return None
+        corners = [x * y for x in a for y in b]
+        return min(corners), max(corners)
     if e.op in (Op.FLOORDIV, Op.FLOORMOD) and e.src[1].op is Op.CONST and e.src[1].value > 0:
         c = int(e.src[1].value)
         inner = bounds(e.src[0], ranges, memo)
@@ -178,6 +200,44 @@ def _atom_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
     if e.op is Op.CAST and e.dtype.is_int and e.src[0].dtype.is_bool:
         return 0, 1
     return None
+
+
+def _var_bounds(v: Expr, ranges: Ranges, memo: Memo) -> Interval:
+    """A variable's integer range; a symbolic endpoint is resolved by the bounds of its expression."""
+    r = ranges.get(v)
+    if r is None or (type(r[0]) is int and type(r[1]) is int):
+        return r
+    lo = r[0] if isinstance(r[0], int) else bounds(r[0], ranges, memo)
+    hi = r[1] if isinstance(r[1], int) else bounds(r[1], ranges, memo)
+    if lo is None or hi is None:
+        return None
+    return (lo if isinstance(lo, int) else lo[0]), (hi if isinstance(hi, int) else hi[1])
+
+
+def _symbolic_divisor_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
+    """x // d and x % d for a divisor d >= 1 known only by its range (a symbolic extent)."""
+    x, d = bounds(e.src[0], ranges, memo), bounds(e.src[1], ranges, memo)
+    if x is None or d is None or d[0] < 1:
+        return None
+    if e.op is Op.FLOORMOD:
+        return (0, min(d[1] - 1, x[1])) if x[0] >= 0 else (0, d[1] - 1)
+    # floor division is monotone in x, and in d for a fixed sign of x: the corners bound it
+    corners = [a // b for a in x for b in d]
+    return min(corners), max(corners)
+
+
+def _symbolic(e: Expr, ranges: Ranges, memo: Memo) -> bool:
+    """Does `e` use a shape symbol or a variable with a symbolic endpoint? Only then is the symbolic
+    machinery worth its time: constant shapes keep exactly the integer reasoning."""
+    key = (_symbolic, e)
+    if key not in memo:
+        memo[key] = any(_symbolic_var(v, ranges) for v in free_vars(e))
+    return memo[key]
+
+
+def _symbolic_var(v: Expr, ranges: Ranges) -> bool:
+    r = ranges.get(v)
+    return r is not None and (not isinstance(r[0], int) or not isinstance(r[1], int) or r[1] >= SYMBOL_MAX)
 
 
 def bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
@@ -200,15 +260,116 @@ def prove(cond: Expr, ranges: Ranges, memo: Memo | None = None) -> bool | None:
     a, b = cond.src
     if cond.op in (Op.GT, Op.GE):
         a, b = b, a  # a > b  <=>  b < a
-    d = bounds(a - b, ranges, memo)  # holds iff d < 0 (LT) or d <= 0 (LE)
+    memo = {} if memo is None else memo
+    diff = a - b  # holds iff diff < 0 (LT) or diff <= 0 (LE)
+    strict = cond.op in (Op.LT, Op.GT)
+    found = _decide(bounds(diff, ranges, memo), strict)
+    if found is None and _symbolic(diff, ranges, memo):
+        found = _decide(symbolic_bounds(diff, ranges, memo), strict)
+    return found
+
+
+def _decide(d: Interval, strict: bool) -> bool | None:
     if d is None:
         return None
-    strict = cond.op in (Op.LT, Op.GT)
     if d[1] < 0 or (not strict and d[1] <= 0):
         return True
     if d[0] >= 0 and strict or d[0] > 0:
         return False
     return None
+
+
+# ** symbolic bounds: keep the symbols while loop variables are replaced by their endpoints **
+
+def symbolic_bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
+    """Integer [lo, hi] of `e`, found through its symbols' relations (tighter than `bounds` when loop ranges
+    are symbolic: `i.outer * 8 + i.inner - n` for i.outer < n // 8 is at most -1, for any n)."""
+    memo = {} if memo is None else memo
+    lin = to_lin(e, ranges, memo)
+    hi, neg_lo = _upper(lin, ranges, memo), _upper(lin.scale(-1), ranges, memo)
+    if hi is None or neg_lo is None:
+        return None
+    return -neg_lo, hi
+
+
+def _upper(lin: Lin, ranges: Ranges, memo: Memo) -> int | None:
+    """An integer upper bound of `lin`: the best over candidate symbolic upper bounds."""
+    best = None
+    for cand in _upper_candidates(lin, ranges, memo):
+        for form in (cand, _without_floordiv(cand, ranges, memo)):
+            if form is None:
+                continue
+            lin_form, scale = form if isinstance(form, tuple) else (form, 1)
+            b = lin_bounds(lin_form, ranges, memo)
+            if b is not None:
+                best = b[1] // scale if best is None else min(best, b[1] // scale)
+    return best
+
+
+def _upper_candidates(lin: Lin, ranges: Ranges, memo: Memo) -> list[Lin]:
+    """Linear forms that are each >= `lin` everywhere in the ranges, with loop variables of symbolic ranges
+    replaced by endpoints (max for a positive coefficient, min for a negative one) and min(a, b) terms of a
+    positive coefficient by one of their arguments."""
+    work, done = [lin], []
+    while work:
+        cur = work.pop()
+        nxt = _expand(cur, ranges, memo)
+        if nxt is None or len(done) + len(work) + len(nxt) > _MAX_CANDIDATES:
+            done.append(cur)
+        else:
+            work.extend(nxt)
+    return done
+
+
+def _expand(lin: Lin, ranges: Ranges, memo: Memo) -> list[Lin] | None:
+    """One step of _upper_candidates, or None when nothing is left to replace."""
+    inside = set().union(*(free_vars(a) for a in lin.terms if a.op is not Op.VAR))
+    present = inside | {a for a in lin.terms if a.op is Op.VAR}
+    # a variable whose range another present variable's endpoint uses goes after that one (innermost first)
+    used = set().union(*(_endpoint_vars(v, ranges) for v in present))
+    for atom, coef in lin.terms.items():
+        if atom.op is Op.VAR and atom not in inside and atom not in used and _has_expr_endpoint(atom, ranges):
+            end = ranges[atom][1 if coef > 0 else 0]
+            return [_replace(lin, atom, to_lin(end, ranges, memo) if isinstance(end, Expr) else Lin({}, end))]
+    for atom, coef in lin.terms.items():
+        if (atom.op is Op.MIN and coef > 0) or (atom.op is Op.MAX and coef < 0):
+            return [_replace(lin, atom, to_lin(arg, ranges, memo)) for arg in atom.src]
+    return None
+
+
+def _replace(lin: Lin, atom: Expr, by: Lin) -> Lin:
+    coef = lin.terms[atom]
+    return Lin({a: c for a, c in lin.terms.items() if a is not atom}, lin.const) + by.scale(coef)
+
+
+def _has_expr_endpoint(v: Expr, ranges: Ranges) -> bool:
+    r = ranges.get(v)
+    return r is not None and (isinstance(r[0], Expr) or isinstance(r[1], Expr))
+
+
+def _endpoint_vars(v: Expr, ranges: Ranges) -> set[Expr]:
+    r = ranges.get(v)
+    if r is None:
+        return set()
+    return set().union(*(free_vars(x) for x in r if isinstance(x, Expr)))
+
+
+def _without_floordiv(lin: Lin, ranges: Ranges, memo: Memo) -> tuple[Lin, int] | None:
+    """(L * lin with every k * (x // c) written k * (x - x % c) / c, L): the same value scaled by L > 0,
+    so n // 8 * 8 - n is seen to be -(n % 8), at most 0. None when `lin` has no such term."""
+    divs = {a for a in lin.terms if a.op is Op.FLOORDIV and a.src[1].op is Op.CONST and a.src[1].value > 0}
+    if not divs:
+        return None
+    scale = 1
+    for a in divs:
+        scale = math.lcm(scale, int(a.src[1].value))
+    out = Lin({a: c * scale for a, c in lin.terms.items() if a not in divs}, lin.const * scale)
+    for a in divs:
+        x, c = a.src[0], int(a.src[1].value)
+        k = lin.terms[a] * scale // c
+        rem = Expr(Op.FLOORMOD, a.dtype, a.src)
+        out = out + to_lin(x, ranges, memo).scale(k) + Lin({rem: -k})
+    return out, scale
 
 
 def simplify(e: Expr, ranges: Ranges | None = None, memo: Memo | None = None) -> Expr:
