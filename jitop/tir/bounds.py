@@ -3,12 +3,15 @@
 An index is bounded by the loop ranges, tightened by the guards around it (`if e < c` bounds any
 index that differs from `e` by a bounded amount). The code generator asks at every access; what
 cannot be proved is checked at run time and reported as IndexError, never read out of bounds.
+
+A symbolic dimension (`n`) is proved by the simplifier's symbolic step: from the loop ranges
+(`i.outer * 8 + i.inner < n` for i.outer < n // 8) or from an enclosing guard (`if i.outer * 8 + i.inner < n`).
 """
 from __future__ import annotations
 
 from jitop.te.expr import Expr, Op
 from jitop.tir.nodes import Buffer
-from jitop.tir.simplify import Ranges, bounds, to_lin
+from jitop.tir.simplify import Ranges, bounds, prove, symbolic_bounds, to_lin
 
 
 def _conjuncts(cond: Expr, positive: bool) -> list[tuple[Expr, int]]:
@@ -36,13 +39,14 @@ class BoundsCheck:
         self.facts: list[tuple[Expr, int]] = []
         self.narrowed: list[list[tuple[Expr, tuple[int, int]]]] = []
 
-    def in_bounds(self, idx: Expr, dim: int) -> bool:
+    def in_bounds(self, idx: Expr, dim: int | Expr) -> bool:
         b = bounds(idx, self.ranges)
         if b is None:
             return False
         lo, hi = b
+        symbolic = not isinstance(dim, int)
         for e, bound in self.facts:  # idx = e + (idx - e) <= bound + max(idx - e)
-            if hi >= dim:
+            if not symbolic and hi >= dim:
                 d = bounds(idx - e, self.ranges)
                 if d is not None:
                     hi = min(hi, bound + d[1])
@@ -50,7 +54,20 @@ class BoundsCheck:
                 d = bounds(idx + e, self.ranges)  # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
                 if d is not None:
                     lo = max(lo, d[0] - bound)
+        if symbolic:
+            return lo >= 0 and self._below(idx, dim)
         return lo >= 0 and hi < dim
+
+    def _below(self, idx: Expr, dim: Expr) -> bool:
+        """idx < dim for a symbolic dim, from the ranges or from a fact e <= bound:
+        idx - dim = (idx - dim - e) + e <= max(idx - dim - e) + bound."""
+        if prove(idx < dim, self.ranges) is True:
+            return True
+        for e, bound in self.facts:
+            d = symbolic_bounds(idx - dim - e, self.ranges)
+            if d is not None and d[1] + bound < 0:
+                return True
+        return False
 
     def proves(self, buf: Buffer, indices: tuple[Expr, ...]) -> bool:
         """True if every index is within the buffer's shape under the current facts."""
@@ -68,8 +85,8 @@ class BoundsCheck:
         if len(lin.terms) != 1:
             return None
         (v, c), = lin.terms.items()
-        if v not in self.ranges:
-            return None
+        if v not in self.ranges or not all(isinstance(x, int) for x in self.ranges[v]):
+            return None  # a symbolic range stays: the fact itself is kept and used
         old = lo, hi = self.ranges[v]
         if c > 0:
             hi = min(hi, (bound - lin.const) // c)

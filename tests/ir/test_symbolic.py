@@ -83,3 +83,22 @@ def test_keys_distinguish_symbolic_shapes():
     n, m = te.var("n"), te.var("m")
     keys = {te.placeholder(shape, name="A").op.key for shape in ((n,), (m,), (n * 2,), (4,))}
     assert len(keys) == 4
+
+
+# ** bounds of accesses against symbolic dims **
+
+def test_bounds_check_proves_symbolic_dims_from_ranges_and_guards():
+    from jitop.tir.bounds import BoundsCheck
+    from jitop.tir.simplify import SYMBOL_MAX
+    n, io, ii, i = te.var("n"), te.var("io"), te.var("ii"), te.var("i")
+    check = BoundsCheck({n: (0, SYMBOL_MAX), io: (0, (n + 7) // 8 - 1), ii: (0, 7), i: (0, n - 1)})
+    assert check.in_bounds(i, n) and check.in_bounds(i, n * 2)
+    assert not check.in_bounds(i + 1, n) and not check.in_bounds(i - 1, n)
+    assert not check.in_bounds(io * 8 + ii, n)  # the tail of the split
+    k = check.push(io * 8 + ii < n)
+    assert check.in_bounds(io * 8 + ii, n) and not check.in_bounds(io * 8 + ii + 1, n)
+    check.pop(k)
+    assert not check.in_bounds(io * 8 + ii, n)
+    k = check.push(i < 5)  # a symbolic range is not narrowed (the fact still counts)
+    assert check.ranges[i] == (0, n - 1) and check.in_bounds(i, n)
+    check.pop(k)
