@@ -35,6 +35,8 @@ import numpy as np
 
 from jitop.codegen.loader import load_object
 from jitop.codegen.target import compile_ir, llvm_version
+from jitop.runtime import dimprog
+from jitop.runtime.dimprog import MAX_ODIMS, MAX_SLOTS, MAX_STACK, Op
 from jitop.target import Target
 
 __all__ = ["MISS", "MAX_PARAMS", "RELEASE_GIL_BYTES", "Output", "Scalar", "Array", "Const", "Spec", "Table",
@@ -68,11 +70,15 @@ _NEW_FROM_DESCR, _ARRAY_TYPE = 94, 2   # slots of numpy's C API table (__multiar
 T_NSPECS, T_SENTINEL, T_HITS, T_NEW, T_ARRAY, T_EMPTY, T_FLOAT, T_LONG, T_BOOL, T_TRUE, T_SPECS = range(11)
 # spec words, then the input records from S_RECORDS, then the output records from word spec[S_OUTREC]
 # (S_CALLS: calls this signature served, for the workload log)
-S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_CALLS, S_RECORDS = \
-    range(13)
-# input record: [kind, position | data address, descr | lo, ndim | hi, dims...]
+# (S_NSYM: the kernel's symbols, its last parameter an i64[S_NSYM] of their values; S_PROG: where the dim program
+# starts, 0 for a static signature)
+S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_CALLS, S_NSYM, S_PROG, \
+    S_RECORDS = range(15)
+GIL_FROM_PROGRAM = 2  # S_GIL of a symbolic signature: the program's SET_GIL decides
+# input record: [kind, position | data address, descr | lo, ndim | hi, dims...] (dims: dimprog's dim words)
 IN_ARRAY, IN_CONST, IN_FLOAT, IN_INT, IN_BOOL = range(5)
-# output record: [descr, ndim, recycle, spare array (a strong reference, or 0), dims...]
+# output record: [descr, ndim, recycle, spare array (a strong reference, or 0), dims...] (a symbolic signature's
+# output dims come from the program's odims, outputs' dims concatenated)
 # result kinds: the output at spec[S_SLOT]; that 0-d output as a scalar (o[()]); post(*outputs)
 R_ARRAY, R_SCALAR, R_POST = range(3)
 
@@ -101,6 +107,9 @@ declare ptr @PyObject_GetItem(ptr, ptr)
 declare ptr @PyObject_Vectorcall(ptr, ptr, i64, ptr)
 declare double @PyFloat_AsDouble(ptr)
 declare i64 @PyLong_AsLongLongAndOverflow(ptr, ptr)
+declare {{i64, i1}} @llvm.sadd.with.overflow.i64(i64, i64)
+declare {{i64, i1}} @llvm.ssub.with.overflow.i64(i64, i64)
+declare {{i64, i1}} @llvm.smul.with.overflow.i64(i64, i64)
 
 attributes #0 = {{ alwaysinline }}
 
@@ -153,8 +162,13 @@ no:
   ret i1 0
 }}
 
-; Whether `args` fit this spec's inputs; fills ptrs[k] with input k's data (scalars go to scal[k]).
-define internal i1 @match(ptr %table, ptr %spec, ptr %args, ptr %ptrs, ptr %scal) {{
+{_bind_ir()}
+
+{_program_ir()}
+
+; Whether `args` fit this spec's inputs; fills ptrs[k] with input k's data (scalars go to scal[k]). A symbolic
+; spec (slots not null) binds and ties its dims in `slots` (the program checks the rest).
+define internal i1 @match(ptr %table, ptr %spec, ptr %args, ptr %ptrs, ptr %scal, ptr %slots) {{
 entry:
   %ovf = alloca i32, align 4
   %nin = call i64 @w(ptr %spec, i64 {S_NIN})
@@ -204,8 +218,14 @@ array.flags:
 array.dims:
   %dims = call ptr @at(ptr %ao, i64 {o["dimensions"]})
   %want.dims = getelementptr i64, ptr %spec, i64 %at4
+  %symbolic = icmp ne ptr %slots, null
+  br i1 %symbolic, label %array.bind, label %array.equal
+array.equal:
   %dims.ok = call i1 @dims_equal(ptr %dims, ptr %want.dims, i64 %c)
   br i1 %dims.ok, label %array.ok, label %no
+array.bind:
+  %bound = call i1 @dims_bind(ptr %dims, ptr %want.dims, i64 %c, ptr %slots)
+  br i1 %bound, label %array.ok, label %no
 array.ok:
   %data = call ptr @at(ptr %ao, i64 {o["data"]})
   store ptr %data, ptr %slot, align 8
@@ -271,8 +291,9 @@ no:
 }}
 
 ; A new reference to a fresh C-contiguous output, or NULL (an exception is set). A recycled output reuses the
-; spare array of the previous call when nothing else references it (its pages are mapped already).
-define internal ptr @output(ptr %table, ptr %descr, i64 %nd, ptr %dims, i64 %recycle, ptr %slotp) {{
+; spare array of the previous call when nothing else references it (its pages are mapped already) and, for a
+; symbolic signature (%sym), its dims are the new ones.
+define internal ptr @output(ptr %table, ptr %descr, i64 %nd, ptr %dims, i64 %recycle, ptr %slotp, i1 %sym) {{
 entry:
   %rec = icmp ne i64 %recycle, 0
   br i1 %rec, label %spare, label %fresh
@@ -283,7 +304,13 @@ spare:
 spare.rc:
   %rc = load i64, ptr %s, align 8
   %free = icmp eq i64 %rc, 1
-  br i1 %free, label %reuse, label %fresh
+  br i1 %free, label %spare.shape, label %fresh
+spare.shape:
+  br i1 %sym, label %spare.dims, label %reuse
+spare.dims:
+  %sdims = call ptr @at(ptr %s, i64 {o["dimensions"]})
+  %same = call i1 @dims_equal(ptr %sdims, ptr %dims, i64 %nd)
+  br i1 %same, label %reuse, label %fresh
 reuse:
   call void @Py_IncRef(ptr %s)
   ret ptr %s
@@ -338,9 +365,12 @@ out:
   ret void
 }}
 
-define internal ptr @run(ptr %table, ptr %spec, ptr %ptrs) {{
+; Allocates the outputs and calls the kernel; a symbolic spec passes its slots (the kernel's symbols, its last
+; argument) and odims (its outputs' dims); %gil: whether to release the GIL around the kernel.
+define internal ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gil) {{
 entry:
   %outs = alloca [{MAX_PARAMS} x ptr], align 16
+  %sym = icmp ne ptr %odims, null
   %nin = call i64 @w(ptr %spec, i64 {S_NIN})
   %nout = call i64 @w(ptr %spec, i64 {S_NOUT})
   %at0 = call i64 @w(ptr %spec, i64 {S_OUTREC})
@@ -348,6 +378,7 @@ entry:
 alloc:
   %j = phi i64 [ 0, %entry ], [ %j1, %alloc.ok ]
   %at = phi i64 [ %at0, %entry ], [ %at1, %alloc.ok ]
+  %od = phi i64 [ 0, %entry ], [ %od1, %alloc.ok ]
   %adone = icmp eq i64 %j, %nout
   br i1 %adone, label %call, label %alloc.one
 alloc.one:
@@ -359,8 +390,10 @@ alloc.one:
   %at.slot = add i64 %at, 3
   %slotp = getelementptr i64, ptr %spec, i64 %at.slot
   %at.dims = add i64 %at, 4
-  %dims = getelementptr i64, ptr %spec, i64 %at.dims
-  %o = call ptr @output(ptr %table, ptr %descr, i64 %nd, ptr %dims, i64 %rec, ptr %slotp)
+  %dims.s = getelementptr i64, ptr %spec, i64 %at.dims
+  %dims.o = getelementptr i64, ptr %odims, i64 %od
+  %dims = select i1 %sym, ptr %dims.o, ptr %dims.s
+  %o = call ptr @output(ptr %table, ptr %descr, i64 %nd, ptr %dims, i64 %rec, ptr %slotp, i1 %sym)
   %o.null = icmp eq ptr %o, null
   br i1 %o.null, label %fail, label %alloc.ok
 alloc.ok:
@@ -371,13 +404,18 @@ alloc.ok:
   %pp = getelementptr ptr, ptr %ptrs, i64 %pk
   store ptr %data, ptr %pp, align 8
   %at1 = add i64 %at.dims, %nd
+  %od1 = add i64 %od, %nd
   %j1 = add i64 %j, 1
   br label %alloc
 fail:
   call void @release(ptr %outs, i64 %j)
   ret ptr null
 call:
-  %gil = call i64 @w(ptr %spec, i64 {S_GIL})
+  %io = add i64 %nin, %nout
+  %symp = getelementptr ptr, ptr %ptrs, i64 %io
+  store ptr %slots, ptr %symp, align 8        ; the symbols: the last parameter (unused by a static kernel)
+  %nsym = zext i1 %sym to i64
+  %n = add i64 %io, %nsym
   %unlock = icmp ne i64 %gil, 0
   br i1 %unlock, label %save, label %invoke
 save:
@@ -386,7 +424,6 @@ save:
 invoke:
   %tsv = phi ptr [ null, %call ], [ %ts, %save ]
   %fn = call ptr @wp(ptr %spec, i64 {S_KERNEL})
-  %n = add i64 %nin, %nout
   call void @invoke(ptr %fn, ptr %ptrs, i64 %n)
   br i1 %unlock, label %restore, label %count
 restore:
@@ -447,8 +484,11 @@ done:
 ; METH_FASTCALL: PyObject *(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 define ptr @jitop_fastcall(ptr %self, ptr %args, i64 %nargs) {{
 entry:
-  %ptrs = alloca [{MAX_PARAMS} x ptr], align 16
+  %ptrs = alloca [{MAX_PARAMS + 1} x ptr], align 16
   %scal = alloca [{MAX_PARAMS} x i64], align 16
+  %slots = alloca [{MAX_SLOTS} x i64], align 16
+  %odims = alloca [{MAX_ODIMS} x i64], align 16
+  %nbytes = alloca i64, align 8
   %table = call ptr @at(ptr %self, i64 {o["b_ptr"]})
   %n = call i64 @w(ptr %table, i64 {T_NSPECS})
   br label %loop
@@ -463,20 +503,200 @@ try:
   %na.ok = icmp eq i64 %na, %nargs
   br i1 %na.ok, label %try.match, label %next
 try.match:
-  %m = call i1 @match(ptr %table, ptr %spec, ptr %args, ptr %ptrs, ptr %scal)
-  br i1 %m, label %hit, label %next
+  %pw = call i64 @w(ptr %spec, i64 {S_PROG})
+  %sym = icmp ne i64 %pw, 0
+  %sl = select i1 %sym, ptr %slots, ptr null
+  %m = call i1 @match(ptr %table, ptr %spec, ptr %args, ptr %ptrs, ptr %scal, ptr %sl)
+  br i1 %m, label %matched, label %next
+matched:
+  br i1 %sym, label %program, label %hit
+program:
+  %prog = getelementptr i64, ptr %spec, i64 %pw
+  %ok = call i1 @dimprog(ptr %prog, ptr %slots, ptr %odims, ptr %nbytes)
+  br i1 %ok, label %hit.sym, label %next
 next:
   %i1 = add i64 %i, 1
   br label %loop
 hit:
-  %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs)
+  %g = call i64 @w(ptr %spec, i64 {S_GIL})
+  %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr null, ptr null, i64 %g)
   ret ptr %r
+hit.sym:
+  %gw = call i64 @w(ptr %spec, i64 {S_GIL})
+  %nb = load i64, ptr %nbytes, align 8
+  %big = icmp sge i64 %nb, {RELEASE_GIL_BYTES}
+  %bigw = zext i1 %big to i64
+  %auto = icmp eq i64 %gw, {GIL_FROM_PROGRAM}
+  %gs = select i1 %auto, i64 %bigw, i64 %gw
+  %rs = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gs)
+  ret ptr %rs
 miss:
   %s = call ptr @wp(ptr %table, i64 {T_SENTINEL})
   call void @Py_IncRef(ptr %s)
   ret ptr %s
 }}
 """
+
+
+
+def _bind_ir() -> str:
+    """@dims_bind: an input's dims against a symbolic record's dim words (dimprog): constants compared, binds
+    stored into their slot, ties compared with their slot."""
+    return f"""define internal i1 @dims_bind(ptr %have, ptr %want, i64 %n, ptr %slots) {{
+entry:
+  br label %loop
+loop:
+  %d = phi i64 [ 0, %entry ], [ %d1, %next ]
+  %end = icmp eq i64 %d, %n
+  br i1 %end, label %yes, label %cmp
+cmp:
+  %x = call i64 @w(ptr %have, i64 %d)
+  %y = call i64 @w(ptr %want, i64 %d)
+  %d1 = add i64 %d, 1
+  %const = icmp sge i64 %y, 0
+  br i1 %const, label %fixed, label %symbolic
+fixed:
+  %eq = icmp eq i64 %x, %y
+  br i1 %eq, label %next, label %no
+symbolic:
+  %s = sub i64 -1, %y
+  %isbind = icmp slt i64 %s, {MAX_SLOTS}
+  br i1 %isbind, label %bind, label %tie
+bind:
+  %bp = getelementptr i64, ptr %slots, i64 %s
+  store i64 %x, ptr %bp, align 8
+  br label %next
+tie:
+  %t = sub i64 %s, {MAX_SLOTS}
+  %v = call i64 @w(ptr %slots, i64 %t)
+  %teq = icmp eq i64 %v, %x
+  br i1 %teq, label %next, label %no
+next:
+  br label %loop
+yes:
+  ret i1 1
+no:
+  ret i1 0
+}}"""
+
+
+def _program_ir() -> str:
+    """@dimprog: runs a symbolic signature's check-and-shape program (jitop.runtime.dimprog.Op): 1 if every
+    check holds, with the output dims in %odims and the bytes the call touches in %nbytes; 0 on a failed
+    assertion, a zero divisor, an int64 overflow or a negative output dim."""
+    operands = " ".join(f"i64 {int(op)}, label %operands" for op in Op if Op.ADD <= op <= Op.ASSERT_GT)
+    binops = " ".join(f"i64 {int(op)}, label %{op.name.lower()}" for op in
+                      (Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.FLOORMOD, Op.MIN, Op.MAX))
+    asserts = " ".join(f"i64 {int(op)}, label %{op.name.lower()}" for op in
+                       (Op.ASSERT_EQ, Op.ASSERT_NE, Op.ASSERT_GE, Op.ASSERT_GT))
+    overflow = "\n".join(f"""{name}:
+  %{name}.r = call {{i64, i1}} @llvm.{fn}.with.overflow.i64(i64 %a, i64 %b)
+  %{name}.v = extractvalue {{i64, i1}} %{name}.r, 0
+  %{name}.o = extractvalue {{i64, i1}} %{name}.r, 1
+  br i1 %{name}.o, label %fail, label %value""" for name, fn in (("add", "sadd"), ("sub", "ssub"), ("mul", "smul")))
+    compare = "\n".join(f"""{name}:
+  %{name}.c = icmp {pred} i64 %a, %b
+  br i1 %{name}.c, label %loop.pop2, label %fail""" for name, pred in
+                        (("assert_eq", "eq"), ("assert_ne", "ne"), ("assert_ge", "sge"), ("assert_gt", "sgt")))
+    return f"""define internal i1 @dimprog(ptr %prog, ptr %slots, ptr %odims, ptr %nbytes) {{
+entry:
+  %stack = alloca [{MAX_STACK} x i64], align 16
+  br label %loop
+loop:
+  %pc = phi i64 [ 0, %entry ], [ %pc2, %push ], [ %pc2, %store.ok ], [ %pc1, %value ], [ %pc1, %gil ],
+                [ %pc1, %loop.pop2 ]
+  %sp = phi i64 [ 0, %entry ], [ %sp.up, %push ], [ %sp.down, %store.ok ], [ %sp.down, %value ],
+                [ %sp.down, %gil ], [ %sp.down2, %loop.pop2 ]
+  %op = call i64 @w(ptr %prog, i64 %pc)
+  %pc1 = add i64 %pc, 1
+  %pc2 = add i64 %pc, 2
+  %sp.up = add i64 %sp, 1
+  %sp.down = sub i64 %sp, 1
+  %sp.down2 = sub i64 %sp, 2
+  %top = getelementptr i64, ptr %stack, i64 %sp.down
+  %below = getelementptr i64, ptr %stack, i64 %sp.down2
+  switch i64 %op, label %fail [ i64 {int(Op.END)}, label %done
+                                i64 {int(Op.PUSH_SLOT)}, label %push.slot
+                                i64 {int(Op.PUSH_CONST)}, label %push.const
+                                i64 {int(Op.STORE_OUT)}, label %store
+                                i64 {int(Op.SET_GIL)}, label %gil
+                                {operands} ]
+push.slot:
+  %slot = call i64 @w(ptr %prog, i64 %pc1)
+  %sv = call i64 @w(ptr %slots, i64 %slot)
+  br label %push
+push.const:
+  %cv = call i64 @w(ptr %prog, i64 %pc1)
+  br label %push
+push:
+  %pv = phi i64 [ %sv, %push.slot ], [ %cv, %push.const ]
+  %cell = getelementptr i64, ptr %stack, i64 %sp
+  store i64 %pv, ptr %cell, align 8
+  br label %loop
+store:
+  %out = load i64, ptr %top, align 8
+  %neg = icmp slt i64 %out, 0
+  br i1 %neg, label %fail, label %store.ok
+store.ok:
+  %j = call i64 @w(ptr %prog, i64 %pc1)
+  %dst = getelementptr i64, ptr %odims, i64 %j
+  store i64 %out, ptr %dst, align 8
+  br label %loop
+gil:
+  %bytes = load i64, ptr %top, align 8
+  store i64 %bytes, ptr %nbytes, align 8
+  br label %loop
+operands:
+  %b = load i64, ptr %top, align 8
+  %a = load i64, ptr %below, align 8
+  switch i64 %op, label %fail [ {binops} {asserts} ]
+{overflow}
+floordiv:
+  br label %divisor
+floormod:
+  br label %divisor
+divisor:
+  %zero = icmp eq i64 %b, 0
+  %minus1 = icmp eq i64 %b, -1
+  %least = icmp eq i64 %a, {dimprog.I64_MIN}
+  %ovf = and i1 %minus1, %least
+  %bad = or i1 %zero, %ovf
+  br i1 %bad, label %fail, label %divide
+divide:
+  %q = sdiv i64 %a, %b
+  %r = srem i64 %a, %b
+  %rnz = icmp ne i64 %r, 0
+  %rx = xor i64 %r, %b
+  %rneg = icmp slt i64 %rx, 0
+  %adjust = and i1 %rnz, %rneg              ; the remainder's sign differs from the divisor's: floor, not trunc
+  %adj = zext i1 %adjust to i64
+  %fq = sub i64 %q, %adj
+  %rb = add i64 %r, %b
+  %fr = select i1 %adjust, i64 %rb, i64 %r
+  %ismod = icmp eq i64 %op, {int(Op.FLOORMOD)}
+  %dv = select i1 %ismod, i64 %fr, i64 %fq
+  br label %value
+min:
+  %lt = icmp slt i64 %a, %b
+  %minv = select i1 %lt, i64 %a, i64 %b
+  br label %value
+max:
+  %gt = icmp sgt i64 %a, %b
+  %maxv = select i1 %gt, i64 %a, i64 %b
+  br label %value
+value:
+  %v = phi i64 [ %add.v, %add ], [ %sub.v, %sub ], [ %mul.v, %mul ], [ %dv, %divide ], [ %minv, %min ],
+               [ %maxv, %max ]
+  store i64 %v, ptr %below, align 8
+  br label %loop
+{compare}
+loop.pop2:
+  br label %loop
+done:
+  ret i1 1
+fail:
+  ret i1 0
+}}"""
 
 
 # ** loading (once per process) **
@@ -655,13 +875,17 @@ def _new_from_descr_ok(address: int) -> bool:
 
 
 # ** specs: plain data the entry reads **
+Dim = int | str  # a dimension: an int, or (a signature with symbols) its printed expression over them
+
+
 @dataclass(frozen=True)
 class Array:
-    """Input: argument `position`, an exact ndarray of `dtype` (the native descriptor) and `shape`."""
+    """Input: argument `position`, an exact ndarray of `dtype` (the native descriptor) and `shape` (a symbolic
+    spec's dims may be expressions of its symbols: "n", "n * 2")."""
 
     position: int
     dtype: np.dtype
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
 
 
 @dataclass(frozen=True)
@@ -684,10 +908,11 @@ class Const:
 
 @dataclass(frozen=True)
 class Output:
-    """A freshly allocated output; `recycle`: reuse the previous call's array when nothing else holds it."""
+    """A freshly allocated output of `shape` (dims as Array's); `recycle`: reuse the previous call's array when
+    nothing else holds it (and, for a symbolic spec, it has the new shape)."""
 
     dtype: np.dtype
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     recycle: bool = False
 
 
@@ -696,28 +921,66 @@ class Spec:
     `outputs` as the kernel's parameters, and the result: output `result` (an int), that 0-d output as a
     numpy scalar (`("scalar", k)`), or `post(*outputs)` (a callable).
 
+    A kernel with `symbols` (its symbol names, in the order of its i64[k] last argument) has symbolic dims:
+    the entry reads each symbol from the first input dim that is exactly its name, checks every other symbolic
+    input dim and the `guards` ("n >= 2", "m != 1"), computes the output dims, and misses (the slow path runs)
+    when any check fails (jitop.runtime.dimprog).
+
     >>> spec = Spec(2, address, [Array(0, f4, (10,)), Array(1, f4, (10,))], [Output(f4, (10,))], 0)  # doctest: +SKIP
+    >>> spec = Spec(2, address, [Array(0, f4, ("n",)), Array(1, f4, ("n",))], [Output(f4, ("n",))], 0,
+    ...             symbols=["n"], guards=["n >= 2"])                                                # doctest: +SKIP
     """
 
     def __init__(self, nargs: int, kernel_address: int, inputs: Sequence[Array | Scalar | Const],
                  outputs: Sequence[Output], result: int | tuple[str, int] | Callable[..., Any],
-                 error_flag: int = 0, raise_error: Callable[[], None] | None = None, release_gil: bool | None = None):
-        if len(inputs) + len(outputs) > MAX_PARAMS or not 0 < len(inputs) + len(outputs):
-            raise ValueError(f"a fast entry calls kernels of 1 to {MAX_PARAMS} parameters")
+                 error_flag: int = 0, raise_error: Callable[[], None] | None = None, release_gil: bool | None = None,
+                 symbols: Sequence[str] = (), guards: Sequence[str] = ()):
+        if len(inputs) + len(outputs) + bool(symbols) > MAX_PARAMS or not 0 < len(inputs) + len(outputs):
+            raise ValueError(f"a fast entry calls kernels of 1 to {MAX_PARAMS} parameters (the symbols count one)")
+        plan = self._plan(inputs, outputs, symbols, guards)
         words = [0] * S_RECORDS
         self._keep: list[Any] = []  # every object a word points to
+        in_dims = iter(plan.inputs) if plan else None
         for i in inputs:
-            words += self._input(i)
+            words += self._input(i, next(in_dims) if in_dims and isinstance(i, Array) else None)
         out_at = len(words)
         slots = []
-        for o in outputs:
+        for k, o in enumerate(outputs):
             dt = _native(o.dtype)
             self._keep.append(dt)
             slots.append(len(words) + 3)
-            words += [id(dt), len(o.shape), int(o.recycle), 0, *o.shape]
-        nbytes = sum(i.array.nbytes if isinstance(i, Const) else
-                     _native(i.dtype).itemsize * _prod(i.shape) if isinstance(i, Array) else 8 for i in inputs)
-        nbytes += sum(_native(o.dtype).itemsize * _prod(o.shape) for o in outputs)
+            words += [id(dt), len(o.shape), int(o.recycle), 0, *(plan.outputs[k] if plan else o.shape)]
+        prog_at = len(words) if plan else 0
+        words += plan.program if plan else []
+        gil = GIL_FROM_PROGRAM if plan and release_gil is None else \
+            int(_nbytes(inputs, outputs) >= RELEASE_GIL_BYTES if release_gil is None else release_gil)
+        words[:S_RECORDS] = self._head(nargs, inputs, outputs, kernel_address, gil, error_flag, raise_error,
+                                       result, out_at) + [len(symbols), prog_at]
+        self.words = (ctypes.c_int64 * len(words))(*words)
+        self.address = ctypes.addressof(self.words)
+        self.nargs = nargs
+        self.symbols = list(symbols)
+        # the spare outputs are strong references held in the words: dropped with the spec
+        weakref.finalize(self, _drop_spares, self.words, slots)
+
+    @staticmethod
+    def _plan(inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output], symbols: Sequence[str],
+              guards: Sequence[str]) -> "dimprog.DimPlan | None":
+        """A symbolic spec's dim words and program (None for a static spec, whose dims must all be ints)."""
+        arrays = [i for i in inputs if isinstance(i, Array)]
+        if not symbols:
+            if guards or any(type(d) is not int for a in [*arrays, *outputs] for d in a.shape):
+                raise ValueError("a spec without symbols has int dims and no guards")
+            return None
+        sized = [(_native(a.dtype).itemsize, a.shape) for a in [*arrays, *outputs]]
+        const = sum(i.array.nbytes if isinstance(i, Const) else 8 for i in inputs if not isinstance(i, Array))
+        return dimprog.plan_dims(symbols, [a.shape for a in arrays], [o.shape for o in outputs], guards,
+                                 sized, const)
+
+    def _head(self, nargs: int, inputs: Sequence[Any], outputs: Sequence[Output], kernel_address: int, gil: int,
+              error_flag: int, raise_error: Callable[[], None] | None,
+              result: int | tuple[str, int] | Callable[..., Any], out_at: int) -> list[int]:
+        """The spec's words up to S_NSYM."""
         kind, slot, post = (R_ARRAY, result, None) if isinstance(result, int) else \
             (R_SCALAR, result[1], None) if isinstance(result, tuple) else (R_POST, 0, result)
         if kind != R_POST and not 0 <= slot < len(outputs):
@@ -725,21 +988,14 @@ class Spec:
         if error_flag and raise_error is None:
             raise ValueError("a kernel with an error flag needs the function that raises its error")
         self._keep += [post, raise_error]
-        words[:S_RECORDS] = [nargs, len(inputs), len(outputs), kernel_address,
-                             int(nbytes >= RELEASE_GIL_BYTES if release_gil is None else release_gil),
-                             error_flag, id(raise_error) if error_flag else 0, kind, slot,
-                             id(post) if post is not None else 0, out_at, 0]
-        self.words = (ctypes.c_int64 * len(words))(*words)
-        self.address = ctypes.addressof(self.words)
-        self.nargs = nargs
-        # the spare outputs are strong references held in the words: dropped with the spec
-        weakref.finalize(self, _drop_spares, self.words, slots)
+        return [nargs, len(inputs), len(outputs), kernel_address, gil, error_flag,
+                id(raise_error) if error_flag else 0, kind, slot, id(post) if post is not None else 0, out_at, 0]
 
-    def _input(self, i: Array | Scalar | Const) -> list[int]:
+    def _input(self, i: Array | Scalar | Const, dim_words: list[int] | None = None) -> list[int]:
         if isinstance(i, Array):
             dt = _native(i.dtype)
             self._keep.append(dt)
-            return [IN_ARRAY, i.position, id(dt), len(i.shape), *i.shape]
+            return [IN_ARRAY, i.position, id(dt), len(i.shape), *(i.shape if dim_words is None else dim_words)]
         if isinstance(i, Const):
             a = i.array
             if not (type(a) is np.ndarray and a.flags.c_contiguous and a.flags.aligned):
@@ -782,6 +1038,13 @@ def _native(dtype: Any) -> np.dtype:
     if given != dt or dt.kind not in "biuf" or np.empty(0, dt).dtype is not dt:
         raise ValueError(f"dtype {dtype} has no canonical native descriptor")
     return dt
+
+
+def _nbytes(inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output]) -> int:
+    """The bytes a static signature's call touches (the GIL is released from RELEASE_GIL_BYTES)."""
+    n = sum(i.array.nbytes if isinstance(i, Const) else
+            _native(i.dtype).itemsize * _prod(i.shape) if isinstance(i, Array) else 8 for i in inputs)
+    return n + sum(_native(o.dtype).itemsize * _prod(o.shape) for o in outputs)
 
 
 def _prod(shape: tuple[int, ...]) -> int:
