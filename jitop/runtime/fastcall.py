@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import llvmlite.binding as llvm
+from llvmlite import ir
 import numpy as np
 
 from jitop.codegen.loader import load_object
@@ -107,9 +108,6 @@ declare ptr @PyObject_GetItem(ptr, ptr)
 declare ptr @PyObject_Vectorcall(ptr, ptr, i64, ptr)
 declare double @PyFloat_AsDouble(ptr)
 declare i64 @PyLong_AsLongLongAndOverflow(ptr, ptr)
-declare {{i64, i1}} @llvm.sadd.with.overflow.i64(i64, i64)
-declare {{i64, i1}} @llvm.ssub.with.overflow.i64(i64, i64)
-declare {{i64, i1}} @llvm.smul.with.overflow.i64(i64, i64)
 
 attributes #0 = {{ alwaysinline }}
 
@@ -162,9 +160,7 @@ no:
   ret i1 0
 }}
 
-{_bind_ir()}
-
-{_program_ir()}
+{_symbolic_ir()}
 
 ; Whether `args` fit this spec's inputs; fills ptrs[k] with input k's data (scalars go to scal[k]). A symbolic
 ; spec (slots not null) binds and ties its dims in `slots` (the program checks the rest).
@@ -539,165 +535,205 @@ miss:
 
 
 
-def _bind_ir() -> str:
-    """@dims_bind: an input's dims against a symbolic record's dim words (dimprog): constants compared, binds
-    stored into their slot, ties compared with their slot."""
-    return f"""define internal i1 @dims_bind(ptr %have, ptr %want, i64 %n, ptr %slots) {{
-entry:
-  br label %loop
-loop:
-  %d = phi i64 [ 0, %entry ], [ %d1, %next ]
-  %end = icmp eq i64 %d, %n
-  br i1 %end, label %yes, label %cmp
-cmp:
-  %x = call i64 @w(ptr %have, i64 %d)
-  %y = call i64 @w(ptr %want, i64 %d)
-  %d1 = add i64 %d, 1
-  %const = icmp sge i64 %y, 0
-  br i1 %const, label %fixed, label %symbolic
-fixed:
-  %eq = icmp eq i64 %x, %y
-  br i1 %eq, label %next, label %no
-symbolic:
-  %s = sub i64 -1, %y
-  %isbind = icmp slt i64 %s, {MAX_SLOTS}
-  br i1 %isbind, label %bind, label %tie
-bind:
-  %bp = getelementptr i64, ptr %slots, i64 %s
-  store i64 %x, ptr %bp, align 8
-  br label %next
-tie:
-  %t = sub i64 %s, {MAX_SLOTS}
-  %v = call i64 @w(ptr %slots, i64 %t)
-  %teq = icmp eq i64 %v, %x
-  br i1 %teq, label %next, label %no
-next:
-  br label %loop
-yes:
-  ret i1 1
-no:
-  ret i1 0
-}}"""
+
+# ** the symbolic parts of the entry, built with llvmlite.ir and printed into the entry's module **
+_I1, _I64, _PTR = ir.IntType(1), ir.IntType(64), ir.PointerType()
 
 
-def _program_ir() -> str:
-    """@dimprog: runs a symbolic signature's check-and-shape program (jitop.runtime.dimprog.Op): 1 if every
-    check holds, with the output dims in %odims and the bytes the call touches in %nbytes; 0 on a failed
-    assertion, a zero divisor, an int64 overflow or a negative output dim."""
-    operands = " ".join(f"i64 {int(op)}, label %operands" for op in Op if Op.ADD <= op <= Op.ASSERT_GT)
-    binops = " ".join(f"i64 {int(op)}, label %{op.name.lower()}" for op in
-                      (Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.FLOORMOD, Op.MIN, Op.MAX))
-    asserts = " ".join(f"i64 {int(op)}, label %{op.name.lower()}" for op in
-                       (Op.ASSERT_EQ, Op.ASSERT_NE, Op.ASSERT_GE, Op.ASSERT_GT))
-    overflow = "\n".join(f"""{name}:
-  %{name}.r = call {{i64, i1}} @llvm.{fn}.with.overflow.i64(i64 %a, i64 %b)
-  %{name}.v = extractvalue {{i64, i1}} %{name}.r, 0
-  %{name}.o = extractvalue {{i64, i1}} %{name}.r, 1
-  br i1 %{name}.o, label %fail, label %value""" for name, fn in (("add", "sadd"), ("sub", "ssub"), ("mul", "smul")))
-    compare = "\n".join(f"""{name}:
-  %{name}.c = icmp {pred} i64 %a, %b
-  br i1 %{name}.c, label %loop.pop2, label %fail""" for name, pred in
-                        (("assert_eq", "eq"), ("assert_ne", "ne"), ("assert_ge", "sge"), ("assert_gt", "sgt")))
-    return f"""define internal i1 @dimprog(ptr %prog, ptr %slots, ptr %odims, ptr %nbytes) {{
-entry:
-  %stack = alloca [{MAX_STACK} x i64], align 16
-  br label %loop
-loop:
-  %pc = phi i64 [ 0, %entry ], [ %pc2, %push ], [ %pc2, %store.ok ], [ %pc1, %value ], [ %pc1, %gil ],
-                [ %pc1, %loop.pop2 ]
-  %sp = phi i64 [ 0, %entry ], [ %sp.up, %push ], [ %sp.down, %store.ok ], [ %sp.down, %value ],
-                [ %sp.down, %gil ], [ %sp.down2, %loop.pop2 ]
-  %op = call i64 @w(ptr %prog, i64 %pc)
-  %pc1 = add i64 %pc, 1
-  %pc2 = add i64 %pc, 2
-  %sp.up = add i64 %sp, 1
-  %sp.down = sub i64 %sp, 1
-  %sp.down2 = sub i64 %sp, 2
-  %top = getelementptr i64, ptr %stack, i64 %sp.down
-  %below = getelementptr i64, ptr %stack, i64 %sp.down2
-  switch i64 %op, label %fail [ i64 {int(Op.END)}, label %done
-                                i64 {int(Op.PUSH_SLOT)}, label %push.slot
-                                i64 {int(Op.PUSH_CONST)}, label %push.const
-                                i64 {int(Op.STORE_OUT)}, label %store
-                                i64 {int(Op.SET_GIL)}, label %gil
-                                {operands} ]
-push.slot:
-  %slot = call i64 @w(ptr %prog, i64 %pc1)
-  %sv = call i64 @w(ptr %slots, i64 %slot)
-  br label %push
-push.const:
-  %cv = call i64 @w(ptr %prog, i64 %pc1)
-  br label %push
-push:
-  %pv = phi i64 [ %sv, %push.slot ], [ %cv, %push.const ]
-  %cell = getelementptr i64, ptr %stack, i64 %sp
-  store i64 %pv, ptr %cell, align 8
-  br label %loop
-store:
-  %out = load i64, ptr %top, align 8
-  %neg = icmp slt i64 %out, 0
-  br i1 %neg, label %fail, label %store.ok
-store.ok:
-  %j = call i64 @w(ptr %prog, i64 %pc1)
-  %dst = getelementptr i64, ptr %odims, i64 %j
-  store i64 %out, ptr %dst, align 8
-  br label %loop
-gil:
-  %bytes = load i64, ptr %top, align 8
-  store i64 %bytes, ptr %nbytes, align 8
-  br label %loop
-operands:
-  %b = load i64, ptr %top, align 8
-  %a = load i64, ptr %below, align 8
-  switch i64 %op, label %fail [ {binops} {asserts} ]
-{overflow}
-floordiv:
-  br label %divisor
-floormod:
-  br label %divisor
-divisor:
-  %zero = icmp eq i64 %b, 0
-  %minus1 = icmp eq i64 %b, -1
-  %least = icmp eq i64 %a, {dimprog.I64_MIN}
-  %ovf = and i1 %minus1, %least
-  %bad = or i1 %zero, %ovf
-  br i1 %bad, label %fail, label %divide
-divide:
-  %q = sdiv i64 %a, %b
-  %r = srem i64 %a, %b
-  %rnz = icmp ne i64 %r, 0
-  %rx = xor i64 %r, %b
-  %rneg = icmp slt i64 %rx, 0
-  %adjust = and i1 %rnz, %rneg              ; the remainder's sign differs from the divisor's: floor, not trunc
-  %adj = zext i1 %adjust to i64
-  %fq = sub i64 %q, %adj
-  %rb = add i64 %r, %b
-  %fr = select i1 %adjust, i64 %rb, i64 %r
-  %ismod = icmp eq i64 %op, {int(Op.FLOORMOD)}
-  %dv = select i1 %ismod, i64 %fr, i64 %fq
-  br label %value
-min:
-  %lt = icmp slt i64 %a, %b
-  %minv = select i1 %lt, i64 %a, i64 %b
-  br label %value
-max:
-  %gt = icmp sgt i64 %a, %b
-  %maxv = select i1 %gt, i64 %a, i64 %b
-  br label %value
-value:
-  %v = phi i64 [ %add.v, %add ], [ %sub.v, %sub ], [ %mul.v, %mul ], [ %dv, %divide ], [ %minv, %min ],
-               [ %maxv, %max ]
-  store i64 %v, ptr %below, align 8
-  br label %loop
-{compare}
-loop.pop2:
-  br label %loop
-done:
-  ret i1 1
-fail:
-  ret i1 0
-}}"""
+def _symbolic_ir() -> str:
+    """@dims_bind and @dimprog (with the intrinsics they declare), as LLVM IR text for `_entry_ir`."""
+    mod = ir.Module("jitop_fastcall_symbolic")
+    _dims_bind(mod)
+    _dimprog(mod)
+    return "\n".join(str(g) for g in mod.functions)
 
+
+def _word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "") -> ir.Value:
+    """base[index] of an i64 array."""
+    index = _I64(index) if isinstance(index, int) else index
+    return b.load(b.gep(base, [index], source_etype=_I64), typ=_I64, name=name)
+
+
+def _function(mod: ir.Module, name: str, params: list[str], blocks: list[str]) -> tuple[ir.Function, dict]:
+    fn = ir.Function(mod, ir.FunctionType(_I1, [_PTR if p != "n" else _I64 for p in params]), name)
+    fn.linkage = "internal"
+    for arg, p in zip(fn.args, params):
+        arg.name = p
+    return fn, {label: fn.append_basic_block(label) for label in blocks}
+
+
+def _dims_bind(mod: ir.Module) -> None:
+    """@dims_bind(have, want, n, slots): an input's dims against a symbolic record's dim words (dimprog):
+    constants compared, binds stored into their slot, ties compared with their slot's value."""
+    fn, bb = _function(mod, "dims_bind", ["have", "want", "n", "slots"],
+                       ["entry", "loop", "cmp", "fixed", "symbolic", "bind", "tie", "next", "yes", "no"])
+    have, want, n, slots = fn.args
+    b = ir.IRBuilder(bb["entry"])
+    b.branch(bb["loop"])
+    b.position_at_end(bb["loop"])
+    d = b.phi(_I64, "d")
+    d.add_incoming(_I64(0), bb["entry"])
+    b.cbranch(b.icmp_signed("==", d, n), bb["yes"], bb["cmp"])
+    b.position_at_end(bb["cmp"])
+    x, y = _word(b, have, d, "x"), _word(b, want, d, "y")
+    d.add_incoming(b.add(d, _I64(1), "d1"), bb["next"])
+    b.cbranch(b.icmp_signed(">=", y, _I64(0)), bb["fixed"], bb["symbolic"])
+    b.position_at_end(bb["fixed"])
+    b.cbranch(b.icmp_signed("==", x, y), bb["next"], bb["no"])
+    b.position_at_end(bb["symbolic"])
+    slot = b.sub(_I64(-1), y, "slot")
+    b.cbranch(b.icmp_signed("<", slot, _I64(MAX_SLOTS)), bb["bind"], bb["tie"])
+    b.position_at_end(bb["bind"])
+    b.store(x, b.gep(slots, [slot], source_etype=_I64))
+    b.branch(bb["next"])
+    b.position_at_end(bb["tie"])
+    bound = _word(b, slots, b.sub(slot, _I64(MAX_SLOTS)), "bound")
+    b.cbranch(b.icmp_signed("==", bound, x), bb["next"], bb["no"])
+    b.position_at_end(bb["next"])
+    b.branch(bb["loop"])
+    for label, value in (("yes", 1), ("no", 0)):
+        b.position_at_end(bb[label])
+        b.ret(_I1(value))
+
+
+_ARITH = {Op.ADD: "sadd", Op.SUB: "ssub", Op.MUL: "smul"}
+_COMPARE = {Op.ASSERT_EQ: "==", Op.ASSERT_NE: "!=", Op.ASSERT_GE: ">=", Op.ASSERT_GT: ">"}
+
+
+def _dimprog(mod: ir.Module) -> None:
+    """@dimprog(prog, slots, odims, nbytes): runs a symbolic signature's check-and-shape program
+    (jitop.runtime.dimprog.Op): 1 if every check holds, with the output dims in odims and the bytes the call
+    touches in nbytes; 0 on a failed assertion, a zero divisor, an int64 overflow or a negative output dim."""
+    names = ["entry", "loop", "push.slot", "push.const", "push", "store", "store.ok", "gil", "operands",
+             *(op.name.lower() for op in _ARITH), "divisor", "divide", "min", "max", "value",
+             *(op.name.lower() for op in _COMPARE), "pop2", "done", "fail"]
+    fn, bb = _function(mod, "dimprog", ["prog", "slots", "odims", "nbytes"], names)
+    prog, slots, odims, nbytes = fn.args
+    b = ir.IRBuilder(bb["entry"])
+    stack = b.alloca(ir.ArrayType(_I64, MAX_STACK), name="stack")
+    stack.type = _PTR  # opaque, like every other pointer here (llvmlite types allocas)
+    b.branch(bb["loop"])
+    b.position_at_end(bb["loop"])
+    pc, sp = b.phi(_I64, "pc"), b.phi(_I64, "sp")
+    for v in (pc, sp):
+        v.add_incoming(_I64(0), bb["entry"])
+    r = _Regs(op=_word(b, prog, pc, "op"), pc1=b.add(pc, _I64(1), "pc1"), pc2=b.add(pc, _I64(2), "pc2"),
+              sp=sp, up=b.add(sp, _I64(1), "up"), down=b.sub(sp, _I64(1), "down"), down2=b.sub(sp, _I64(2), "down2"))
+    r.top = b.gep(stack, [r.down], source_etype=_I64, name="top")
+    r.below = b.gep(stack, [r.down2], source_etype=_I64, name="below")
+    sw = b.switch(r.op, bb["fail"])
+    for op, label in ((Op.END, "done"), (Op.PUSH_SLOT, "push.slot"), (Op.PUSH_CONST, "push.const"),
+                      (Op.STORE_OUT, "store"), (Op.SET_GIL, "gil")):
+        sw.add_case(_I64(int(op)), bb[label])
+    for op in Op:
+        if Op.ADD <= op <= Op.ASSERT_GT:
+            sw.add_case(_I64(int(op)), bb["operands"])
+    _dimprog_push(b, bb, r, prog, slots, stack)
+    _dimprog_store(b, bb, r, prog, odims, nbytes)
+    _dimprog_operands(b, mod, bb, r)
+    for label, value in (("done", 1), ("fail", 0)):
+        b.position_at_end(bb[label])
+        b.ret(_I1(value))
+
+
+class _Regs:
+    """The interpreter loop's values: op, pc + 1, pc + 2, sp and its neighbours, the top two cells."""
+
+    def __init__(self, **values: ir.Value):
+        self.__dict__.update(values)
+
+
+def _back(b: ir.IRBuilder, bb: dict, pc: ir.Value, sp: ir.Value) -> None:
+    """Branch back to the loop with the next pc and sp."""
+    pc_phi, sp_phi = bb["loop"].instructions[0], bb["loop"].instructions[1]
+    pc_phi.add_incoming(pc, b.block)
+    sp_phi.add_incoming(sp, b.block)
+    b.branch(bb["loop"])
+
+
+def _dimprog_push(b: ir.IRBuilder, bb: dict, r: _Regs, prog: ir.Value, slots: ir.Value, stack: ir.Value) -> None:
+    b.position_at_end(bb["push.slot"])
+    sv = _word(b, slots, _word(b, prog, r.pc1, "slot"), "sv")
+    b.branch(bb["push"])
+    b.position_at_end(bb["push.const"])
+    cv = _word(b, prog, r.pc1, "cv")
+    b.branch(bb["push"])
+    b.position_at_end(bb["push"])
+    pv = b.phi(_I64, "pv")
+    pv.add_incoming(sv, bb["push.slot"])
+    pv.add_incoming(cv, bb["push.const"])
+    b.store(pv, b.gep(stack, [r.sp], source_etype=_I64))
+    _back(b, bb, r.pc2, r.up)
+
+
+def _dimprog_store(b: ir.IRBuilder, bb: dict, r: _Regs, prog: ir.Value, odims: ir.Value,
+                   nbytes: ir.Value) -> None:
+    b.position_at_end(bb["store"])
+    out = b.load(r.top, typ=_I64, name="out")
+    b.cbranch(b.icmp_signed("<", out, _I64(0)), bb["fail"], bb["store.ok"])
+    b.position_at_end(bb["store.ok"])
+    b.store(out, b.gep(odims, [_word(b, prog, r.pc1, "j")], source_etype=_I64))
+    _back(b, bb, r.pc2, r.down)
+    b.position_at_end(bb["gil"])
+    b.store(b.load(r.top, typ=_I64), nbytes)
+    _back(b, bb, r.pc1, r.down)
+
+
+def _dimprog_operands(b: ir.IRBuilder, mod: ir.Module, bb: dict, r: _Regs) -> None:
+    """The two-operand ops: arithmetic (checked), floor division and modulo, min, max and the assertions."""
+    b.position_at_end(bb["operands"])
+    rhs, lhs = b.load(r.top, typ=_I64, name="b"), b.load(r.below, typ=_I64, name="a")
+    sw = b.switch(r.op, bb["fail"])
+    for op in [*_ARITH, Op.MIN, Op.MAX, *_COMPARE]:
+        sw.add_case(_I64(int(op)), bb[op.name.lower()])
+    for op in (Op.FLOORDIV, Op.FLOORMOD):
+        sw.add_case(_I64(int(op)), bb["divisor"])
+    results = []
+    for op, fn in _ARITH.items():
+        b.position_at_end(bb[op.name.lower()])
+        pair = b.call(_overflow_intrinsic(mod, fn), [lhs, rhs])
+        results.append((b.extract_value(pair, 0), b.block))
+        b.cbranch(b.extract_value(pair, 1), bb["fail"], bb["value"])
+    results.append(_floor_divide(b, bb, r.op, lhs, rhs))
+    for op, pred in ((Op.MIN, "<"), (Op.MAX, ">")):
+        b.position_at_end(bb[op.name.lower()])
+        results.append((b.select(b.icmp_signed(pred, lhs, rhs), lhs, rhs), b.block))
+        b.branch(bb["value"])
+    b.position_at_end(bb["value"])
+    v = b.phi(_I64, "v")
+    for value, block in results:
+        v.add_incoming(value, block)
+    b.store(v, r.below)
+    _back(b, bb, r.pc1, r.down)
+    for op, pred in _COMPARE.items():
+        b.position_at_end(bb[op.name.lower()])
+        b.cbranch(b.icmp_signed(pred, lhs, rhs), bb["pop2"], bb["fail"])
+    b.position_at_end(bb["pop2"])
+    _back(b, bb, r.pc1, r.down2)
+
+
+def _overflow_intrinsic(mod: ir.Module, fn: str) -> ir.Function:
+    """llvm.<fn>.with.overflow.i64: {result, overflowed}."""
+    name = f"llvm.{fn}.with.overflow.i64"
+    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ir.LiteralStructType([_I64, _I1]),
+                                                                     [_I64, _I64]), name)
+
+
+def _floor_divide(b: ir.IRBuilder, bb: dict, op: ir.Value, a: ir.Value, d: ir.Value) -> tuple[ir.Value, ir.Block]:
+    """a // d or a % d (op) with Python's floor semantics; a zero divisor or INT64_MIN // -1 fails."""
+    b.position_at_end(bb["divisor"])
+    zero = b.icmp_signed("==", d, _I64(0))
+    overflow = b.and_(b.icmp_signed("==", d, _I64(-1)), b.icmp_signed("==", a, _I64(dimprog.I64_MIN)))
+    b.cbranch(b.or_(zero, overflow), bb["fail"], bb["divide"])
+    b.position_at_end(bb["divide"])
+    q, rem = b.sdiv(a, d, "q"), b.srem(a, d, "rem")
+    # the remainder's sign differs from the divisor's: floor, not truncation
+    adjust = b.and_(b.icmp_signed("!=", rem, _I64(0)), b.icmp_signed("<", b.xor(rem, d), _I64(0)), "adjust")
+    fq = b.sub(q, b.zext(adjust, _I64))
+    fr = b.select(adjust, b.add(rem, d), rem)
+    result = b.select(b.icmp_signed("==", op, _I64(int(Op.FLOORMOD))), fr, fq, "dv")
+    b.branch(bb["value"])
+    return result, b.block
 
 # ** loading (once per process) **
 class _MethodDef(ctypes.Structure):
