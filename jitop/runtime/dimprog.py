@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -138,10 +139,8 @@ class _Builder:
         self.depth = 0
 
     def input_word(self, d: Dim) -> int:
-        if type(d) is int:
-            if d < 0:
-                raise ValueError(f"dimension {d} is negative")
-            return d
+        if not isinstance(d, str):
+            return _constant(d)
         text = _checked(d)
         if text in self.slots:
             slot = self.slots[text]
@@ -154,10 +153,8 @@ class _Builder:
         return bind_word(slot)
 
     def output_dim(self, d: Dim) -> int:
-        if type(d) is int:
-            if d < 0:
-                raise ValueError(f"dimension {d} is negative")
-            self.emit(Op.PUSH_CONST, d)
+        if not isinstance(d, str):
+            self.emit(Op.PUSH_CONST, _constant(d))
         else:
             text = _checked(d)
             self.expr(_parse(text), text)
@@ -165,7 +162,7 @@ class _Builder:
             raise ValueError(f"a signature's outputs have at most {MAX_ODIMS} dimensions in all")
         self.emit(Op.STORE_OUT, self.n_odims)
         self.n_odims += 1
-        return d if type(d) is int else -self.n_odims
+        return -self.n_odims if isinstance(d, str) else _constant(d)
 
     def guard(self, text: str) -> None:
         if not isinstance(text, str) or len(text) > 4096:
@@ -197,8 +194,8 @@ class _Builder:
         symbolic dims summed first (a + b over (n,): 12 * n)."""
         terms: dict[tuple[str, ...], int] = {}
         for itemsize, dims in sized:
-            symbolic = tuple(_checked(d) for d in dims if type(d) is not int)
-            scale = itemsize * _prod([d for d in dims if type(d) is int])
+            symbolic = tuple(_checked(d) for d in dims if isinstance(d, str))
+            scale = itemsize * _prod([_constant(d) for d in dims if not isinstance(d, str)])
             if symbolic:
                 terms[symbolic] = terms.get(symbolic, 0) + scale
             else:
@@ -250,6 +247,17 @@ class _Builder:
             raise ValueError(f"a signature binds at most {MAX_SLOTS} symbols and symbolic input dims")
         self.n_slots += 1
         return self.n_slots - 1
+
+
+def _constant(d: object) -> int:
+    """A constant dimension: a non-negative int (numpy's integers too)."""
+    try:
+        v = operator.index(d)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"dimension {d!r} is neither an int nor an expression") from None
+    if v < 0:
+        raise ValueError(f"dimension {v} is negative")
+    return int(v)
 
 
 def _checked(text: str) -> str:

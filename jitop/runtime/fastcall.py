@@ -1005,8 +1005,8 @@ class Spec:
         """A symbolic spec's dim words and program (None for a static spec, whose dims must all be ints)."""
         arrays = [i for i in inputs if isinstance(i, Array)]
         if not symbols:
-            if guards or any(type(d) is not int for a in [*arrays, *outputs] for d in a.shape):
-                raise ValueError("a spec without symbols has int dims and no guards")
+            if guards or any(isinstance(d, str) for a in [*arrays, *outputs] for d in a.shape):
+                raise ValueError("a spec without symbols has int dims and no guards (give its symbols)")
             return None
         sized = [(_native(a.dtype).itemsize, a.shape) for a in [*arrays, *outputs]]
         const = sum(i.array.nbytes if isinstance(i, Const) else 8 for i in inputs if not isinstance(i, Array))

@@ -84,6 +84,27 @@ def probes() -> dict[str, int]:
     return load_object(obj, ["jitop_test_noop", "jitop_test_symbols", "jitop_test_gil"])
 
 
+@functools.cache
+def tvm_example():
+    """TVM's first example through te -> lower -> build: C = A + B over te.var n, split by 8, vectorized, parallel."""
+    n = te.var("n")
+    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
+    s = jitop.create_schedule(C.op)
+    xo, xi = s[C].split(C.op.axis[0], factor=8)
+    s[C].vectorize(xi)
+    s[C].parallel(xo)
+    return jitop.build(s, [A, B, C])
+
+
+def module_spec(module, guards=()) -> Spec:
+    """A spec read off a built module's metadata (as the Executable's will be): inputs are the arguments."""
+    params, symbols = module.meta["params"], [s["name"] for s in module.meta["symbols"]]
+    ins = [Array(k, np.dtype(p["dtype"]), tuple(p["shape"])) for k, p in enumerate(params) if not p["is_output"]]
+    outs = [Output(np.dtype(p["dtype"]), tuple(p["shape"])) for p in params if p["is_output"]]
+    return Spec(len(ins), module.address, ins, outs, 0, symbols=symbols, guards=guards)
+
+
 def add_spec(guards=(), static: int | None = None, **kw) -> Spec:
     """The vector add's signature: symbolic (n,), or static (static,)."""
     shape = ("n",) if static is None else (static,)
@@ -113,6 +134,17 @@ def test_one_symbolic_spec_serves_every_size(n):
     assert r is not MISS and r.shape == (n,) and r.dtype == F4
     np.testing.assert_array_equal(r, a + b)
     assert spec.calls == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 100, 4099, 100_000])
+def test_a_built_te_var_kernel_through_the_entry(n):
+    spec = module_spec(tvm_example())
+    fast = Table([spec]).entry()
+    a, b = inputs(n, n)
+    r = fast(a, b)
+    assert r is not MISS and r.shape == (n,)
+    np.testing.assert_array_equal(r, a + b)
+    assert fast(a, inputs(n + 1)[0]) is MISS and spec.calls == 1
 
 
 def test_the_kernel_gets_the_bound_symbols_in_order():
@@ -327,3 +359,28 @@ def test_static_specs_keep_their_words():
     assert spec.words[fastcall.S_PROG] == 0 and spec.words[fastcall.S_NSYM] == 0
     assert spec.words[fastcall.S_GIL] == 0
     assert add_spec().words[fastcall.S_GIL] == fastcall.GIL_FROM_PROGRAM
+
+
+# ** the dim program on its own (no LLVM) **
+def test_dim_words_bind_tie_and_expression_slots():
+    plan = dimprog.plan_dims(["n", "m"], [(np.int64(3), "n", "m"), ("m", "n * 2")], [("n", 4)])
+    tie = dimprog.tie_word
+    assert plan.inputs == [[3, dimprog.bind_word(0), dimprog.bind_word(1)], [tie(1), dimprog.bind_word(2)]]
+    assert plan.outputs == [[-1, 4]] and plan.n_slots == 3
+    assert dimprog.run(plan.program, [5, 7, 10]) == (True, [5, 4], 0)
+    assert not dimprog.run(plan.program, [5, 7, 11])[0]  # slot 2 must be n * 2
+
+
+@pytest.mark.parametrize("a", [-7, -1, 0, 1, 6, 7, 2 ** 62])
+@pytest.mark.parametrize("b", [-3, -1, 1, 2, 7])
+def test_reference_interpreter_floor_semantics(a, b):
+    plan = dimprog.plan_dims(["x"], [("x",)], [], guards=[f"x // {b} == {a // b}", f"x % {b} == {a % b}"])
+    assert dimprog.run(plan.program, [a])[0]
+    assert not dimprog.run(plan.program, [a + 1])[0]  # x // b and x % b together determine x
+
+
+def test_stack_depth_is_bounded_when_planned():
+    deep = "n" + "".join(f" + (n * {k}" for k in range(40)) + ")" * 40  # nested right-hand operands
+    with pytest.raises(ValueError, match="stack"):
+        dimprog.plan_dims(["n"], [("n",)], [(deep,)])
+    dimprog.plan_dims(["n"], [("n",)], [(" + ".join(["n"] * 200),)])  # left-leaning sums need 2 cells
