@@ -11,13 +11,24 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from jitop.errors import ScheduleError, axis_already_transformed, axis_not_in_stage
-from jitop.te.expr import Expr, Op, rewrite, substitute
-from jitop.te.tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute, read_tensors
+from jitop.te.expr import Expr, Op, binary, rewrite, substitute
+from jitop.te.tensor import ComputeOp, Dim, IterVar, Operation, PlaceholderOp, Tensor, compute, read_tensors
+
+
+def ceildiv(a: Dim, b: Dim) -> Dim:
+    """ceil(a / b) for a >= 0, b >= 1: an int for ints, `(n + 7) // 8` for a symbolic extent.
+
+    >>> from jitop import te
+    >>> ceildiv(10, 4), ceildiv(te.var("n"), 8)
+    (3, (n + 7) // 8)
+    """
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return (a + (b - 1)) // b
 
 
 class ForKind(enum.Enum):
@@ -34,7 +45,7 @@ class Split:
     parent: IterVar
     outer: IterVar
     inner: IterVar
-    factor: int  # the inner extent
+    factor: Dim  # the inner extent (symbolic only for nparts= of a symbolic extent)
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,8 @@ class Stage:
     def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None) -> tuple[IterVar, IterVar]:
         """Split `parent` into (outer, inner) with inner extent `factor` (or `nparts` outer iterations).
 
-        Extents need not divide: the lowered loops guard the tail.
+        Extents need not divide: the lowered loops guard the tail. A symbolic extent `n` split by 8 gives
+        an outer extent `(n + 7) // 8`.
         """
         pos = self._leaf(parent, "split")
         if (factor is None) == (nparts is None):
@@ -105,8 +117,10 @@ class Stage:
         n = factor if factor is not None else nparts
         if not isinstance(n, int) or n < 1:
             raise ScheduleError(f"split of '{parent.name}' in stage '{self.name}': factor/nparts must be a positive int, got {n!r}")
-        inner_ext = factor if factor is not None else math.ceil(parent.extent / max(nparts, 1)) or 1
-        outer = IterVar(f"{parent.name}.outer", math.ceil(parent.extent / inner_ext), parent.kind)
+        inner_ext = factor if factor is not None else _at_least_one(ceildiv(parent.extent, nparts))
+        # nparts of a symbolic extent: exactly nparts outer iterations (those past the end are guarded away)
+        outer_ext = nparts if nparts is not None and isinstance(inner_ext, Expr) else ceildiv(parent.extent, inner_ext)
+        outer = IterVar(f"{parent.name}.outer", outer_ext, parent.kind)
         inner = IterVar(f"{parent.name}.inner", inner_ext, parent.kind)
         self.relations.append(Split(parent, outer, inner, inner_ext))
         self.leaf_iter_vars[pos:pos + 1] = [outer, inner]
@@ -207,6 +221,11 @@ class Stage:
         """Undo compute_at/compute_inline: compute the whole tensor before its consumers."""
         self._check_compute("compute_root")
         self.attach_type, self.attach_stage, self.attach_ivar = "root", None, None
+
+
+def _at_least_one(n: Dim) -> Dim:
+    # nparts of an empty extent: the inner loop keeps one iteration (its body is guarded away)
+    return (n or 1) if isinstance(n, int) else binary(Op.MAX, n, 1)
 
 
 def _as_ops(ops: Any) -> list[Operation]:

@@ -3,28 +3,34 @@
 Each stage's root axes get a value in terms of its leaf loops (through split/fuse relations).
 A stage computed at a consumer's loop covers only the region the consumer's inner loops read
 (bound inference), held in a region-sized buffer allocated at that loop.
+
+Extents may be symbolic (int64 expressions of the shape symbols, `(n + 7) // 8`): a loop's range is then
+(0, extent - 1) with the expression kept, the symbols range over [0, SYMBOL_MAX], and a split of a symbolic
+extent is guarded unless the factor provably divides it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from jitop import dtypes
 from jitop.errors import LoweringError
-from jitop.schedule.schedule import Schedule, Split, Stage
-from jitop.te.expr import Expr, Op, const, free_vars, rewrite, substitute
-from jitop.te.tensor import IterVar, PlaceholderOp, Tensor, tensor_loads
+from jitop.schedule.schedule import Schedule, Split, Stage, ceildiv
+from jitop.te.expr import Expr, Op, as_expr, const, free_vars, rewrite, substitute, walk
+from jitop.te.tensor import Dim, IterVar, PlaceholderOp, Tensor, tensor_loads
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
 from jitop.tir.passes import partition_loops, simplify_stmt
-from jitop.tir.simplify import Lin, atom_bounds, from_lin, prove, simplify, to_lin
+from jitop.tir.simplify import SYMBOL_MAX, Lin, Ranges, atom_bounds, from_lin, prove, simplify, to_lin
+
+# a region span (from integer bounds) this wide can only come from a symbolic range: use the whole dim
+_SYMBOLIC_SPAN = 1 << 32
 
 
 @dataclass
 class StageLoops:
     """A stage's loop structure after bound inference."""
 
-    extent: dict[IterVar, int] = field(default_factory=dict)        # every iter var (root and leaf)
+    extent: dict[IterVar, Dim] = field(default_factory=dict)        # every iter var (root and leaf)
     value: dict[IterVar, Expr] = field(default_factory=dict)        # root/inner var -> expr of leaf vars (relative)
     region_min: tuple[Expr, ...] = ()                               # per output dimension, absolute
     guards: list[Expr] = field(default_factory=list)
@@ -38,29 +44,56 @@ class Lowering:
         self.args = list(args)
         self.loops: dict[Stage, StageLoops] = {}
         self.buffers: dict[Tensor, Buffer] = {}
-        self.ranges: dict[Expr, tuple[int, int]] = {}
+        self.ranges: Ranges = {}
+        self.symbols = self._symbols()
         self.inlined: dict[Stage, tuple[Expr, ...]] = {}
         self._readers: dict[int, list[tuple[Stage, list[tuple[Expr, ...]]]]] | None = None  # id(op) ->
 
+    # ** shape symbols: the variables of the arguments' symbolic dims, in argument order **
+    def _symbols(self) -> tuple[Expr, ...]:
+        found: dict[Expr, str] = {}
+        for t in self.args:
+            for k, d in enumerate(getattr(t, "shape", ())):
+                for v in (sorted(free_vars(d), key=lambda x: x.name) if isinstance(d, Expr) else ()):
+                    found.setdefault(v, f"'{t.name}' dimension {k}")
+        by_name: dict[str, Expr] = {}
+        for v, where in found.items():
+            if v.name in by_name:
+                raise LoweringError(f"two distinct symbols are named '{v.name}' (the first in {found[by_name[v.name]]}, "
+                                    f"the other in {where}); a kernel reads each symbol by its name: make one "
+                                    f"te.var('{v.name}') and use it in every shape")
+            by_name[v.name] = v
+            self.ranges[v] = (0, SYMBOL_MAX)
+        return tuple(found)
+
+    def _check_symbols(self, stage: Stage, extents: dict[IterVar, Dim]) -> None:
+        for iv, n in extents.items():
+            unknown = [v for v in (free_vars(n) if isinstance(n, Expr) else ()) if v not in self.ranges]
+            if unknown:
+                raise LoweringError(f"stage '{stage.name}': the extent {n!r} of loop '{iv.name}' uses symbol "
+                                    f"'{unknown[0].name}', which no argument's shape has; pass the tensors whose "
+                                    "shapes define it (a symbol is read from an input's dimension)")
+
     # ** root axes as functions of the leaf loops **
-    def stage_loops(self, stage: Stage, root_extents: Sequence[int]) -> StageLoops:
+    def stage_loops(self, stage: Stage, root_extents: Sequence[Dim]) -> StageLoops:
         sl = StageLoops()
         roots = stage.axis + stage.reduce_axis
         for iv, n in zip(roots, list(root_extents) + [iv.extent for iv in stage.reduce_axis]):
             sl.extent[iv] = n
         for rel in stage.relations:  # creation order: parents before children
             if isinstance(rel, Split):
-                sl.extent[rel.outer] = math.ceil(sl.extent[rel.parent] / rel.factor)
+                sl.extent[rel.outer] = _outer_extent(rel, sl.extent[rel.parent])
                 sl.extent[rel.inner] = rel.factor
             else:
-                sl.extent[rel.fused] = sl.extent[rel.outer] * sl.extent[rel.inner]
+                sl.extent[rel.fused] = _product(sl.extent[rel.outer], sl.extent[rel.inner])
+        self._check_symbols(stage, sl.extent)
         for leaf in stage.leaf_iter_vars:
             sl.value[leaf] = leaf.var
-            self.ranges[leaf.var] = (0, sl.extent[leaf] - 1)
+            self.ranges[leaf.var] = (0, _last(sl.extent[leaf]))
         for rel in reversed(stage.relations):
             if isinstance(rel, Split):
                 sl.value[rel.parent] = sl.value[rel.outer] * rel.factor + sl.value[rel.inner]
-                if sl.extent[rel.parent] % rel.factor:
+                if not _divides(rel.factor, sl.extent[rel.parent]):
                     sl.guards.append(sl.value[rel.parent] < sl.extent[rel.parent])
             else:
                 n = sl.extent[rel.inner]
@@ -175,8 +208,9 @@ class Lowering:
             s = s.attach_stage
         return False
 
-    def _dim_region(self, indices: list[Expr], keep: set[Expr], dom: int) -> tuple[Expr, int]:
-        """(min, extent) covering every index with the inner loops relaxed; the whole dim if unsure."""
+    def _dim_region(self, indices: list[Expr], keep: set[Expr], dom: Dim) -> tuple[Expr, Dim]:
+        """(min, extent) covering every index with the inner loops relaxed; the whole dim if unsure.
+        A region of a symbolic dim is a constant width (its edges guarded) or the whole dim."""
         spans = [self._relax(i, keep) for i in indices]
         if not spans or any(s is None for s in spans):
             return const(0), dom
@@ -184,7 +218,7 @@ class Lowering:
         if any(s[0].terms != sym.terms for s in spans):
             return const(0), dom
         lo, hi = min(s[1] for s in spans), max(s[2] for s in spans)
-        if hi - lo + 1 >= dom:
+        if hi - lo + 1 >= (dom if isinstance(dom, int) else _SYMBOLIC_SPAN):
             return const(0), dom
         return simplify(from_lin(Lin(sym.terms, lo), dtypes.INDEX), self.ranges), hi - lo + 1
 
@@ -315,7 +349,7 @@ class Lowering:
             iv = leaves[k]
             if attach:
                 body = self._with_attached(stage, iv, body)
-            body = For(iv.var, const(self.loops[stage].extent[iv]), stage.iter_kind.get(iv, ForKind.SERIAL), body)
+            body = For(iv.var, as_expr(self.loops[stage].extent[iv]), stage.iter_kind.get(iv, ForKind.SERIAL), body)
         return _guard(body, levels.get(-1, []))
 
     def _with_attached(self, stage: Stage, iv: IterVar, body: Stmt) -> Stmt:
@@ -338,7 +372,29 @@ class Lowering:
             if buf.scope == "global":
                 body = Allocate(buf, body)
         outputs = tuple(k for k, t in enumerate(self.args) if not isinstance(t.op, PlaceholderOp))
-        return PrimFunc(name, params, body, outputs)
+        return PrimFunc(name, params, body, outputs, symbols=self.symbols)
+
+
+def _outer_extent(rel: Split, parent: Dim) -> Dim:
+    # nparts of a symbolic extent keeps the schedule's outer extent (see Stage.split)
+    return rel.outer.extent if isinstance(rel.factor, Expr) else ceildiv(parent, rel.factor)
+
+
+def _product(a: Dim, b: Dim) -> Dim:
+    return a * b
+
+
+def _last(extent: Dim) -> Dim:
+    """The last index of a loop: an int, or the expression extent - 1."""
+    return extent - 1 if isinstance(extent, int) else simplify(extent - 1)
+
+
+def _divides(factor: Dim, extent: Dim) -> bool:
+    """Whether `factor` surely divides `extent` (`n * 8` by 8), so the split needs no tail guard."""
+    if isinstance(factor, int) and isinstance(extent, int):
+        return extent % factor == 0
+    rem = simplify(as_expr(extent) % factor) if isinstance(factor, int) else None
+    return rem is not None and rem.op is Op.CONST and rem.value == 0
 
 
 def _guard(body: Stmt, conds: list[Expr]) -> Stmt:

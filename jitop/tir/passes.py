@@ -88,6 +88,8 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
 
     Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split.
     """
+    if isinstance(s, For) and s.extent.op is not Op.CONST:
+        return replace(s, body=partition_loops(s.body, ranges))
     if isinstance(s, For) and s.kind in (ForKind.SERIAL, ForKind.PARALLEL):
         extent = int(s.extent.value)
         cuts = [c for c in (_guard_free_extent(s, g.cond, ranges) for g in walk_stmts(s.body)

@@ -102,3 +102,68 @@ def test_bounds_check_proves_symbolic_dims_from_ranges_and_guards():
     k = check.push(i < 5)  # a symbolic range is not narrowed (the fact still counts)
     assert check.ranges[i] == (0, n - 1) and check.in_bounds(i, n)
     check.pop(k)
+
+
+# ** lowering: printed IR with symbols **
+
+def _ir(s, args) -> str:
+    return str(jitop.lower(s, args))
+
+
+def test_golden_tvm_example():
+    n = te.var("n")
+    A, B, C = vector_add(n)
+    f = jitop.lower(jitop.create_schedule(C.op), [A, B, C])
+    assert str(f) == """\
+def main(A: float32[n], B: float32[n], C: float32[n]):
+    for i in range(n):
+        C[i] = A[i] + B[i]"""
+    assert f.symbols == (n,)
+    assert f.attrs["ranges"][n][0] == 0
+
+
+def test_split_of_a_divisible_symbolic_extent_needs_no_guard():
+    n = te.var("n")
+    A = te.placeholder((n * 8,), name="A")
+    B = te.compute(A.shape, lambda i: A[i] * 2.0, name="B")
+    s = jitop.create_schedule(B.op)
+    s[B].split(B.op.axis[0], 8)
+    assert "if" not in _ir(s, [A, B]) and "range(n)" in _ir(s, [A, B])
+
+
+def test_two_symbols_named_alike_are_an_error():
+    A = te.placeholder((te.var("n"),), name="A")
+    B = te.placeholder((te.var("n"),), name="B")
+    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
+    with pytest.raises(jitop.errors.LoweringError, match=r"two distinct symbols are named 'n' \(the first in 'A' "
+                                                         r"dimension 0, the other in 'B' dimension 0\)"):
+        jitop.lower(jitop.create_schedule(C.op), [A, B, C])
+
+
+def test_a_symbol_no_argument_has_is_an_error():
+    n = te.var("n")
+    A = te.placeholder((4,), name="A")
+    B = te.compute((n,), lambda i: A[0] * 2.0, name="B")
+    C = te.compute((4,), lambda i: A[i] + B[0], name="C")
+    with pytest.raises(jitop.errors.LoweringError, match="stage 'B': the extent n of loop 'i' uses symbol 'n'"):
+        jitop.lower(jitop.create_schedule(C.op), [A, C])
+
+
+def test_symbols_in_argument_order():
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((m, n), name="A")
+    B = te.compute((m, n), lambda i, j: A[i, j], name="B")
+    assert jitop.lower(jitop.create_schedule(B.op), [A, B]).symbols == (m, n)
+
+
+def test_compute_at_region_of_a_symbolic_dim():
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), name="X")
+    E = te.compute((n, m), lambda i, j: X[i, j] + 1.0, name="E")
+    F = te.compute((n, m), lambda i, j: E[i, j] * 2.0, name="F")
+    s = jitop.create_schedule(F.op)
+    fo, _ = s[F].split(F.op.axis[0], 4)
+    s[E].compute_at(s[F], fo)
+    text = _ir(s, [X, F])
+    assert "E = allocate(float32[4, m], 'local')" in text  # 4 rows of the whole symbolic row
+    assert "if i.outer * 4 + i < n:" in text
