@@ -7,6 +7,11 @@ thread pool's), is exposed as built-in functions with CPython's METH_FASTCALL co
 derives from its Plan: per argument the ndarray type, dtype descriptor, ndim and shape it needs (or the
 Python scalar type), per output its descriptor and shape, the kernel's address and how to build the result.
 
+A kernel with symbolic shapes has a symbolic Spec: its dims are printed expressions of the kernel's symbols.
+The entry binds each symbol from an input's dim into a call-local slot (the slots are the i64[k] array the kernel
+takes last), ties the other dims to them, and runs the spec's check-and-shape program (jitop.runtime.dimprog:
+guards, output dims, the bytes that decide the GIL). A static Spec runs exactly the checks it always did.
+
 The entry only ever accepts what the slow path would accept and compute identically: exact ndarrays with
 the expected (native, singleton) dtype descriptor, shape, C-contiguous and aligned; exact Python float/int/bool
 for scalar parameters. For anything else (a subclass, another dtype or shape, a strided view, a wrong argument

@@ -384,3 +384,27 @@ def test_stack_depth_is_bounded_when_planned():
     with pytest.raises(ValueError, match="stack"):
         dimprog.plan_dims(["n"], [("n",)], [(deep,)])
     dimprog.plan_dims(["n"], [("n",)], [(" + ".join(["n"] * 200),)])  # left-leaning sums need 2 cells
+
+
+def test_threads_calling_one_symbolic_entry_with_different_sizes():
+    """The slots and output dims are per call: threads at different sizes (some releasing the GIL) never mix."""
+    import threading
+    fast = Table([module_spec(tvm_example()), add_spec()]).entry()
+    errors = []
+
+    def work(n):
+        a, b = inputs(n, n, seed=n)
+        try:
+            for _ in range(200):
+                r = fast(a, b)
+                assert r.shape == (n,)
+                np.testing.assert_array_equal(r, a + b)
+        except AssertionError as err:  # pragma: no cover - reported below
+            errors.append((n, err))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (3, 17, 5000, 40_000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
