@@ -2,6 +2,12 @@
 linearly, so a whole model (ONNX next) compiles in time proportional to its size.
 
     python benchmarks/bench_deep.py [--quick] [--no-resnet]
+    python benchmarks/bench_deep.py --models [gpt2 decode resnet18]
+
+--models (issue 23, part 6): the cold compile of bench_models' GPT-2-small block (T=128), its decode step
+(S=128) and ResNet-18, each phase on its own: trace, fuse + pick, to_te + schedule (Python), lower to loop IR,
+LLVM IR (Python: building and printing it), LLVM (optimise + emit object code); then the steady-state time
+of a call of the compiled program (median of 20).
 
 Programs (tests/graph/test_deep_programs.py checks them against numpy):
 - chain: N elementwise ops on 1000 float32 (tanh, x * 1.0001 + 0.5 in turn), N = 250 ... 5000;
@@ -38,6 +44,7 @@ from common import cpu_name, table  # noqa: E402
 
 _llvm_seconds = 0.0
 _compile_ir = jitop.driver.compile_ir
+_SPENT: dict[str, float] = {}  # seconds inside each wrapped step of the pipeline, since the last reset
 
 
 def _timed_compile_ir(*args, **kwargs):
@@ -49,7 +56,20 @@ def _timed_compile_ir(*args, **kwargs):
         _llvm_seconds += time.perf_counter() - t0
 
 
+def _timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _SPENT[name] = _SPENT.get(name, 0.0) + time.perf_counter() - t0
+    return wrapper
+
+
 jitop.driver.compile_ir = _timed_compile_ir
+_compile_module = sys.modules["jitop.graph.compile"]
+_compile_module.lower = _timed("lower", _compile_module.lower)
+_compile_module.compile_func = _timed("codegen", _compile_module.compile_func)
 
 
 def lscpu_model() -> str:
@@ -74,7 +94,7 @@ def compile_phases(fn, args: list) -> dict[str, float]:
     t3 = time.perf_counter()
     assert exe is not None
     return {"trace": t1 - t0, "fuse+pick": t2 - t1, "IR (Python)": t3 - t2 - _llvm_seconds,
-            "LLVM": _llvm_seconds, "total": t3 - t0, "stages": len(exe.groups)}
+            "LLVM": _llvm_seconds, "total": t3 - t0, "stages": len(exe.groups), "exe": exe}
 
 
 def series(name: str, unit: str, points: list[tuple[int, object, list]]) -> str:
@@ -95,11 +115,56 @@ def series(name: str, unit: str, points: list[tuple[int, object, list]]) -> str:
             "last step (1 = linear, 2 = quadratic)\n")
 
 
+def model_phases(fn, args: list, leaves: list, repeat: int = 20) -> dict[str, float]:
+    """compile_phases of fn(*args) with `IR (Python)` split into to_te + schedule, lower and LLVM IR, and the
+    median time of a steady-state call of the compiled program (with the arrays `leaves`)."""
+    _SPENT.clear()
+    p = compile_phases(fn, args)
+    codegen_python = _SPENT["codegen"] - p["LLVM"]
+    p["to_te+schedule"] = p["IR (Python)"] - _SPENT["lower"] - codegen_python
+    p["lower"], p["LLVM IR (Python)"] = _SPENT["lower"], codegen_python
+    exe = p.pop("exe")
+    exe(*leaves)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        exe(*leaves)
+        times.append(time.perf_counter() - t0)
+    p["call ms"] = 1e3 * float(np.median(times))
+    return p
+
+
+def models_table(names: list[str]) -> str:
+    """The phases of a cold compile of each bench_models program named (gpt2, decode, resnet18)."""
+    import bench_models as bm
+    programs = {"gpt2": ("GPT-2-small block, T=128", bm.gpt2_block, lambda a: a),
+                "decode": ("GPT-2-small decode step, S=128", bm.gpt2_decode_step, lambda a: a),
+                "resnet18": ("ResNet-18, 1x3x224x224", bm.resnet18_forward_list, lambda a: [a[0], list(a[1:])])}
+    make = {"gpt2": bm.args_gpt2, "decode": bm.args_decode, "resnet18": bm.args_resnet18}
+    cols = ["trace", "fuse+pick", "to_te+schedule", "lower", "LLVM IR (Python)", "LLVM", "total"]
+    rows = []
+    for name in names:
+        title, fn, as_params = programs[name]
+        leaves = list(make[name]())
+        p = model_phases(fn, as_params(leaves), leaves)
+        rows.append([title, p["stages"]] + [f"{p[c]:.2f}" for c in cols] + [f"{p['call ms']:.2f}"])
+        print(f"  {title}: {p['total']:.2f} s", file=sys.stderr, flush=True)
+    return table(["program", "stages"] + [f"{c} s" for c in cols] + ["call ms"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, smaller points")
     ap.add_argument("--no-resnet", action="store_true", help="skip the conv nets (the slowest series)")
+    ap.add_argument("--models", nargs="*", choices=["gpt2", "decode", "resnet18"], default=None,
+                    help="only the cold compile of these bench_models programs, phase by phase")
     opts = ap.parse_args()
+    if opts.models is not None:
+        jitop.kernel(lambda x: x + 1, fallback=False)(np.zeros(4, np.float32))  # one-time start-up, not counted
+        print(f"# Cold compile of whole programs, phase by phase\n\nmachine: {lscpu_model()}, {os.cpu_count()} "
+              f"cores; Target: {jitop.Target.current().describe()}; JITOP_CACHE=0\n")
+        print(models_table(opts.models or ["gpt2", "decode", "resnet18"]))
+        return
     rng = np.random.default_rng(0)
     print(f"# Compile time vs depth\n\nmachine: {lscpu_model()}, {os.cpu_count()} cores; "
           f"Target: {jitop.Target.current().describe()}; one cold compile per point (JITOP_CACHE=0)\n")

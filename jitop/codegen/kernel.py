@@ -15,6 +15,7 @@ from llvmlite import ir
 
 from jitop import dtypes
 from jitop.codegen import ops
+from jitop.codegen.instances import Shared, find_shared
 from jitop.dtypes import DType
 from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, walk
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
@@ -104,6 +105,7 @@ class KernelCodegen:
         self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
         self.error_flag: ir.GlobalVariable | None = None
         self.profile_stages: list[str] | None = None  # a profiling build: what each top-level nest writes
+        self.shared: dict[int, Shared] = {}  # top-level nest -> its group of identical nests
 
     @property
     def b(self) -> ir.IRBuilder:
@@ -136,10 +138,13 @@ class KernelCodegen:
 
     def _top_level(self, body: Stmt) -> None:
         """The kernel's loop nests; a deep program's go NESTS_PER_FUNCTION at a time into internal functions
-        that the kernel calls in turn (see NESTS_PER_FUNCTION)."""
+        that the kernel calls in turn (see NESTS_PER_FUNCTION). Identical nests (the heads of an attention)
+        are generated once, as a function each instance calls (jitop.codegen.instances)."""
         nests = body.stmts if isinstance(body, Seq) else (body,)
+        self.shared = {} if self.func.symbols else find_shared(nests, self.func.attrs.get("ranges", {}))
         if len(nests) <= NESTS_PER_FUNCTION:
-            self.stmt(body)
+            for k, nest in enumerate(nests):
+                self._nest(k, nest)
             return
         kernel = self.st.fn
         for k in range(0, len(nests), NESTS_PER_FUNCTION):
@@ -151,11 +156,40 @@ class KernelCodegen:
                 arg.add_attribute("noalias")
                 self.st.ptrs[buf] = arg
             self._bind_symbols()
-            for nest in nests[k:k + NESTS_PER_FUNCTION]:
-                self.stmt(nest)
+            for j, nest in enumerate(nests[k:k + NESTS_PER_FUNCTION], start=k):
+                self._nest(j, nest)
             self.st.finish()
             self.st = saved
             self.b.call(part, kernel.args)
+
+    def _nest(self, k: int, nest: Stmt) -> None:
+        """Top-level nest number k: in place, or a call of its group's shared function."""
+        group = self.shared.get(k)
+        if group is None:
+            return self.stmt(nest)
+        if group.name is None:
+            group.name = self._shared_function(group)
+        fn = self.module.globals[group.name]
+        inst = group.instances[k]
+        args = [self.b.gep(self.st.ptrs[buf], [ir.Constant(I64, off)], source_etype=ops.memory_type(buf.dtype))
+                if off else self.st.ptrs[buf] for buf, off in zip(inst.buffers, inst.offsets)]
+        self.b.call(fn, args)
+
+    def _shared_function(self, group: Shared) -> str:
+        """`<symbol>.sharedN(slot pointers...)`: a group's representative nest, its slots as arguments."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(group.slots)),
+                         f"{self.symbol}.shared{sum(1 for g in self.module.globals if '.shared' in g)}")
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")  # one copy, called per instance
+        saved, self.st = self.st, FunctionState(fn)
+        for buf, arg in zip(group.slots, fn.args):
+            arg.name = _ident(buf.name)
+            arg.add_attribute("noalias")  # the slots of an instance are distinct parameters of the kernel
+            self.st.ptrs[buf] = arg
+        self.stmt(group.body)
+        self.st.finish()
+        self.st = saved
+        return fn.name
 
     def _profiled(self, body: Stmt) -> None:
         """Each top-level loop nest between two reads of the cycle counter, its ticks added to
