@@ -668,13 +668,13 @@ def fresh_cache_dir() -> Iterator[str]:
 def one_kernel(f: Any) -> tuple[bool, str]:
     """(whether the kernel function compiled exactly one signature into one compiled executable, with no
     fallback to numpy, what it did): what 'the network compiles as one kernel' means."""
-    from jitop.kernel import Compiled
+    from jitop.dispatch import Overload
     entries = list(f.cache.values())
-    if f.misses == 1 and len(entries) == 1 and isinstance(entries[0], Compiled):
+    if f.misses == 1 and len(entries) == 1 and isinstance(entries[0], Overload):
         lookup = entries[0].lookup
         disk = f"disk cache: {lookup.status}" if lookup is not None else "no disk cache"
         return True, f"one kernel: 1 signature compiled to 1 executable, no fallback ({disk})"
-    kinds = ", ".join("compiled" if isinstance(e, Compiled) else "numpy fallback" for e in entries)
+    kinds = ", ".join("compiled" if isinstance(e, Overload) else "numpy fallback" for e in entries)
     return False, f"NOT ONE KERNEL: {f.misses} compiles, cache entries: {kinds or 'none'}"
 
 

@@ -87,12 +87,11 @@ def _due_task() -> Any:
     """The heaviest untuned task of the watched kernels past JITOP_AUTOTUNE_MIN_SECONDS, or None."""
     spent: dict[str, list] = {}
     for kf in list(_kernels):
-        for key, entry in list(kf.cache.items()):
-            if not hasattr(entry, "tasks") or not entry.seconds:
+        for ov in kf.dispatcher.overloads():
+            if not ov.seconds:
                 continue
-            calls = _served(kf, key, entry)
-            for task in entry.tasks:
-                spent.setdefault(task.key, [task, 0.0])[1] += calls * entry.seconds / max(1, len(entry.tasks))
+            for task in ov.tasks:
+                spent.setdefault(task.key, [task, 0.0])[1] += ov.served * ov.seconds / max(1, len(ov.tasks))
     least = config.autotune_min_seconds()
     due = [(s, t) for t, s in spent.values() if s >= least and t.key not in _state["tried"] and not _tuned(t)]
     return max(due, key=lambda d: d[0])[1] if due else None
@@ -145,53 +144,52 @@ def _swap_improved() -> None:
     from jitop.tuner.cached import tuned_store
     ts = tuned_store()
     for kf in list(_kernels):
-        for key, entry in list(kf.cache.items()):
-            tasks = getattr(entry, "tasks", None)
-            if not tasks or kf.cache.get(key) is not entry:
+        d = kf.dispatcher
+        for ov in d.overloads():
+            if not ov.tasks or not d.serves(ov):
                 continue
-            stamp = tuple(ts.get(t.target.key, t.template, t.key) for t in tasks)
-            if any(stamp) and _state["served"].get((id(kf), key)) != stamp:
-                _state["served"][(id(kf), key)] = stamp
+            stamp = tuple(ts.get(t.target.key, t.template, t.key) for t in ov.tasks)
+            if any(stamp) and _state["served"].get((id(d), ov.key)) != stamp:
+                _state["served"][(id(d), ov.key)] = stamp
                 if config.cache_enabled():
-                    before = _call_rate(kf, key)
-                    new = _build_quietly(kf, entry)
-                    if not _same_code(entry, new):
-                        if kf.replace(key, entry, new):  # the swap, at the program's priority
-                            _confirm(kf, key, entry, new, before)
-                    elif new.exe.templates != entry.exe.templates:  # the tuner kept the default: same code,
-                        kf.replace(key, entry, new)                 # but `explain` says where it came from
+                    _swap(kf, ov)
 
 
-def _call_rate(kf: Any, key: tuple) -> float | None:
-    """The program's calls per second of one signature over the next VERIFY_S seconds (this thread sleeps
-    meanwhile), or None: too few calls to tell, or its kernel changed meanwhile."""
-    entry = kf.cache.get(key)
-    if entry is None:
+def _swap(kf: Any, ov: Any) -> None:
+    """Build `ov`'s signature again (a better record arrived) and swap it in, checked by the program's rate."""
+    d = kf.dispatcher
+    before = _call_rate(d, ov)
+    new = _build_quietly(kf, ov)
+    if not _same_code(ov, new):
+        if d.replace(ov, new):  # the swap, at the program's priority
+            _confirm(d, ov, new, before)
+    elif new.exe.templates != ov.exe.templates:  # the tuner kept the default: same code,
+        d.replace(ov, new)                       # but `explain` says where it came from
+
+
+def _call_rate(d: Any, ov: Any) -> float | None:
+    """The program's calls per second of overload `ov` of dispatcher `d` over the next VERIFY_S seconds (this
+    thread sleeps meanwhile), or None: too few calls to tell, or it stopped serving meanwhile."""
+    if not d.serves(ov):
         return None
-    first, start = _served(kf, key, entry), time.perf_counter()
+    first, start = ov.served, time.perf_counter()
     time.sleep(VERIFY_S)
-    if kf.cache.get(key) is not entry:
+    if not d.serves(ov):
         return None
-    calls = _served(kf, key, entry) - first
+    calls = ov.served - first
     return calls / (time.perf_counter() - start) if calls >= VERIFY_MIN_CALLS else None
 
 
-def _served(kf: Any, key: tuple, entry: Any) -> int:
-    """Calls the compiled signature `key` of `kf` has served so far (slow path and native entry)."""
-    from jitop.kernel import signature_calls
-    return signature_calls(entry, kf._fast_specs.get(key))
-
-
-def _confirm(kf: Any, key: tuple, old: Any, new: Any, before: float | None) -> None:
+def _confirm(d: Any, old: Any, new: Any, before: float | None) -> None:
     """The program confirms a swap: if it called the new kernel at under SLOWER x its rate with the old one,
     the old kernel is put back. The tuner measured its candidates while the program kept the cores busy; such
     measurements can mislead (a batch-4 conv ran 1.62 -> 1.87 ms per call after a swap, unconfirmed). The
     record stays in the cache; this process does not take it again (a later record gets its own check)."""
-    if before is None or kf.cache.get(key) is not new:
+    if before is None or not d.serves(new):
         return
-    after = _call_rate(kf, key)
+    after = _call_rate(d, new)
     if after is not None and after < SLOWER * before:
-        kf.replace(key, new, old)
+        d.replace(new, old)
 
 
 def _same_code(old: Any, new: Any) -> bool:

@@ -2,27 +2,23 @@
 
 Arguments are bound to the signature; a list, tuple or dict holding arrays (a *args tuple, a **kwargs dict,
 nested) is a pytree (jitop/pytree.py): its leaves are the kernel's inputs, its structure part of the key.
-Dispatch: ArgSpec key -> in memory -> the persistent disk cache (jitop/graph/kernel_cache.py, keyed on the
-trace) -> compile and save. Calls of each signature are counted for the workload log (jitop/workloads.py).
+Dispatch (jitop/dispatch.py): ArgSpec key -> in memory -> the persistent disk cache (jitop/graph/kernel_cache.py,
+keyed on the trace) -> compile and save. The dispatcher counts each signature's calls for the workload log.
 Anything that cannot be traced runs as plain numpy with one warning per construct (or raises with
 fallback=False).
 """
 from __future__ import annotations
 
 import collections
-import ctypes
+import functools
 import inspect
 import math
 import operator
-import os
 import re
-import threading
-import time
 import traceback
 import warnings
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +26,9 @@ from jitop import dtypes, pytree
 from jitop.errors import FallbackError, JitopFallbackWarning
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
+from jitop import dispatch
 from jitop import workloads
+from jitop.dispatch import FALLBACK, Dispatcher, Overload
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache
@@ -42,15 +40,9 @@ from jitop.runtime import fastcall
 from jitop.runtime.executable import Executable, leaf
 from jitop.tuner.task import Task, on_sources_changed
 
-_FALLBACK = object()  # cache entry: this signature runs as plain numpy
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_UNSET = object()
 _MISS = fastcall.MISS
-MAX_FAST_SIGNATURES = 8  # signatures the native entry tries, newest first (each costs a few ns to rule out)
-
-
-def _always_miss(*_: Any) -> Any:
-    return fastcall.MISS
+_BUILD_DEPTH = 6  # a warning while building names the caller's line: 5 frames of jitop (_build, get, ...) above it
 
 
 def argspec(value: Any, static: bool) -> tuple:
@@ -120,28 +112,6 @@ def _leaf_spec(value: Any) -> tuple:
     return ("unsupported", type(value))
 
 
-class Compiled:
-    """A cache entry: the executable (which rebuilds the function's result itself), its trace, what the disk
-    cache did for it and the tuning tasks it runs (for the workload log)."""
-
-    __slots__ = ("exe", "trace", "call", "lookup", "tasks", "calls", "seconds", "logged")
-
-    def __init__(self, exe: Executable, trace: "Trace", kernel: "KernelFunction | None" = None,
-                 lookup: "kernel_cache.Lookup | None" = None, tasks: Sequence[Task] = ()):
-        self.exe, self.trace = exe, trace
-        self.lookup = lookup
-        self.tasks = list(tasks)
-        self.calls = 0                    # calls served by the slow path (the native entry counts its own)
-        self.seconds: float | None = None  # one call's time, measured once (the workload log's time share)
-        self.logged = 0                   # calls already written to the workload log
-        self.call = exe.call
-        if kernel is not None and (trace.guards or trace.python_ints):
-            # the function reads globals/closure data (checked before each call), or computes with Python ints
-            # (a result beyond int64 runs that call as numpy): the native entry cannot, `call` serves it alone
-            exe.fast_spec = _no_fast_spec
-            self.call = _guarded_call(self, kernel)
-
-
 @dataclass
 class Trace:
     """What tracing one signature produced."""
@@ -179,53 +149,34 @@ class KernelFunction:
                                                               p.VAR_POSITIONAL) for p in params)
         self._binder = _positional_binder(params)
         self.fallback = fallback
-        self.cache: dict[tuple, Any] = {}
-        self._hits = 0
-        self.misses = 0
-        self._lock = threading.Lock()
         self._warned: set[str] = set()
-        # the native entry (jitop.runtime.fastcall) over the most recently used signatures: it checks the
-        # arguments itself and returns MISS for anything else, which then takes the path below
-        self._fast: Callable[..., Any] = _always_miss
-        self._fast_specs: dict[tuple, Any] = {}   # key -> its fastcall.Spec, or None if it has none
-        self._fast_table: list[Any] = []          # the specs self._fast serves, newest first
-        self._fast_hits = ctypes.c_int64(0)       # calls the native entry served (counted in `hits`)
-        # what the workload log reads; a finalizer keeps the unlogged counts of a collected function
-        self._books = [self.cache, self._fast_specs, self.qualified_name]
-        weakref.finalize(self, _retire_books, self._books)
-        _ALL_KERNELS.add(self)
+        # signature -> overload, the call log and the native entry (checks the arguments itself and returns
+        # MISS for anything else, which then takes the path below)
+        self.dispatcher = Dispatcher(self.qualified_name)
 
-    def clear_cache(self) -> None:
-        """Forget every compiled signature (the next call of each traces and compiles again)."""
-        with self._lock:
-            self._retire()  # calls not yet in the workload log are kept
-            self._fast = _always_miss  # one atomic swap: a call in flight finishes on the old entry
-            self._fast_table, self._fast_specs = [], {}
-            self.cache = {}
-            self._books[:2] = [self.cache, self._fast_specs]
+    @property
+    def cache(self) -> Mapping[tuple, Overload | Any]:
+        """Every signature compiled so far -> its Overload (or jitop.dispatch.FALLBACK): a read-only view."""
+        return self.dispatcher.signatures()
 
     @property
     def hits(self) -> int:
         """Calls served by an already compiled signature (through the native entry or not)."""
-        return self._hits + self._fast_hits.value
+        return self.dispatcher.hits
 
-    @hits.setter
-    def hits(self, value: int) -> None:
-        self._hits, self._fast_hits.value = value, 0
+    @property
+    def misses(self) -> int:
+        """Calls that traced (and compiled, or found on disk) a new signature."""
+        return self.dispatcher.misses
 
-    def workload_counts(self) -> list[tuple[Task, int, float]]:
-        """(task, calls, seconds) of every tuning task this function ran since the last time it was asked: the
-        calls of each signature (slow path and native entry) times the tasks it runs; seconds are the calls
-        times one measured call, split over the signature's tasks by their flops."""
-        return _counts(self.cache, self._fast_specs)
-
-    def _retire(self) -> None:
-        _retire_books(self._books)
+    def clear_cache(self) -> None:
+        """Forget every compiled signature (the next call of each traces and compiles again)."""
+        self.dispatcher.clear()
 
     # ** calling **
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs:
-            r = self._fast(*args)
+            r = self.dispatcher.entry(*args)
             if r is not _MISS:
                 return r
         if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
@@ -234,41 +185,18 @@ class KernelFunction:
             values, key, tree = self._bind(args, kwargs)
         except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
             return self.fn(*args, **kwargs)
-        entry = self.cache.get(key)
-        if entry is None:
-            entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
-        else:
-            self._hits += 1
-        if entry is _FALLBACK:
+        ov = self.dispatcher.lookup(key, values)
+        if ov is None:
+            ov = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
+        if ov is FALLBACK:
             return self.fn(*args, **kwargs)
-        if not kwargs and self._positional and len(values) == len(args) <= fastcall.MAX_PARAMS:
-            self._serve_natively(key, entry, values, args)
-        entry.calls += 1
-        if entry.seconds is None:
-            return _timed_call(entry, values)
-        return entry.call(values)
-
-    def _serve_natively(self, key: tuple, entry: "Compiled", values: Sequence[Any], args: tuple) -> None:
-        """Let the native entry serve this signature from the next call on (the newest MAX_FAST_SIGNATURES).
-        It checks positional arguments only, so it serves a signature whose leaves (`values`) are the call's
-        positional arguments themselves (true of every call with this key, as the key holds the structure)."""
-        spec = self._fast_specs.get(key, _UNSET)
-        if spec is None or (spec is not _UNSET and any(s is spec for s in self._fast_table)):
-            return
-        with self._lock:
-            spec = self._fast_specs.get(key, _UNSET)
-            specs = _leaf_specs(key)
-            if spec is _UNSET and specs is not None:
-                if len(values) == len(args) and all(v is a for v, a in zip(values, args)):
-                    scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
-                    spec = entry.exe.fast_spec(len(values), scalars)
-                else:
-                    spec = None
-                self._fast_specs[key] = spec
-            if spec is _UNSET or spec is None or any(s is spec for s in self._fast_table):
-                return
-            self._fast_table = [spec, *self._fast_table[:MAX_FAST_SIGNATURES - 1]]
-            self._fast = fastcall.Table(self._fast_table, self._fast_hits).entry()  # one atomic swap
+        if not kwargs and ov.spec is not None and not ov.native and self._positional \
+                and len(values) == len(args) <= fastcall.MAX_PARAMS:
+            self.dispatcher.promote(ov, lambda: _native_spec(ov, values, args))
+        ov.calls += 1
+        if ov.seconds is None:
+            return self.dispatcher.first_call(ov, values, lambda: self(*args, **kwargs))
+        return ov.call(values)
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[Sequence[Any], tuple, Any]:
         """(values, key, tree) of a call: what the kernel reads (each parameter's value, or in place of a
@@ -319,66 +247,52 @@ class KernelFunction:
         return leaves, tuple(specs), ((tuple, tuple(defs)) if nested else None)
 
     def _compile(self, key: tuple, values: Sequence[Any], run_numpy: Callable[[], Any] | None = None,
-                 tree: Any = None) -> Any:
-        with self._lock:
-            if key in self.cache:
-                return self.cache[key]
-            self.misses += 1
-            try:
-                entry = self._trace_and_build(values, tree)
-                if config.verify() and run_numpy is not None:
-                    entry = self._verified(entry, values, run_numpy)
-            except (Unsupported, TracerConversionError, NotImplementedError) as err:
-                entry = self._fall_back(err)
-            except Exception as err:
-                # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
-                # succeeds, jitop failed on valid code: run it as numpy rather than break it
-                numpy_error = None if run_numpy is None else self._numpy_raises(run_numpy)
-                if run_numpy is None or numpy_error is not None and type(numpy_error) is type(err):
-                    raise
-                if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
-                    raise numpy_error
-                entry = self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
-            if key[0] != "unhashable":
-                self.cache[key] = entry
+                 tree: Any = None) -> Overload | Any:
+        """What serves `key`: the dispatcher's, else traced and built (the disk cache, else compiled and saved),
+        verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
+        build = functools.partial(self._build, values, run_numpy, tree)
+        ov = self.dispatcher.get(key, build, memo=key[0] != "unhashable")
         workloads.maybe_flush()
-        if self.autotune == "background" and isinstance(entry, Compiled) and entry.tasks:
+        if self.autotune == "background" and ov is not FALLBACK and ov.tasks:
             watch_for_autotune(self)
-        return entry
+        return ov
 
-    def rebuild(self, key: tuple, old: "Compiled") -> bool:
-        """Build `key`'s signature again from its trace (configs picked anew: a tuned record arrived), off the
+    def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any) -> Overload | Any:
+        try:
+            ov = self._trace_and_build(values, tree)
+            if config.verify() and run_numpy is not None:
+                ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
+            return ov
+        except (Unsupported, TracerConversionError, NotImplementedError) as err:
+            return self._fall_back(err, _BUILD_DEPTH)
+        except Exception as err:
+            # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
+            # succeeds, jitop failed on valid code: run it as numpy rather than break it
+            numpy_error = None if run_numpy is None else self._numpy_raises(run_numpy)
+            if run_numpy is None or numpy_error is not None and type(numpy_error) is type(err):
+                raise
+            if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
+                raise numpy_error
+            return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
+
+    def rebuild(self, old: Overload) -> bool:
+        """Build `old`'s signature again from its trace (configs picked anew: a tuned record arrived), off the
         call path, then swap it in at once: the next call runs the new kernel, calls in flight finish on the
         old one. Returns whether it swapped (False if the signature changed meanwhile)."""
-        return self.replace(key, old, self.built_again(old))
+        return self.dispatcher.replace(old, self.built_again(old))
 
-    def built_again(self, old: "Compiled") -> "Compiled":
+    def built_again(self, old: Overload) -> Overload:
         """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
         tr = old.trace
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
-        return Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
+        new = self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
+        new.key = old.key
+        return new
 
-    def replace(self, key: tuple, old: "Compiled", new: "Compiled") -> bool:
-        """Serve `key`'s signature with `new` instead of `old` from the next call on (calls in flight finish on
-        `old`); also puts an earlier kernel back. Returns whether it did (False if `old` no longer serves it)."""
-        with self._lock:
-            if self.cache.get(key) is not old:
-                return False
-            self._retire()  # the old kernel's calls go to the workload log first
-            spec = self._fast_specs.pop(key, None)
-            new.logged = min(new.logged, new.calls)  # put back: its native entry's count restarts from zero
-            self.cache[key] = new
-            if spec is not None and any(s is spec for s in self._fast_table):
-                self._fast_table = [s for s in self._fast_table if s is not spec]
-                self._fast = fastcall.Table(self._fast_table, self._fast_hits).entry() if self._fast_table \
-                    else _always_miss  # one atomic swap; the new kernel joins the native entry on its next call
-        for listener in list(_SWAP_LISTENERS):
-            listener()
-        return True
-
-    def _verified(self, entry: "Compiled", values: list[Any], run_numpy: Callable[[], Any]) -> Any:
+    def _verified(self, entry: Overload, values: Sequence[Any], run_numpy: Callable[[], Any],
+                  stacklevel: int = 4) -> Any:
         """JITOP_VERIFY=1: the kernel's result on this call's arguments against numpy's, before first use; a
         kernel that disagrees is never used (this signature runs as numpy, with a warning) nor kept on disk."""
         from jitop.verify import compare
@@ -391,16 +305,25 @@ class KernelFunction:
         if key is not None:
             kernel_cache.forget(key)
         warnings.warn(f"jitop.kernel '{self.__name__}' disagrees with numpy (JITOP_VERIFY=1): {mismatch}; this "
-                      "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=4)
-        return _FALLBACK
+                      "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=stacklevel)
+        return FALLBACK
 
-    def _trace_and_build(self, values: Sequence[Any], tree: Any = None) -> "Compiled":
+    def _trace_and_build(self, values: Sequence[Any], tree: Any = None) -> Overload:
         tr = self.trace(values, tree)
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
-        return Compiled(exe, tr, self, lookup, [task for task, _ in prep.choices.values()])
+        return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
+
+    def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
+        # a function reading globals/closure data (checked before each call) or computing with Python ints (a
+        # result beyond int64 runs that call as numpy) has no native entry: `call` serves it alone
+        guarded = bool(tr.guards or tr.python_ints)
+        ov = Overload(exe.call, exe, tr, lookup, tasks, native=not guarded)
+        if guarded:
+            ov.call = _guarded_call(ov, self)
+        return ov
 
     @property
     def qualified_name(self) -> str:
@@ -484,15 +407,15 @@ class KernelFunction:
         return None
 
     # ** fallback **
-    def _fall_back(self, err: Exception) -> Any:
+    def _fall_back(self, err: Exception, stacklevel: int = 4) -> Any:
         construct = getattr(err, "construct", None) or f"{type(err).__name__}: {err}"
         message = f"jitop.kernel '{self.__name__}' runs as plain numpy: {err} ({self._user_line(err)})"
         if not self.fallback:
             raise FallbackError(message.replace("runs as plain numpy", "cannot be compiled")) from err
         if construct not in self._warned:
             self._warned.add(construct)
-            warnings.warn(message, JitopFallbackWarning, stacklevel=4)
-        return _FALLBACK
+            warnings.warn(message, JitopFallbackWarning, stacklevel=stacklevel)
+        return FALLBACK
 
     def _user_line(self, err: Exception) -> str:
         code = getattr(self.fn, "__code__", None)
@@ -524,7 +447,7 @@ class KernelFunction:
         values, key, tree = self._bind(args, kwargs)
         cached = key in self.cache
         entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
-        if entry is _FALLBACK:
+        if entry is FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         else:
             from jitop.graph.explain import describe
@@ -537,92 +460,35 @@ class KernelFunction:
         return text
 
 
-_ALL_KERNELS: "weakref.WeakSet[KernelFunction]" = weakref.WeakSet()
-_SWAP_LISTENERS: list[Callable[[], None]] = []  # told when a signature's kernel is swapped (caches of entries)
+# the schedule sources changed (records applied or removed): compiled kernels may hold stale configs
+on_sources_changed(dispatch.clear_all)
 
 
-def on_swap(listener: Callable[[], None]) -> None:
-    """Call `listener()` whenever `rebuild` swaps a signature's kernel (e.g. jitop.matmul's own fast path)."""
-    if listener not in _SWAP_LISTENERS:
-        _SWAP_LISTENERS.append(listener)
-_RETIRED: list[tuple[Task, int, float, str]] = []  # counts (and function) of signatures dropped before a flush
+def _native_spec(ov: Overload, values: Sequence[Any], args: tuple) -> Any:
+    """The fastcall.Spec of an overload for a call of positional arguments, or None if it has none. The native
+    entry checks positional arguments only, so it serves a signature whose leaves (`values`) are the call's
+    positional arguments themselves (true of every call with this key, as the key holds the structure)."""
+    specs = _leaf_specs(ov.key)
+    if specs is None or len(values) != len(args) or any(v is not a for v, a in zip(values, args)):
+        return None
+    scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
+    return ov.exe.fast_spec(len(values), scalars)
 
 
-def _recompile_all() -> None:
-    """The schedule sources changed (records applied or removed): compiled kernels may hold stale configs."""
-    for kf in list(_ALL_KERNELS):
-        kf.clear_cache()
-
-
-on_sources_changed(_recompile_all)
-
-
-def _counts(cache: dict, specs: dict) -> list[tuple[Task, int, float]]:
-    """The unlogged (task, calls, seconds) of a function's compiled signatures (see workload_counts); marks
-    them logged."""
-    out = []
-    for key, entry in list(cache.items()):
-        if entry is _FALLBACK or not entry.tasks:
-            continue
-        total = signature_calls(entry, specs.get(key))
-        new, entry.logged = total - entry.logged, total
-        if new <= 0:
-            continue
-        flops = sum(t.flops for t in entry.tasks) or 1
-        out += [(t, new, new * (entry.seconds or 0.0) * t.flops / flops) for t in entry.tasks]
-    return out
-
-
-def signature_calls(entry: Compiled, spec: Any) -> int:
-    """Calls one compiled signature served: its slow-path count plus its native entry's (`spec`, or None)."""
-    return entry.calls + (spec.calls if spec is not None else 0)
-
-
-def _retire_books(books: list) -> None:
-    """Unlogged counts of a function's signatures (about to be dropped, or the function collected) wait in
-    _RETIRED, with the function's name, for the next flush."""
-    try:
-        _RETIRED.extend((*count, books[2]) for count in _counts(books[0], books[1]))
-    except Exception:  # noqa: BLE001 - a finalizer must never raise
-        pass
-
-
-def _forget_in_child() -> None:
-    """After fork: the parent logs its own counts; the child starts from zero (else they are logged twice)."""
-    for kf in list(_ALL_KERNELS):
-        _counts(kf.cache, kf._fast_specs)
-    _RETIRED.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
-
-
-def _timed_call(entry: Compiled, values: Sequence[Any]) -> Any:
-    """Call once with a clock around it: the workload log weighs each task by where the time goes."""
-    t0 = time.perf_counter()
-    result = entry.call(values)
-    entry.seconds = time.perf_counter() - t0
-    return result
-
-
-def _no_fast_spec(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
+def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
     """entry's call, first checking the data the function captured; traced again for the new data if it
     changed (a rebound global), or run as numpy if that trace cannot compile."""
     def call(values: Sequence[Any]) -> Any:
         if holds(entry.trace.guards):
             return run(values)
-        with kf._lock:
+        with kf.dispatcher.lock:
             if not holds(entry.trace.guards):
                 pos, kw = _split_values(kf, values, entry.trace.arg_tree)
                 try:
                     new = kf._trace_and_build(list(values), entry.trace.arg_tree)
                     if config.verify():
                         new = kf._verified(new, list(values), lambda: kf.fn(*pos, **kw))
-                        if new is _FALLBACK:
+                        if new is FALLBACK:
                             return kf.fn(*pos, **kw)
                 except (Unsupported, TracerConversionError, NotImplementedError) as err:
                     kf._fall_back(err)
@@ -633,7 +499,7 @@ def _guarded_call(entry: Compiled, kf: KernelFunction) -> Callable[[Sequence[Any
                         raise numpy_error if type(numpy_error) is not type(err) else err
                     kf._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"))
                     return kf.fn(*pos, **kw)
-                kf._retire()  # calls so far ran the old graph's tasks
+                kf.dispatcher.retire(entry)  # calls so far ran the old graph's tasks
                 entry.exe, entry.trace, entry.lookup, entry.tasks = new.exe, new.trace, new.lookup, new.tasks
                 entry.seconds = None
         return run(values)

@@ -1,9 +1,9 @@
 """The workload log at run time: which tuning tasks (matmul/conv2d workloads) programs ran, how often, and
 where their time went, so `jitop tune` with no arguments tunes what actually ran.
 
-Counting costs the call path nothing new: the slow path and the native entry already count calls per
-compiled signature. The counts are turned into per-task records and written to the cache in batches: at
-exit, and when a new signature compiles at least a minute after the last write.
+Counting costs the call path nothing new: the dispatcher (jitop.dispatch) already counts calls per overload,
+on the slow path and in the native entry. The counts are turned into per-task records and written to the
+cache in batches: at exit, and when a new signature compiles at least a minute after the last write.
 
 >>> isinstance(logged(), list)
 True
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from jitop.cache.workloads import WorkloadLog
 from jitop.cachedir import store
+from jitop.dispatch import drain_all
 from jitop.tuner.task import Task
 
 FLUSH_EVERY_S = 60.0
@@ -51,19 +52,15 @@ def flush() -> list[LoggedWorkload]:
 
 
 def _collect() -> tuple[dict[str, list], dict[str, set[str]]]:
-    """Unlogged counts of every live kernel function and of retired ones, merged per task."""
-    from jitop.kernel import _ALL_KERNELS, _RETIRED
-    counts: list = list(_RETIRED)
-    _RETIRED.clear()
-    for kf in list(_ALL_KERNELS):
-        counts += [(*count, kf.qualified_name) for count in kf.workload_counts()]
+    """The calls every dispatcher counted since the last flush (also of dropped and collected overloads), merged
+    per task."""
     names: dict[str, set[str]] = defaultdict(set)
     merged: dict[str, list] = {}
-    for task, calls, seconds, name in counts:
-        names[task.key].add(name)
-        m = merged.setdefault(task.key, [task, 0, 0.0])
-        m[1] += calls
-        m[2] += seconds
+    for count in drain_all():
+        names[count.task.key].add(count.function)
+        m = merged.setdefault(count.task.key, [count.task, 0, 0.0])
+        m[1] += count.calls
+        m[2] += count.seconds
     return merged, names
 
 

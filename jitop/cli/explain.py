@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,25 +35,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the program, then describe every compiled signature of every @jitop.kernel function."""
-    from jitop import workloads
-    from jitop.kernel import _ALL_KERNELS
-    with _FirstCalls() as first:
+    from jitop import dispatch, workloads
+    first = _FirstCalls()
+    with dispatch.on_first_call(first.record):
         run_script(args.script, list(args.script_args), usage="jitop explain prog.py")
-    kernels = sorted((k for k in list(_ALL_KERNELS) if k.cache), key=lambda k: k.qualified_name)
+    kernels = sorted((d for d in dispatch.dispatchers() if d.signatures()), key=lambda d: d.name)
     if not kernels:
         print(f"{args.script} ran no @jitop.kernel function (nothing was compiled)")
         return 0
     from jitop.driver import default_target
-    from jitop.kernel import _FALLBACK, signature_calls
     from jitop.tuner.peak import machine_peak, triad_array_bytes
     workloads.flush()  # the script's calls go to the workload log; the timing calls below do not
-    calls = {id(entry): signature_calls(entry, kf._fast_specs.get(key)) for kf in kernels
-             for key, entry in list(kf.cache.items()) if entry is not _FALLBACK}
-    times = {id(entry): first.median_seconds(entry) for kf in kernels for entry in list(kf.cache.values())}
-    for kf in kernels:
-        kf.workload_counts()  # marks the timing calls as logged: they were explain's, not the program's
+    entries = [ov for d in kernels for ov in d.overloads()]
+    calls = {id(ov): ov.served for ov in entries}
+    times = {id(ov): first.median_seconds(ov) for ov in entries}
+    for d in kernels:
+        d.drain()  # marks the timing calls as logged: they were explain's, not the program's
     target = default_target()
-    entries = [e for kf in kernels for e in kf.cache.values() if e is not _FALLBACK]
     fastest = max((_gflops(e, times.get(id(e))) for e in entries), default=0.0)
     streaming = max((_nbytes(e) / times[id(e)][0] / 1e9 for e in entries  # as much data as the triad moves
                      if times.get(id(e)) and _nbytes(e) >= 3 * triad_array_bytes(target)), default=0.0)
@@ -71,36 +69,22 @@ def run(args: argparse.Namespace) -> int:
                           f"{measured.threads} threads)"
                           if peak else f"peak unknown ({measured.note if measured else 'not measured'})")
           + (f", {measured.describe_bandwidth()}" if bandwidth else ", memory bandwidth unknown") + "\n")
-    for kf in kernels:
-        for key, entry in list(kf.cache.items()):
-            print(_describe(kf, key, entry, calls.get(id(entry), 0), times.get(id(entry)), peak, bandwidth, target))
+    for d in kernels:
+        for key, entry in list(d.signatures().items()):
+            print(_describe(d.name, key, entry, calls.get(id(entry), 0), times.get(id(entry)), peak, bandwidth, target))
     return 0
 
 
 class _FirstCalls:
-    """While the script runs: the arguments of each compiled signature's first call (the call that compiled
-    it or found it in the cache), to time the signature again afterwards."""
+    """While the script runs: how to call each overload again with its first call's arguments (the call that
+    compiled it or found it in the cache), to time the signature afterwards."""
 
     def __init__(self) -> None:
-        self.calls: dict[int, tuple[Any, Any, tuple, dict]] = {}  # id(entry) -> (entry, kernel, args, kwargs)
+        self.calls: dict[int, tuple[Any, Callable[[], Any]]] = {}  # id(overload) -> (overload, rerun)
 
-    def __enter__(self) -> "_FirstCalls":
-        from jitop.kernel import KernelFunction
-        self.original = original = KernelFunction.__call__
-        calls = self.calls
-
-        def call(kf: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(kf, *args, **kwargs)
-            for entry in list(kf.cache.values()):
-                if id(entry) not in calls and getattr(entry, "exe", None) is not None:
-                    calls[id(entry)] = (entry, kf, args, kwargs)  # new since the last call: this call's signature
-            return result
-        KernelFunction.__call__ = call
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        from jitop.kernel import KernelFunction
-        KernelFunction.__call__ = self.original
+    def record(self, dispatcher: Any, ov: Any, rerun: Callable[[], Any]) -> None:
+        """jitop.dispatch.on_first_call's hook."""
+        self.calls.setdefault(id(ov), (ov, rerun))
 
     def median_seconds(self, entry: Any) -> tuple[float, int] | None:
         """(median seconds of one call, calls timed) with the first call's arguments, after a warm-up call;
@@ -108,25 +92,25 @@ class _FirstCalls:
         found = self.calls.get(id(entry))
         if found is None or found[0] is not entry:
             return None
-        _, kf, args, kwargs = found
+        rerun = found[1]
         try:
-            kf(*args, **kwargs)  # warm-up: caches, pages and the native entry
+            rerun()  # warm-up: caches, pages and the native entry
             times: list[float] = []
             stop = time.perf_counter() + TIMING_SECONDS
             while len(times) < MIN_CALLS or (len(times) < MAX_CALLS and time.perf_counter() < stop):
                 t0 = time.perf_counter()
-                kf(*args, **kwargs)
+                rerun()
                 times.append(time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - e.g. the script changed a captured global: no median, say so
             return None
         return statistics.median(times), len(times)
 
 
-def _describe(kf, key: tuple, entry, calls: int, timed: tuple[float, int] | None, peak: float | None,
+def _describe(name: str, key: tuple, entry, calls: int, timed: tuple[float, int] | None, peak: float | None,
               bandwidth: float | None, target: Any) -> str:
-    from jitop.kernel import _FALLBACK
-    head = f"{kf.qualified_name}({_signature(key)})"
-    if entry is _FALLBACK:
+    from jitop.dispatch import FALLBACK
+    head = f"{name}({_signature(key)})"
+    if entry is FALLBACK:
         return f"{head}\n  runs as plain numpy (an unsupported construct; see the warning)\n"
     exe = entry.exe
     lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "

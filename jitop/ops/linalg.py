@@ -11,8 +11,7 @@ import numpy as np
 
 from jitop.dtypes import DTYPES
 from jitop.graph.tracer import Tracer, Unsupported
-from jitop.kernel import Compiled, kernel, on_swap
-from jitop.tuner.task import on_sources_changed
+from jitop.kernel import kernel
 from jitop.ops import checks
 
 _COMPILED_KINDS = "iuf"  # bool and complex matmul run as numpy's
@@ -31,25 +30,6 @@ def _dense(x, weight):
 @kernel
 def _dense_bias(x, weight, bias):
     return np.matmul(x, weight.T) + bias
-
-
-_RUNNERS: dict[tuple, Compiled] = {}  # (dtype, shape) of a and b -> the compiled entry
-on_sources_changed(_RUNNERS.clear)    # tuned configs arrived: recompile, as the dispatcher does
-on_swap(_RUNNERS.clear)               # a background tuner's kernel was swapped in
-
-
-def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """_matmul without the dispatcher's generic argument binding: a few µs matter for small products."""
-    key = ((a.dtype, a.shape), (b.dtype, b.shape))
-    entry = _RUNNERS.get(key)
-    if entry is not None:
-        entry.calls += 1  # the workload log's count, as the dispatcher keeps it
-        return entry.call((a, b))
-    result = _matmul(a, b)
-    entry = _matmul.cache.get(key)
-    if isinstance(entry, Compiled):
-        _RUNNERS[key] = entry
-    return result
 
 
 def _check_core(a: Any, b: Any, op: str) -> tuple[int, ...]:
@@ -92,7 +72,7 @@ def matmul(a: Any, b: Any, out: np.ndarray | None = None) -> Any:
     """
     if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 == b.ndim
             and a.shape[1] == b.shape[0] and a.dtype in _NATIVE and b.dtype in _NATIVE):
-        return _matmul_2d(a, b)  # the common case, checked in a few attribute reads (small products are µs)
+        return _matmul(a, b)  # the common case, checked in a few attribute reads: its native entry serves it
     a, b = checks.array(a, "a", "matmul"), checks.array(b, "b", "matmul")
     shape = _check_core(a, b, "matmul")
     if out is not None and (isinstance(a, Tracer) or isinstance(b, Tracer)):

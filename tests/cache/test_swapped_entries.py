@@ -221,7 +221,7 @@ import numpy as np
 import jitop
 from jitop.codegen.target import compile_count
 from jitop.graph.kernel_cache import ComponentStore
-from jitop.kernel import Compiled
+from jitop.dispatch import Overload
 from jitop.ops import linalg
 from jitop.runtime import fastcall, parallel
 
@@ -243,8 +243,8 @@ with warnings.catch_warnings(record=True) as caught:
     ok = all(np.allclose(jitop.matmul(a, b), a @ b, rtol=1e-3, atol=1e-3) for _ in range(3))
 entries = list(linalg._matmul.cache.values())
 print(json.dumps({
-    "ok": ok, "compiled": [isinstance(e, Compiled) for e in entries],
-    "status": [e.lookup.status for e in entries if isinstance(e, Compiled)],
+    "ok": ok, "compiled": [isinstance(e, Overload) for e in entries],
+    "status": [e.lookup.status for e in entries if isinstance(e, Overload)],
     "pool": parallel._pool is not None, "fastcall": bool(fastcall._state),
     "warnings": [str(w.message) for w in caught], "compiles": compile_count(), "seen": seen}))
 """

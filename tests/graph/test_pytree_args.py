@@ -311,10 +311,10 @@ def test_flat_calls_still_take_the_native_entry() -> None:
     for f, args in [(plain, (A, B)), (var, (X, A, B))]:
         f(*args)
         f(*args)  # compiled, then learned by the native entry
-        assert f._fast(*args) is not MISS, f.__name__
+        assert f.dispatcher.entry(*args) is not MISS, f.__name__
         assert_tree(f(*args), f.fn(*args))
     # a list in the same position: another structure, which the native entry must not serve
-    assert var._fast(X, [A], B) is MISS
+    assert var.dispatcher.entry(X, [A], B) is MISS
     assert_tree(var(X, [A], B), var.fn(X, [A], B))
 
 
@@ -323,7 +323,7 @@ def test_nested_calls_take_the_python_path_with_the_same_answer() -> None:
     ps = layer_params(2)
     f(X, ps)
     f(X, ps)
-    assert f._fast(X, ps) is MISS
+    assert f.dispatcher.entry(X, ps) is MISS
     assert_tree(f(X, ps), mlp(X, ps))
     assert f.hits == 2
 

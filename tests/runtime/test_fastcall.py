@@ -34,7 +34,7 @@ def warm(f, *args):
     """Call twice (compile, then learn the signature); the native entry now serves `args`."""
     f(*args)
     f(*args)
-    assert f._fast(*args) is not MISS, "the native entry does not serve this signature"
+    assert f.dispatcher.entry(*args) is not MISS, "the native entry does not serve this signature"
 
 
 def same(got, want):
@@ -174,7 +174,7 @@ def test_the_native_entry_rejects_what_the_checks_reject(name):
     warm(fast, A, A)
     if name == "fortran":
         warm(fast, args[0], args[0])
-    assert fast._fast(*args) is MISS
+    assert fast.dispatcher.entry(*args) is MISS
     with np.errstate(all="ignore"):
         same_outcome(outcome(lambda: fast(*args)), outcome(lambda: slow(*args)))
         if name not in ("one argument", "three arguments", "no arguments", "None", "string"):
@@ -191,7 +191,7 @@ def test_keyword_arguments_take_the_python_path():
     same(fast(A, b=A), slow(A, b=A))
     same(fast(a=A, b=A + 1), add(A, A + 1))
     with pytest.raises(TypeError):
-        fast._fast(A, b=A)  # never called with keywords: it takes none
+        fast.dispatcher.entry(A, b=A)  # never called with keywords: it takes none
 
 
 def test_read_only_inputs_are_served_and_outputs_are_fresh_and_writeable():
@@ -199,10 +199,10 @@ def test_read_only_inputs_are_served_and_outputs_are_fresh_and_writeable():
     a = A.copy()
     a.flags.writeable = False
     warm(f, a, a)
-    r = f._fast(a, a)
+    r = f.dispatcher.entry(a, a)
     assert r.flags.writeable and r.flags.c_contiguous and r.flags.owndata
     assert not np.shares_memory(r, a)
-    r2 = f._fast(A, A)
+    r2 = f.dispatcher.entry(A, A)
     assert not np.shares_memory(r, r2)
 
 
@@ -219,7 +219,7 @@ def test_a_python_int_outside_its_dtype_raises_numpys_overflow_error():
     warm(fast, a, 3)
     for s in (127, -128, 300, -129, 2 ** 62, 2 ** 63, 2 ** 70, -2 ** 64):
         if not -128 <= s <= 127:
-            assert fast._fast(a, s) is MISS
+            assert fast.dispatcher.entry(a, s) is MISS
         same_outcome(outcome(lambda: fast(a, s)), outcome(lambda: slow(a, s)))
     with pytest.raises(OverflowError, match="out of bounds for int8"):
         fast(a, 300)
@@ -229,7 +229,7 @@ def test_a_float_argument_of_a_bool_or_int_signature_is_not_served():
     f = jitop.kernel(lambda a, s: a + s)
     a = np.arange(5, dtype=F4)
     warm(f, a, 2)
-    assert f._fast(a, 2.0) is MISS and f._fast(a, True) is MISS
+    assert f.dispatcher.entry(a, 2.0) is MISS and f.dispatcher.entry(a, True) is MISS
     same(f(a, 2.0), a + 2.0)
     same(f(a, True), a + True)
 
@@ -237,7 +237,7 @@ def test_a_float_argument_of_a_bool_or_int_signature_is_not_served():
 def test_a_static_or_object_argument_keeps_every_call_on_the_python_path():
     f = jitop.kernel(lambda a, op: a + 1 if op == "inc" else a - 1)
     warm_calls = [f(A, "inc") for _ in range(3)]
-    assert f._fast(A, "inc") is MISS and f._fast(A, "dec") is MISS  # the string is part of the key
+    assert f.dispatcher.entry(A, "inc") is MISS and f.dispatcher.entry(A, "dec") is MISS  # the string is part of the key
     same(warm_calls[-1], A + 1)
     same(f(A, "dec"), A - 1)
 
@@ -248,7 +248,7 @@ def test_many_signatures_all_stay_correct():
     for _ in range(3):
         for a in arrays:
             same(f(a, a), a + a)
-    assert len(f._fast_table) == sys.modules["jitop.kernel"].MAX_FAST_SIGNATURES
+    assert len(f.dispatcher.native()) == sys.modules["jitop.dispatch"].MAX_FAST_SIGNATURES
 
 
 # ** references **
@@ -259,13 +259,13 @@ def test_no_reference_leaks():
     warm(f, a, b)
     warm(g, a, 2.0)
     s = 2.0
-    before = [sys.getrefcount(x) for x in (a, b, s, MISS, np.dtype(F4), f._fast)]
+    before = [sys.getrefcount(x) for x in (a, b, s, MISS, np.dtype(F4), f.dispatcher.entry)]
     for _ in range(2000):
         f(a, b)
         g(a, s)
-        f._fast(a, b[:5])      # a miss
-        f._fast(a)             # a miss
-    after = [sys.getrefcount(x) for x in (a, b, s, MISS, np.dtype(F4), f._fast)]
+        f.dispatcher.entry(a, b[:5])      # a miss
+        f.dispatcher.entry(a)             # a miss
+    after = [sys.getrefcount(x) for x in (a, b, s, MISS, np.dtype(F4), f.dispatcher.entry)]
     assert before == after
     r = f(a, b)
     assert sys.getrefcount(r) == 2  # the local and getrefcount's argument: the caller owns the only reference
@@ -281,7 +281,7 @@ def test_no_leak_when_a_miss_follows_a_partial_match_or_an_error():
     warm(f, a, a, a)
     before = [sys.getrefcount(x) for x in (a, MISS)]
     for _ in range(1000):
-        assert f._fast(a, a, a[::-1]) is MISS
+        assert f.dispatcher.entry(a, a, a[::-1]) is MISS
     assert [sys.getrefcount(x) for x in (a, MISS)] == before
 
 
@@ -298,7 +298,7 @@ def test_big_outputs_are_recycled_once_dropped_and_never_while_held():
     assert held.ctypes.data != r.ctypes.data
     np.testing.assert_array_equal(r, x * 2)
     np.testing.assert_array_equal(held, (x + 1) * 2)
-    spec, = f._fast_table
+    spec, = [ov.spec for ov in f.dispatcher.native()]
     assert all(sys.getrefcount(s) >= 3 for s in spec.spares())  # the spec's reference, and ours
 
 
@@ -308,7 +308,7 @@ def test_a_dropped_spec_releases_its_spare_outputs():
     warm(f, x)
     r = f(x)
     before = sys.getrefcount(r)
-    spec, = f._fast_table
+    spec, = [ov.spec for ov in f.dispatcher.native()]
     assert any(s is r for s in spec.spares())
     del f, spec
     import gc
@@ -434,7 +434,7 @@ def test_disabled_entry_leaves_every_call_on_the_python_path(monkeypatch):
     f = jitop.kernel(add)
     for _ in range(3):
         same(f(A, A), A + A)
-    assert f._fast(A, A) is MISS and not f._fast_table
+    assert f.dispatcher.entry(A, A) is MISS and not f.dispatcher.native()
 
 
 def test_spec_validation():

@@ -47,7 +47,7 @@ def test_a_swap_under_concurrent_calls_never_gives_a_wrong_result() -> None:
     for t in threads:
         t.start()
     try:
-        assert f.rebuild(key, old)
+        assert f.rebuild(old)
         before = calls[0]
         while calls[0] < before + 200:  # keep calling through the swap and after it
             pass
@@ -58,7 +58,7 @@ def test_a_swap_under_concurrent_calls_never_gives_a_wrong_result() -> None:
     assert not bad
     (new,) = f.cache.values()
     assert new is not old and any("tuned config" in t and other.to_json() in t for t in new.exe.templates)
-    assert not f.rebuild(key, old)  # the old entry is gone: nothing to swap
+    assert not f.rebuild(old)  # the old entry is gone: nothing to swap
     np.testing.assert_allclose(f(a, b), want, rtol=1e-4, atol=1e-4)
 
 
@@ -185,7 +185,7 @@ def _swapped_kernel() -> tuple:
     default = get("matmul").default_config(task.workload, task.target)
     other = next(space.get(i) for i in range(5, len(space), 7) if space.get(i) != default)
     cached.save_best([Record(task, other, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])
-    assert f.rebuild(key, old)
+    assert f.rebuild(old)
     return f, key, old, (a, b)
 
 
@@ -196,7 +196,7 @@ def test_a_swap_the_program_runs_slower_is_undone(monkeypatch, after, kept) -> N
     new = f.cache[key]
     assert new is not old
     monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: after)
-    autotune._confirm(f, key, old, new, before=100.0)  # the program called the old kernel 100 times a second
+    autotune._confirm(f.dispatcher, old, new, before=100.0)  # the program called the old kernel 100 times a second
     assert (f.cache[key] is new) == kept and (f.cache[key] is old) == (not kept)
     np.testing.assert_allclose(f(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
     assert f(a, b).shape == (45, 33)
@@ -206,7 +206,7 @@ def test_the_call_rate_counts_the_programs_calls(monkeypatch) -> None:
     from jitop import autotune
     f, key, _, (a, b) = _swapped_kernel()
     monkeypatch.setattr(autotune, "VERIFY_S", 0.3)
-    assert autotune._call_rate(f, key) is None  # nobody calls it: too few calls to tell
+    assert autotune._call_rate(f.dispatcher, f.cache[key]) is None  # nobody calls it: too few calls to tell
     stop = threading.Event()
 
     def program() -> None:
@@ -215,7 +215,7 @@ def test_the_call_rate_counts_the_programs_calls(monkeypatch) -> None:
     t = threading.Thread(target=program)
     t.start()
     try:
-        rate = autotune._call_rate(f, key)
+        rate = autotune._call_rate(f.dispatcher, f.cache[key])
     finally:
         stop.set()
         t.join()
@@ -230,7 +230,7 @@ def test_a_confirmation_never_replaces_a_kernel_it_did_not_swap_in(monkeypatch) 
     f(a, b)
     recompiled = f.cache[key]
     monkeypatch.setattr(autotune, "_call_rate", lambda kf, k: 1.0)
-    autotune._confirm(f, key, old, new, before=100.0)
+    autotune._confirm(f.dispatcher, old, new, before=100.0)
     assert f.cache[key] is recompiled
 
 
@@ -248,8 +248,8 @@ def test_the_watcher_swaps_a_tuned_kernel_in_and_puts_it_back_if_the_program_slo
     other = next(space.get(i) for i in range(3, len(space), 5) if space.get(i) != default)
     cached.save_best([Record(task, other, MeasureResult((1e-6,), ErrorCode.NO_ERROR))])
     swapped = []
-    replace = f.replace
-    monkeypatch.setattr(f, "replace", lambda k, o, n: swapped.append(n) or replace(k, o, n))
+    replace = f.dispatcher.replace
+    monkeypatch.setattr(f.dispatcher, "replace", lambda o, n: swapped.append(n) or replace(o, n))
     rates = iter([100.0, 40.0])  # before the build, then after the swap: the program slowed down
     autotune._swap_improved()
     assert len(swapped) == 2 and swapped[1] is old and f.cache[key] is old  # swapped in, then put back
