@@ -1,5 +1,6 @@
 """The dispatcher (jitop/dispatch.py): signature -> overload, hit and miss counts, replace, clear, the native entry,
-and the call log the workload log drains, across fork and after the function is collected."""
+and the call log the workload log drains, across fork and after the function is collected. (Not test_dispatch.py:
+tests/graph has one, and pytest needs unique basenames.)"""
 from __future__ import annotations
 
 import gc
