@@ -9,9 +9,9 @@ A symbolic dimension (`n`) is proved by the simplifier's symbolic step: from the
 """
 from __future__ import annotations
 
-from jitop.te.expr import Expr, Op
+from jitop.te.expr import Expr, Op, as_expr, binary, free_vars
 from jitop.tir.nodes import Buffer
-from jitop.tir.simplify import Ranges, bounds, prove, symbolic_bounds, to_lin
+from jitop.tir.simplify import Lin, Ranges, bounds, from_lin, is_symbol, prove, simplify, symbolic_upper, to_lin
 
 
 def _conjuncts(cond: Expr, positive: bool) -> list[tuple[Expr, int]]:
@@ -64,8 +64,8 @@ class BoundsCheck:
         if prove(idx < dim, self.ranges) is True:
             return True
         for e, bound in self.facts:
-            d = symbolic_bounds(idx - dim - e, self.ranges)
-            if d is not None and d[1] + bound < 0:
+            d = symbolic_upper(idx - dim - e, self.ranges)
+            if d is not None and d + bound < 0:
                 return True
         return False
 
@@ -83,15 +83,37 @@ class BoundsCheck:
         """`c*v + k <= bound` tightens v's range: an index like 6*v + i is then bounded exactly."""
         lin = to_lin(e, self.ranges)
         if len(lin.terms) != 1:
-            return None
+            return self._narrow_symbolic(lin, bound)
         (v, c), = lin.terms.items()
         if v not in self.ranges or not all(isinstance(x, int) for x in self.ranges[v]):
-            return None  # a symbolic range stays: the fact itself is kept and used
+            return self._narrow_symbolic(lin, bound)
         old = lo, hi = self.ranges[v]
         if c > 0:
             hi = min(hi, (bound - lin.const) // c)
         else:
             lo = max(lo, -((bound - lin.const) // -c))
+        self.ranges[v] = (lo, hi)
+        return v, old
+
+    def _narrow_symbolic(self, lin: Lin, bound: int) -> tuple[Expr, tuple] | None:
+        """`c*v + rest <= bound` with `rest` a function of the shape symbols alone (`io < n // 8`) gives v a
+        symbolic endpoint; a fact with other loop variables is only kept as a fact (no cycles of endpoints)."""
+        loops = [a for a in lin.terms if a.op is Op.VAR and a in self.ranges and not is_symbol(a, self.ranges)]
+        if len(loops) != 1:
+            return None
+        v, c = loops[0], lin.terms[loops[0]]
+        rest = Lin({a: k for a, k in lin.terms.items() if a is not v}, lin.const)
+        if not all(is_symbol(x, self.ranges) for a in rest.terms for x in free_vars(a)):
+            return None
+        room = from_lin(rest.scale(-1) + Lin({}, bound), v.dtype)  # c*v <= bound - rest
+        old = lo, hi = self.ranges[v]
+        # an integer endpoint stays in a min/max: resolving a symbolic one to integers is looser
+        if c > 0:
+            new = simplify(room // c, self.ranges)
+            hi = new if isinstance(hi, Expr) and prove(new <= hi, self.ranges) else binary(Op.MIN, as_expr(hi), new)
+        else:
+            new = simplify(-(room // -c), self.ranges)
+            lo = new if isinstance(lo, Expr) and prove(new >= lo, self.ranges) else binary(Op.MAX, as_expr(lo), new)
         self.ranges[v] = (lo, hi)
         return v, old
 

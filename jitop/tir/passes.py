@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from jitop.te.expr import Expr, Op, const, free_vars, substitute, var
+from jitop import dtypes
+from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, var
 from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, Seq, Stmt, Store, seq, walk_stmts
-from jitop.tir.simplify import Ranges, lin_bounds, simplify, to_lin, Lin
+from jitop.tir.simplify import Ranges, from_lin, is_symbol, lin_bounds, max_over, prove, simplify, to_lin, Lin
 
 
 def map_stmt(s: Stmt, fn: Callable[[Stmt], Stmt | None]) -> Stmt | None:
@@ -88,15 +89,18 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
 
     Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split.
     """
-    if isinstance(s, For) and s.extent.op is not Op.CONST:
-        return replace(s, body=partition_loops(s.body, ranges))
     if isinstance(s, For) and s.kind in (ForKind.SERIAL, ForKind.PARALLEL):
-        extent = int(s.extent.value)
-        cuts = [c for c in (_guard_free_extent(s, g.cond, ranges) for g in walk_stmts(s.body)
-                            if isinstance(g, IfThenElse)) if c is not None and 0 < c < extent]
-        if cuts:
-            return _partition(s, min(cuts), ranges)
-    if isinstance(s, For) and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
+        guards = [g.cond for g in walk_stmts(s.body) if isinstance(g, IfThenElse)]
+        if s.extent.op is not Op.CONST or any(_uses_symbols(g, ranges) for g in guards):
+            out = _partition_symbolic(s, guards, ranges)
+            if out is not None:
+                return out
+        if s.extent.op is Op.CONST:
+            extent = int(s.extent.value)
+            cuts = [c for c in (_guard_free_extent(s, g, ranges) for g in guards) if c is not None and 0 < c < extent]
+            if cuts:
+                return _partition(s, min(cuts), ranges)
+    if isinstance(s, For) and s.extent.op is Op.CONST and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
         return _loop(s.var, 1, s.kind, s.body, ranges)  # one iteration: no loop
     if isinstance(s, (For, Allocate)):
         return replace(s, body=partition_loops(s.body, ranges))
@@ -143,3 +147,140 @@ def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges) -> St
     if extent == 1:
         return partition_loops(simplify_stmt(substitute_stmt(body, {v: const(0)}, ranges), ranges), ranges)
     return For(v, const(extent), kind, partition_loops(body, ranges))
+
+
+# ** symbolic extents: cut at an expression of the symbols (`n // 8`), keep the tail (peeled, or guarded) **
+
+def _uses_symbols(e: Expr, ranges: Ranges) -> bool:
+    return any(is_symbol(v, ranges) for v in free_vars(e))
+
+
+def _symbolic_cut(loop: For, cond: Expr, inner: set[Expr], ranges: Ranges) -> tuple[Expr, bool] | None:
+    """The first iteration of `loop` where `cond` (a linear `a < b`, increasing in the loop variable) can
+    fail, as an expression of symbols and outer loops: `io * 8 + ii < n` with ii < 8 gives n // 8; and
+    whether it is exact (no inner loop in `cond`: it fails at every later iteration)."""
+    if cond.op not in (Op.LT, Op.LE, Op.GT, Op.GE) or not cond.src[0].dtype.is_int:
+        return None
+    a, b = cond.src if cond.op in (Op.LT, Op.LE) else cond.src[::-1]
+    lin = to_lin(a - b, ranges) + Lin({}, 0 if cond.op in (Op.LT, Op.GT) else -1)  # holds iff lin < 0
+    v = loop.var
+    coef = lin.terms.get(v, 0)
+    rest = Lin({x: c for x, c in lin.terms.items() if x is not v}, lin.const)
+    if coef <= 0 or any(v in free_vars(x) for x in rest.terms):
+        return None
+    top = max_over(rest, inner, ranges)
+    if top is None or any(v in free_vars(x) for x in top.terms):
+        return None
+    # coef * v + top < 0  <=>  v <= (-1 - top) // coef
+    room = from_lin(top.scale(-1) + Lin({}, -1), dtypes.INDEX)
+    exact = not any(free_vars(x) & inner for x in rest.terms)
+    return simplify((room // coef if coef > 1 else room) + 1, ranges), exact
+
+
+def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges) -> Stmt | None:
+    """Main part of `loop` without the guards, then the tail: `for io in range(n // 8)` + one peeled
+    iteration (a parallel loop: `if io < n // 8: main else: tail`). None when no guard gives a cut."""
+    inner = {s.var for s in walk_stmts(loop.body) if isinstance(s, For)}
+    found = {g: c for g in dict.fromkeys(guards) if (c := _symbolic_cut(loop, g, inner, ranges)) is not None}
+    found = {g: c for g, c in found.items()
+             if prove(c[0] >= loop.extent, ranges) is not True and prove(c[0] <= 0, ranges) is not True}
+    if not found:
+        return None
+    cuts = [c for c, _ in found.values()]
+    cut = cuts[0]
+    for c in cuts[1:]:
+        cut = c if prove(c <= cut, ranges) else cut if prove(cut <= c, ranges) else binary(Op.MIN, cut, c)
+    exact = {g for g, (c, ok) in found.items() if ok and (c is cut or prove(c <= cut, ranges))}
+    dead_tail = loop.kind is ForKind.SERIAL and _stores_guarded(loop.body, lambda g: g in exact, False)
+    if prove(cut >= 0, ranges) is not True and not dead_tail:
+        cut = binary(Op.MAX, cut, const(0))  # a serial loop of a negative extent runs no iteration
+    if prove(cut <= loop.extent, ranges) is not True:
+        cut = binary(Op.MIN, cut, loop.extent)
+    cut = _readable(simplify(cut, ranges), ranges)
+    if loop.kind is ForKind.PARALLEL:
+        return _parallel_symbolic(loop, cut, ranges)
+    main = _part(loop, cut, const(0), ranges)
+    # every store of the tail is under a guard that fails from the cut on: no tail
+    return main if dead_tail else seq(main, _tail(loop, cut, ranges))
+
+
+def _part(loop: For, extent: Expr, start: Expr, ranges: Ranges) -> Stmt:
+    """Iterations [start, start + extent) of `loop` as a loop of their own (a fresh variable)."""
+    v = var(loop.var.name)
+    ranges[v] = (0, simplify(extent - 1, ranges))
+    body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
+    if isinstance(body, Seq) and not body.stmts:
+        return body
+    return For(v, extent, loop.kind, partition_loops(body, ranges))
+
+
+def _tail(loop: For, cut: Expr, ranges: Ranges) -> Stmt | None:
+    """Iterations [cut, extent): one at most is peeled (substituted, its guards left to masks), behind a test
+    of cut < extent unless every store under it is guarded away when the tail is empty."""
+    rest = _readable(simplify(loop.extent - cut, ranges), ranges)
+    if prove(rest <= 0, ranges) is True:
+        return None
+    if prove(rest <= 1, ranges) is not True:
+        return _part(loop, rest, cut, ranges)
+    body = simplify_stmt(substitute_stmt(loop.body, {loop.var: cut}, ranges), ranges)
+    if not _stores_guarded(loop.body, lambda g: _fails_past_end(g, loop, ranges), False):
+        body = IfThenElse(simplify(cut < loop.extent, ranges), body)
+    return partition_loops(body, ranges)
+
+
+def _stores_guarded(s: Stmt, kills: Callable[[Expr], bool], guarded: bool) -> bool:
+    """Whether every store of `s` is under a guard `kills` accepts."""
+    if isinstance(s, Store):
+        return guarded
+    if isinstance(s, IfThenElse):
+        ok = _stores_guarded(s.then, kills, guarded or kills(s.cond))
+        return ok and (s.else_ is None or _stores_guarded(s.else_, kills, guarded))
+    if isinstance(s, Seq):
+        return all(_stores_guarded(x, kills, guarded) for x in s.stmts)
+    if isinstance(s, (For, Allocate)):
+        return _stores_guarded(s.body, kills, guarded)
+    return False
+
+
+def _readable(e: Expr, ranges: Ranges) -> Expr:
+    """k*x - k*c*(x // c) written k*(x % c): a tail's extent reads `n % 8`."""
+    lin = to_lin(e, ranges)
+    for q, t in list(lin.terms.items()):
+        if q.op is not Op.FLOORDIV or q.src[1].op is not Op.CONST or q not in lin.terms:
+            continue
+        c = int(q.src[1].value)
+        if c <= 0 or t % c:
+            continue
+        k = -t // c
+        x = to_lin(q.src[0], ranges)
+        new = lin + x.scale(-k) + Lin({q: -t, Expr(Op.FLOORMOD, q.dtype, q.src): k})
+        if len(new.terms) < len(lin.terms):
+            lin = new
+    return from_lin(lin, e.dtype)
+
+
+def _fails_past_end(cond: Expr, loop: For, ranges: Ranges) -> bool:
+    # increasing in the loop variable and false at v = extent: false for every v >= extent
+    v = loop.var
+    if cond.op not in (Op.LT, Op.LE) or any(v in free_vars(x) for u in free_vars(cond) if u is not v
+                                            for x in ranges.get(u, ()) if isinstance(x, Expr)):
+        return False
+    lin = to_lin(cond.src[0] - cond.src[1], ranges)
+    if lin.terms.get(v, 0) <= 0 or any(v in free_vars(x) for x in lin.terms if x is not v):
+        return False
+    return prove(substitute(cond, {v: loop.extent}), ranges) is False
+
+
+def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges) -> Stmt:
+    """`if v < cut: main else: tail` inside the parallel loop, each branch simplified under its own range
+    of v (a one-iteration tail gets v = cut substituted)."""
+    v, whole = loop.var, ranges[loop.var]
+    ranges[v] = (0, simplify(cut - 1, ranges))
+    main = partition_loops(simplify_stmt(loop.body, ranges), ranges)
+    ranges[v] = (cut, whole[1])
+    body = loop.body
+    if prove(loop.extent - cut <= 1, ranges) is True:
+        body = substitute_stmt(body, {v: cut}, ranges)
+    tail = partition_loops(simplify_stmt(body, ranges), ranges)
+    ranges[v] = whole
+    return For(v, loop.extent, loop.kind, IfThenElse(v < cut, main, tail))

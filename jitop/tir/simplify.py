@@ -215,14 +215,15 @@ def _var_bounds(v: Expr, ranges: Ranges, memo: Memo) -> Interval:
 
 
 def _symbolic_divisor_bounds(e: Expr, ranges: Ranges, memo: Memo) -> Interval:
-    """x // d and x % d for a divisor d >= 1 known only by its range (a symbolic extent)."""
+    """x // d and x % d for a divisor d >= 0 known only by its range (a symbolic extent). Division by zero
+    gives 0 (numpy's and the generated code's answer), so a divisor that may be 0 adds 0 to the range."""
     x, d = bounds(e.src[0], ranges, memo), bounds(e.src[1], ranges, memo)
-    if x is None or d is None or d[0] < 1:
+    if x is None or d is None or d[0] < 0 or d[1] < 1:
         return None
     if e.op is Op.FLOORMOD:
         return (0, min(d[1] - 1, x[1])) if x[0] >= 0 else (0, d[1] - 1)
     # floor division is monotone in x, and in d for a fixed sign of x: the corners bound it
-    corners = [a // b for a in x for b in d]
+    corners = [a // b for a in x for b in (max(d[0], 1), d[1])] + ([0] if d[0] == 0 else [])
     return min(corners), max(corners)
 
 
@@ -265,7 +266,13 @@ def prove(cond: Expr, ranges: Ranges, memo: Memo | None = None) -> bool | None:
     strict = cond.op in (Op.LT, Op.GT)
     found = _decide(bounds(diff, ranges, memo), strict)
     if found is None and _symbolic(diff, ranges, memo):
-        found = _decide(symbolic_bounds(diff, ranges, memo), strict)
+        lin = to_lin(diff, ranges, memo)
+        hi = _upper(lin, ranges, memo)
+        if hi is not None and (hi < 0 or (not strict and hi <= 0)):
+            return True
+        neg_lo = _upper(lin.scale(-1), ranges, memo)
+        if neg_lo is not None and (-neg_lo > 0 or (strict and -neg_lo >= 0)):
+            return False
     return found
 
 
@@ -290,6 +297,12 @@ def symbolic_bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interv
     if hi is None or neg_lo is None:
         return None
     return -neg_lo, hi
+
+
+def symbolic_upper(e: Expr, ranges: Ranges, memo: Memo | None = None) -> int | None:
+    """An integer upper bound of `e` found as in symbolic_bounds (None if unknown)."""
+    memo = {} if memo is None else memo
+    return _upper(to_lin(e, ranges, memo), ranges, memo)
 
 
 def _upper(lin: Lin, ranges: Ranges, memo: Memo) -> int | None:
@@ -340,6 +353,46 @@ def _expand(lin: Lin, ranges: Ranges, memo: Memo) -> list[Lin] | None:
 def _replace(lin: Lin, atom: Expr, by: Lin) -> Lin:
     coef = lin.terms[atom]
     return Lin({a: c for a, c in lin.terms.items() if a is not atom}, lin.const) + by.scale(coef)
+
+
+def is_symbol(v: Expr, ranges: Ranges) -> bool:
+    """A shape symbol: a variable ranging over [0, SYMBOL_MAX] (loop variables have smaller ranges)."""
+    r = ranges.get(v)
+    return r is not None and isinstance(r[1], int) and r[1] >= SYMBOL_MAX
+
+
+def max_over(lin: Lin, eliminate: set[Expr], ranges: Ranges, memo: Memo | None = None) -> Lin | None:
+    """A linear form >= `lin` for every value of the variables in `eliminate` (inner loops), in terms of the
+    others (symbols, outer loops): each is replaced by its maximising endpoint, innermost first. None when
+    one of them sits inside a non-linear term, or comes back through an endpoint."""
+    memo = {} if memo is None else memo
+    for _ in range(4 * len(eliminate) + 4):
+        inside = set().union(*(free_vars(a) for a in lin.terms if a.op is not Op.VAR))
+        todo = [a for a in lin.terms if a in eliminate]
+        if inside & eliminate:
+            lin = _open_min(lin, eliminate, ranges, memo)
+            if lin is None:
+                return None
+            continue
+        if not todo:
+            return lin
+        used = set().union(*(_endpoint_vars(v, ranges) for v in todo))
+        v = next((a for a in todo if a not in used), None)
+        if v is None or v not in ranges:
+            return None
+        end = ranges[v][1 if lin.terms[v] > 0 else 0]
+        lin = _replace(lin, v, to_lin(end, ranges, memo) if isinstance(end, Expr) else Lin({}, end))
+    return None
+
+
+def _open_min(lin: Lin, eliminate: set[Expr], ranges: Ranges, memo: Memo) -> Lin | None:
+    """Replace a min (max) term of positive (negative) coefficient that holds an eliminated variable by one
+    of its arguments, preferring one without eliminated variables (each argument bounds it)."""
+    for atom, coef in lin.terms.items():
+        if free_vars(atom) & eliminate and ((atom.op is Op.MIN and coef > 0) or (atom.op is Op.MAX and coef < 0)):
+            args = sorted(atom.src, key=lambda a: bool(free_vars(a) & eliminate))
+            return _replace(lin, atom, to_lin(args[0], ranges, memo))
+    return None
 
 
 def _has_expr_endpoint(v: Expr, ranges: Ranges) -> bool:

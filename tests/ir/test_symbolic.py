@@ -99,8 +99,12 @@ def test_bounds_check_proves_symbolic_dims_from_ranges_and_guards():
     assert check.in_bounds(io * 8 + ii, n) and not check.in_bounds(io * 8 + ii + 1, n)
     check.pop(k)
     assert not check.in_bounds(io * 8 + ii, n)
-    k = check.push(i < 5)  # a symbolic range is not narrowed (the fact still counts)
-    assert check.ranges[i] == (0, n - 1) and check.in_bounds(i, n)
+    k = check.push(i < 5)  # a symbolic range narrowed by a fact keeps both ends in a min
+    assert repr(check.ranges[i][1]) == "min(n - 1, 4)" and check.in_bounds(i, 5) and check.in_bounds(i, n)
+    check.pop(k)
+    assert check.ranges[i] == (0, n - 1)
+    k = check.push(io < n // 8)  # the main branch of a partitioned parallel loop
+    assert repr(check.ranges[io][1]) == "n // 8 - 1" and check.in_bounds(io * 8 + ii, n)
     check.pop(k)
 
 
@@ -164,6 +168,119 @@ def test_compute_at_region_of_a_symbolic_dim():
     s = jitop.create_schedule(F.op)
     fo, _ = s[F].split(F.op.axis[0], 4)
     s[E].compute_at(s[F], fo)
-    text = _ir(s, [X, F])
-    assert "E = allocate(float32[4, m], 'local')" in text  # 4 rows of the whole symbolic row
-    assert "if i.outer * 4 + i < n:" in text
+    assert _ir(s, [X, F]) == """\
+def main(X: float32[n, m], F: float32[n, m]):
+    for i.outer in range(n // 4):
+        E = allocate(float32[4, m], 'local')
+        for i in range(4):
+            for j in range(m):
+                E[i, j] = X[i.outer * 4 + i, j] + 1.0f
+        for i.inner in range(4):
+            for j in range(m):
+                F[i.outer * 4 + i.inner, j] = E[i.inner, j] * 2.0f
+    E = allocate(float32[4, m], 'local')
+    for i in range(n % 4):
+        for j in range(m):
+            E[i, j] = X[n // 4 * 4 + i, j] + 1.0f
+    for i.inner in range(n % 4):
+        for j in range(m):
+            F[n // 4 * 4 + i.inner, j] = E[i.inner, j] * 2.0f"""
+
+
+# ** loop partitioning of symbolic extents: a guard-free main loop and a tail **
+
+def _split_vectorize(kind=None, factor=8):
+    n = te.var("n")
+    A, B, C = vector_add(n)
+    s = jitop.create_schedule(C.op)
+    xo, xi = s[C].split(C.op.axis[0], factor)
+    s[C].vectorize(xi)
+    if kind == "parallel":
+        s[C].parallel(xo)
+    return _ir(s, [A, B, C])
+
+
+def test_golden_split_vectorize_peels_one_masked_tail():
+    assert _split_vectorize() == """\
+def main(A: float32[n], B: float32[n], C: float32[n]):
+    for i.outer in range(n // 8):
+        for i.inner in vectorized(8):
+            C[i.outer * 8 + i.inner] = A[i.outer * 8 + i.inner] + B[i.outer * 8 + i.inner]
+    for i.inner in vectorized(8):
+        if n // 8 * 8 + i.inner < n:
+            C[n // 8 * 8 + i.inner] = A[n // 8 * 8 + i.inner] + B[n // 8 * 8 + i.inner]"""
+
+
+def test_golden_split_vectorize_parallel_balances_the_tail_inside():
+    assert _split_vectorize("parallel") == """\
+def main(A: float32[n], B: float32[n], C: float32[n]):
+    for i.outer in parallel((n + 7) // 8):
+        if i.outer < n // 8:
+            for i.inner in vectorized(8):
+                C[i.outer * 8 + i.inner] = A[i.outer * 8 + i.inner] + B[i.outer * 8 + i.inner]
+        else:
+            for i.inner in vectorized(8):
+                if n // 8 * 8 + i.inner < n:
+                    C[n // 8 * 8 + i.inner] = A[n // 8 * 8 + i.inner] + B[n // 8 * 8 + i.inner]"""
+
+
+def test_golden_tile_fuse_parallel_inner_extent_is_a_min():
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), name="X")
+    Y = te.compute((n, m), lambda i, j: X[i, j] * 2.0, name="Y")
+    s = jitop.create_schedule(Y.op)
+    xo, yo, xi, yi = s[Y].tile(Y.op.axis[0], Y.op.axis[1], 4, 8)
+    s[Y].parallel(s[Y].fuse(xo, yo))
+    s[Y].vectorize(yi)
+    f = "i.outer.j.outer.fused"
+    row, col = f"{f} // ((m + 7) // 8) * 4 + i.inner", f"{f} % ((m + 7) // 8) * 8 + j.inner"
+    assert _ir(s, [X, Y]) == f"""\
+def main(X: float32[n, m], Y: float32[n, m]):
+    for {f} in parallel((n + 3) // 4 * ((m + 7) // 8)):
+        for i.inner in range(min(n - {f} // ((m + 7) // 8) * 4, 4)):
+            for j.inner in vectorized(8):
+                if {col} < m:
+                    Y[{row}, {col}] = X[{row}, {col}] * 2.0f"""
+
+
+def test_golden_reduction_tail_is_a_short_loop():
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), name="X")
+    k = te.reduce_axis((0, m), "k")
+    D = te.compute((n,), lambda i: te.sum(X[i, k], axis=k), name="D")
+    s = jitop.create_schedule(D.op)
+    s[D].split(k, 4)
+    assert _ir(s, [X, D]) == """\
+def main(X: float32[n, m], D: float32[n]):
+    for i in range(n):
+        D[i] = 0.0f
+        for k.outer in range(m // 4):
+            for k.inner in range(4):
+                D[i] = D[i] + X[i, k.outer * 4 + k.inner]
+        for k.inner in range(m % 4):
+            D[i] = D[i] + X[i, m // 4 * 4 + k.inner]"""
+
+
+def test_an_unguarded_store_keeps_the_peeled_tail_behind_a_test():
+    # T[io] is written outside the split's guard: the peeled iteration must not run when 8 divides n
+    from jitop.schedule.schedule import ForKind
+    from jitop.tir.nodes import Buffer, For, IfThenElse, Store, seq
+    from jitop.tir.passes import partition_loops
+    from jitop.tir.simplify import SYMBOL_MAX
+    n, io, ii = te.var("n"), te.var("i.outer"), te.var("i.inner")
+    f32 = te.placeholder((1,), name="p").dtype
+    C, T = Buffer("C", f32, (n,), "param"), Buffer("T", f32, ((n + 7) // 8,), "param")
+    body = seq(Store(T, (io,), te.const(1.0, "float32")),
+               For(ii, te.const(8), ForKind.VECTORIZED, IfThenElse(io * 8 + ii < n, Store(C, (io * 8 + ii,), te.const(2.0, "float32")))))
+    ranges = {n: (0, SYMBOL_MAX), io: (0, (n + 7) // 8 - 1), ii: (0, 7)}
+    out = partition_loops(For(io, (n + 7) // 8, ForKind.SERIAL, body), ranges)
+    assert repr(out) == """\
+for i.outer in range(n // 8):
+    T[i.outer] = 1.0f
+    for i.inner in vectorized(8):
+        C[i.outer * 8 + i.inner] = 2.0f
+if n // 8 < (n + 7) // 8:
+    T[n // 8] = 1.0f
+    for i.inner in vectorized(8):
+        if n // 8 * 8 + i.inner < n:
+            C[n // 8 * 8 + i.inner] = 2.0f"""
