@@ -8,14 +8,22 @@ pickle) and loads back without LLVM's optimiser or code generator and without th
 
 The function's result structure is data too (a JSON tree, see `rebuild`), so a loaded Executable
 returns what the traced function returned.
+
+A kernel with symbolic shapes (`Module.symbols`) has a symbolic Plan: its output dims are the printed
+expressions of the kernel's output parameters ("n", "n * 2") and its `guards` are relations the symbols must
+satisfy ("n >= 2"). Each call binds the symbols from the arguments' shapes, checks the tied dims and the guards
+(a mismatch is a ValueError on the Python path, a MISS on the native entry) and allocates the outputs at the
+bound sizes. A constant-shape Plan saves, loads and runs exactly as before.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import itertools
 import json
 import math
+import operator
 import struct
 import sys
 import zipfile
@@ -26,7 +34,7 @@ import numpy as np
 
 from jitop.errors import TargetMismatchError
 from jitop.runtime import fastcall
-from jitop.runtime.args import ParamSpec
+from jitop.runtime.args import Dim, DimFn, ParamSpec, compile_dim, dim_names, shape_str
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
 from jitop.runtime.module import Module, check_meta
 from jitop.target import Target
@@ -44,10 +52,19 @@ class Plan:
     # ("arg", pos) | ("arg_swapped", (pos, dtype)) | ("scalar", (pos, dtype[, int dtype names])) | ("const", array);
     # a scalar's dtype names: the integer dtypes a Python int argument must fit (NEP 50: else OverflowError)
     inputs: list[tuple[str, Any]]
-    outputs: list[tuple[tuple[int, ...], np.dtype]]
+    # each output's shape (a symbolic kernel's: the printed dims of its output parameter, "n * 2") and dtype
+    outputs: list[tuple[tuple[Dim, ...], np.dtype]]
     result_slots: list[int]                  # flat function result k -> output array index
     n_scratch: int = 0                       # trailing output buffers that are only intermediates
     result: Any = None                       # result tree (see `rebuild`); None: the flat list of results
+    # relations over the kernel's symbols every call must satisfy ("n >= 2", "n % 3 == 0", "n != m"):
+    # comparisons of dim expressions joined by `and`
+    guards: list[str] = field(default_factory=list)
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether any output dim is an expression of symbols, or the plan has guards."""
+        return bool(self.guards) or any(isinstance(d, str) for shape, _ in self.outputs for d in shape)
 
 
 @dataclass
@@ -67,6 +84,11 @@ class Executable:
     decisions: list[str] = field(default_factory=list)  # other pipeline decisions, for explain() (not saved)
 
     def __post_init__(self) -> None:
+        self._shapes: _SymbolicShapes | None = None
+        if self.module.symbols or self.plan.symbolic:  # symbolic dims must be exactly the kernel's parameters'
+            _check_outputs(self.plan, self.module.params)
+            _check_guards(self.plan.guards, self.module.params)
+            self._shapes = _SymbolicShapes(self.plan, self.module)
         self.run = _specialised_runner(self.plan, self.module)
         self.set_result(self.plan.result)
 
@@ -87,7 +109,7 @@ class Executable:
         r = fast(*values)  # the native entry: exactly the signature's arrays, else MISS
         if r is not fastcall.MISS:
             return r
-        _check_values(self.plan, self.module.params, values)
+        _check_values(self.plan, self.module.params, values, self._shapes)
         return self.call(values)
 
     def fast_spec(self, nargs: int | None = None, scalar_types: dict[int, type] | None = None,
@@ -188,7 +210,8 @@ class Executable:
 # ** the hot path **
 def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callable[[Sequence[Any]], Any]:
     """run(args) -> outputs (or the result `tree` describes), generated as straight-line Python for this plan
-    (the per-call hot path)."""
+    (the per-call hot path). The caller has checked the arguments' types and dtypes (and, for a constant-shape
+    kernel, their shapes); a symbolic kernel's runner checks their ranks, constant dims, ties and guards itself."""
     n_real = len(plan.outputs) - plan.n_scratch
     env: dict[str, Any] = {"call": module.call_arrays, "check": module.raise_if_error,
                            "contiguous": np.ascontiguousarray, "asarray": np.asarray}
@@ -214,9 +237,16 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
         else:
             env[f"c{k}"] = what
             lines.append(f"    {name} = c{k}")
+    if module.symbols:  # bind the symbols (ties and guards checked), then allocate at the bound sizes
+        env["shapes"] = _SymbolicShapes(plan, module).output_shapes
+        lines.append(f"    s = shapes(({''.join(n + ', ' for n in names)}))")
     for k, (shape, dt) in enumerate(plan.outputs):
-        env[f"alloc{k}"] = _allocator(shape, dt, scratch=k >= n_real)
-        lines.append(f"    o{k} = alloc{k}()")
+        if module.symbols:
+            env[f"alloc{k}"] = _sized_allocator(dt, scratch=k >= n_real)
+            lines.append(f"    o{k} = alloc{k}(s[{k}])")
+        else:
+            env[f"alloc{k}"] = _allocator(shape, dt, scratch=k >= n_real)
+            lines.append(f"    o{k} = alloc{k}()")
         names.append(f"o{k}")
     lines.append(f"    call({', '.join(names)})")
     if module.checked:
@@ -242,15 +272,15 @@ _NATURAL = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype
 def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict[int, type] | None,
                compile: bool) -> "fastcall.Spec | None":
     """The plan as a fastcall.Spec: the same inputs, outputs (recycled as `_allocator` does) and result."""
-    if not (module.runnable and module.address and fastcall.available(compile)) or module.symbols:
-        return None  # a kernel with symbolic shapes has no native entry yet: its symbols are bound in Python
+    if not (module.runnable and module.address and fastcall.available(compile)):
+        return None
     flag = module.error_flag_address()
     if module.checked and not flag:
         return None
     inputs: list[Any] = []
     positions = []
     for (kind, what), p in zip(plan.inputs, module.params):
-        if kind == "arg":
+        if kind == "arg":  # a symbolic parameter's dims are printed expressions: the entry binds and ties them
             inputs.append(fastcall.Array(what, p.dtype, p.shape))
             positions.append(what)
         elif kind == "const":
@@ -272,10 +302,26 @@ def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict
     elif sorted(positions) != list(range(nargs)):  # an argument the plan ignores would go unchecked
         return None
     n_real = len(plan.outputs) - plan.n_scratch
-    outputs = [fastcall.Output(dt, shape, recycle=k >= n_real or math.prod(shape) * dt.itemsize >= REUSE_BYTES)
+    outputs = [fastcall.Output(dt, shape, recycle=k >= n_real or _big(shape, dt))
                for k, (shape, dt) in enumerate(plan.outputs)]
     return fastcall.Spec(nargs, module.address, inputs, outputs, _fast_result(plan),
-                         error_flag=flag, raise_error=module.raise_if_error if flag else None)
+                         error_flag=flag, raise_error=module.raise_if_error if flag else None,
+                         symbols=[sym.name for sym in module.symbols], guards=_entry_guards(plan, module))
+
+
+def _big(shape: tuple[Dim, ...], dt: np.dtype) -> bool:
+    """Whether an output is worth recycling: REUSE_BYTES or more, or of a symbolic size (the entry reuses a
+    spare only at the same shape)."""
+    if any(isinstance(d, str) for d in shape):
+        return True
+    return math.prod(shape) * dt.itemsize >= REUSE_BYTES
+
+
+def _entry_guards(plan: Plan, module: Module) -> list[str]:
+    """The plan's guards, plus the range of each int32 symbol (the entry binds every symbol as an int64;
+    `ShapeBinder.values` checks the range on the slow path)."""
+    limits = [f"{sym.name} <= {np.iinfo(sym.dtype).max}" for sym in module.symbols if sym.dtype != "int64"]
+    return [*plan.guards, *limits]
 
 
 def _fast_result(plan: Plan) -> int | tuple[str, int] | Callable[..., Any]:
@@ -313,6 +359,138 @@ def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> C
         spare.append(a)
         return a
     return alloc
+
+
+def _sized_allocator(dt: np.dtype, scratch: bool = False) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """alloc(shape) for an output of a symbolic size: as `_allocator`, a big one reuses the previous call's
+    array if nothing references it any more, but only at the same shape. Scratch: `_scratch_allocator`."""
+    if scratch:
+        return _scratch_allocator(dt)
+    spare: list[np.ndarray] = []
+
+    def alloc(shape: tuple[int, ...]) -> np.ndarray:
+        if math.prod(shape) * dt.itemsize < REUSE_BYTES:
+            return np.empty(shape, dt)
+        try:
+            a = spare.pop()  # atomic: two threads never get the same array
+        except IndexError:
+            a = None
+        if a is None or a.shape != shape or sys.getrefcount(a) > 2:
+            a = np.empty(shape, dt)
+        spare.append(a)
+        return a
+    return alloc
+
+
+def _scratch_allocator(dt: np.dtype) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """alloc(shape) for an intermediate of a symbolic size: a view of one flat buffer that only ever grows
+    (a smaller call reuses the pages a bigger one mapped). A buffer still in use (another thread's call: its
+    view holds a reference) is never handed out twice."""
+    spare: list[np.ndarray] = []
+
+    def alloc(shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        try:
+            flat = spare.pop()
+        except IndexError:
+            flat = None
+        if flat is None or flat.size < size or sys.getrefcount(flat) > 2:
+            flat = np.empty(size, dt)
+        spare.append(flat)
+        return flat[:size].reshape(shape)
+    return alloc
+
+
+# ** symbolic shapes at call time **
+class _SymbolicShapes:
+    """A symbolic plan's shape work on each call: checks the inputs' ranks and constant dims, binds the
+    symbols (`ShapeBinder.bind`: tied dims), checks the guards and computes the outputs' shapes."""
+
+    def __init__(self, plan: Plan, module: Module):
+        params = module.params
+        self.params, self.binder = params, module.binder
+        self.symbols = module.symbols
+        self.names = [sym.name for sym in module.symbols]
+        # each array argument: (its index among the kernel's inputs, argument position, rank, constant dims)
+        self.arrays = [(k, what if kind == "arg" else what[0], len(p.shape),
+                        tuple((j, d) for j, d in enumerate(p.shape) if not isinstance(d, str)))
+                       for k, ((kind, what), p) in enumerate(zip(plan.inputs, params)) if kind.startswith("arg")]
+        self.guards = [(g, _compile_guard(g)) for g in plan.guards]
+        self.outputs = [tuple((compile_dim(d), d) if isinstance(d, str) else int(d) for d in shape)
+                        for shape, _ in plan.outputs]
+
+    def bind(self, inputs: Sequence[np.ndarray]) -> dict[str, int]:
+        """The symbols' values for the kernel's input arrays (in parameter order); ValueError for a rank, a
+        constant dim, a tied dim or a guard they do not satisfy."""
+        for k, pos, rank, consts in self.arrays:
+            shape = inputs[k].shape
+            if len(shape) != rank or any(shape[j] != d for j, d in consts):
+                p = self.params[k]
+                raise ValueError(f"argument '{p.name}' (position {pos}) must have shape {shape_str(p.shape)}, "
+                                 f"got {shape}; the Executable was compiled for that signature")
+        if self.binder is None:
+            return {}
+        env = dict(zip(self.names, self.binder.bind(inputs)))
+        for text, holds in self.guards:
+            if not holds(env):
+                raise ValueError(f"the arguments' shapes give {self._bound(env)}, but this Executable was compiled "
+                                 f"for shapes where {text}")
+        return env
+
+    def output_shapes(self, inputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+        """Each output's shape at the symbols the inputs bind (after checking them as `bind` does)."""
+        env = self.bind(inputs)
+        return [self._shape(k, dims, env) for k, dims in enumerate(self.outputs)]
+
+    def _shape(self, k: int, dims: tuple, env: dict[str, int]) -> tuple[int, ...]:
+        try:
+            shape = tuple(d[0](env) if type(d) is tuple else d for d in dims)
+        except ZeroDivisionError:
+            shape = None
+        if shape is None or any(d < 0 for d in shape):
+            printed = tuple(d[1] if type(d) is tuple else d for d in dims)
+            raise ValueError(f"output {k} of shape {shape_str(printed)} has no valid shape with {self._bound(env)}")
+        return shape
+
+    def _bound(self, env: dict[str, int]) -> str:
+        def source(sym: Any) -> str:
+            return f"argument '{self.params[sym.param].name}' dimension {sym.dim}"
+        return ", ".join(f"{sym.name} = {env[sym.name]} (from {source(sym)})" for sym in self.symbols)
+
+
+_COMPARE: dict[type, Callable[[int, int], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge}
+MAX_GUARD_TEXT = 4096
+
+
+def _compile_guard(text: str) -> Callable[[dict[str, int]], bool]:
+    """A predicate over the symbols' values for a guard: comparisons (== != < <= > >=, chained) of dim
+    expressions (args.compile_dim's language), joined by `and`; ValueError for anything else.
+
+    >>> _compile_guard("n >= 2 and n % 3 == 0")({"n": 6})
+    True
+    """
+    if not isinstance(text, str) or len(text) > MAX_GUARD_TEXT:
+        raise ValueError(f"a guard must be a string of at most {MAX_GUARD_TEXT} characters, got {text!r:.100}")
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"guard {text!r} is not an expression") from None
+    parts = node.values if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) else [node]
+    checks: list[tuple[Callable[[int, int], bool], DimFn, DimFn]] = []
+    for part in parts:
+        if not (isinstance(part, ast.Compare) and all(type(o) in _COMPARE for o in part.ops)):
+            raise ValueError(f"guard {text!r}: only comparisons (== != < <= > >=) joined by 'and' are allowed")
+        operands = [compile_dim(ast.unparse(e)) for e in [part.left, *part.comparators]]
+        checks += [(_COMPARE[type(o)], a, b) for o, a, b in zip(part.ops, operands, operands[1:])]
+
+    def holds(env: dict[str, int]) -> bool:
+        try:
+            return all(cmp(a(env), b(env)) for cmp, a, b in checks)
+        except ZeroDivisionError:
+            return False
+    return holds
 
 
 # ** result trees **
@@ -458,6 +636,14 @@ def _dtype(text: Any) -> np.dtype:
     return dt
 
 
+def _dim(d: Any) -> Dim:
+    """An output dim of a saved plan: a non-negative int, or a symbolic dim's printed expression."""
+    if isinstance(d, str):
+        compile_dim(d)  # the whitelisted language and length limit (the names are checked by `_check_plan`)
+        return d
+    return _position(d)
+
+
 def _position(p: Any) -> int:
     if type(p) is not int or p < 0:
         raise ValueError(f"argument position must be a non-negative int, got {p!r}")
@@ -486,9 +672,12 @@ def _plan_to_json(plan: Plan, with_constants: bool = True) -> tuple[dict, list[n
         else:
             inputs.append(["const_ref", len(constants)])
             constants.append(np.empty(0, np.uint8))  # a placeholder: numbered like the saved ones, not written
-    return {"inputs": inputs, "outputs": [[list(s), np.dtype(d).str] for s, d in plan.outputs],
-            "result_slots": list(plan.result_slots), "n_scratch": plan.n_scratch,
-            "result": plan.result if with_constants else None}, constants if with_constants else []
+    out = {"inputs": inputs, "outputs": [[list(s), np.dtype(d).str] for s, d in plan.outputs],
+           "result_slots": list(plan.result_slots), "n_scratch": plan.n_scratch,
+           "result": plan.result if with_constants else None}
+    if plan.guards:  # only symbolic plans have the key: a constant-shape plan's bytes are as they always were
+        out["guards"] = list(plan.guards)
+    return out, constants if with_constants else []
 
 
 def _decode(meta: dict, plan_json: dict, files: dict[str, bytes], supplied: list[np.ndarray]) -> Plan:
@@ -523,9 +712,12 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes], supplied: list
             inputs.append(("const", c))
         else:
             raise ValueError(f"unknown input kind {kind!r}")
-    outputs = [(tuple(_position(d) for d in s), _dtype(dt)) for s, dt in plan_json["outputs"]]
+    outputs = [(tuple(_dim(d) for d in s), _dtype(dt)) for s, dt in plan_json["outputs"]]
     slots = [_position(k) for k in plan_json["result_slots"]]
-    plan = Plan(inputs, outputs, slots, _position(plan_json["n_scratch"]), plan_json["result"])
+    guards = plan_json.get("guards", [])
+    if not (isinstance(guards, list) and all(isinstance(g, str) for g in guards)):
+        raise ValueError("guards must be a list of strings")
+    plan = Plan(inputs, outputs, slots, _position(plan_json["n_scratch"]), plan_json["result"], guards)
     _check_plan(plan, params)
     return plan
 
@@ -579,13 +771,36 @@ def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
         if not ok:
             raise ValueError(f"plan input {kind} {_describe_input(kind, what)} does not match kernel parameter "
                              f"{p.name}: {'an output' if p.is_output else p.describe()}")
-    for (shape, dt), p in zip(plan.outputs, params[len(plan.inputs):]):
-        if not p.is_output or shape != p.shape or dt != p.dtype:
-            raise ValueError(f"plan output {dt} {shape} does not match kernel parameter {p.name}: {p.describe()}")
+    _check_outputs(plan, params)
+    _check_guards(plan.guards, params)
     if any(k >= len(plan.outputs) - plan.n_scratch for k in plan.result_slots):
         raise ValueError("a result slot points past the kernel's outputs")
     if plan.result is not None:
         _check_tree(plan.result, len(plan.result_slots), allow_objects=False)
+
+
+def _check_outputs(plan: Plan, params: list[ParamSpec]) -> None:
+    """Raise ValueError unless each plan output has its output parameter's dtype and exactly its dims (a
+    symbolic dim: the same printed expression)."""
+    outs = params[len(plan.inputs):]
+    if len(outs) != len(plan.outputs):
+        raise ValueError(f"plan has {len(plan.outputs)} outputs for {len(outs)} kernel output parameters")
+    for (shape, dt), p in zip(plan.outputs, outs):
+        if not p.is_output or tuple(shape) != p.shape or dt != p.dtype:
+            raise ValueError(f"plan output {dt} {shape_str(shape)} does not match kernel parameter {p.name}: "
+                             f"{p.describe()}")
+
+
+def _check_guards(guards: Sequence[str], params: list[ParamSpec]) -> None:
+    """Raise ValueError unless every guard is a well-formed relation over the kernel's symbols (the names its
+    parameters' symbolic dims use)."""
+    symbols = {n for p in params for d in p.shape if type(d) is str for n in dim_names(d)}
+    for g in guards:
+        _compile_guard(g)
+        unknown = dim_names(g) - symbols
+        if unknown:
+            raise ValueError(f"guard {g!r} uses {', '.join(sorted(unknown))}, which is not a symbol of the kernel "
+                             f"({', '.join(sorted(symbols)) or 'none'})")
 
 
 def _describe_input(kind: str, what: Any) -> str:
@@ -596,9 +811,13 @@ def _describe_input(kind: str, what: Any) -> str:
     return f"(argument {what})"
 
 
-def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any]) -> None:
-    """Raise TypeError/ValueError unless `values` fit the signature the kernel was compiled for."""
+def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any],
+                  shapes: "_SymbolicShapes | None" = None) -> None:
+    """Raise TypeError/ValueError unless `values` fit the signature the kernel was compiled for; a symbolic
+    kernel's (`shapes`): their ranks and constant dims, then the tied dims and guards."""
+    arrays: list[Any] = []
     for (kind, what), p in zip(plan.inputs, params):
+        arrays.append(what if kind == "const" else None)
         if kind == "const":
             continue
         pos = what if kind == "arg" else what[0]
@@ -611,6 +830,18 @@ def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any]) ->
             continue
         if not isinstance(v, np.ndarray):
             raise TypeError(f"{where} must be a numpy.ndarray ({p.describe()}), got {type(v).__name__}")
-        if v.shape != p.shape or v.dtype.newbyteorder("=") != p.dtype or (kind == "arg" and not v.dtype.isnative):
+        if not _fits(p.shape, v.shape) or v.dtype.newbyteorder("=") != p.dtype or \
+                (kind == "arg" and not v.dtype.isnative):
             raise ValueError(f"{where} must be a {p.describe()}, got a {v.dtype.str} array of shape {v.shape}; "
                              "the Executable was compiled for that signature")
+        arrays[-1] = v
+    if shapes is not None:
+        shapes.bind(arrays)
+
+
+def _fits(shape: tuple[Dim, ...], got: tuple[int, ...]) -> bool:
+    """Whether an array's shape fits a parameter's: equal, or (symbolic dims) its rank and constant dims."""
+    if shape == got:
+        return True
+    return len(shape) == len(got) and any(type(d) is str for d in shape) and \
+        all(type(d) is str or d == g for d, g in zip(shape, got))
