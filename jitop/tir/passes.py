@@ -100,6 +100,8 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
             cuts = [c for c in (_guard_free_extent(s, g, ranges) for g in guards) if c is not None and 0 < c < extent]
             if cuts:
                 return _partition(s, min(cuts), ranges)
+    if isinstance(s, For) and s.kind is ForKind.VECTORIZED and (hoisted := _hoist_vector_guard(s, ranges)) is not None:
+        return hoisted
     if isinstance(s, For) and s.extent.op is Op.CONST and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
         return _loop(s.var, 1, s.kind, s.body, ranges)  # one iteration: no loop
     if isinstance(s, (For, Allocate)):
@@ -284,3 +286,23 @@ def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges) -> Stmt:
     tail = partition_loops(simplify_stmt(body, ranges), ranges)
     ranges[v] = whole
     return For(v, loop.extent, loop.kind, IfThenElse(v < cut, main, tail))
+
+
+def _hoist_vector_guard(loop: For, ranges: Ranges) -> Stmt | None:
+    """A vectorized loop of a constant width under a symbolic guard that grows with its variable
+    (`q * 8 + j < m`, q a non-linear function of a fused loop that partitioning cannot cut): when the
+    guard holds for the last lane it holds for every lane, so `if guard(last lane): unmasked else: masked`."""
+    g = loop.body
+    if loop.extent.op is not Op.CONST or not isinstance(g, IfThenElse) or g.else_ is not None \
+            or g.cond.op not in (Op.LT, Op.LE) or not _uses_symbols(g.cond, ranges):
+        return None
+    inner = {x.var for x in walk_stmts(g.then) if isinstance(x, For)}
+    lin = to_lin(g.cond.src[0] - g.cond.src[1], ranges)
+    v = loop.var
+    if lin.terms.get(v, 0) <= 0 or any(free_vars(a) & (inner | {v}) for a in lin.terms if a is not v):
+        return None
+    last = simplify(substitute(g.cond, {v: const(int(loop.extent.value) - 1)}), ranges)
+    if last.op is Op.CONST:
+        return None
+    fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges))
+    return IfThenElse(last, fast, loop)

@@ -66,9 +66,11 @@ def test_one_dimensional_schedules(name, n):
     np.testing.assert_array_equal(built_1d(name)(a, b), a + b)
 
 
-def test_split_main_loops_are_not_checked_at_run_time():
-    for name in ("split8_vectorize", "split8_vectorize_parallel"):
-        assert not built_1d(name).checked, built_1d(name).checked
+def test_no_access_is_checked_at_run_time():
+    for name in ONE_D:
+        assert not built_1d(name).checked, (name, built_1d(name).checked)
+    for name in TWO_D:
+        assert not built_2d(name).checked, (name, built_2d(name).checked)
 
 
 def _matrix(kind: str):
@@ -93,14 +95,34 @@ def _rowsum_split(s, X, Y):
     s[Y].parallel(Y.op.axis[0])
 
 
-def _compute_at(s, X, Y):
-    Z = te.compute(Y.shape, lambda i, j: Y[i, j] - 3.0, name="Z")  # noqa: F841 (built below)
+def _reorder_unroll(s, X, Y):
+    i, j = Y.op.axis
+    jo, ji = s[Y].split(j, 4)
+    s[Y].reorder(jo, i, ji)
+    s[Y].unroll(ji)
+
+
+def _cache_write_rowsum(s, X, Y):
+    cache = s.cache_write(Y, "local")
+    io, ii = s[Y].split(Y.op.axis[0], 4)
+    s[cache].compute_at(s[Y], io)
+    ko, ki = s[cache].split(s[cache].op.reduce_axis[0], 8)
+
+
+def _cache_read(s, X, Y):
+    XL = s.cache_read(X, "local", [Y])
+    yo, yi = s[Y].split(Y.op.axis[1], 8)
+    s[XL].compute_at(s[Y], yo)
+    s[Y].vectorize(yi)
 
 
 TWO_D = {
     "tile_fuse_parallel_vectorize": ("map", _tile_fuse),
     "rowsum_split_reduce_axis": ("rowsum", _rowsum_split),
     "default": ("map", lambda s, X, Y: None),
+    "reorder_unroll": ("map", _reorder_unroll),
+    "cache_write_compute_at_rowsum": ("rowsum", _cache_write_rowsum),
+    "cache_read_compute_at": ("map", _cache_read),
 }
 
 

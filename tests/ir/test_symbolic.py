@@ -224,7 +224,7 @@ def main(A: float32[n], B: float32[n], C: float32[n]):
                     C[n // 8 * 8 + i.inner] = A[n // 8 * 8 + i.inner] + B[n // 8 * 8 + i.inner]"""
 
 
-def test_golden_tile_fuse_parallel_inner_extent_is_a_min():
+def test_golden_tile_fuse_parallel_inner_extent_is_a_min_and_whole_vectors_unmasked():
     n, m = te.var("n"), te.var("m")
     X = te.placeholder((n, m), name="X")
     Y = te.compute((n, m), lambda i, j: X[i, j] * 2.0, name="Y")
@@ -238,9 +238,13 @@ def test_golden_tile_fuse_parallel_inner_extent_is_a_min():
 def main(X: float32[n, m], Y: float32[n, m]):
     for {f} in parallel((n + 3) // 4 * ((m + 7) // 8)):
         for i.inner in range(min(n - {f} // ((m + 7) // 8) * 4, 4)):
-            for j.inner in vectorized(8):
-                if {col} < m:
-                    Y[{row}, {col}] = X[{row}, {col}] * 2.0f"""
+            if {f} % ((m + 7) // 8) * 8 + 7 < m:
+                for j.inner in vectorized(8):
+                    Y[{row}, {col}] = X[{row}, {col}] * 2.0f
+            else:
+                for j.inner in vectorized(8):
+                    if {col} < m:
+                        Y[{row}, {col}] = X[{row}, {col}] * 2.0f"""
 
 
 def test_golden_reduction_tail_is_a_short_loop():
