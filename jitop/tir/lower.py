@@ -66,6 +66,16 @@ class Lowering:
             self.ranges[v] = (0, SYMBOL_MAX)
         return tuple(found)
 
+    def _check_body_vars(self, stage: Stage) -> None:
+        """A variable in a body is one of the stage's axes or a shape symbol (else codegen has no value for it)."""
+        own = {iv.var for iv in stage.axis + stage.reduce_axis} | set(self.symbols)
+        for b in stage.body:
+            stray = [v for v in free_vars(b) if v not in own]
+            if stray:
+                raise LoweringError(f"stage '{stage.name}' uses the variable '{stray[0].name}', which is neither one of "
+                                    f"its axes nor a symbol of an argument's shape ({', '.join(v.name for v in self.symbols)}); "
+                                    "a scalar parameter must be a dimension of an argument, or a one-element tensor")
+
     def _check_symbols(self, stage: Stage, extents: dict[IterVar, Dim]) -> None:
         for iv, n in extents.items():
             unknown = [v for v in (free_vars(n) if isinstance(n, Expr) else ()) if v not in self.ranges]
@@ -126,6 +136,8 @@ class Lowering:
                 mins, extents = self.region(stage)
             else:
                 mins, extents = tuple(const(0) for _ in stage.axis), [iv.extent for iv in stage.axis]
+            if self.symbols:
+                self._check_body_vars(stage)
             sl = self.stage_loops(stage, extents)
             sl.region_min = mins
             if stage.attach_type == "scope":

@@ -288,3 +288,14 @@ if n // 8 < (n + 7) // 8:
     for i.inner in vectorized(8):
         if n // 8 * 8 + i.inner < n:
             C[n // 8 * 8 + i.inner] = 2.0f"""
+
+
+def test_a_stray_variable_in_a_body_is_an_error():
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((n,), name="A")
+    C = te.compute((n,), lambda i: A[i] * m.astype("float32"), name="C")
+    with pytest.raises(jitop.errors.LoweringError, match=r"stage 'C' uses the variable 'm', which is neither one of "
+                                                         r"its axes nor a symbol of an argument's shape \(n\)"):
+        jitop.lower(jitop.create_schedule(C.op), [A, C])
+    D = te.compute((n,), lambda i: A[i] * n.astype("float32"), name="D")  # a symbol is a value in a body
+    assert "D[i] = A[i] * float32(n)" in str(jitop.lower(jitop.create_schedule(D.op), [A, D]))
