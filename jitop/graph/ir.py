@@ -1,6 +1,8 @@
 """The traced graph: hash-consed array nodes (equal subgraphs are one object, so CSE is free).
 
-A Node is an array value: its primitive, static shape, dtype, inputs and hashable params.
+A Node is an array value: its primitive, shape, dtype, inputs and hashable params. A dim is an int, or a
+te `Expr` over shape symbols where the trace made it symbolic (jitop.graph.shapes): simplified on entry, so
+equal dims are one object; hints (this call's sizes) are never stored in nodes.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from jitop.dtypes import DType
+from jitop.graph.shapes import Dim, as_dim
+from jitop.te.expr import Expr
 
 
 class Node:
@@ -19,7 +23,7 @@ class Node:
     _intern: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
 
     prim: str
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: DType
     src: tuple["Node", ...]
     params: tuple
@@ -30,11 +34,12 @@ class Node:
         return len(self.shape)
 
     @property
-    def size(self) -> int:
-        n = 1
+    def size(self) -> Dim:
+        """The number of elements: an int, or an Expr if a dim is symbolic."""
+        n: Dim = 1
         for d in self.shape:
             n *= d
-        return n
+        return as_dim(n) if isinstance(n, Expr) else n
 
     def param(self, name: str, default: Any = None) -> Any:
         return dict(self.params).get(name, default)
@@ -82,18 +87,22 @@ def _exact(v: Any) -> Any:
     return ("float", struct.pack("<d", v)) if type(v) is float else v
 
 
-def node(prim: str, shape: tuple[int, ...], dtype: DType, src: Iterable[Node] = (), weak: bool = False,
+def node(prim: str, shape: Iterable[Any], dtype: DType, src: Iterable[Node] = (), weak: bool = False,
          **params: Any) -> Node:
-    """The unique node for (prim, shape, dtype, src, params)."""
+    """The unique node for (prim, shape, dtype, src, params). Dims: ints (numpy integers too), or symbolic
+    (an Expr or a SymInt, kept symbolic and simplified; one that folds to a constant is an int)."""
     src = tuple(src)
     ps = tuple(sorted(params.items()))
-    key = (prim, tuple(shape), dtype, tuple(id(s) for s in src), tuple((k, _exact(v)) for k, v in ps), weak)
+    shape = tuple(as_dim(d) for d in shape)
+    # an Expr dim is keyed wrapped: an int never meets an Expr in a key comparison (whose truth would raise)
+    dims = tuple(("sym", d) if isinstance(d, Expr) else d for d in shape)
+    key = (prim, dims, dtype, tuple(id(s) for s in src), tuple((k, _exact(v)) for k, v in ps), weak)
     found = Node._intern.get(key)
     if found is not None and all(a is b for a, b in zip(found.src, src)):
         return found
     n = object.__new__(Node)
-    for name, value in (("prim", prim), ("shape", tuple(int(d) for d in shape)), ("dtype", dtype), ("src", src),
-                        ("params", ps), ("weak", weak), ("_hash", hash(key)), ("_key", None)):
+    for name, value in (("prim", prim), ("shape", shape), ("dtype", dtype), ("src", src), ("params", ps),
+                        ("weak", weak), ("_hash", hash(key)), ("_key", None)):
         object.__setattr__(n, name, value)
     Node._intern[key] = n
     return n

@@ -3,16 +3,23 @@
 numpy's own protocols (`__array_ufunc__`, `__array_function__`) route `np.*` calls here, so the
 user's unmodified numpy code builds a graph. Anything jitop cannot express raises Unsupported,
 which makes the dispatcher fall back to plain numpy.
+
+A symbolic dim (jitop.graph.shapes) reads as a SymInt from `shape`, `size`, `len` and iteration; constant
+shapes read exactly as numpy's.
 """
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from jitop import dtypes
 from jitop.errors import TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
+from jitop.graph import shapes
 from jitop.graph.ir import Node, node
+from jitop.graph.shapes import ShapeEnv, SymInt
 
 
 def as_node(x: Any) -> Node:
@@ -75,10 +82,11 @@ class Tracer:
 
     # ** what numpy users read off an array (a Python scalar has none of it) **
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[int | SymInt, ...]:
         if self.node.weak:
             self.no_attribute("shape")
-        return self.node.shape
+        s = self.node.shape
+        return s if all(type(d) is int for d in s) else tuple(shapes.sym(d) for d in s)
 
     @property
     def dtype(self) -> np.dtype:
@@ -93,10 +101,10 @@ class Tracer:
         return self.node.ndim
 
     @property
-    def size(self) -> int:
+    def size(self) -> int | SymInt:
         if self.node.weak:
             self.no_attribute("size")
-        return self.node.size
+        return shapes.sym(self.node.size)
 
     @property
     def T(self) -> "Tracer":
@@ -121,14 +129,19 @@ class Tracer:
             raise TypeError(f"object of type '{self.python_type().__name__}' has no len()")
         if not self.node.shape:
             raise TypeError("len() of unsized object")
-        return self.node.shape[0]
+        return self._first_dim("len()")
 
     def __iter__(self):
         if self.node.weak:
             raise TypeError(f"'{self.python_type().__name__}' object is not iterable")
         if not self.node.shape:
             raise TypeError("iteration over a 0-d array")
-        return (self[i] for i in range(self.node.shape[0]))
+        return (self[i] for i in range(self._first_dim("iteration over an array (for row in x)")))
+
+    def _first_dim(self, what: str) -> int:
+        """The length of axis 0 as a Python int (a symbolic one is specialised, with the user's line)."""
+        d = shapes.sym(self.node.shape[0])
+        return d.specialise(what) if isinstance(d, SymInt) else d
 
     def __repr__(self) -> str:
         if self.node.weak:
@@ -260,6 +273,44 @@ def _install_operators() -> None:
 
 
 _install_operators()
+
+
+# ** tracing with symbolic dims (internal: @jitop.kernel chooses the dims in K1) **
+
+@dataclass
+class SymbolicTrace:
+    """What `trace_symbolic` gives: the ShapeEnv (symbols, guards, ties, specialisations), the argument nodes and
+    the function's result as it returned it (tracers, SymInts, Python values)."""
+
+    env: ShapeEnv
+    inputs: list[Node]
+    result: Any
+
+
+def trace_symbolic(fn: Callable[..., Any], args: Sequence[Any], dynamic: Mapping[int, Sequence[int]]) -> SymbolicTrace:
+    """Run `fn` on tracers of `args` (arrays; other values are passed as they are) with the dims
+    `dynamic[k]` of argument k symbolic, named `<parameter>_<dim>` (`x_0`); sizes 0 and 1 stay constants.
+
+    >>> import numpy as np
+    >>> tr = trace_symbolic(lambda x: (x.shape[0] * 2, x.shape[1], x.size), [np.zeros((5, 3))], {0: (0,)})
+    >>> tr.result, tr.inputs[0].shape
+    ((x_0 * 2, 3, x_0 * 3), (x_0, 3))
+    """
+    env = ShapeEnv(user_files={fn.__code__.co_filename})
+    names = list(inspect.signature(fn).parameters)
+    inputs: list[Node] = []
+    values: list[Any] = []
+    for k, v in enumerate(args):
+        if not isinstance(v, np.ndarray):
+            values.append(v)
+            continue
+        name = names[k] if k < len(names) else f"arg{k}"
+        dims = [env.symbol(f"{name}_{d}", n) if d in dynamic.get(k, ()) else n for d, n in enumerate(v.shape)]
+        inputs.append(node("arg", dims, dtypes.as_dtype(v.dtype), index=k))
+        values.append(Tracer(inputs[-1], array0d=True))
+    with env.active():
+        result = fn(*values)
+    return SymbolicTrace(env, inputs, result)
 
 # numpy's functions and the array methods (x.sum(), x.reshape(), ...) are defined there, on Tracer
 from jitop.graph import numpy_api as _numpy_api  # noqa: E402,F401

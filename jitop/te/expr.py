@@ -55,6 +55,11 @@ UNARY = frozenset({Op.NEG, Op.NOT, Op.INVERT, Op.CAST})
 _uids = itertools.count()
 
 
+class SymbolicTruthError(TypeError):
+    """The truth value of a symbolic expression is asked for (a Python `if` on it): unknown until the kernel
+    runs. A TypeError, as before it had a class of its own; a failed symbolic trace can be told by it."""
+
+
 def _arg_key(arg: Any) -> Any:
     # 0.0 == -0.0 and 1 == 1.0 == True: key floats by their bits so distinct constants never merge
     if isinstance(arg, float):
@@ -135,8 +140,9 @@ class Expr:
         if self.op in (Op.EQ, Op.NE) and (self.src[0] is self.src[1] or hash(self.src[0]) == hash(self.src[1])):
             same = self.src[0] is self.src[1]
             return same if self.op is Op.EQ else not same
-        raise TypeError(f"the truth value of the symbolic expression {self!r} is unknown until the kernel runs; "
-                        "use te.if_then_else(cond, a, b) or te.select instead of Python `if`/`and`/`or`")
+        raise SymbolicTruthError(
+            f"the truth value of the symbolic expression {self!r} is unknown until the kernel runs; "
+            "use te.if_then_else(cond, a, b) or te.select instead of Python `if`/`and`/`or`")
 
     # ** arithmetic operators build nodes **
     def __add__(self, o): return binary(Op.ADD, self, o)
