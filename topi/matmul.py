@@ -4,9 +4,15 @@ C[..., i, j] = sum_k A[..., i, k] * B[..., k, j]. B is repacked as packedB[.., j
 micro-kernel streams one contiguous panel; the C tile (mr rows x bn columns) lives in vector registers
 (cache_write + unroll + vectorize), as in OpenBLAS/BLIS kernels. Panels beyond N are zero, so any M, N,
 K is correct; tails are guarded.
+
+M, N and K may be symbolic (issue 23): a workload field is then a string "name~rep" (a symbol and the
+representative size that heuristics decide at, e.g. "s0~256"; equal strings are one symbol), and `compute`
+takes a binding of the names to te symbols. Every config of a symbolic space is valid at every size: the
+tiles are fixed and the tails are split off by the schedule. With a symbolic K there are no K chunks.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -17,20 +23,63 @@ from jitop import te
 from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule, create_schedule
 from jitop.target import Target
-from jitop.te.expr import Expr
+from jitop.te.expr import Expr, const, free_vars, substitute
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
 Reader = Callable[[tuple[Expr, ...], Expr, Expr], Expr]  # (batch index, row, col) -> value
+Size = int | str | Expr  # a dimension: a constant, a symbol "name~rep" (a workload field) or a te expression
+
+REP = 256  # the representative size of a symbol that names none (issue 23's DEFAULT_REP)
+
+
+def is_sym(v: Size) -> bool:
+    """True for a symbolic size (a "name~rep" string or a te expression)."""
+    return not isinstance(v, int)
+
+
+def rep(v: Size) -> int:
+    """The size a heuristic decides at: an int itself, the number after '~' of a "name~rep" string (REP without
+    one), an expression with every symbol at REP.
+
+    >>> rep(7), rep("s0~64"), rep("s1"), rep(te.var("n") + 1)
+    (7, 64, 256, 257)
+    """
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        return int(v.partition("~")[2] or REP)
+    value = substitute(v, {s: const(REP) for s in free_vars(v)})
+    return int(value.value)
+
+
+def symbols(wl: "MatmulWorkload") -> tuple[str, ...]:
+    """The names of the workload's symbols, in field order (m, n, k), each once."""
+    names = [str(d).partition("~")[0] for d in (wl.m, wl.n, wl.k) if isinstance(d, str)]
+    return tuple(dict.fromkeys(names))
+
+
+def bound(wl: "MatmulWorkload", binding: dict[str, Expr] | None) -> "MatmulWorkload":
+    """The workload with its symbolic ("name~rep") fields replaced by `binding[name]`."""
+    names = symbols(wl)
+    missing = [n for n in names if binding is None or n not in binding]
+    if missing:
+        raise ValueError(f"matmul workload {wl} is symbolic: give a binding of {missing} to te symbols "
+                         "(compute(..., binding={name: te.size_var(name)}))")
+    if not names:
+        return wl
+    dim = {f: getattr(wl, f) for f in ("m", "n", "k")}
+    dim = {f: binding[d.partition("~")[0]] if isinstance(d, str) else d for f, d in dim.items()}
+    return dataclasses.replace(wl, **dim)
 
 
 @dataclass(frozen=True)
 class MatmulWorkload:
     """C[batch..., m, n] = A[a_batch..., m, k] @ B[b_batch..., k, n]; the batch dims broadcast as in numpy."""
 
-    m: int
-    n: int
-    k: int
+    m: Size
+    n: Size
+    k: Size
     dtype: str = "float32"
     a_batch: tuple[int, ...] = ()
     b_batch: tuple[int, ...] = ()
@@ -45,7 +94,7 @@ class MatmulWorkload:
 
     @property
     def flops(self) -> int:
-        return 2 * math.prod(self.batch) * self.m * self.n * self.k
+        return 2 * math.prod(self.batch) * rep(self.m) * rep(self.n) * rep(self.k)
 
 
 @dataclass(frozen=True)
@@ -69,37 +118,51 @@ class MatmulConfig:
                             panel_outer=cfg["order"] == "panel_outer", k_chunk=cfg["k_chunk"],
                             pack_b=cfg["pack_b"] != "none", pack_per_panel=cfg["pack_b"] == "panel")
 
-    def to_config(self, m: int, n: int, k: int) -> Config:
-        return Config.of(tile_m=(math.ceil(m / self.mr), self.mr), tile_n=(math.ceil(n / self.bn), self.bn),
-                         tile_k=(math.ceil(k / self.k_unroll), self.k_unroll),
+    def to_config(self, m: Size, n: Size, k: Size) -> Config:
+        return Config.of(tile_m=_split(m, self.mr), tile_n=_split(n, self.bn), tile_k=_split(k, self.k_unroll),
                          order="panel_outer" if self.panel_outer else "row_outer", k_chunk=self.k_chunk,
                          pack_b="none" if not self.pack_b else "panel" if self.pack_per_panel else "root")
 
 
+def _split(extent: Size, inner: int) -> tuple[int, int]:
+    """A split's (outer, inner) factors; the outer of a symbolic extent is -1 ("ceil at run time", as TVM)."""
+    return (-1 if is_sym(extent) else math.ceil(extent / inner), inner)
+
+
+def _fits(extent: Size, size: int) -> bool:
+    """`size <= extent` for a constant extent; every size fits a symbolic one (its tail is split off)."""
+    return is_sym(extent) or size <= extent
+
+
 def config_space(wl: MatmulWorkload, target: Target) -> ConfigSpace:
-    """Every schedule the template can build for the workload (all are correct)."""
+    """Every schedule the template can build for the workload (all are correct; with symbolic sizes, at
+    every size)."""
     m, n, k, lanes = wl.m, wl.n, wl.k, target.lanes(wl.itemsize)
     space = ConfigSpace()
     # the register tile: mr rows x bn columns of C, at most 32 vector registers with A and B operands
-    space.define_split("tile_m", m, candidates=[(math.ceil(m / r), r) for r in range(1, min(max(m, 1), 12) + 1)])
-    space.define_split("tile_n", n, candidates=[(math.ceil(n / (v * lanes)), v * lanes) for v in _vector_counts(m)
-                                               if v == 1 or (v - 1) * lanes < n])
-    space.define_split("tile_k", k, candidates=[(math.ceil(k / u), u) for u in (1, 2, 4, 8) if u == 1 or u <= k])
+    space.define_split("tile_m", m, candidates=[_split(m, r) for r in range(1, 13) if r == 1 or _fits(m, r)])
+    space.define_split("tile_n", n, candidates=[_split(n, v * lanes) for v in _vector_counts(m)
+                                               if v == 1 or _fits(n, (v - 1) * lanes + 1)])
+    space.define_split("tile_k", k, candidates=[_split(k, u) for u in (1, 2, 4, 8) if u == 1 or _fits(k, u)])
     space.define_knob("order", ["panel_outer", "row_outer"])
-    # K chunks (0: none): a chunk's B panel (chunk x bn) should stay in L2 while row blocks stream past
-    space.define_knob("k_chunk", [0] + [c for c in (256, 512, 1024, 2048) if c < k])
+    # K chunks (0: none): a chunk's B panel (chunk x bn) should stay in L2 while row blocks stream past;
+    # none for a symbolic K (the chunks are a Python loop over K)
+    space.define_knob("k_chunk", [0] + [c for c in (256, 512, 1024, 2048) if not is_sym(k) and c < k])
     space.define_knob("pack_b", ["root", "panel", "none"])
     return space
 
 
-def _vector_counts(m: int) -> tuple[int, ...]:
-    """Register-tile widths in vectors; a single row (a vector-matrix product) streams B best in wide rows."""
-    return (1, 2, 3, 4, 8, 16) if m == 1 else (1, 2, 3, 4)
+def _vector_counts(m: Size) -> tuple[int, ...]:
+    """Register-tile widths in vectors; a single row (a vector-matrix product) streams B best in wide rows
+    (a symbolic m is never 1: sizes 0 and 1 stay constants)."""
+    return (1, 2, 3, 4, 8, 16) if isinstance(m, int) and m == 1 else (1, 2, 3, 4)
 
 
 def default_config(wl: MatmulWorkload, target: Target) -> Config:
-    """A fast point of the space from the shape and the Target (see `default_tile`)."""
-    return default_tile(wl.m, wl.n, wl.k, wl.itemsize, target).to_config(wl.m, wl.n, wl.k)
+    """A fast point of the space from the shape and the Target (see `default_tile`), decided at the
+    representative size of a symbolic dim (at least 2: a symbol is never 1)."""
+    m, n, k = (max(2, rep(d)) if is_sym(d) else d for d in (wl.m, wl.n, wl.k))
+    return default_tile(m, n, k, wl.itemsize, target).to_config(wl.m, wl.n, wl.k)
 
 
 def default_tile(m: int, n: int, k: int, itemsize: int, target: Target) -> MatmulConfig:
@@ -143,10 +206,12 @@ class MatmulTensors:
 
 
 def compute(wl: MatmulWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
-            name: str = "matmul") -> MatmulTensors:
+            name: str = "matmul", binding: dict[str, Expr] | None = None) -> MatmulTensors:
     """The template's stages. readers = (read_a(a_batch_idx, i, r), read_b(b_batch_idx, r, j)), each given
-    its own operand's batch index."""
+    its own operand's batch index. A symbolic workload needs `binding` ({name: te symbol}); m, n, k may also
+    be te expressions themselves."""
     read_a, read_b = readers
+    wl = bound(wl, binding)
     batch = wl.batch
     return matmul(lambda bi, i, r: read_a(te.broadcast_index(wl.a_batch, batch, bi), i, r), read_b, batch, wl.m, wl.n,
                   wl.k, wl.dtype, MatmulConfig.from_config(config), name=name, b_batch=wl.b_batch,
@@ -169,22 +234,25 @@ def operand_reads(wl: MatmulWorkload, config: Config, target: Target) -> tuple[i
     """
     cfg = MatmulConfig.from_config(config)
     batch = math.prod(wl.batch)
-    a = math.ceil(wl.n / cfg.bn) * batch // max(1, math.prod(wl.a_batch))
-    b = 1 if cfg.pack_b else math.ceil(wl.m / cfg.mr) * batch // max(1, math.prod(wl.b_batch))
+    a = math.ceil(rep(wl.n) / cfg.bn) * batch // max(1, math.prod(wl.a_batch))
+    b = 1 if cfg.pack_b else math.ceil(rep(wl.m) / cfg.mr) * batch // max(1, math.prod(wl.b_batch))
     return max(a, 1), max(b, 1)
 
 
 def build(wl: MatmulWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
-    """Standalone: placeholders A, B and the scheduled product C."""
-    A = te.placeholder(wl.a_batch + (wl.m, wl.k), wl.dtype, name="A")
-    B = te.placeholder(wl.b_batch + (wl.k, wl.n), wl.dtype, name="B")
-    t = compute(wl, config, target, (lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)]))
+    """Standalone: placeholders A, B and the scheduled product C (a symbolic workload gets one te.size_var per
+    symbol, named as in the workload: one kernel for every size)."""
+    binding = {name: te.size_var(name) for name in symbols(wl)}
+    bwl = bound(wl, binding)
+    A = te.placeholder(wl.a_batch + (bwl.m, bwl.k), wl.dtype, name="A")
+    B = te.placeholder(wl.b_batch + (bwl.k, bwl.n), wl.dtype, name="B")
+    t = compute(bwl, config, target, (lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)]))
     s = create_schedule(t.out.op)
     schedule(s, t, wl, config, target)
     return s, [A, B, t.out]
 
 
-def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int, dtype, cfg: MatmulConfig,
+def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: Size, n: Size, k: Size, dtype, cfg: MatmulConfig,
            name: str = "matmul", b_batch: tuple[int, ...] | None = None,
            b_index: Callable[[tuple[Expr, ...]], tuple[Expr, ...]] | None = None) -> MatmulTensors:
     """C = A @ B, reading A and B through `a(batch_idx, i, k)` / `b(batch_idx, k, j)`.
@@ -192,18 +260,20 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int,
     B is packed in zero-padded panels of bn columns. B may have fewer batch dimensions than C (`b_batch`,
     with `b_index` mapping C's batch index to B's): it is packed once per B matrix, not once per C matrix.
     With cfg.k_chunk < k, K is cut into chunks whose B panels fit in L2; each chunk's product is added
-    to the previous ones in its register tile's epilogue.
+    to the previous ones in its register tile's epilogue. m, n and k may be te expressions of symbols; a
+    symbolic k is one chunk.
     """
     b_batch = batch if b_batch is None else b_batch
     b_index = b_index or (lambda bi: bi)
-    chunk = cfg.k_chunk if 0 < cfg.k_chunk < k else max(k, 1)
+    chunks = [(0, k)] if is_sym(k) else [(k0, min(chunk, k - k0)) for chunk in
+                                         [cfg.k_chunk if 0 < cfg.k_chunk < k else max(k, 1)]
+                                         for k0 in range(0, max(k, 1), chunk)]
     parts: list[Part] = []
-    for t, k0 in enumerate(range(0, max(k, 1), chunk)):
-        suffix = f"_k{t}" if chunk < k else ""
-        core, packed = _chunk(a, b, batch, b_batch, b_index, m, n, k0, min(chunk, k - k0), dtype, cfg,
-                              f"{name}{suffix}")
+    for t, (k0, width) in enumerate(chunks):
+        suffix = f"_k{t}" if len(chunks) > 1 else ""
+        core, packed = _chunk(a, b, batch, b_batch, b_index, m, n, k0, width, dtype, cfg, f"{name}{suffix}")
         if not parts:
-            acc = core if core.shape[-1] == n else \
+            acc = core if _same(core.shape[-1], n) else \
                 te.compute(batch + (m, n), lambda *idx, core=core: core[idx], name=f"{name}{suffix}_cols")
         else:
             prev = parts[-1].acc
@@ -213,10 +283,17 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: int, n: int, k: int,
     return MatmulTensors(parts[-1].acc, tuple(parts))
 
 
-def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...], b_index: Callable, m: int, n: int,
-           k0: int, k: int, dtype, cfg: MatmulConfig, name: str) -> tuple[te.Tensor, te.Tensor]:
+def _same(a: Size, b: Size) -> bool:
+    """Two dimensions are equal (interned expressions: the same object)."""
+    return a == b if isinstance(a, int) and isinstance(b, int) else a is b
+
+
+def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...], b_index: Callable, m: Size,
+           n: Size, k0: int, k: Size, dtype, cfg: MatmulConfig, name: str) -> tuple[te.Tensor, te.Tensor]:
     """(product over rows k0 .. k0 + k of B, its packed panels or None)."""
-    bn, panels = cfg.bn, math.ceil(n / cfg.bn)
+    bn = cfg.bn
+    panels = (n + (bn - 1)) // bn if is_sym(n) else math.ceil(n / bn)
+    ragged = is_sym(n) or n % bn  # the last panel may be partly beyond n (always possible for a symbolic n)
     if not cfg.pack_b:  # the register tile reads rows of B in place; the last panel's lanes are masked
         r = te.reduce_axis((0, k), "k")
         return te.compute(batch + (m, n), lambda *idx: te.sum(
@@ -225,7 +302,7 @@ def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...
     def pack(*idx: Expr) -> Expr:
         bi, x, y, z = idx[:-3], idx[-3], idx[-2], idx[-1]
         col = x * bn + z
-        return te.if_then_else(col < n, b(bi, y + k0, col), te.const(0, dtype)) if n % bn else b(bi, y + k0, col)
+        return te.if_then_else(col < n, b(bi, y + k0, col), te.const(0, dtype)) if ragged else b(bi, y + k0, col)
     packed = te.compute(b_batch + (panels, k, bn), pack, name=f"{name}_packedB")
     r = te.reduce_axis((0, k), "k")
 
@@ -234,7 +311,7 @@ def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...
         return te.sum(a(bi, i, r.var + k0) * packed[b_index(bi) + (j // bn, r.var, j % bn)], axis=r)
     # as wide as the panels, so the last panel's register tile is whole too (no masked lanes, no odd-width
     # vectors); the first n columns are used
-    return te.compute(batch + (m, panels * bn), body, name=name if n % bn == 0 else f"{name}_full"), packed
+    return te.compute(batch + (m, panels * bn), body, name=f"{name}_full" if ragged else name), packed
 
 
 def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Target,
@@ -245,7 +322,8 @@ def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Targ
     epilogue is computed straight from the register tile: C never goes to memory. The epilogue may view
     C's last axis as several (a convolution's output rows x columns): they are fused back into one.
     """
-    serial = _flops(t) < SERIAL_FLOPS
+    flops = _flops(t)
+    serial = flops is not None and flops < SERIAL_FLOPS  # a symbolic product: the kernel decides at run time
     for k, part in enumerate(t.parts):
         last = k == len(t.parts) - 1
         cache = s.cache_write(part.core, "local")
@@ -270,7 +348,11 @@ def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Targ
 SERIAL_FLOPS = 1 << 20  # below this a product runs on one thread: waking another costs more than it saves
 
 
-def _flops(t: MatmulTensors) -> int:
+def _flops(t: MatmulTensors) -> int | None:
+    """The product's flops; None when they depend on a symbol."""
+    dims = (*t.out.shape, *(p.core.op.reduce_axis[0].extent for p in t.parts))
+    if any(is_sym(d) for d in dims):
+        return None
     k = sum(p.core.op.reduce_axis[0].extent for p in t.parts)
     return 2 * math.prod(t.out.shape) * k
 
@@ -298,11 +380,16 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, threads: int, se
     if serial:
         return None
     extent, tile = (j.extent, cfg.bn) if cfg.panel_outer else (i.extent, cfg.mr)
-    if batch and extent % tile and math.prod(b.extent for b in batch) >= 2 * threads:
+    if batch and (is_sym(extent) or extent % tile) and math.prod(b.extent for b in batch) >= 2 * threads:
         # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
         # kept apart, its tail is split off (loop partitioning) and the batch alone is parallel
         stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
         return None
+    if batch and is_sym(outer.extent):
+        # fused with the batch, a symbolic extent would be divided by to index (checked at run time): the
+        # outer loop alone is parallel, inside the batch
+        stage.parallel(outer)
+        return outer
     outer = stage.fuse(*batch, outer) if batch else outer
     stage.parallel(outer)
     return outer
@@ -312,8 +399,20 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, threads: int) -> None:
     ps = s[packed]
     *pb, px, pk, pz = ps.op.axis
     ps.vectorize(pz)
+    if pb and is_sym(px.extent):
+        # fused with the batch, a symbolic panel count would be divided by to index (checked at run time):
+        # the panels alone are parallel, outermost
+        ps.reorder(px, *pb, pk, pz)
+        ps.parallel(px)
+        return
     outer = ps.fuse(*pb, px) if pb else px
-    if outer.extent < 2 * threads:  # few panels: parallel over k as well
+    if rep(outer.extent) < 2 * threads:  # few panels: parallel over k as well (decided at rep if symbolic)
+        if is_sym(pk.extent):
+            # a loop fused with a symbolic k would divide by k to index (checked at run time): k alone is
+            # parallel then, outside the panels, with the batch (if any) inside
+            ps.reorder(pk, *pb, px, pz)
+            ps.parallel(pk)
+            return
         outer = ps.fuse(outer, pk)
     ps.parallel(outer)
 
