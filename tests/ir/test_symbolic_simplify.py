@@ -166,3 +166,43 @@ def test_simplify_keeps_symbols_readable():
     assert repr(simplify((N - 8) // 8 + 1, ranges)) == "n // 8"
     assert repr(simplify((IO * 8 + II) // 8, ranges)) == "io"
     assert repr(simplify((N + 7) // 8, ranges)) == "(n + 7) // 8"
+
+
+class _Z(int):
+    """An int whose // and % by zero give 0, as numpy and the generated code do."""
+
+    def __floordiv__(self, o): return _Z(0 if o == 0 else int(self) // int(o))
+    def __rfloordiv__(self, o): return _Z(0 if self == 0 else int(o) // int(self))
+    def __mod__(self, o): return _Z(0 if o == 0 else int(self) % int(o))
+    def __rmod__(self, o): return _Z(0 if self == 0 else int(o) % int(self))
+    def __add__(self, o): return _Z(int(self) + int(o))
+    __radd__ = __add__
+    def __sub__(self, o): return _Z(int(self) - int(o))
+    def __rsub__(self, o): return _Z(int(o) - int(self))
+    def __mul__(self, o): return _Z(int(self) * int(o))
+    __rmul__ = __mul__
+    def __neg__(self): return _Z(-int(self))
+
+
+@pytest.mark.parametrize("name", ["split", "two_symbols"])
+@SETTINGS
+@given(data=st.data())
+def test_bounds_with_a_divisor_that_may_be_zero(name, data):
+    """x // n and x % n with n in 0..: the bounds include the 0 a division by zero gives."""
+    ranges = _scenarios(8)[name][0]
+    x = data.draw(exprs(_names(name, 8)))
+    d = data.draw(st.sampled_from([v for v in (N, M, IO) if v in ranges]))
+    e = data.draw(st.sampled_from([x // d, x % d, d // (x * x + 1)]))
+    points = [{k: _Z(v) for k, v in p.items()} for p in _points(name, 8)]
+    truth = _values(e, points)
+    for how in (bounds, symbolic_bounds):
+        b = how(e, dict(ranges))
+        if b is not None and truth:
+            assert b[0] <= min(truth) and max(truth) <= b[1], f"{how.__name__}({e}) = {b}, values {min(truth)}..{max(truth)}"
+
+
+def test_a_negative_dividend_over_a_zero_divisor_gives_zero():
+    ranges = _scenarios(8)["split"][0]
+    for how in (bounds, symbolic_bounds):
+        lo, hi = how((-1 - N) // IO, dict(ranges))
+        assert lo < 0 <= hi  # io may be 0: (-1 - n) // 0 is 0
