@@ -34,7 +34,7 @@ from jitop.runtime import fastcall
 __all__ = ["FALLBACK", "MAX_FAST_SIGNATURES", "PROMOTE_AFTER", "CallCount", "Dispatcher", "Overload",
            "clear_all", "dispatchers", "drain_all", "on_first_call"]
 
-MAX_FAST_SIGNATURES = 8  # overloads the native entry tries, newest first (each costs a few ns to rule out)
+MAX_FAST_SIGNATURES = 16  # overloads the native entry tries, newest first (each costs a few ns to rule out)
 PROMOTE_AFTER = 16       # slow calls before an overload displaces one from a full native entry (see promote)
 
 
