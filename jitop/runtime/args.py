@@ -14,6 +14,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jitop.tir.simplify import SYMBOL_MAX
+
 Dim = int | str
 MAX_DIM_TEXT = 4096  # a dimension's printed expression; longer text in metadata is refused, not parsed
 
@@ -155,7 +157,10 @@ class SymbolSpec:
         return SymbolSpec(d["name"], d["param"], d["dim"], d.get("dtype", "int64"))
 
 
-_SYMBOL_MAX = {"int64": 2 ** 63 - 1, "int32": 2 ** 31 - 1}
+# the largest value a symbol may take: the compiler proved the kernel's accesses in bounds (and its index
+# arithmetic free of overflow) for symbols up to tir.simplify.SYMBOL_MAX only; numpy allows larger dims (a
+# zero-size array of shape (2**50, 0)), which must never reach the kernel
+SYMBOL_LIMITS = {"int64": SYMBOL_MAX, "int32": min(SYMBOL_MAX, 2 ** 31 - 1)}
 
 
 class ShapeBinder:
@@ -188,7 +193,7 @@ class ShapeBinder:
     def values(self, arrays: Sequence[np.ndarray]) -> list[int]:
         values = [arrays[s.param].shape[s.dim] for s in self.symbols]
         for s, v in zip(self.symbols, values):
-            if v > _SYMBOL_MAX.get(s.dtype, 2 ** 63 - 1):
+            if v > SYMBOL_LIMITS.get(s.dtype, SYMBOL_MAX):
                 raise ValueError(f"{self._where(s.param)} dimension {s.dim} is {v}, too large for symbol "
                                  f"{s.name} ({s.dtype})")
         return values
@@ -239,7 +244,7 @@ def check_symbols(specs: Sequence[ParamSpec], symbols: Sequence[SymbolSpec]) -> 
                 and 0 <= s.dim < len(specs[s.param].shape)):
             raise ValueError(f"symbol {s.name!r} is read from parameter {s.param!r} dimension {s.dim!r}, "
                              "which does not exist")
-        if specs[s.param].is_output or specs[s.param].shape[s.dim] != s.name or s.dtype not in _SYMBOL_MAX:
+        if specs[s.param].is_output or specs[s.param].shape[s.dim] != s.name or s.dtype not in SYMBOL_LIMITS:
             raise ValueError(f"symbol {s.name!r} must be read from an input dimension that is exactly {s.name!r}"
                              f" and be int64 or int32 (it is {specs[s.param].name!r} dimension {s.dim}, "
                              f"{s.dtype})")

@@ -34,7 +34,7 @@ import numpy as np
 
 from jitop.errors import TargetMismatchError
 from jitop.runtime import fastcall
-from jitop.runtime.args import Dim, DimFn, ParamSpec, compile_dim, dim_names, shape_str
+from jitop.runtime.args import SYMBOL_LIMITS, Dim, DimFn, ParamSpec, compile_dim, dim_names, shape_str
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
 from jitop.runtime.module import Module, check_meta
 from jitop.target import Target
@@ -318,9 +318,10 @@ def _big(shape: tuple[Dim, ...], dt: np.dtype) -> bool:
 
 
 def _entry_guards(plan: Plan, module: Module) -> list[str]:
-    """The plan's guards, plus the range of each int32 symbol (the entry binds every symbol as an int64;
-    `ShapeBinder.values` checks the range on the slow path)."""
-    limits = [f"{sym.name} <= {np.iinfo(sym.dtype).max}" for sym in module.symbols if sym.dtype != "int64"]
+    """The plan's guards, plus the range of each symbol (args.SYMBOL_LIMITS: what the compiler proved the
+    kernel for; the entry binds every symbol as an int64, `ShapeBinder.values` checks the same on the slow
+    path)."""
+    limits = [f"{sym.name} <= {SYMBOL_LIMITS[sym.dtype]}" for sym in module.symbols]
     return [*plan.guards, *limits]
 
 

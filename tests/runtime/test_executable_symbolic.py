@@ -210,6 +210,14 @@ def test_an_int32_symbol_gets_a_range_guard_on_the_native_entry():
         exe(huge)
 
 
+def test_an_int64_symbol_beyond_what_the_kernel_was_proved_for_misses_natively():
+    """The compiler proves accesses for symbols up to SYMBOL_MAX (numpy allows a zero-size array of shape
+    (2**50, 0)): the entry's spec carries that bound as a guard, which the entry checks (test_fastcall_symbolic)."""
+    from jitop.tir.simplify import SYMBOL_MAX
+    exe = add_exe()
+    assert f"n <= {SYMBOL_MAX}" in _entry_guards(exe.plan, exe.module)
+
+
 # ** table order: exact static specs first **
 @native
 def test_a_static_spec_before_the_symbolic_one_serves_its_own_size():

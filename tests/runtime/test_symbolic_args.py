@@ -97,3 +97,20 @@ def test_signature_covers_symbols_only_when_there_are_some():
     sym = [SymbolSpec("n", 0, 0).to_json()]
     assert signature_json(params, sym) != signature_json(params)
     assert '"symbols"' in signature_json(params, sym)
+
+
+def test_a_symbol_beyond_what_the_kernel_was_proved_for_is_refused():
+    """numpy allows a zero-size array of shape (2**50, 0); the compiler proved the kernel's accesses for symbols
+    up to SYMBOL_MAX only: such a call is a ValueError on the Python path, a miss of the native entry."""
+    import jitop
+    from jitop import te
+    from jitop.tir.simplify import SYMBOL_MAX
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((n, m), name="A")
+    B = te.compute((n, m), lambda i, j: A[i, j] * 2, name="B")
+    f = jitop.build(jitop.create_schedule(B.op), [A, B])
+    assert f(np.ones((3, 2), np.float32)).shape == (3, 2)
+    huge = np.empty((SYMBOL_MAX + 1, 0), np.float32)
+    with pytest.raises(ValueError, match="too large for symbol n"):
+        f(huge)
+    np.testing.assert_array_equal(f(np.empty((SYMBOL_MAX, 0), np.float32)), np.empty((SYMBOL_MAX, 0)))
