@@ -377,11 +377,18 @@ def best_us(call, n=20000, repeat=7):
 
 a = np.ones(10, np.float32)
 m = np.ones((8, 8), np.float32)
+shapes = [(np.ones((8 + i, 8), np.float32), m) for i in range(12)]  # 12 signatures taking turns
+
+def twelve():
+    for x, y in shapes:
+        jitop.matmul(x, y)
+
 f = jitop.kernel(add)
 f(a, a)
 print(json.dumps({"kernel a + b, 10 f32 (native entry)": best_us(lambda: f(a, a)),
                   "kernel a + b, keyword call (slow path)": best_us(lambda: f(a, b=a)),
-                  "jitop.matmul 8x8 f32": best_us(lambda: jitop.matmul(m, m))}))
+                  "jitop.matmul 8x8 f32": best_us(lambda: jitop.matmul(m, m)),
+                  "jitop.matmul, 12 shapes in turn (per call)": best_us(twelve, n=2000) / 12}))
 """
 
 
