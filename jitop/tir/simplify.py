@@ -118,6 +118,11 @@ def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
     while changed:
         changed = False
         for atom, coef in list(lin.terms.items()):
+            if atom.op is Op.FLOORMOD and atom.src[1].op is not Op.CONST and atom in lin.terms:
+                lin, changed = _merge_symbolic_divmod(lin, atom, coef, ranges, memo)
+                if changed:
+                    break
+                continue
             if atom.op is not Op.FLOORMOD or atom.src[1].op is not Op.CONST or atom.src[1].value <= 0 \
                     or atom not in lin.terms:
                 continue
@@ -132,6 +137,20 @@ def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
             lin = Lin(terms, lin.const) + to_lin(x, ranges, memo).scale(coef)
             changed = True
     return lin
+
+
+def _merge_symbolic_divmod(lin: Lin, atom: Expr, coef: int, ranges: Ranges, memo: Memo) -> tuple[Lin, bool]:
+    """c*(x % m) + c*((x // m) * m) == c*x for a symbolic divisor m (a flat index split by a symbolic width and
+    flattened again: a convolution's output rows x columns). Exact for m >= 1; for m == 0 (x // 0 and x % 0
+    are 0) it is x where the split gave 0, which only index math over a loop of extent (...)*m meets, and
+    that loop runs no iteration then."""
+    x, m = atom.src
+    q = Expr(Op.FLOORDIV, atom.dtype, (x, m))
+    for prod in (Expr(Op.MUL, atom.dtype, (q, m)), Expr(Op.MUL, atom.dtype, (m, q))):
+        if lin.terms.get(prod) == coef:
+            terms = {a: v for a, v in lin.terms.items() if a is not atom and a is not prod}
+            return Lin(terms, lin.const) + to_lin(x, ranges, memo).scale(coef), True
+    return lin, False
 
 
 def _simplify_atom(e: Expr, ranges: Ranges, memo: Memo) -> Expr:
