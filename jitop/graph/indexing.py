@@ -1,10 +1,16 @@
-"""Basic indexing of traced arrays: integers, slices (with steps), None and Ellipsis."""
+"""Basic indexing of traced arrays: integers, slices (with steps), None and Ellipsis.
+
+On a symbolic axis (jitop.graph.shapes) the start and length of a slice are expressions: a negative constant
+bound is `size + k`; a bound that may lie beyond the axis is clamped as the hints decide (recorded: `x[:5]`
+of a symbolic axis holds where `size >= 5`); an integer index is checked in range the same way. The spec
+tuples then hold Exprs."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
+from jitop.graph import shapes as sh
 from jitop.graph.ir import node
 from jitop.graph.tracer import Tracer, Unsupported
 
@@ -16,7 +22,7 @@ def _normalise(key: Any, ndim: int) -> list[Any]:
                 or isinstance(it, bool):
             raise Unsupported("advanced or boolean-mask indexing (data-dependent output)",
                               "use np.where(mask, a, 0) to keep the shape")
-        if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, slice))):
+        if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, slice, sh.SymInt))):
             raise IndexError(f"only integers, slices (`:`), ellipsis (`...`) and numpy.newaxis (`None`) are valid "
                              f"indices, got {type(it).__name__}")
     if sum(it is Ellipsis for it in items) > 1:
@@ -43,17 +49,65 @@ def getitem(t: Tracer, key: Any) -> Tracer:
             shape.append(1)
             continue
         size = n.shape[dim]
-        if isinstance(it, slice):
+        if isinstance(it, slice) and _constant(it, size):
             start, stop, step = it.indices(size)
             length = len(range(start, stop, step))
             spec.append(("slice", start, step, len(shape)))
             shape.append(length)
-        else:
+        elif isinstance(it, slice):
+            start, step, length = _symbolic_slice(it, sh.sym(size))
+            spec.append(("slice", sh.as_dim(start), step, len(shape)))
+            shape.append(sh.as_dim(length))
+        elif type(size) is int and not isinstance(it, sh.SymInt):
             k = int(it)
             if not -size <= k < size:
                 raise IndexError(f"index {k} is out of bounds for axis {dim} with size {size}")
             spec.append(("int", k % size))
+        else:
+            spec.append(("int", sh.as_dim(_symbolic_index(it, sh.sym(size), dim))))
         dim += 1
-    if all(s[0] == "slice" and s[1] == 0 and s[2] == 1 for s in spec) and tuple(shape) == n.shape:
+    if all(s[0] == "slice" and type(s[1]) is int and s[1] == 0 and s[2] == 1 for s in spec) \
+            and all(sh.provably_same(a, b) for a, b in zip(shape, n.shape)) and len(shape) == n.ndim:
         return t if t.array0d == array0d or n.ndim else Tracer(n, array0d=array0d, order=t.order)
     return Tracer(node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec)), array0d=array0d, order=t.order)
+
+
+def _constant(it: slice, size: Any) -> bool:
+    return type(size) is int and not any(isinstance(v, sh.SymInt) for v in (it.start, it.stop, it.step))
+
+
+def _step(it: slice) -> int:
+    step = 1 if it.step is None else int(it.step)  # a symbolic step is specialised
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    return step
+
+
+def _symbolic_slice(it: slice, size: Any) -> tuple[Any, int, Any]:
+    """slice.indices on a symbolic axis (or with symbolic bounds): (start, step, length), ints or SymInts; the
+    clamps the hints decide are recorded."""
+    step = _step(it)
+
+    def bound(b: Any, default: Any, lo: Any, hi: Any) -> Any:
+        if b is None:
+            return default
+        b = b if isinstance(b, sh.SymInt) else int(b)
+        if b < 0:
+            b = b + size
+            return lo if b < lo else b
+        return hi if b > hi else b
+    if step > 0:
+        start, stop = bound(it.start, 0, 0, size), bound(it.stop, size, 0, size)
+        length = sh.sym_max(0, (stop - start + step - 1) // step)
+    else:
+        start, stop = bound(it.start, size - 1, -1, size - 1), bound(it.stop, -1, -1, size - 1)
+        length = sh.sym_max(0, (start - stop - step - 1) // -step)
+    return start, step, length
+
+
+def _symbolic_index(it: Any, size: Any, dim: int) -> Any:
+    """An integer index on a symbolic axis (or a symbolic index): in range as the hints decide (recorded)."""
+    k = it if isinstance(it, sh.SymInt) else int(it)
+    if not (-size <= k and k < size):
+        raise IndexError(f"index {k!r} is out of bounds for axis {dim} with size {size!r}")
+    return k + size if k < 0 else k

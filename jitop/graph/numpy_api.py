@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop import dtypes
+from jitop.graph import shapes as sh
 from jitop.graph.ir import Node, node
 from jitop.graph.tracer import Tracer, Unsupported, as_node, scalar_const, weak_proxy
 
@@ -73,11 +74,34 @@ def _dtype(np_dtype: np.dtype) -> dtypes.DType:
     return dtypes.as_dtype(np_dtype)
 
 
-def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ValueError(f"operands could not be broadcast together with shapes {' '.join(map(str, shapes))}") from None
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    """numpy's broadcasting of shapes; a symbolic dim per dim: an int 1 takes the other, equal dims pass, two
+    other dims are made equal (`require_eq`: a tie, or a constant pins the symbol) or numpy's error."""
+    if all(type(d) is int for s in shapes for d in s):
+        try:
+            return tuple(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise _broadcast_error(shapes) from None
+    ndim = builtins.max(len(s) for s in shapes)
+    out = []
+    for i in range(-ndim, 0):
+        acc: Any = 1
+        for s in shapes:
+            if len(s) < -i:
+                continue
+            d = s[i]
+            if sh.provably_same(d, acc) or sh.is_one(d):
+                continue
+            if sh.is_one(acc):
+                acc = d
+            elif not sh.require_eq(acc, d, "broadcasting"):
+                raise _broadcast_error(shapes)
+        out.append(sh.resolved(acc))
+    return tuple(out)
+
+
+def _broadcast_error(shapes: tuple) -> ValueError:
+    return ValueError(f"operands could not be broadcast together with shapes {' '.join(map(sh.show, shapes))}")
 
 
 # ** ufuncs **
@@ -204,7 +228,7 @@ def ufunc_call(ufunc: np.ufunc, srcs: list[Node], dtype: Any = None, shortcuts: 
             return exact
     ins, outs, srcs = _resolve(ufunc, srcs, dtype)
     if ufunc is np.power and srcs[1].prim == "const" and outs[0].kind in "iu" and srcs[1].param("value") < 0 \
-            and math.prod(broadcast_shapes(*(s.shape for s in srcs))):  # numpy's loop never runs on no elements
+            and sh.known_nonzero(sh.prod(broadcast_shapes(*(s.shape for s in srcs)))):  # numpy's loop never runs on no elements
         raise ValueError("Integers to negative integer powers are not allowed.")
     if ufunc is np.power and srcs[1].prim == "const" and srcs[1].param("value") in _POWER_SHORTCUTS \
             and (outs[0].kind == "f" or srcs[1].param("value") > 0) \
@@ -258,7 +282,7 @@ def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool 
         out_dt = dtypes.bool_
     else:
         out_dt = n.dtype
-        if any(n.shape[a] == 0 for a in axes):
+        if any(sh.known_zero(n.shape[a]) for a in axes):
             raise ValueError(f"zero-size array to reduction operation {op} which has no identity")
     src = cast_node(n, out_dt) if op not in ("all", "any") else cast_node(n, dtypes.bool_)
     if not axes:  # nothing to reduce (a 0-d array, or axis=()): the value itself
@@ -323,11 +347,18 @@ def any_(a, axis=None, out=None, keepdims=False, where=True):
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     n = as_node(a)
     axes = _axes(axis, n.ndim)
-    count = math.prod(n.shape[i] for i in axes)
+    count = _count(n, axes)
     acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
     total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
     quotient = np.true_divide(total, count)
     return quotient if dtype is None else _cast(quotient, dtype)
+
+
+def _count(n: Node, axes: tuple[int, ...]) -> int:
+    """The number of elements reduced, as a Python int (a symbolic count is specialised: the divisor of a
+    mean is a value, and the graph has no node for a dim's value yet)."""
+    count = sh.sym(sh.prod(n.shape[i] for i in axes))
+    return count if type(count) is int else count.specialise("the element count of np.mean/np.var")
 
 
 mean_ = mean  # var's `mean` parameter hides the function
@@ -344,7 +375,7 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
     m = mean_(a, axis, dtype, keepdims=True)
     centered = np.subtract(a, m)
     n = as_node(a)
-    count = math.prod(n.shape[i] for i in _axes(axis, n.ndim))
+    count = _count(n, _axes(axis, n.ndim))
     sq = np.multiply(centered, centered)
     return np.true_divide(sum_(sq, axis, dtype, keepdims=keepdims), builtins.max(count - ddof, 0))
 
@@ -365,7 +396,7 @@ def _argreduce(a: Any, op: str, axis: Any, keepdims: bool) -> Tracer:
         n = reshape(wrap(n), (-1,)).node
         axis = 0
     ax = _axes(axis, n.ndim)[0]
-    if n.shape[ax] == 0:
+    if sh.known_zero(n.shape[ax]):
         raise ValueError(f"attempt to get {op} of an empty sequence")
     shape = tuple(d for i, d in enumerate(n.shape) if i != ax)
     r = wrap(node("argreduce", shape, dtypes.int64, (n,), op=op, axis=ax))
@@ -392,19 +423,59 @@ def reshape(a, *shape, order="C", newshape=None, copy=None):
     if newshape is not None:
         shape = (newshape,)
     target = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    target = (target,) if isinstance(target, int) else tuple(int(d) for d in target)
+    target = (sh.as_dim(target),) if isinstance(target, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in target)
+    if all(type(d) is int for d in target + n.shape):
+        target = _reshape_target(target, n.size)
+    else:
+        target = _reshape_target_symbolic(target, n.shape)
+    if sh.same_shape(target, n.shape):
+        return Tracer(n, array0d=array_kind(a), order=order_of(a))
+    return Tracer(node("reshape", target, n.dtype, (n,)), array0d=array_kind(a), order=order_of(a))
+
+
+def _reshape_target(target: tuple[int, ...], size: int) -> tuple[int, ...]:
     if target.count(-1) > 1:
         raise ValueError("can only specify one unknown dimension")
     if -1 in target:
         known = math.prod(d for d in target if d != -1)
-        if known == 0 or n.size % known:
-            raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
-        target = tuple(n.size // known if d == -1 else d for d in target)
-    if math.prod(target) != n.size:
-        raise ValueError(f"cannot reshape array of size {n.size} into shape {target}")
-    if target == n.shape:
-        return Tracer(n, array0d=array_kind(a), order=order_of(a))
-    return Tracer(node("reshape", target, n.dtype, (n,)), array0d=array_kind(a), order=order_of(a))
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape array of size {size} into shape {target}")
+        target = tuple(size // known if d == -1 else d for d in target)
+    if math.prod(target) != size:
+        raise ValueError(f"cannot reshape array of size {size} into shape {target}")
+    return target
+
+
+def _reshape_target_symbolic(target: tuple, source: tuple) -> tuple:
+    """The target shape of a reshape with symbolic dims: -1 is `size // known`, with `size % known == 0`
+    required; the element counts are made equal (a tie or a guard) or numpy's error."""
+    size = sh.prod(source)
+    def error() -> ValueError:
+        return ValueError(f"cannot reshape array of size {size!r} into shape {sh.show(target)}")
+    unknown = [k for k, d in enumerate(target) if type(d) is int and d == -1]
+    if len(unknown) > 1:
+        raise ValueError("can only specify one unknown dimension")
+    if unknown:
+        known = sh.prod(d for k, d in enumerate(target) if k != unknown[0])
+        if sh.known_zero(known):
+            raise error()
+        num_f, den_f = list(source), []  # dims on both sides cancel: (B, T, C) -> (B, -1) is T * C
+        for d in (d for k, d in enumerate(target) if k != unknown[0]):
+            same = next((i for i, f in enumerate(num_f) if type(d) is not int and sh.provably_same(f, d)), None)
+            if same is None:
+                den_f.append(d)
+            else:
+                del num_f[same]
+        num, den = sh.prod(num_f), sh.prod(den_f)
+        num, den = sh.reduce_fraction(num, den)
+        if not sh.same(sh.sym(num) % sh.sym(den), 0):
+            raise error()
+        # the product equals the size where the division is exact: no other record
+        return tuple(sh.resolved(sh.as_dim(sh.sym(num) // sh.sym(den)) if k == unknown[0] else d)
+                     for k, d in enumerate(target))
+    if not sh.require_eq(sh.prod(target), size, "reshape"):
+        raise error()
+    return tuple(sh.resolved(d) for d in target)
 
 
 @implements(np.ravel)
@@ -471,9 +542,9 @@ def squeeze(a, axis=None):
     n = as_node(a)
     if n.ndim == 0 and type(axis) is int and axis in (0, -1):
         return Tracer(n, array0d=array_kind(a), order=order_of(a))
-    axes = [i for i, d in enumerate(n.shape) if d == 1] if axis is None else list(_axes(axis, n.ndim))
+    axes = [i for i, d in enumerate(n.shape) if sh.is_one(d)] if axis is None else list(_axes(axis, n.ndim))
     for i in axes:
-        if n.shape[i] != 1:
+        if not sh.is_one(n.shape[i]):
             raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
     return reshape(a, tuple(d for i, d in enumerate(n.shape) if i not in axes))
 
@@ -481,10 +552,11 @@ def squeeze(a, axis=None):
 @implements(np.broadcast_to)
 def broadcast_to(a, shape, subok=False):
     n = as_node(a)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if broadcast_shapes(n.shape, shape) != shape:
-        raise ValueError(f"cannot broadcast array of shape {n.shape} to {shape}")
-    return Tracer(n if n.shape == shape else node("broadcast", shape, n.dtype, (n,)), array0d=True, order=order_of(a))
+    shape = (sh.as_dim(shape),) if isinstance(shape, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in shape)
+    if not sh.same_shape(broadcast_shapes(n.shape, shape), shape):
+        raise ValueError(f"cannot broadcast array of shape {sh.show(n.shape)} to {sh.show(shape)}")
+    shape = tuple(sh.resolved(d) for d in shape)
+    return Tracer(n if sh.same_shape(n.shape, shape) else node("broadcast", shape, n.dtype, (n,)), array0d=True, order=order_of(a))
 
 
 @implements(np.concatenate)
@@ -505,12 +577,14 @@ def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
         dt = _dtype(np.dtype(dtype))
     base = nodes[0].shape
     for n in nodes:
-        if n.ndim != len(base) or any(d != b for i, (d, b) in enumerate(zip(n.shape, base)) if i != ax):
+        if n.ndim != len(base) or any(not sh.require_eq(d, b, "concatenate")
+                                      for i, (d, b) in enumerate(zip(n.shape, base)) if i != ax):
             raise ValueError("all the input array dimensions except for the concatenation axis must match exactly")
-    shape = base[:ax] + (builtins.sum(n.shape[ax] for n in nodes),) + base[ax + 1:]
-    if math.prod(shape) == 0:  # no element: nothing of the parts is computed
+    base = tuple(sh.resolved(d) for d in base)
+    shape = base[:ax] + (sh.as_dim(builtins.sum(sh.sym(n.shape[ax]) for n in nodes)),) + base[ax + 1:]
+    if sh.known_zero(sh.prod(shape)):  # no element: nothing of the parts is computed
         return full_node(shape, 0, dt)
-    parts = tuple(cast_node(n, dt) for n in nodes if n.shape[ax])  # an empty part adds no element
+    parts = tuple(cast_node(n, dt) for n in nodes if sh.known_nonzero(n.shape[ax]))  # an empty part adds nothing
     return wrap(node("concat", shape, dt, parts, axis=ax))
 
 
@@ -519,8 +593,8 @@ def stack(arrays, axis=0, out=None, dtype=None):
     arrays = [wrap(array_node(a)) for a in arrays]
     if not arrays:
         raise ValueError("need at least one array to stack")
-    shapes = {as_node(a).shape for a in arrays}
-    if len(shapes) != 1:
+    first = as_node(arrays[0]).shape
+    if not all(sh.same_shape(as_node(a).shape, first) for a in arrays):
         raise ValueError("all input arrays must have the same shape")
     ndim = as_node(arrays[0]).ndim + 1
     ax = _axes(axis, ndim)[0]
@@ -562,13 +636,19 @@ def split(a, indices_or_sections, axis=0):
     n = as_node(a)
     ax = _axes(axis, n.ndim)[0]
     size = n.shape[ax]
-    if isinstance(indices_or_sections, int):
+    if isinstance(indices_or_sections, int) and type(size) is int:
         if size % indices_or_sections:
             raise ValueError("array split does not result in an equal division")
         step = size // indices_or_sections
         bounds = list(range(0, size + 1, step)) if step else [0] * (indices_or_sections + 1)
-    else:
-        bounds = [0] + [builtins.min(int(i), size) for i in indices_or_sections] + [size]
+    elif isinstance(indices_or_sections, int):  # a symbolic axis: n % sections == 0 is required
+        if not sh.same(sh.sym(size) % indices_or_sections, 0):
+            raise ValueError("array split does not result in an equal division")
+        step = sh.sym(size) // indices_or_sections
+        return [Tracer(n, array0d=True, order=order_of(a))[(slice(None),) * ax + (slice(k * step, (k + 1) * step),)]
+                for k in range(indices_or_sections)]
+    else:  # an index beyond a symbolic axis: min/max decide at this call's size (recorded)
+        bounds = [0] + [builtins.min(int(i), sh.sym(size)) for i in indices_or_sections] + [sh.sym(size)]
     parts = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         key = (slice(None),) * ax + (slice(lo, builtins.max(lo, hi)),)
@@ -695,7 +775,7 @@ def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
 
 @implements(np.shape)
 def shape_(a):
-    return as_node(a).shape
+    return tuple(sh.sym(d) for d in as_node(a).shape)  # symbolic dims as SymInts, like Tracer.shape
 
 
 @implements(np.ndim)
@@ -706,7 +786,7 @@ def ndim_(a):
 @implements(np.size)
 def size_(a, axis=None):
     n = as_node(a)
-    return n.size if axis is None else n.shape[axis]
+    return sh.sym(n.size if axis is None else n.shape[axis])
 
 
 # ** matmul family **
@@ -727,14 +807,14 @@ def matmul(a, b, out=None, dtype=None, **kwargs):
         x = reshape(wrap(x), (1, x.shape[0])).node
     if y1:
         y = reshape(wrap(y), (y.shape[0], 1)).node
-    if x.shape[-1] != y.shape[-2]:
+    if not sh.require_eq(x.shape[-1], y.shape[-2], "matmul core dimension"):
         raise ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
-                         f"(n?,k),(k,m?)->(n?,m?) (size {y.shape[-2]} is different from {x.shape[-1]})")
+                         f"(n?,k),(k,m?)->(n?,m?) (size {y.shape[-2]!r} is different from {x.shape[-1]!r})")
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
     shape = batch + (x.shape[-2], y.shape[-1])
     if _rows_of_transposed(x, y):
         r = _dot_rows(cast_node(x, dt), cast_node(y.src[0], dt), dt)
-    elif _is_transposed(y) and x.ndim == 2 == y.ndim and 4 * x.shape[0] <= y.shape[1]:
+    elif _is_transposed(y) and x.ndim == 2 == y.ndim and sh.rep_le(4 * x.shape[0], y.shape[1]):
         # x @ w.T = (w @ x.T).T: the template gathers its B operand into panels, here x.T, much the smaller
         ct = node("matmul", shape[::-1], dt, (cast_node(y.src[0], dt), cast_node(transpose(wrap(x)).node, dt)))
         r = transpose(wrap(ct))
@@ -761,7 +841,7 @@ def _is_transposed(y: Node) -> bool:
 def _rows_of_transposed(x: Node, y: Node) -> bool:
     """x has few rows and y is w.T: C[i, j] is the dot product of two contiguous rows, so a vectorized
     row reduction reads w once, in place, where the matmul template would gather w.T into panels first."""
-    return _is_transposed(y) and x.shape[-2] <= SMALL_M and (x.dtype.is_float or x.dtype.is_int)
+    return _is_transposed(y) and sh.rep_le(x.shape[-2], SMALL_M) and (x.dtype.is_float or x.dtype.is_int)
 
 
 def _dot_rows(x: Node, w: Node, dt) -> Tracer:
@@ -794,7 +874,7 @@ def _creation_dtype(dtype: Any, default: str = "float64") -> dtypes.DType:
 
 
 def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
-    shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    shape = (sh.as_dim(shape),) if isinstance(shape, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in shape)
     if isinstance(value, Tracer):
         v = value.node
         if v.weak and v.dtype.is_int and dt.is_int and dt is not dtypes.int64:

@@ -29,6 +29,7 @@ records nothing. The pipeline after tracing adds no guards.
 from __future__ import annotations
 
 import contextlib
+import math
 import contextvars
 import linecache
 import os
@@ -391,7 +392,7 @@ class SymInt:
                 mine = float(self.specialise("arithmetic with a float"))
                 return _PY_OPS[op](other, mine) if reflected else _PY_OPS[op](mine, other)
             return NotImplemented
-        if op in (Op.FLOORDIV, Op.FLOORMOD) and not reflected and o == 0:
+        if op in (Op.FLOORDIV, Op.FLOORMOD) and not reflected and type(o) is int and o == 0:
             raise ZeroDivisionError("integer division or modulo by zero")
         a, b = (o, self.expr) if reflected else (self.expr, o)
         return SymInt.of(binary(op, a, b), self.env)
@@ -576,3 +577,67 @@ def hint(d: Any) -> int:
     """A dim at this call's sizes (its int if constant); records nothing."""
     d = _expr(d)
     return int(d) if not isinstance(d, Expr) else _env().hint(d)
+
+
+# ** helpers of the numpy API (S2): dims as ints or Exprs, without a record unless said **
+
+def prod(dims: Any) -> Dim:
+    """The product of dims (ints, Exprs or SymInts): an int, or a canonical Expr."""
+    out: Any = 1
+    for d in dims:
+        d = _expr(d)
+        out = out * d if isinstance(out, Expr) or isinstance(d, Expr) else out * int(d)
+    return as_dim(out)
+
+
+def provably_same(a: Any, b: Any) -> bool:
+    """a == b for every size of the symbols (ints: equal); records nothing."""
+    a, b = _expr(a), _expr(b)
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        return int(a) == int(b)
+    env = current()
+    if env is None:
+        return as_dim(a) is as_dim(b)
+    return env.prove(binary(Op.EQ, a, b)) is True
+
+
+def resolved(d: Any) -> Dim:
+    """A dim with the ties of the active trace substituted (an int stays itself)."""
+    d = _expr(d)
+    if not isinstance(d, Expr):
+        return int(d)
+    env = current()
+    return as_dim(env.resolve(d) if env is not None else d)
+
+
+def rep_le(a: Any, b: Any) -> bool:
+    """a <= b: exactly for ints, else proved or at the representative size (a heuristic: no record)."""
+    a, b = _expr(a), _expr(b)
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        return int(a) <= int(b)
+    return decide_rep(binary(Op.LE, a, b))
+
+
+def show(shape: tuple) -> str:
+    """A shape for an error message: symbolic dims printed as expressions (no record)."""
+    return "(" + ", ".join(repr(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def reduce_fraction(a: Any, b: Any) -> tuple[Dim, Dim]:
+    """(a', b') with a / b == a' / b' and the common factor of b and a's linear form divided out
+    (`x * 4`, 8 -> `x`, 2), so that `a % b == 0` reads `x % 2 == 0` and `a // b` reads `x // 2`."""
+    a, b = _expr(a), _expr(b)
+    if isinstance(b, Expr):  # k * s / (c * s) -> k / c; other symbolic divisors stay as they are
+        la, lb = to_lin(a, {}) if isinstance(a, Expr) else None, to_lin(b, {})
+        if la is not None and len(lb.terms) == 1 and not lb.const and not la.const and la.terms.keys() == lb.terms.keys():
+            (s_,) = lb.terms
+            return reduce_fraction(la.terms[s_], lb.terms[s_])
+        return as_dim(a), as_dim(b)
+    if not isinstance(a, Expr):
+        g = math.gcd(int(a), b) or 1
+        return int(a) // g, b // g
+    lin = to_lin(a, {})
+    g = math.gcd(b, lin.const, *lin.terms.values())
+    if g <= 1:
+        return as_dim(a), b
+    return as_dim(from_lin(Lin({k: v // g for k, v in lin.terms.items()}, lin.const // g), a.dtype)), b // g
