@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, check_array, check_no_overlap, check_symbols
+from jitop.runtime import fastcall
+from jitop.runtime.args import (SYMBOL_LIMITS, ParamSpec, ShapeBinder, SymbolSpec, check_array, check_no_overlap,
+                                check_symbols)
 from jitop.target import Target
 
 # errors a kernel reports about values (codegen.kernel.RAISE_IF), by the name its error entry starts with
@@ -132,7 +134,22 @@ class Module:
     def name(self) -> str:
         return self.meta["name"]
 
+    # whether the first call may compile the native entry if its object code is not cached (load_module: no, a
+    # process that only loads saved kernels never runs LLVM)
+    _entry_may_compile = True
+    _fast: tuple[int, Any, Any, Any] | None = None  # see _fast_entries
+
     def __call__(self, *arrays: Any) -> Any:
+        fast = self._fast or self._fast_entries()
+        n = len(arrays)
+        if n == fast[0]:  # outputs given: the entry checks what it can; writeable and apart from the others here
+            if fast[2](arrays) and fast[1](*arrays) is not fastcall.MISS:
+                return None
+        elif n == self.n_inputs:
+            r = fast[3](*arrays)
+            if r is not fastcall.MISS:
+                return r
+        # the Python path: anything the native entry does not serve, and every error
         if len(arrays) == self.n_inputs and self.n_inputs < len(self.params):
             shapes = self._output_shapes(arrays)
             given = iter(arrays)
@@ -142,6 +159,42 @@ class Module:
             return outs[0] if len(outs) == 1 else tuple(outs)
         self._run(list(arrays))
         return None
+
+    def _fast_entries(self) -> tuple[int, Any, Any, Any]:
+        """(number of parameters, native entry taking every array, precheck of that entry's outputs, native entry
+        taking the inputs and allocating the outputs), built on the first call; an entry that cannot serve this
+        kernel (unavailable, too many parameters) always misses and the Python path runs."""
+        try:
+            given, fresh = self._fast_specs()
+        except ValueError:  # something the entry cannot express
+            given = fresh = None
+        fast = (len(self.params),
+                fastcall.Table([given]).entry() if given is not None else _always_miss, _outputs_apart(self.params),
+                fastcall.Table([fresh]).entry() if fresh is not None else _always_miss)
+        self._fast = fast
+        return fast
+
+    def _fast_specs(self) -> tuple["fastcall.Spec | None", "fastcall.Spec | None"]:
+        """This kernel's signatures for the native entry (jitop.runtime.fastcall): every array given (the result
+        None), and the inputs only (the outputs allocated, returned as `__call__` returns them)."""
+        if not (self.runnable and self.address and fastcall.available(self._entry_may_compile)):
+            return None, None
+        flag = self.error_flag_address()
+        if self.checked and not flag:
+            return None, None
+        common = dict(error_flag=flag, raise_error=self.raise_if_error if flag else None,
+                      symbols=[s.name for s in self.symbols],
+                      guards=[f"{s.name} <= {SYMBOL_LIMITS[s.dtype]}" for s in self.symbols])
+        n = len(self.params)
+        given = fastcall.Spec(n, self.address, [fastcall.Array(k, p.dtype, p.shape) for k, p in enumerate(self.params)],
+                              [], _none, **common)
+        ins, outs = [p for p in self.params if not p.is_output], [p for p in self.params if p.is_output]
+        if not outs or [p.is_output for p in self.params] != [False] * len(ins) + [True] * len(outs):
+            return given, None  # the entry passes inputs, then outputs
+        fresh = fastcall.Spec(len(ins), self.address, [fastcall.Array(k, p.dtype, p.shape) for k, p in enumerate(ins)],
+                              [fastcall.Output(p.dtype, p.shape) for p in outs], 0 if len(outs) == 1 else _tuple,
+                              **common)
+        return given, fresh
 
     def _output_shapes(self, inputs: tuple) -> list[tuple]:
         """Each parameter's shape, for allocating the outputs: a symbolic kernel's from its inputs' symbols."""
@@ -231,6 +284,41 @@ class Module:
         return f"<jitop.Module {self.name}({sig})>"
 
 
+def _always_miss(*_: Any) -> Any:
+    return fastcall.MISS
+
+
+def _none(*_: Any) -> None:
+    return None
+
+
+def _tuple(*outputs: np.ndarray) -> tuple:
+    return outputs
+
+
+def _outputs_apart(params: list[ParamSpec]) -> Any:
+    """check(arrays): whether every output is an exact, writeable ndarray that may not share memory with any other
+    argument (numpy's bounds test; where it may, the Python path's exact check decides) and the others are exact
+    ndarrays. The native entry checks the rest (dtype, shape, contiguity, alignment) before it calls the kernel."""
+    outs = [k for k, p in enumerate(params) if p.is_output]
+    others = [[j for j in range(len(params)) if j != k] for k in outs]
+    nd, may_share = np.ndarray, np.may_share_memory
+
+    def check(arrays: tuple) -> bool:
+        for a in arrays:
+            if type(a) is not nd:
+                return False
+        for k, rest in zip(outs, others):
+            o = arrays[k]
+            if not o.flags.writeable:
+                return False
+            for j in rest:
+                if may_share(o, arrays[j]):
+                    return False
+        return True
+    return check
+
+
 def load_module(path: str | os.PathLike) -> Module:
     """Load a module written by Module.save (no LLVM optimisation or code generation runs).
 
@@ -260,7 +348,9 @@ def load_module(path: str | os.PathLike) -> Module:
     except (zipfile.BadZipFile, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{path}: not a well-formed jitop module ({type(err).__name__}: {err})") from None
     target.check_runs_on(what=f"{os.fspath(path)}")
-    return Module(meta, object_code, ll)
+    module = Module(meta, object_code, ll)
+    module._entry_may_compile = False  # loading saved code never runs LLVM, not even for the native entry
+    return module
 
 
 def check_meta(meta: dict, where: str = "") -> None:
