@@ -8,6 +8,7 @@ before the call (`ShapeBinder`).
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ class ParamSpec:
     shape: tuple[Dim, ...]   # ints, and the printed size expressions of symbolic dims
     is_output: bool
 
-    @property
+    @functools.cached_property  # read on every check of an argument (a frozen dataclass: cached in __dict__)
     def symbolic(self) -> bool:
         return not all(type(d) is int for d in self.shape)
 
@@ -178,6 +179,8 @@ class ShapeBinder:
         # every symbolic dim that does not bind a symbol: (param, dim, its size function, its text)
         self.checks = [(k, j, compile_dim(d), d) for k, p in enumerate(specs) for j, d in enumerate(p.shape)
                        if type(d) is str and (k, j) not in sources]
+        # per parameter, its dims as ints or size functions (an output's shape for the symbols' values)
+        self.dims = [tuple(d if type(d) is int else (compile_dim(d), d) for d in p.shape) for p in specs]
         self.by_name = {s.name: s for s in symbols}
 
     def bind(self, arrays: Sequence[np.ndarray]) -> list[int]:
@@ -201,7 +204,7 @@ class ShapeBinder:
     def shape(self, k: int, values: Sequence[int]) -> tuple[int, ...]:
         """Parameter k's shape for the symbols' `values` (to allocate an output)."""
         env = dict(zip(self.by_name, values))
-        shape = tuple(d if type(d) is int else self._size(compile_dim(d), env, d) for d in self.specs[k].shape)
+        shape = tuple(d if type(d) is int else self._size(d[0], env, d[1]) for d in self.dims[k])
         if any(d < 0 for d in shape):
             raise ValueError(f"{self._where(k)} would have shape {shape} (shape {shape_str(self.specs[k].shape)} "
                              f"with {_bound(env)}): a dimension is negative")
