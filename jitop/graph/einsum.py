@@ -1,4 +1,6 @@
-"""np.einsum for contractions expressible as (batched) matmul, plus transposes and sums of one operand."""
+"""np.einsum for contractions expressible as (batched) matmul, plus transposes and sums of one operand.
+
+Symbolic sizes (jitop.graph.shapes) flow through np.shape as SymInts; the sizes of one index are tied."""
 from __future__ import annotations
 
 import math
@@ -6,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from jitop.graph import shapes as sh
 from jitop.graph.tracer import Unsupported
 
 
@@ -36,11 +39,12 @@ def _check_shapes(terms: list[str], out: str, shapes: list[tuple[int, ...]]) -> 
             raise ValueError("operand has more dimensions than subscripts given in einstein sum, but no '...' "
                              "ellipsis provided to broadcast the extra dimensions.")
         for c, d in zip(t, shape):
-            if c in size and size[c] != d:
-                if 1 in (size[c], d):
+            # a symbolic size: equal sizes of one index are tied (or guarded), as in broadcasting
+            if c in size and not sh.require_eq(size[c], d, f"einsum index {c!r}"):
+                if sh.is_one(size[c]) or sh.is_one(d):
                     raise Unsupported("np.einsum broadcasting an index of length 1")
                 raise ValueError(f"operands could not be broadcast together with remapped shapes "
-                                 f"[original->remapped]: {' '.join(str(s) for s in shapes)}")
+                                 f"[original->remapped]: {' '.join(sh.show(s) for s in shapes)}")
             size[c] = d
     for c in out:
         if c not in size:

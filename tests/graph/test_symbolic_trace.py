@@ -126,6 +126,8 @@ def test_concat_stack_matmul_einsum_creation():
     assert show(tr.result.node.shape) == ("a_0", 4) and [str(t) for t in tr.env.ties] == ["a_1 := 3"]
     tr = trace1(lambda a, b: np.einsum("ij,kj->ik", a, b), ((5, 3), (0,)), ((6, 3), (0,)))
     assert show(tr.result.node.shape) == ("a_0", "b_0") and not tr.env.ties
+    tr = trace1(lambda a, b: np.einsum("bij,bjk->bik", a, b), ((2, 5, 3), (0, 1)), ((2, 3, 4), (0,)))
+    assert show(tr.result.node.shape) == ("a_0", "a_1", 4) and [str(t) for t in tr.env.ties] == ["b_0 := a_0"]
     tr = trace1(lambda a: (np.zeros_like(a), np.full_like(a, 2.0), np.broadcast_to(a[:1], a.shape),
                            np.expand_dims(a, 1), np.squeeze(a[:, :1]), np.shape(a), np.size(a)), ((5, 3), (0,)))
     assert [show(t.node.shape) for t in tr.result[:5]] == [("a_0", 3)] * 3 + [("a_0", 1, 3), ("a_0",)]
