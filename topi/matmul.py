@@ -380,7 +380,7 @@ def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, threads: int, se
     if serial:
         return None
     extent, tile = (j.extent, cfg.bn) if cfg.panel_outer else (i.extent, cfg.mr)
-    if batch and (is_sym(extent) or extent % tile) and math.prod(b.extent for b in batch) >= 2 * threads:
+    if batch and (is_sym(extent) or extent % tile) and rep(math.prod(b.extent for b in batch)) >= 2 * threads:
         # a tail tile in a loop fused with the batch would test its guards at run time in the hot loop;
         # kept apart, its tail is split off (loop partitioning) and the batch alone is parallel
         stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
