@@ -9,6 +9,12 @@ of W into mr x bn/lanes accumulators that never leave vector registers, as in TV
 schedule. The output is written in the requested layout (NCHW: channel lanes are scattered; NHWC:
 contiguous), so there is no layout pass afterwards, and an epilogue (bias, residual, activation) is
 computed straight from the tile.
+
+The batch and the spatial size (n, h, w) may be symbolic (issue 23): a workload field is then a string
+"name~rep" (a symbol and the representative size heuristics decide at; equal strings are one symbol), and
+`compute` takes a binding of the names to te symbols; the output size is the expression
+(h + pads - d*(k-1) - 1) // s + 1. Channels and kernel sizes stay constants. Every config of a symbolic
+space is valid at every size: the register tile is fixed and the row tail is split off by the schedule.
 """
 from __future__ import annotations
 
@@ -21,8 +27,10 @@ from jitop import te
 from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule, create_schedule
 from jitop.target import Target
-from jitop.te.expr import Expr
+from jitop.te.expr import Expr, free_vars
+from jitop.tir.simplify import SYMBOL_MAX, prove, simplify
 from jitop.topi import matmul as topi_matmul
+from jitop.topi.matmul import Size, is_sym, rep
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -35,10 +43,10 @@ GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up 
 class Conv2dWorkload:
     """The static description of one convolution (what a config is chosen for)."""
 
-    n: int
+    n: Size  # a constant, a symbol "name~rep" or (bound, see `bound`) a te expression
     c: int
-    h: int
-    w: int
+    h: Size
+    w: Size
     oc: int
     kh: int
     kw: int
@@ -62,12 +70,15 @@ class Conv2dWorkload:
         return self.oc // self.groups
 
     @property
-    def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[1] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+    def oh(self) -> Size:
+        """The output height: an int, or a te expression of a bound workload (a "name~rep" h has none)."""
+        return _simplified((_dim(self.h, "h") + self.pads[0] + self.pads[1] - self.dilation[0] * (self.kh - 1) - 1)
+                           // self.stride[0] + 1)
 
     @property
-    def ow(self) -> int:
-        return (self.w + self.pads[2] + self.pads[3] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+    def ow(self) -> Size:
+        return _simplified((_dim(self.w, "w") + self.pads[2] + self.pads[3] - self.dilation[1] * (self.kw - 1) - 1)
+                           // self.stride[1] + 1)
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
@@ -75,7 +86,58 @@ class Conv2dWorkload:
 
     @property
     def flops(self) -> int:
-        return 2 * self.n * self.oc * self.oh * self.ow * self.icg * self.kh * self.kw
+        """At the representative size of a symbolic dim."""
+        wl = at_rep(self)
+        return 2 * wl.n * wl.oc * wl.oh * wl.ow * wl.icg * wl.kh * wl.kw
+
+
+def _dim(d: Size, field: str) -> int | Expr:
+    if isinstance(d, str):
+        raise TypeError(f"conv2d workload field {field}={d!r} is a symbol: bind it first (bound(wl, binding)), "
+                        "or decide at at_rep(wl)")
+    return d
+
+
+def _symbols_range(e: Expr) -> dict[Expr, tuple[int, int]]:
+    return {v: (0, SYMBOL_MAX) for v in free_vars(e)}
+
+
+def _simplified(d: int | Expr) -> int | Expr:
+    """A symbolic size in canonical form (equal sizes are one interned expression); an int itself."""
+    return d if isinstance(d, int) else simplify(d, _symbols_range(d))
+
+
+def symbols(wl: Conv2dWorkload) -> tuple[str, ...]:
+    """The names of the workload's symbols, in field order (n, h, w), each once."""
+    names = [d.partition("~")[0] for d in (wl.n, wl.h, wl.w) if isinstance(d, str)]
+    return tuple(dict.fromkeys(names))
+
+
+def bound(wl: Conv2dWorkload, binding: dict[str, Expr] | None) -> Conv2dWorkload:
+    """The workload with its symbolic ("name~rep") fields replaced by `binding[name]`."""
+    names = symbols(wl)
+    missing = [n for n in names if binding is None or n not in binding]
+    if missing:
+        raise ValueError(f"conv2d workload {wl} is symbolic: give a binding of {missing} to te symbols "
+                         "(compute(..., binding={name: te.size_var(name)}))")
+    if not names:
+        return wl
+    return dataclasses.replace(wl, **{f: binding[d.partition("~")[0]] for f in ("n", "h", "w")
+                                      for d in [getattr(wl, f)] if isinstance(d, str)})
+
+
+def at_rep(wl: Conv2dWorkload) -> Conv2dWorkload:
+    """The workload at the representative sizes of its symbols (at least 2: a symbol is never 0 or 1), what
+    heuristics decide at; a concrete workload itself."""
+    fields = {f: max(2, rep(d)) for f in ("n", "h", "w") for d in [getattr(wl, f)] if is_sym(d)}
+    return dataclasses.replace(wl, **fields) if fields else wl
+
+
+def _maybe(cond: bool | Expr) -> bool:
+    """`cond` may hold: itself for constant sizes; with symbols, unless proven false at every size."""
+    if not isinstance(cond, Expr):
+        return bool(cond)
+    return prove(cond, _symbols_range(cond)) is not False
 
 
 @dataclass(frozen=True)
@@ -97,7 +159,9 @@ class Conv2dConfig:
                             algorithm=cfg["algorithm"], channels_outer=cfg["reduction"] == "channels_outer")
 
     def to_config(self, wl: Conv2dWorkload) -> Config:
-        return Config.of(tile_ow=(math.ceil(wl.ow / self.mr), self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
+        # the outer factor of a symbolic width is -1 ("ceil at run time", as TVM)
+        ow = -1 if is_sym(wl.w) else math.ceil(wl.ow / self.mr)
+        return Config.of(tile_ow=(ow, self.mr), tile_oc=(math.ceil(wl.oc / self.bn), self.bn),
                          tile_ic=(wl.icg // self.ic_unroll, self.ic_unroll),
                          order="oc_outer" if self.oc_outer else "rows_outer",
                          pack="panel" if self.pack_per_panel else "root", algorithm=self.algorithm,
@@ -110,11 +174,17 @@ def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
     With algorithm "gemm" the knobs describe the matmul instead: tile_ow's inner factor is its register
     tile's rows (output channels), tile_oc's its columns (output pixels), tile_ic's the k unroll; order
     "rows_outer" puts the pixel panels outermost (matmul's panel_outer), pack "panel" packs each panel
-    inside the parallel loop. The reduction knob has no effect there."""
+    inside the parallel loop. The reduction knob has no effect there.
+
+    With a symbolic width, tile_ow is (-1, r) for r up to MAX_MR: valid at every width (the tail is split
+    off)."""
     lanes = target.lanes(wl.itemsize)
     space = ConfigSpace()
-    rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0)
-    space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, rows + 1)])
+    if is_sym(wl.w):
+        space.define_split("tile_ow", wl.w, candidates=[(-1, r) for r in range(1, MAX_MR + 1)])
+    else:
+        rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0)
+        space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, rows + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
     space.define_split("tile_ic", wl.icg, candidates=[(wl.icg // u, u) for u in range(1, max(1, min(wl.icg, 8)) + 1)
@@ -133,18 +203,20 @@ def gemm_applies(wl: Conv2dWorkload) -> bool:
 
 def default_config(wl: Conv2dWorkload, target: Target) -> Config:
     """A fast point of the space for the Target (see `default_tile`; "gemm" takes the matmul template's
-    default register tile for (OC, OH*OW, C*KH*KW), clamped to the space)."""
+    default register tile for (OC, OH*OW, C*KH*KW), clamped to the space). Decided at the representative
+    size of a symbolic dim (`at_rep`)."""
+    symbolic, wl = wl, at_rep(wl)
     cfg = default_tile(wl, target)
     if cfg.algorithm == "gemm":
         mm = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
-        space = config_space(wl, target)
+        space = config_space(symbolic, target)
         lanes = target.lanes(wl.itemsize)
         whole = [lanes, 2 * lanes, 4 * lanes]  # 1, 2 or 4 vectors: a 3-vector tile of 40 channels ran at 0.1x
         cfg = dataclasses.replace(cfg, mr=_nearest(space, "tile_ow", mm.mr),
                                   bn=_nearest(space, "tile_oc", mm.bn, among=whole),
                                   ic_unroll=_nearest(space, "tile_ic", mm.k_unroll), oc_outer=not mm.panel_outer,
                                   pack_per_panel=mm.pack_per_panel)
-    return cfg.to_config(wl)
+    return cfg.to_config(symbolic)
 
 
 def _nearest(space: ConfigSpace, knob: str, value: int, among: list[int] | None = None) -> int:
@@ -164,8 +236,9 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     (mr*v accumulators + v weight vectors + 1 broadcast: spilling one costs a third of the speed), load
     few operands per FMA (mr*v / (mr + v) >= 1.5 keeps the FMA pipes the bottleneck), and waste little on
     the output width and channels. With groups, v*lanes divides the channels of a group, so the broadcast
-    input channel is the same across the tile.
+    input channel is the same across the tile. A symbolic workload is decided at `at_rep(wl)`.
     """
+    wl = at_rep(wl)
     lanes = target.lanes(wl.itemsize)
     per_group = wl.oc if wl.groups == 1 or wl.icg == 1 and wl.ocg == 1 else wl.ocg
     grouped = wl.groups > 1 and per_group != wl.oc
@@ -207,10 +280,11 @@ def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
 
 
 def compute(wl: Conv2dWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
-            name: str = "conv2d") -> "ConvTensors | GemmConv":
+            name: str = "conv2d", binding: dict[str, Expr] | None = None) -> "ConvTensors | GemmConv":
     """The template's stages. readers = (read_input(n, c, y, x), read_weight(oc, ic, r, s)) give values at
-    logical NCHW / OIHW coordinates, whatever the memory layout."""
-    return conv2d(*readers, wl, wl.dtype, Conv2dConfig.from_config(config), target, name)
+    logical NCHW / OIHW coordinates, whatever the memory layout. A symbolic workload needs `binding`
+    ({name: te symbol}); n, h, w may also be te expressions themselves."""
+    return conv2d(*readers, bound(wl, binding), wl.dtype, Conv2dConfig.from_config(config), target, name)
 
 
 def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, config: Config, target: Target,
@@ -225,12 +299,14 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, confi
 
 
 def build(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
-    """Standalone: placeholders X (in the workload's layout), W (OIHW) and the scheduled output."""
+    """Standalone: placeholders X (in the workload's layout), W (OIHW) and the scheduled output (a symbolic
+    workload gets one te.size_var per symbol, named as in the workload: one kernel for every size)."""
     nchw = wl.layout == "NCHW"
-    X = te.placeholder((wl.n, wl.c, wl.h, wl.w) if nchw else (wl.n, wl.h, wl.w, wl.c), wl.dtype, name="X")
+    bwl = bound(wl, {name: te.size_var(name) for name in symbols(wl)})
+    X = te.placeholder((bwl.n, wl.c, bwl.h, bwl.w) if nchw else (bwl.n, bwl.h, bwl.w, wl.c), wl.dtype, name="X")
     W = te.placeholder((wl.oc, wl.icg, wl.kh, wl.kw), wl.dtype, name="W")
     read_x = (lambda b, ch, y, x: X[b, ch, y, x]) if nchw else (lambda b, ch, y, x: X[b, y, x, ch])
-    t = compute(wl, config, target, (read_x, lambda o, i, r, s_: W[o, i, r, s_]))
+    t = compute(bwl, config, target, (read_x, lambda o, i, r, s_: W[o, i, r, s_]))
     s = create_schedule(t.out.op)
     schedule(s, t, wl, config, target)
     return s, [X, W, t.out]
@@ -242,7 +318,12 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
     if cfg.algorithm == "gemm":
         return _conv2d_gemm(read_input, read_weight, wl, dtype, cfg, target, name)
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
-    hp, wp = (wl.oh - 1) * sh + (wl.kh - 1) * dh + 1, (wl.ow - 1) * sw + (wl.kw - 1) * dw + 1
+    hp, wp = (_simplified((wl.oh - 1) * sh + (wl.kh - 1) * dh + 1),
+              _simplified((wl.ow - 1) * sw + (wl.kw - 1) * dw + 1))
+    if is_sym(wp) and sw > 1:
+        # sw - 1 more (zero) columns: the register tiles' reads, ((ow // mr) * mr - 1) * sw + taps, are then
+        # proven in bounds (ow // mr * mr <= ow; the exact width needs the parity of ow // mr * mr * sw)
+        wp = _simplified(wl.ow * sw + (wl.kw - 1) * dw)
     zero = te.const(0, dtype)
 
     def pad(n: Expr, row: Expr, col: Expr, ch: Expr) -> Expr:
@@ -250,11 +331,11 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
         inside = []
         if top:
             inside.append(yy >= 0)
-        if top + wl.h < hp:
+        if _maybe(top + wl.h < hp):
             inside.append(yy < wl.h)
         if left:
             inside.append(xx >= 0)
-        if left + wl.w < wp:
+        if _maybe(left + wl.w < wp):
             inside.append(xx < wl.w)
         return _where_all(inside, read_input(n, ch, yy, xx), zero)
     padded = te.compute((wl.n, hp, wp, wl.c), pad, name=f"{name}_padded")
@@ -323,18 +404,33 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
     s[cache].compute_at(stage, owo)
     _schedule_tile(s[cache], wl, cfg)
     if cfg.pack_per_panel and cfg.oc_outer:
-        outer = stage.fuse(n, oco)
+        outer = _parallel_loop(stage, (n, oco), target.threads)
         s[packed].compute_at(stage, outer)
         _schedule_pack(s, packed, parallel=False)
     else:
-        outer = stage.fuse(*rows)
+        outer = _parallel_loop(stage, rows, target.threads)
         _schedule_pack(s, packed, parallel=True)
     stage.parallel(outer)
     ps = s[padded]
     pn, py, _, pc = ps.op.axis
     _, lanes = ps.split(pc, factor=max(1, min(wl.c, target.lanes(wl.itemsize))))
     ps.vectorize(lanes)
-    ps.parallel(ps.fuse(pn, py))
+    ps.parallel(_parallel_loop(ps, (pn, py), target.threads))
+
+
+def _parallel_loop(stage, axes: tuple, threads: int) -> object:
+    """The loop to run in parallel over `axes` (outer first, consecutive): all of them fused when their
+    extents are constants (as before symbols). A symbolic axis is never fused: the fused index would be
+    divided to index (checked at run time, and the register tile's region would not be a point). Then the
+    constant axes after the last symbolic one are fused if they give each thread two iterations, else the
+    last symbolic axis alone is parallel (the constant ones run inside it); the axes before stay outside."""
+    last = max((k for k, a in enumerate(axes) if is_sym(a.extent)), default=None)
+    if last is None:
+        return stage.fuse(*axes)
+    inner = axes[last + 1:]
+    if inner and math.prod(a.extent for a in inner) >= 2 * threads:
+        return stage.fuse(*inner) if len(inner) > 1 else inner[0]
+    return axes[last]
 
 
 @dataclass(frozen=True)
@@ -350,7 +446,7 @@ class GemmConv:
 def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, conv: Conv2dConfig,
                  target: Target, name: str) -> GemmConv:
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
-    area, taps = wl.oh * wl.ow, wl.kh * wl.kw
+    area, taps = wl.oh * wl.ow, wl.kh * wl.kw  # area: an expression with symbols
     k = wl.c * taps
     zero = te.const(0, dtype)
 
@@ -362,14 +458,15 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
 
     cfg = _gemm_tile(wl, conv, target)
     # C is as wide as its panels, so every register tile is whole (no masked lanes); `out` drops the pad
-    width = math.ceil(area / cfg.bn) * cfg.bn
+    # (a symbolic area is matmul's symbolic n: its last panel is zero-padded there)
+    width = area if is_sym(area) else math.ceil(area / cfg.bn) * cfg.bn
 
     def column(bi: tuple, kk: Expr, p: Expr) -> Expr:
         i, r, s_ = tap(kk)
         y, x = (p // wl.ow) * sh + r * dh - top, (p % wl.ow) * sw + s_ * dw - left
         y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
         inside = [c for c, needed in ((p < area, width > area), (y >= 0, top > 0), (y < wl.h, y_end >= wl.h),
-                                      (x >= 0, left > 0), (x < wl.w, x_end >= wl.w)) if needed]
+                                      (x >= 0, left > 0), (x < wl.w, x_end >= wl.w)) if _maybe(needed)]
         return _where_all(inside, read_input(bi[0], i, y, x), zero)
     mm = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
     out = te.compute(wl.out_shape, lambda n, oc, y, x: mm.out[n, oc, y * wl.ow + x], name=name)
@@ -378,7 +475,8 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
 
 def _gemm_tile(wl: Conv2dWorkload, conv: Conv2dConfig, target: Target) -> topi_matmul.MatmulConfig:
     """The matmul config of the gemm algorithm: the register tile from the conv2d config's tile knobs, the
-    loop order and packing as matmul's default for (OC, OH*OW, C*KH*KW)."""
+    loop order and packing as matmul's default for (OC, OH*OW, C*KH*KW) (at the representative size)."""
+    wl = at_rep(wl)
     base = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
     panel_outer = not conv.oc_outer
     return dataclasses.replace(base, mr=conv.mr, bn=conv.bn, k_unroll=conv.ic_unroll, panel_outer=panel_outer,
@@ -396,6 +494,7 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     (1, 1)
     """
     conv = Conv2dConfig.from_config(config)
+    wl = at_rep(wl)
     if conv.algorithm != "gemm":
         return 1, wl.n if conv.pack_per_panel and conv.oc_outer else 1
     cfg = _gemm_tile(wl, conv, target)
