@@ -179,6 +179,16 @@ OPS = {
     "where": lambda x, y: np.where(x > 0, x, 0.1 * x),
     "ones": lambda x, y: x + np.ones((x.shape[0], 1), x.dtype),
     "w": lambda x, y: x @ np.ones((3, 3), np.float32),
+    "sum0": lambda x, y: x + np.sum(x, axis=0),
+    "max0": lambda x, y: np.max(x, axis=0, keepdims=True) - x,
+    "argmax0": lambda x, y: x + np.argmax(x, axis=0).astype(np.float32),
+    "stack": lambda x, y: np.stack([x, x[::-1]])[1],
+    "squeeze": lambda x, y: np.squeeze(np.expand_dims(x, 0), 0),
+    "tril": lambda x, y: np.tril(x @ x.T) @ x,
+    "bcast": lambda x, y: np.broadcast_to(x[:1], x.shape) + x,
+    "xy": lambda x, y: x @ y.T @ y,
+    "zeros": lambda x, y: np.zeros_like(x) + x[::-1],
+    "reshape3": lambda x, y: x.reshape(x.shape[0], 1, -1).reshape(x.shape),
 }
 
 
