@@ -300,23 +300,14 @@ def _outputs_apart(params: list[ParamSpec]) -> Any:
     """check(arrays): whether every output is an exact, writeable ndarray that may not share memory with any other
     argument (numpy's bounds test; where it may, the Python path's exact check decides) and the others are exact
     ndarrays. The native entry checks the rest (dtype, shape, contiguity, alignment) before it calls the kernel."""
-    outs = [k for k, p in enumerate(params) if p.is_output]
-    others = [[j for j in range(len(params)) if j != k] for k in outs]
-    nd, may_share = np.ndarray, np.may_share_memory
-
-    def check(arrays: tuple) -> bool:
-        for a in arrays:
-            if type(a) is not nd:
-                return False
-        for k, rest in zip(outs, others):
-            o = arrays[k]
-            if not o.flags.writeable:
-                return False
-            for j in rest:
-                if may_share(o, arrays[j]):
-                    return False
-        return True
-    return check
+    n, outs = len(params), [k for k, p in enumerate(params) if p.is_output]
+    tests = [f"type(a{k}) is nd" for k in range(n)] + [f"a{k}.flags.writeable" for k in outs] + \
+        [f"not may_share(a{k}, a{j})" for k in outs for j in range(n) if j != k]
+    names = ", ".join(f"a{k}" for k in range(n))
+    env = {"nd": np.ndarray, "may_share": np.may_share_memory}
+    # unrolled (a loop over the arrays costs as much again); the source holds indices only
+    exec(f"def check(arrays):\n    {names}, = arrays\n    return {' and '.join(tests)}", env)  # noqa: S102
+    return env["check"]
 
 
 def load_module(path: str | os.PathLike) -> Module:
