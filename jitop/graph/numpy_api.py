@@ -90,6 +90,12 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
             if len(s) < -i:
                 continue
             d = s[i]
+            if type(d) is int and d == 1:
+                continue
+            if type(acc) is int and acc == 1:
+                acc = d
+                continue
+            # two sizes, neither a constant 1: an expression that may be 1 is decided (and recorded)
             if sh.provably_same(d, acc) or sh.is_one(d):
                 continue
             if sh.is_one(acc):

@@ -140,6 +140,12 @@ def test_conv_symbolic_batch_and_size():
     tr = trace1(lambda x, w: _conv_node(x, w, ((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW")),
                 ((3, 2, 9, 9), (0, 2, 3)), ((4, 2, 3, 3), ()))
     assert show(tr.result.node.shape) == ("x_0", 4, "x_2", "x_3")
+    # the public entry: its shape checks decide on SymInts (proved here: nothing recorded)
+    from jitop.ops.conv import conv2d
+    tr = trace1(lambda x, w, b: conv2d(x, w, b, stride=2, padding=1), ((3, 2, 9, 9), (0, 2, 3)),
+                ((4, 2, 3, 3), ()), ((4,), ()))
+    assert show(tr.result.node.shape) == ("x_0", 4, "(x_2 + 1) // 2", "(x_3 + 1) // 2")
+    assert not tr.env.guards and not tr.env.ties and not tr.env.specialised
 
 
 def test_heuristics_decide_at_rep():
