@@ -205,3 +205,37 @@ def test_a_checked_access_raises_through_the_native_entry(monkeypatch, symbolic)
     with pytest.raises(IndexError, match="out-of-bounds"):
         f(a, bad, np.empty(4, np.float32))
     np.testing.assert_array_equal(f(a, good), a[good])
+
+
+@functools.cache
+def diff_and_repeat():
+    """D = A[1:] - A[:-1] (shape n - 1) and R = A repeated twice (shape n * 2): outputs whose dims are expressions."""
+    n = te.var("n")
+    A = te.placeholder((n,), name="A")
+    D = te.compute((n - 1,), lambda i: A[i + 1] - A[i], name="D")
+    R = te.compute((n * 2,), lambda i: A[i // 2], name="R")
+    return jitop.build(jitop.create_schedule([D.op, R.op]), [A, D, R])
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 100])
+def test_outputs_of_expression_dims(monkeypatch, n):
+    f = diff_and_repeat()
+    a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    want = (np.diff(a), np.repeat(a, 2))
+    _python_only(monkeypatch, f)
+    for got, w in zip(f(a), want):
+        np.testing.assert_array_equal(got, w)
+    d, r = np.empty(n - 1, np.float32), np.empty(2 * n, np.float32)
+    f(a, d, r)
+    np.testing.assert_array_equal(d, want[0])
+    np.testing.assert_array_equal(r, want[1])
+
+
+def test_expression_dims_of_given_outputs_and_negative_dims_are_the_python_paths_errors():
+    f = diff_and_repeat()
+    a = np.zeros(4, np.float32)
+    _raises(f, (a, np.empty(3, np.float32), np.empty(7, np.float32)), ValueError,
+            r"argument 'R' \(position 2\) dimension 0 is 7, but it must be n \* 2 = 8")
+    _raises(f, (a, np.empty(4, np.float32), np.empty(8, np.float32)), ValueError,
+            r"argument 'D' \(position 1\) dimension 0 is 4, but it must be n - 1 = 3")
+    _raises(f, (np.zeros(0, np.float32),), ValueError, "negative")
