@@ -98,11 +98,17 @@ def _symbolic_slice(it: slice, size: Any) -> tuple[Any, int, Any]:
         return hi if b > hi else b
     if step > 0:
         start, stop = bound(it.start, 0, 0, size), bound(it.stop, size, 0, size)
-        length = sh.sym_max(0, (stop - start + step - 1) // step)
+        length = _nonnegative((stop - start + step - 1) // step)
     else:
         start, stop = bound(it.start, size - 1, -1, size - 1), bound(it.stop, -1, -1, size - 1)
-        length = sh.sym_max(0, (start - stop - step - 1) // -step)
+        length = _nonnegative((start - stop - step - 1) // -step)
     return start, step, length
+
+
+def _nonnegative(n: Any) -> Any:
+    """max(0, n) for a slice's length: proved, else as the hints decide (recorded: an empty slice of a
+    symbolic axis is another kernel)."""
+    return n if n >= 0 else 0
 
 
 def _symbolic_index(it: Any, size: Any, dim: int) -> Any:

@@ -657,7 +657,9 @@ def split(a, indices_or_sections, axis=0):
         bounds = [0] + [builtins.min(int(i), sh.sym(size)) for i in indices_or_sections] + [sh.sym(size)]
     parts = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        key = (slice(None),) * ax + (slice(lo, builtins.max(lo, hi)),)
+        # max(lo, hi), with `hi >= lo` decided (a symbolic max would record the stricter hi > lo)
+        hi = builtins.max(lo, hi) if type(lo) is int and type(hi) is int else (hi if hi >= lo else lo)
+        key = (slice(None),) * ax + (slice(lo, hi),)
         parts.append(Tracer(n, array0d=True, order=order_of(a))[key])
     return parts
 

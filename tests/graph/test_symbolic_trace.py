@@ -115,6 +115,9 @@ def test_reshape_split_and_slices():
     assert show(tr.result.node.shape) == (5, 4) and [str(g) for g in tr.env.guards] == ["x_0 >= 5"]
     with pytest.raises(IndexError):
         trace1(lambda x: x[9], ((7, 4), (0,)))
+    tr = trace1(lambda x, y: (x[y.shape[0]:], np.split(x, [2, 4])[2], x[-1:0:-2]), ((7, 4), (0,)), ((5, 4), (0,)))
+    assert [show(t.node.shape) for t in tr.result] == [("x_0 - y_0", 4), ("x_0 - 4", 4), ("x_0 // 2", 4)]
+    assert [str(g) for g in tr.env.guards] == ["x_0 - y_0 >= 0", "x_0 >= 4"]
 
 
 def test_concat_stack_matmul_einsum_creation():
@@ -195,6 +198,11 @@ OPS = {
     "xy": lambda x, y: x @ y.T @ y,
     "zeros": lambda x, y: np.zeros_like(x) + x[::-1],
     "reshape3": lambda x, y: x.reshape(x.shape[0], 1, -1).reshape(x.shape),
+    "tail_y": lambda x, y: x[y.shape[0]:],
+    "split_idx": lambda x, y: np.split(x, [2, 4])[2],
+    "halves": lambda x, y: x[:x.shape[0] // 2] + x[x.shape[0] - x.shape[0] // 2:],
+    "last": lambda x, y: x[x.shape[0] - 1] * x,
+    "rsteps": lambda x, y: x[-1:0:-2],
 }
 
 
