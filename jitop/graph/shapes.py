@@ -289,7 +289,8 @@ class ShapeEnv:
         op = {Op.EQ: "==", Op.NE: "!="}.get(rel.op, ">=")
         e = simplify(e, self.ranges)
         if not any(self._implies(x, e, op) for x in self.guards):
-            self.guards.append(Guard(e, op, self.user_line(), why))
+            new = Guard(e, op, self.user_line(), why)  # a guard the new one implies is dropped (x >= 3, x >= 5)
+            self.guards = [x for x in self.guards if not self._implies(new, x.expr, x.op)] + [new]
 
     def _implies(self, g: Guard, e: Expr, op: str) -> bool:
         """Whether guard g makes `e op 0` hold (the same relation, or e >= 0 from a guard x >= 0 with e >= x)."""

@@ -113,6 +113,8 @@ def test_reshape_split_and_slices():
     assert [str(g) for g in tr.env.guards] == ["x_0 >= 3"]   # x[-3:] is a window of 3 where x_0 >= 3
     tr = trace1(lambda x: x[:5], ((7, 4), (0,)))
     assert show(tr.result.node.shape) == (5, 4) and [str(g) for g in tr.env.guards] == ["x_0 >= 5"]
+    tr = trace1(lambda x: x[3:5], ((7, 4), (0,)))   # x_0 >= 3, then x_0 >= 5: the weaker guard is dropped
+    assert show(tr.result.node.shape) == (2, 4) and [str(g) for g in tr.env.guards] == ["x_0 >= 5"]
     with pytest.raises(IndexError):
         trace1(lambda x: x[9], ((7, 4), (0,)))
     tr = trace1(lambda x, y: (x[y.shape[0]:], np.split(x, [2, 4])[2], x[-1:0:-2]), ((7, 4), (0,)), ((5, 4), (0,)))
