@@ -8,7 +8,9 @@ cache/X -> jitop.cache.X):
   <- driver (6, the lower/build API). A core module imports only core modules of its own or a lower layer:
   never jitop.graph, jitop.kernel, jitop.ops, jitop.cli, jitop.topi, jitop.tuner, jitop.cache, the jitop
   package itself or anything unknown. (So runtime never imports cache.)
-- topi imports only te, schedule, dtypes, config, errors, target, tuner.space, tuner.registry, tuner.task
+- topi imports only te, schedule, dtypes, config, errors, target, tuner.space, tuner.registry, tuner.task, and
+  tir.simplify (arithmetic on symbolic extents: output sizes, what a tile provably covers; TVM's topi uses its
+  arith analyzer the same way)
   and itself: not tir, codegen, runtime, driver, graph, kernel, ops, cache.
 - cache imports nothing of jitop outside jitop.cache.
 - tuner and graph never import jitop.topi by name: they find templates through tuner.registry.
@@ -28,7 +30,8 @@ PACKAGE_DIRS = {"jitop": "jitop", "topi": "jitop.topi", "tuner": "jitop.tuner", 
 CORE = {"config": 0, "dtypes": 0, "errors": 0, "target": 0, "te": 1, "schedule": 2, "tir": 3, "codegen": 4,
         "runtime": 5, "driver": 6}
 TOPI_MAY_IMPORT = ("jitop.te", "jitop.schedule", "jitop.dtypes", "jitop.config", "jitop.errors", "jitop.target",
-                   "jitop.tuner.space", "jitop.tuner.registry", "jitop.tuner.task", "jitop.topi")
+                   "jitop.tuner.space", "jitop.tuner.registry", "jitop.tuner.task", "jitop.topi",
+                   "jitop.tir.simplify")
 
 
 def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
