@@ -302,17 +302,26 @@ class DiskStore:
         self._forked()
         if self._reader is not None or self._reader_failed:
             return self._reader
-        with self._lock:
-            if self._reader is None and not self._reader_failed:
-                try:
-                    self._reader = _Reader(self._where, self.size_limit)
-                except FileNotFoundError:
-                    pass
-                except Exception:  # noqa: BLE001 - refused, not a database: _open reports it
-                    self._reader_failed = True
-        if self._reader_failed:
-            self._open()
+        if not self._new_reader() and self._open() is not None:
+            # a database another process was still creating ("no such table"): diskcache's opening has set up
+            # (or waited for) its schema, so one more try reads it; refused or not a database: _open warned
+            self._new_reader()
         return self._reader
+
+    def _new_reader(self) -> bool:
+        """Open the reader unless one is open or failed; False if opening failed (True: open, or no database
+        yet, which a first write creates)."""
+        with self._lock:
+            if self._reader is not None or self._reader_failed:
+                return self._reader is not None
+            try:
+                self._reader = _Reader(self._where, self.size_limit)
+            except FileNotFoundError:
+                return True
+            except Exception:  # noqa: BLE001 - refused, being created, not a database
+                self._reader_failed = self._cache is not None or self._failed is not None
+                return False
+            return True
 
     def _open(self) -> Any:
         """diskcache's Cache over the checked directory (for writes), or None with one warning."""
@@ -375,9 +384,8 @@ class DiskStore:
             return None
         try:
             raw = reader.get(key)
-        except Exception as err:  # noqa: BLE001 - locked past the timeout, a damaged database: a miss
-            self._warn("reading", err, hint=_RESET_HINT)
-            return None
+        except Exception as err:  # noqa: BLE001 - locked past the timeout, being created, damaged: a miss
+            raw = self._read_again(reader, key, err)
         payload = unframe(key, raw) if raw is not None else None
         if payload is None:
             self.stats["misses" if raw is None else "corrupt"] += 1
@@ -386,6 +394,17 @@ class DiskStore:
             return None
         self.stats["hits"] += 1
         return payload
+
+    def _read_again(self, reader: _Reader, key: str, err: Exception) -> Any:
+        """A read that failed: once more after diskcache's opening (another process may have been creating the
+        database's tables), else a miss with one warning."""
+        if self._open() is not None:
+            try:
+                return reader.get(key)
+            except Exception as again:  # noqa: BLE001
+                err = again
+        self._warn("reading", err, hint=_RESET_HINT)
+        return None
 
     def put(self, key: str, value: bytes) -> None:
         """Store `value` under `key` (one atomic write; errors are skipped with one warning)."""

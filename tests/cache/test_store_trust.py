@@ -203,3 +203,18 @@ def test_a_dangling_symlink_is_named_as_such(tmp_path):
         assert st.get("kernel/x") is None
     st.put("kernel/x", b"v")
     assert not st.usable and "symbolic link" in st.refused and "Errno" not in st.refused
+
+
+def test_a_database_still_being_created_is_read_once_its_tables_exist(tmp_path):
+    """Another process created cache.db but not yet its tables when this one first reads: no warning, a miss,
+    and the entry written meanwhile is read on the next call (the reader is not given up)."""
+    import sqlite3
+    d = tmp_path / "fresh"
+    d.mkdir(mode=0o700)
+    sqlite3.connect(str(d / "cache.db")).close()  # an empty database: no Settings, no Cache table yet
+    st = DiskStore(str(d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert st.get("kernel/x") is None
+    DiskStore(str(d)).put("kernel/x", b"value")
+    assert st.get("kernel/x") == b"value"

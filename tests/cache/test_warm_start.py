@@ -156,8 +156,8 @@ def test_a_reader_error_is_a_miss_with_one_warning(tmp_path, monkeypatch):
         raise sqlite3.OperationalError("database is locked")
     monkeypatch.setattr(store_mod._Reader, "get", broken)
     with pytest.warns(RuntimeWarning, match="locked"):
-        assert again.get("kernel/x") is None  # never read through diskcache (which unpickles)
-    assert again.get("kernel/x") is None and again._cache is None
+        assert again.get("kernel/x") is None  # tried again once, never read through diskcache (which unpickles)
+    assert again.get("kernel/x") is None
 
 
 def test_a_forked_child_reads_on_its_own_connection(tmp_path):
