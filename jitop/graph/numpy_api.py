@@ -717,13 +717,7 @@ def clip(a, a_min=None, a_max=None, out=None, **kwargs):
     srcs = [n, as_node(a_min), as_node(a_max)]
     ins, outs, srcs = _resolve(np._core.umath.clip, srcs, None)
     x, lo, hi = (cast_node(s, _dtype(d)) for s, d in zip(srcs, ins))
-    if not x.dtype.is_float:
-        return ufunc_call(np.minimum, [ufunc_call(np.maximum, [x, lo]).node, hi])
-    # numpy's clip keeps x on a tie (np.clip(0.0, -0.0, 3) is 0.0, np.maximum(0.0, -0.0) is -0.0) and gives NaN
-    # if any of the three is NaN; a bound beyond the other (lo > hi) gives hi
-    x, lo, hi = wrap(x), wrap(lo), wrap(hi)
-    low = np.where(np.isnan(lo) | (x < lo), lo, x)
-    return np.where(np.isnan(hi) | (low > hi), hi, low)
+    return ufunc_call(np.minimum, [ufunc_call(np.maximum, [x, lo]).node, hi])
 
 
 def _int_bound(bound: Any, dt: dtypes.DType, lower: bool) -> Any:
