@@ -717,7 +717,9 @@ def clip(a, a_min=None, a_max=None, out=None, **kwargs):
     srcs = [n, as_node(a_min), as_node(a_max)]
     ins, outs, srcs = _resolve(np._core.umath.clip, srcs, None)
     x, lo, hi = (cast_node(s, _dtype(d)) for s, d in zip(srcs, ins))
-    return ufunc_call(np.minimum, [ufunc_call(np.maximum, [x, lo]).node, hi])
+    # the bound first: np.maximum/np.minimum give their second operand on a tie, and clip keeps x there
+    # (np.clip(0.0, -0.0, 3) is 0.0, its sign of zero included; np.maximum(0.0, -0.0) is -0.0)
+    return ufunc_call(np.minimum, [hi, ufunc_call(np.maximum, [lo, x]).node])
 
 
 def _int_bound(bound: Any, dt: dtypes.DType, lower: bool) -> Any:

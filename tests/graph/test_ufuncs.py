@@ -8,6 +8,7 @@ relative tolerance (float32 2e-6, float64 1e-14).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -709,3 +710,16 @@ def test_rint_rounds_half_to_even(dtype: str) -> None:
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 4.5, 1e30, -0.0, 0.49999997], dtype)
     for g, e in zip(jit_call(f, x), numpy_ref(f.fn, x)):
         assert_same(g, e)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_clip_keeps_x_on_a_tie_and_propagates_nan_like_numpy(dt):
+    """np.clip(0.0, -0.0, 3) is 0.0 (x kept on a tie, its sign of zero too) while np.maximum(0.0, -0.0) is -0.0;
+    a NaN among the three gives NaN; lo > hi gives hi. Found by test_random_calls ('clip by b', False, -0.0)."""
+    vals = [1.0, np.nan, 0.0, -0.0, 3.0, -5.0, np.inf]
+    f = jitop.kernel(lambda a, lo, hi: np.clip(a, lo, hi), fallback=False)
+    for x, lo, hi in itertools.product(vals, vals, vals):
+        a, lo_, hi_ = np.array([x], dt), dt(lo), dt(hi)
+        got, want = f(a, lo_, hi_), np.clip(a, lo_, hi_)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), (x, lo, hi, got, want)
+        assert np.signbit(got).tolist() == np.signbit(want).tolist(), (x, lo, hi, got, want)
