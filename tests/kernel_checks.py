@@ -1,6 +1,8 @@
 """Shared assertions of the conformance tests: results must be numpy's in kind, dtype, shape and values."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import jitop
@@ -53,3 +55,37 @@ def batched(tag: str, fns: dict, call, *arrays: np.ndarray) -> dict | None:
         except Exception:
             _BATCHES[key] = None
     return _BATCHES[key]
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray, wl) -> np.ndarray:
+    """float64 NCHW/NHWC convolution of a concrete conv2d workload (jitop.topi.conv2d.Conv2dWorkload): per
+    output channel and kernel tap, a strided window of the padded input."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    if wl.layout == "NHWC":
+        x = x.transpose(0, 3, 1, 2)
+    top, bottom, left, right = wl.pads
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    (sh, sw), (dh, dw) = wl.stride, wl.dilation
+    out = np.zeros((wl.n, wl.oc, wl.oh, wl.ow))
+    for o in range(wl.oc):
+        g = o // wl.ocg
+        for r in range(wl.kh):
+            for s in range(wl.kw):
+                win = xp[:, g * wl.icg:(g + 1) * wl.icg, r * dh::sh, s * dw::sw][:, :, :wl.oh, :wl.ow]
+                out[:, o] += np.einsum("nchw,c->nhw", win, w[o, :, r, s])
+    return out.transpose(0, 2, 3, 1) if wl.layout == "NHWC" else out
+
+
+@functools.cache
+def tvm_add_example() -> "jitop.Module":
+    """TVM's first example through te -> lower -> build: C = A + B over te.var n, split by 8, vectorized,
+    parallel (built once per test process)."""
+    from jitop import te
+    n = te.var("n")
+    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
+    s = jitop.create_schedule(C.op)
+    xo, xi = s[C].split(C.op.axis[0], factor=8)
+    s[C].vectorize(xi)
+    s[C].parallel(xo)
+    return jitop.build(s, [A, B, C])

@@ -24,25 +24,14 @@ from jitop.schedule.schedule import ForKind
 from jitop.te.expr import const
 from jitop.tir.nodes import Buffer, For, PrimFunc, Store
 
+from kernel_checks import tvm_add_example
+
 F4 = np.dtype("float32")
 SIZES = [0, 1, 2, 7, 1000, 4099]
 native = pytest.mark.skipif(not fastcall.available(), reason="the native entry is not available here")
 
 
 # ** kernels and plans **
-@functools.cache
-def add_module() -> jitop.Module:
-    """TVM's first example: C = A + B over te.var n, split by 8, vectorized, parallel."""
-    n = te.var("n")
-    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
-    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
-    s = jitop.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=8)
-    s[C].vectorize(xi)
-    s[C].parallel(xo)
-    return jitop.build(s, [A, B, C])
-
-
 @functools.cache
 def static_add_module(n: int) -> jitop.Module:
     A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
@@ -73,7 +62,7 @@ def int32_module() -> jitop.Module:
 
 def add_exe(guards: list[str] | None = None) -> Executable:
     plan = Plan([("arg", 0), ("arg", 1)], [(("n",), F4)], [0], result=["out", 0, False], guards=list(guards or []))
-    return Executable(add_module(), plan)
+    return Executable(tvm_add_example(), plan)
 
 
 def repeat_exe() -> Executable:

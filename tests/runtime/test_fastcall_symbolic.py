@@ -24,6 +24,8 @@ from jitop.runtime.fastcall import MISS, Array, Const, Output, Scalar, Spec, Tab
 from jitop.schedule.schedule import ForKind
 from jitop.tir.nodes import Buffer, For, PrimFunc, Store
 
+from kernel_checks import tvm_add_example
+
 F4, I4, I8 = np.dtype("float32"), np.dtype("int32"), np.dtype("int64")
 
 pytestmark = pytest.mark.skipif(not fastcall.available(), reason="the native entry is not available here")
@@ -84,19 +86,6 @@ def probes() -> dict[str, int]:
     return load_object(obj, ["jitop_test_noop", "jitop_test_symbols", "jitop_test_gil"])
 
 
-@functools.cache
-def tvm_example():
-    """TVM's first example through te -> lower -> build: C = A + B over te.var n, split by 8, vectorized, parallel."""
-    n = te.var("n")
-    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
-    C = te.compute(A.shape, lambda i: A[i] + B[i], name="C")
-    s = jitop.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=8)
-    s[C].vectorize(xi)
-    s[C].parallel(xo)
-    return jitop.build(s, [A, B, C])
-
-
 def module_spec(module, guards=()) -> Spec:
     """A spec read off a built module's metadata (as the Executable's will be): inputs are the arguments."""
     params, symbols = module.meta["params"], [s["name"] for s in module.meta["symbols"]]
@@ -138,7 +127,7 @@ def test_one_symbolic_spec_serves_every_size(n):
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 100, 4099, 100_000])
 def test_a_built_te_var_kernel_through_the_entry(n):
-    spec = module_spec(tvm_example())
+    spec = module_spec(tvm_add_example())
     fast = Table([spec]).entry()
     a, b = inputs(n, n)
     r = fast(a, b)
@@ -389,7 +378,7 @@ def test_stack_depth_is_bounded_when_planned():
 def test_threads_calling_one_symbolic_entry_with_different_sizes():
     """The slots and output dims are per call: threads at different sizes (some releasing the GIL) never mix."""
     import threading
-    fast = Table([module_spec(tvm_example()), add_spec()]).entry()
+    fast = Table([module_spec(tvm_add_example()), add_spec()]).entry()
     errors = []
 
     def work(n):

@@ -19,30 +19,14 @@ import jitop
 from jitop import te
 from jitop.topi import conv2d as tc
 from jitop.tuner.space import Config
+
+from kernel_checks import conv2d_reference
 from targets import HOST
 
 # parallel loops run on threads at every size (the run-time work test would keep small sizes serial)
 TARGET = HOST.replace(parallel_min_work=1)
 RNG = np.random.default_rng(23)
 W = tc.Conv2dWorkload
-
-
-def _reference(x: np.ndarray, w: np.ndarray, wl: tc.Conv2dWorkload) -> np.ndarray:
-    """float64 convolution of a concrete workload: per output channel and tap, a strided window of the padded input."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    if wl.layout == "NHWC":
-        x = x.transpose(0, 3, 1, 2)
-    top, bottom, left, right = wl.pads
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    (sh, sw), (dh, dw) = wl.stride, wl.dilation
-    out = np.zeros((wl.n, wl.oc, wl.oh, wl.ow))
-    for o in range(wl.oc):
-        g = o // wl.ocg
-        for r in range(wl.kh):
-            for s in range(wl.kw):
-                win = xp[:, g * wl.icg:(g + 1) * wl.icg, r * dh::sh, s * dw::sw][:, :, :wl.oh, :wl.ow]
-                out[:, o] += np.einsum("nchw,c->nhw", win, w[o, :, r, s])
-    return out.transpose(0, 2, 3, 1) if wl.layout == "NHWC" else out
 
 
 def _with(config: Config, **knobs) -> Config:
@@ -72,7 +56,7 @@ def _run(wl: tc.Conv2dWorkload, sizes: dict[str, int], knobs: tuple = ()) -> jit
     x = RNG.standard_normal(shape).astype(cwl.dtype)
     w = RNG.standard_normal((cwl.oc, cwl.icg, cwl.kh, cwl.kw)).astype(cwl.dtype)
     got = f(x, w)
-    ref = _reference(x, w, cwl)
+    ref = conv2d_reference(x, w, cwl)
     assert got.shape == cwl.out_shape == ref.shape and got.dtype == np.dtype(cwl.dtype), (got.shape, ref.shape)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * (cwl.icg * cwl.kh * cwl.kw) ** 0.5)
     return f

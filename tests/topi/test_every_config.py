@@ -28,6 +28,8 @@ from jitop.target import Target
 from jitop.topi import conv2d as tc
 from jitop.topi import matmul as tm
 from jitop.tuner.space import Config, ConfigSpace
+
+from kernel_checks import conv2d_reference
 from targets import HOST, runnable_targets
 
 RNG = np.random.default_rng(7)
@@ -160,25 +162,6 @@ def _conv_cases():
                 yield pytest.param(name, idx, t, id=f"{target.id}-{name}-{idx}")
 
 
-def _conv_reference(x, w, wl: tc.Conv2dWorkload):
-    """float64 NCHW/NHWC convolution: per output channel and kernel tap, a strided window of the padded input."""
-    x = x.astype(np.float64)
-    w = w.astype(np.float64)
-    if wl.layout == "NHWC":
-        x = x.transpose(0, 3, 1, 2)
-    top, bottom, left, right = wl.pads
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    (sh, sw), (dh, dw) = wl.stride, wl.dilation
-    out = np.zeros((wl.n, wl.oc, wl.oh, wl.ow))
-    for o in range(wl.oc):
-        g = o // wl.ocg
-        for r in range(wl.kh):
-            for s in range(wl.kw):
-                win = xp[:, g * wl.icg:(g + 1) * wl.icg, r * dh::sh, s * dw::sw][:, :, :wl.oh, :wl.ow]
-                out[:, o] += np.einsum("nchw,c->nhw", win, w[o, :, r, s])
-    return out.transpose(0, 2, 3, 1) if wl.layout == "NHWC" else out
-
-
 _CONV_DATA: dict[str, tuple] = {}
 
 
@@ -189,9 +172,9 @@ def _conv_data(name):
         x = RNG.standard_normal((wl.n, wl.c, wl.h, wl.w) if wl.layout == "NCHW" else (wl.n, wl.h, wl.w, wl.c))
         w = RNG.standard_normal((wl.oc, wl.icg, wl.kh, wl.kw))
         x, w = x.astype(dtype), w.astype(dtype)
-        ref = _conv_reference(x, w, wl)
+        ref = conv2d_reference(x, w, wl)
         assert ref.shape == wl.out_shape
-        _CONV_DATA[name] = x, w, ref, _conv_reference(np.abs(x), np.abs(w), wl)
+        _CONV_DATA[name] = x, w, ref, conv2d_reference(np.abs(x), np.abs(w), wl)
     return _CONV_DATA[name]
 
 
