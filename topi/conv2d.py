@@ -30,7 +30,7 @@ from jitop.target import Target
 from jitop.te.expr import Expr, free_vars
 from jitop.tir.simplify import SYMBOL_MAX, prove, simplify
 from jitop.topi import matmul as topi_matmul
-from jitop.topi.matmul import Size, is_sym, rep
+from jitop.topi.matmul import Size, bind_fields, field_symbols, is_sym, rep
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -109,21 +109,12 @@ def _simplified(d: int | Expr) -> int | Expr:
 
 def symbols(wl: Conv2dWorkload) -> tuple[str, ...]:
     """The names of the workload's symbols, in field order (n, h, w), each once."""
-    names = [d.partition("~")[0] for d in (wl.n, wl.h, wl.w) if isinstance(d, str)]
-    return tuple(dict.fromkeys(names))
+    return field_symbols(wl, ("n", "h", "w"))
 
 
 def bound(wl: Conv2dWorkload, binding: dict[str, Expr] | None) -> Conv2dWorkload:
     """The workload with its symbolic ("name~rep") fields replaced by `binding[name]`."""
-    names = symbols(wl)
-    missing = [n for n in names if binding is None or n not in binding]
-    if missing:
-        raise ValueError(f"conv2d workload {wl} is symbolic: give a binding of {missing} to te symbols "
-                         "(compute(..., binding={name: te.size_var(name)}))")
-    if not names:
-        return wl
-    return dataclasses.replace(wl, **{f: binding[d.partition("~")[0]] for f in ("n", "h", "w")
-                                      for d in [getattr(wl, f)] if isinstance(d, str)})
+    return bind_fields(wl, ("n", "h", "w"), binding, "conv2d")
 
 
 def at_rep(wl: Conv2dWorkload) -> Conv2dWorkload:

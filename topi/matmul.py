@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -53,24 +53,34 @@ def rep(v: Size) -> int:
     return int(value.value)
 
 
+def field_symbols(wl: Any, fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the symbols ("name~rep") among a workload's `fields`, in field order, each once."""
+    names = [d.partition("~")[0] for d in (getattr(wl, f) for f in fields) if isinstance(d, str)]
+    return tuple(dict.fromkeys(names))
+
+
+def bind_fields(wl: Any, fields: tuple[str, ...], binding: dict[str, Expr] | None, template: str) -> Any:
+    """The workload with its symbolic ("name~rep") `fields` replaced by `binding[name]`; a ValueError naming
+    the `template` and the unbound names if the binding lacks one."""
+    names = field_symbols(wl, fields)
+    missing = [n for n in names if binding is None or n not in binding]
+    if missing:
+        raise ValueError(f"{template} workload {wl} is symbolic: give a binding of {missing} to te symbols "
+                         "(compute(..., binding={name: te.size_var(name)}))")
+    if not names:
+        return wl
+    return dataclasses.replace(wl, **{f: binding[d.partition("~")[0]] for f in fields
+                                      for d in [getattr(wl, f)] if isinstance(d, str)})
+
+
 def symbols(wl: "MatmulWorkload") -> tuple[str, ...]:
     """The names of the workload's symbols, in field order (m, n, k), each once."""
-    names = [str(d).partition("~")[0] for d in (wl.m, wl.n, wl.k) if isinstance(d, str)]
-    return tuple(dict.fromkeys(names))
+    return field_symbols(wl, ("m", "n", "k"))
 
 
 def bound(wl: "MatmulWorkload", binding: dict[str, Expr] | None) -> "MatmulWorkload":
     """The workload with its symbolic ("name~rep") fields replaced by `binding[name]`."""
-    names = symbols(wl)
-    missing = [n for n in names if binding is None or n not in binding]
-    if missing:
-        raise ValueError(f"matmul workload {wl} is symbolic: give a binding of {missing} to te symbols "
-                         "(compute(..., binding={name: te.size_var(name)}))")
-    if not names:
-        return wl
-    dim = {f: getattr(wl, f) for f in ("m", "n", "k")}
-    dim = {f: binding[d.partition("~")[0]] if isinstance(d, str) else d for f, d in dim.items()}
-    return dataclasses.replace(wl, **dim)
+    return bind_fields(wl, ("m", "n", "k"), binding, "matmul")
 
 
 @dataclass(frozen=True)
