@@ -7,8 +7,9 @@ front end's build, kept for the next call. It serves its hot overloads through o
 one call took. The workload log (`drain_all`), background tuning (`overloads`, `Overload.served`, `replace`),
 `jitop.matmul` (the native entry) and `jitop explain` (`on_first_call`) read it through this interface only.
 
-Overloads are keyed by the front end's exact key today; `lookup` is where a second, symbolic matching step
-goes (a new size of a known symbolic signature, served without tracing).
+Overloads are keyed by the front end's exact key; an overload compiled with symbolic dims (`Overload.accepts`)
+is also held under its structure key (the exact key with ranks for shapes), so `lookup` serves a new size of a
+known symbolic signature without tracing: newest first, the first whose shape checks and guards hold.
 
 >>> d = Dispatcher("doc.add")
 >>> d.lookup(("f4", 3)) is None
@@ -68,11 +69,15 @@ class Overload:
     """
 
     __slots__ = ("key", "call", "exe", "trace", "lookup", "tasks", "calls", "seconds", "logged", "spec", "native",
-                 "waiting")
+                 "waiting", "accepts", "struct")
 
     def __init__(self, call: Callable[[Sequence[Any]], Any], exe: Any = None, trace: Any = None, lookup: Any = None,
-                 tasks: Sequence[Any] = (), native: bool = True):
+                 tasks: Sequence[Any] = (), native: bool = True,
+                 accepts: Callable[[Sequence[Any]], bool] | None = None):
         self.key: Any = None  # set when a dispatcher holds it
+        # a symbolic overload: whether it serves a call's leaves of its structure (shape checks and guards)
+        self.accepts = accepts
+        self.struct: Any = None  # the structure key it serves (symbolic overloads only)
         self.call, self.exe, self.trace, self.lookup, self.tasks = call, exe, trace, lookup, list(tasks)
         self.calls, self.seconds, self.logged = 0, None, 0
         self.spec: Any = _UNSET if native else None  # its fastcall.Spec; None: the native entry cannot serve it
@@ -117,6 +122,7 @@ class Dispatcher:
         self._hits = 0
         self._native_hits = ctypes.c_int64(0)
         self._memo: dict[Any, Overload | _Fallback] = {}
+        self._symbolic: dict[Any, list[Overload]] = {}  # structure key -> symbolic overloads, newest first
         self._native: list[Overload] = []  # what `entry` serves, newest first
         # a collected function's unlogged calls still reach the workload log
         weakref.finalize(self, _retire, name, self._memo)
@@ -127,18 +133,30 @@ class Dispatcher:
         """Calls served by an overload already held (through the native entry or not)."""
         return self._hits + self._native_hits.value
 
-    def lookup(self, key: Any, leaves: Sequence[Any] | None = None) -> Overload | _Fallback | None:
-        """What serves `key` (counted as a hit), or None. `leaves` (the call's arrays) are for the symbolic
-        step that will follow the exact one: an overload whose signature matches them."""
+    def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
+        """What serves `key` (counted as a hit), or None: the exact key's overload, else (given the call's
+        `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them."""
         ov = self._memo.get(key)
+        if ov is None and struct is not None:
+            ov = self._accepting(struct, leaves)
         if ov is not None:
             self._hits += 1
         return ov
 
-    def get(self, key: Any, build: Callable[[], Overload | _Fallback], memo: bool = True) -> Overload | _Fallback:
-        """What serves `key`: held, else `build()` (once, under the lock), kept unless memo=False."""
+    def _accepting(self, struct: Any, leaves: Sequence[Any] | None) -> Overload | None:
+        for ov in self._symbolic.get(struct, ()):
+            if ov.accepts(leaves):
+                return ov
+        return None
+
+    def get(self, key: Any, build: Callable[[], Overload | _Fallback], memo: bool = True,
+            struct: Any = None, leaves: Sequence[Any] | None = None) -> Overload | _Fallback:
+        """What serves `key`: held (or a symbolic overload of `struct` accepting `leaves`), else `build()`
+        (once, under the lock), kept unless memo=False; a symbolic one also under `struct`."""
         with self.lock:
             ov = self._memo.get(key)
+            if ov is None and struct is not None:
+                ov = self._accepting(struct, leaves)
             if ov is not None:
                 return ov
             self.misses += 1
@@ -146,6 +164,9 @@ class Dispatcher:
             if isinstance(ov, Overload):
                 ov.key = key
                 self.compiles += ov.lookup is None or getattr(ov.lookup, "status", None) != "hit"
+                if ov.accepts is not None and struct is not None and memo:
+                    ov.struct = struct
+                    self._symbolic.setdefault(struct, []).insert(0, ov)
             if memo:
                 self._memo[key] = ov
         return ov
@@ -163,6 +184,11 @@ class Dispatcher:
             _RETIRED.extend(_counts(self.name, [old]))  # the old kernel's calls go to the workload log first
             new.key = old.key
             self._memo[old.key] = new
+            if old.struct is not None:
+                held = self._symbolic.get(old.struct, [])
+                if new.accepts is not None:
+                    new.struct = old.struct
+                self._symbolic[old.struct] = [new if o is old else o for o in held if o is not old or new.accepts]
             if old.native:
                 self._publish([o for o in self._native if o is not old])  # `new` joins on its next call
         return True
@@ -177,6 +203,7 @@ class Dispatcher:
             _RETIRED.extend(_counts(self.name, list(self._memo.values())))
             self._publish([])
             self._memo.clear()
+            self._symbolic.clear()
 
     def overloads(self) -> list[Overload]:
         """The overloads serving a signature now (not the signatures that run as numpy)."""
@@ -218,10 +245,17 @@ class Dispatcher:
             if ov.spec is None or ov.native or not self.serves(ov):
                 return
             ov.waiting = 0
-            self._publish([ov, *self._native[:MAX_FAST_SIGNATURES - 1]])
+            native = [ov, *self._native]
+            if len(native) > MAX_FAST_SIGNATURES:  # drop the oldest exact one: a symbolic one serves many sizes
+                exact = [o for o in native if o.accepts is None]
+                native.remove(exact[-1] if exact else native[-1])
+            self._publish(native)
 
     def _publish(self, native: list[Overload]) -> None:
-        """Serve `native` through a new entry, swapped in at once (a call in flight finishes on the old one)."""
+        """Serve `native` through a new entry, swapped in at once (a call in flight finishes on the old one).
+        Exact signatures go before symbolic ones (a mismatched dim rules an exact one out in nanoseconds, and a
+        symbolic overload may accept a call that an exact one serves faster)."""
+        native = sorted(native, key=lambda ov: ov.accepts is not None)
         for ov in self._native:
             ov.native = False
         for ov in native:

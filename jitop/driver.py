@@ -94,7 +94,7 @@ def compile_func(func: PrimFunc, target: Target) -> Module:
 def _signature(func: PrimFunc) -> tuple[list[dict], list[dict]]:
     """The parameter specs (symbolic dims as their printed expressions) and the symbols (where each is read
     from) of a function, as JSON; ValueError when a call could not bind or check them."""
-    params = [ParamSpec(b.name, b.dtype.np, tuple(_dim(d) for d in b.shape), k in func.outputs)
+    params = [ParamSpec(b.name, b.dtype.np, tuple(printed_dim(d) for d in b.shape), k in func.outputs)
               for k, b in enumerate(func.params)]
     symbols = [SymbolSpec(v.name, k, j, v.dtype.name) for v, (k, j) in zip(func.symbols, func.symbol_sources())]
     try:
@@ -104,7 +104,13 @@ def _signature(func: PrimFunc) -> tuple[list[dict], list[dict]]:
     return [p.to_json() for p in params], [s.to_json() for s in symbols]
 
 
-def _dim(d: int | Expr) -> int | str:
+def printed_dim(d: int | Expr) -> int | str:
+    """A dim as a kernel's parameters and plans hold it: an int, or a symbolic dim's printed expression.
+
+    >>> from jitop import te
+    >>> printed_dim(3), printed_dim(te.size_var("n") * 2)
+    (3, 'n * 2')
+    """
     if isinstance(d, int):
         return d
     return int(d.value) if d.op is Op.CONST else expr_str(d)

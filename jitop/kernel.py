@@ -10,6 +10,7 @@ fallback=False).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import math
@@ -34,7 +35,10 @@ from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache
 from jitop.graph.compile import compile_graph, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
-from jitop.graph.ir import Node, node, toposort
+from jitop.graph.ir import Node, node, resolve_graph, toposort
+from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
+from jitop.shape_policy import ShapePolicy, struct_key
+from jitop.te.printer import expr_str
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
 from jitop.runtime import fastcall
 from jitop.runtime.executable import Executable, leaf
@@ -127,13 +131,19 @@ class Trace:
     # the parameters' structure (jitop.pytree: a tuple with one entry per parameter) when a container argument
     # was flattened into several leaves; None when each parameter is one leaf. The kernel's inputs index leaves.
     arg_tree: Any = None
+    # symbolic dims (jitop.graph.shapes): the trace's ShapeEnv (symbols, ties, guards, specialisations), None if
+    # every dim was traced at its size
+    env: ShapeEnv | None = None
+    shape_guards: list[str] = field(default_factory=list)  # the env's guards, printed ("x_0 - 5 >= 0")
+    symbols: dict[str, tuple[str, int]] = field(default_factory=dict)  # symbol -> (leaf name, dim) it came from
 
 
 class KernelFunction:
     """A numpy function compiled per (shape, dtype) signature. Created by @jitop.kernel."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
-                 fallback: bool = True, autotune: str | None = None):
+                 fallback: bool = True, autotune: str | None = None,
+                 dynamic: bool | Mapping[str, Sequence[int]] | None = None):
         self.fn = fn
         self.autotune = autotune_mode(autotune)
         self.__wrapped__ = fn
@@ -154,6 +164,11 @@ class KernelFunction:
         # signature -> overload, the call log and the native entry (checks the arguments itself and returns
         # MISS for anything else, which then takes the path below)
         self.dispatcher = Dispatcher(self.qualified_name)
+        # which dims are traced as symbols (automatic: those that varied; decisions kept in the disk cache)
+        self.policy = ShapePolicy(dynamic, functools.partial(kernel_cache.load_dynamic, self.qualified_name),
+                                  functools.partial(kernel_cache.save_dynamic, self.qualified_name))
+        self.policy.check_names(names)
+        self.traces = 0  # how many times the function was traced (a new size of a symbolic signature is not)
 
     @property
     def cache(self) -> Mapping[tuple, Overload | Any]:
@@ -191,7 +206,9 @@ class KernelFunction:
             values, key, tree = self._bind(args, kwargs)
         except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
             return self.fn(*args, **kwargs)
-        ov = self.dispatcher.lookup(key, values)
+        ov = self.dispatcher.lookup(key)
+        if ov is None and key[0] != "unhashable":  # a new size of a symbolic signature: served without tracing
+            ov = self.dispatcher.lookup(key, values, struct_key(key))
         if ov is None:
             ov = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if ov is FALLBACK:
@@ -256,16 +273,18 @@ class KernelFunction:
                  tree: Any = None) -> Overload | Any:
         """What serves `key`: the dispatcher's, else traced and built (the disk cache, else compiled and saved),
         verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
-        build = functools.partial(self._build, values, run_numpy, tree)
-        ov = self.dispatcher.get(key, build, memo=key[0] != "unhashable")
+        struct = struct_key(key) if key[0] != "unhashable" else None
+        build = functools.partial(self._build, values, run_numpy, tree, struct)
+        ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
         workloads.maybe_flush()
         if self.autotune == "background" and ov is not FALLBACK and ov.tasks:
             watch_for_autotune(self)
         return ov
 
-    def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any) -> Overload | Any:
+    def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
+               struct: Any = None) -> Overload | Any:
         try:
-            ov = self._trace_and_build(values, tree)
+            ov = self._trace_and_build(values, tree, struct)
             if config.verify() and run_numpy is not None:
                 ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
             return ov
@@ -290,7 +309,7 @@ class KernelFunction:
     def built_again(self, old: Overload) -> Overload:
         """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
         tr = old.trace
-        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         new = self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
@@ -314,10 +333,33 @@ class KernelFunction:
                       "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=stacklevel)
         return FALLBACK
 
-    def _trace_and_build(self, values: Sequence[Any], tree: Any = None) -> Overload:
-        tr = self.trace(values, tree)
+    def _trace_and_build(self, values: Sequence[Any], tree: Any = None, struct: Any = None) -> Overload:
+        """Trace (with the dims the policy makes symbolic) and build. A symbolic trace or build that fails is
+        done again with constant dims; if that works, this structure stays constant (the reason is kept)."""
+        dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
+        if dims:
+            try:
+                return self._build_trace(self.trace(values, tree, dims))
+            except Exception as err:  # noqa: BLE001 - the safety net: a symbol never makes a call fail
+                symbolic_error = err
+            ov = self._build_trace(self.trace(values, tree))  # its error, if any, is the call's
+            self.policy.refuse(struct, f"{type(symbolic_error).__name__}: {symbolic_error}")
+            return ov
+        return self._build_trace(self.trace(values, tree))
+
+    def _dynamic_dims(self, struct: Any, values: Sequence[Any], tree: Any) -> dict[int, tuple[int, ...]]:
+        shapes = [v.shape if isinstance(v, np.ndarray) else None for v in values]
+        return self.policy.dims(struct, self._leaf_names(tree), shapes)
+
+    def _leaf_names(self, tree: Any) -> list[str]:
+        """Each leaf's name: its parameter's, or inside a container its path (`params[0]['w']`)."""
+        if tree is None:
+            return list(self.signature.parameters)
+        return [p for name, d in zip(self.signature.parameters, tree[1]) for p in pytree.paths(d, name)]
+
+    def _build_trace(self, tr: Trace) -> Overload:
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
-        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results)
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
@@ -326,7 +368,9 @@ class KernelFunction:
         # a function reading globals/closure data (checked before each call) or computing with Python ints (a
         # result beyond int64 runs that call as numpy) has no native entry: `call` serves it alone
         guarded = bool(tr.guards or tr.python_ints)
-        ov = Overload(exe.call, exe, tr, lookup, tasks, native=not guarded)
+        symbolic = exe.module.symbols or exe.plan.guards
+        ov = Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
+                      accepts=exe.accepts if symbolic and not guarded else None)
         if guarded:
             ov.call = _guarded_call(ov, self)
         return ov
@@ -337,15 +381,34 @@ class KernelFunction:
         return f"{getattr(self.fn, '__module__', None) or '?'}.{getattr(self.fn, '__qualname__', self.__name__)}"
 
     # ** tracing **
-    def trace(self, values: Sequence[Any], tree: Any = None) -> Trace:
+    def trace(self, values: Sequence[Any], tree: Any = None,
+              dynamic: Mapping[int, Sequence[int]] | None = None) -> Trace:
         """Run the function on tracers; the graph of every array it returns. `values`: one per parameter, or
-        with `tree` (the structure `_bind` gave) the call's leaves."""
+        with `tree` (the structure `_bind` gave) the call's leaves. `dynamic`: leaf index -> the dims traced as
+        symbols (`x_0`; sizes 0 and 1 stay constants)."""
         if tree is not None:
             values = pytree.unflatten(tree, values)
         leaves, specs, tree = self._flatten_params(values)
-        tr = Trace(arg_tree=tree)
-        names = list(self.signature.parameters) if tree is None else \
-            [p for name, d in zip(self.signature.parameters, tree[1]) for p in pytree.paths(d, name)]
+        code = getattr(self.fn, "__code__", None)
+        env = ShapeEnv(user_files={code.co_filename} if code else set()) if dynamic else None
+        tr = Trace(arg_tree=tree, env=env)
+        self.traces += 1
+        with env.active() if env is not None else contextlib.nullcontext():
+            self._trace_into(tr, leaves, specs, tree, dynamic or {})
+        if env is not None and env.symbols:
+            tr.inputs, tr.results = resolve_graph(env, tr.inputs, tr.results)
+            # every symbol is at least MIN_SYMBOL (the trace proved things from it: a symbol is never 1), then
+            # what the trace decided at this call's sizes
+            free = [s for s in env.symbols if s not in env.subst]
+            tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
+                [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
+            for sp in env.specialised:  # the dims the user's code made constant, and where
+                for sym in sp.symbols:
+                    self.policy.static[tr.symbols[sym]] = str(sp)
+        return tr
+
+    def _trace_into(self, tr: Trace, leaves: list, specs: tuple, tree: Any, dynamic: Mapping[int, Sequence[int]]) -> None:
+        names = self._leaf_names(tree)
         inputs = []
         for k, (name, v, spec) in enumerate(zip(names, leaves, specs)):
             if spec[0] == "unsupported":
@@ -353,7 +416,7 @@ class KernelFunction:
                                   "(jitop traces the arrays and numbers in there, and keeps None, strings and "
                                   "containers without arrays as constants; pass other objects as arguments of "
                                   "their own)")
-            inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr))
+            inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr, dynamic.get(k, ())))
         pos, kw = _split_values(self, inputs, tree)
         # captured arrays are traced as live constants (read in place); if the function uses one outside the
         # tracer (an `if` on its values, say), it is traced again with them as constants guarded by contents
@@ -374,15 +437,15 @@ class KernelFunction:
         tr.results += checks
         tr.python_ints = any(n.param("name").endswith("_int") or n.param("name") == "py_lshift" for n in checks)
         _bound_python_ints(tr)
-        return tr
 
-    def _tracer_for(self, k: int, name: str, value: Any, tr: Trace) -> Any:
+    def _tracer_for(self, k: int, name: str, value: Any, tr: Trace, dynamic: Sequence[int] = ()) -> Any:
         if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
             raise Unsupported(f"argument '{name}' of type {type(value).__name__} (an ndarray subclass)")
         if isinstance(value, np.ndarray):
             if value.dtype.name not in dtypes.DTYPES:
                 raise Unsupported(f"argument '{name}' of dtype {value.dtype}")
-            n = node("arg", value.shape, dtypes.as_dtype(value.dtype), index=k)
+            shape = [self._symbol(tr, name, d, size) if d in dynamic else size for d, size in enumerate(value.shape)]
+            n = node("arg", shape, dtypes.as_dtype(value.dtype), index=k)
             # a non-native byte order is converted on each call (the kernel reads native values)
             tr.plan.append(("arg", k) if value.dtype.isnative else ("arg_swapped", (k, value.dtype.newbyteorder("="))))
         elif isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
@@ -402,6 +465,13 @@ class KernelFunction:
         if n.prim == "arg":  # numpy keeps a non-native byte order through views and copies
             return Tracer(n, array0d=True, order=None if value.dtype.isnative else value.dtype)
         return Tracer(n)
+
+    @staticmethod
+    def _symbol(tr: Trace, name: str, dim: int, size: int) -> Any:
+        """Dim `dim` of leaf `name` as a symbol named `<name>_<dim>` (sizes 0 and 1: the int itself)."""
+        symbol = f"{_identifier(name)}_{dim}"
+        tr.symbols[symbol] = (name, dim)
+        return tr.env.symbol(symbol, size)
 
     @staticmethod
     def _numpy_raises(run_numpy: Callable[[], Any]) -> Exception | None:
@@ -608,6 +678,8 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
     leaves: list[Node] = []
 
     def walk(x: Any) -> list:
+        if isinstance(x, SymInt):  # a size returned as a Python int: this call's value, which it must keep
+            x = int(x)
         if isinstance(x, Tracer):
             if x.order is not None:
                 raise Unsupported(f"returning a view or copy of a {x.order.str} array (numpy keeps its byte order, "
@@ -631,7 +703,8 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
 
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
-           fallback: bool = True, autotune: str | None = None) -> Any:
+           fallback: bool = True, autotune: str | None = None,
+           dynamic: bool | Mapping[str, Sequence[int]] | None = None) -> Any:
     """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
 
     >>> @jitop.kernel
@@ -648,9 +721,13 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     fallback=False: raise FallbackError instead of running unsupported code as plain numpy.
     autotune="background" (or JITOP_AUTOTUNE=background): tune its heaviest matmul/conv2d workloads in a
     low-priority process while the program runs, and swap each better kernel in (jitop.autotune).
+    dynamic: which dims one compiled kernel serves at every size (symbolic shapes, jitop.shape_policy). None
+    (default): a dim that differs between two calls becomes symbolic at the next compile; True: every dim from
+    the first call; {"x": (0,)}: those dims of those parameters; False: a kernel per shape. Sizes 0 and 1
+    are always compiled as constants (they broadcast).
     """
     def wrap(f: Callable) -> KernelFunction:
-        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune)
+        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic)
     return wrap(fn) if fn is not None else wrap
 
 

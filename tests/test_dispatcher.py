@@ -176,7 +176,7 @@ def test_first_call_is_timed_and_told_to_hooks() -> None:
 
 # ** the native entry **
 def test_a_full_native_entry_takes_a_newcomer_after_promote_after_slow_calls() -> None:
-    f = jitop.kernel(lambda a, b: a + b)
+    f = jitop.kernel(lambda a, b: a + b, dynamic=False)  # a kernel per shape
     arrays = [np.arange(n, dtype=np.float32) for n in range(1, dispatch.MAX_FAST_SIGNATURES + 2)]
     for a in arrays:
         f(a, a)

@@ -5,12 +5,12 @@ plan), each visible to `explain` and replaceable; the tuner and the cache plug i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
-from jitop.driver import compile_func, default_target, lower
+from jitop.driver import compile_func, default_target, lower, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
@@ -38,6 +38,7 @@ class Prepared:
     why: dict[Node, str]                      # the nodes that get a loop nest of their own, and why
     choices: dict[Node, tuple[Task, Choice]]  # each templated node's task and the config picked for it
     target: Target
+    guards: list[str] = field(default_factory=list)  # relations the shape symbols must satisfy ("x_0 >= 5")
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
@@ -48,8 +49,9 @@ def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_p
 
 
 def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-            results: list[Node], target: Target | None = None) -> Prepared:
-    """The first, cheap steps of the pipeline: fusion decisions, tasks and the config `pick` chooses for each."""
+            results: list[Node], target: Target | None = None, guards: Sequence[str] = ()) -> Prepared:
+    """The first, cheap steps of the pipeline: fusion decisions, tasks and the config `pick` chooses for each.
+    `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression
     outputs = distinct_outputs(results)
@@ -60,7 +62,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     tasks = extract_tasks(why, target)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
     choices = pick_all(tasks)
-    return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target)
+    return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards))
 
 
 def build(prep: Prepared, profile: bool = False) -> Executable:
@@ -86,11 +88,16 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # codegen: LLVM object code for the Target (loaded only if this machine can run it)
     module = compile_func(func, target)
     # plan: how a call's arguments become the kernel's arrays and its outputs the function's results
-    buffers = [(n.shape, n.dtype.np) for n in unique] + [(t.shape, t.dtype.np) for t in scratch]
-    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in prep.outputs], n_scratch=len(scratch))
+    buffers = [(_printed(n.shape), n.dtype.np) for n in unique] + [(_printed(t.shape), t.dtype.np) for t in scratch]
+    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in prep.outputs], n_scratch=len(scratch),
+                guards=list(prep.guards))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
                       decisions=[f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
+
+
+def _printed(shape: tuple) -> tuple[int | str, ...]:
+    return tuple(printed_dim(d) for d in shape)
 
 
 def constant_nodes(unique: list[Node]) -> list[Node]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jitop.graph.ir import Node, consumers, toposort
+from jitop.graph.shapes import rep
 
 INPUTS = frozenset({"arg", "scalar_arg", "array_const"})
 COMPLEX = frozenset({"matmul", "conv2d"})  # complex-out-fusable: elementwise consumers run on their tiles
@@ -137,7 +138,10 @@ def _levels(n: Node) -> int:
 
 def _broadcast_reads(n: Node, users: list[Node]) -> int:
     """How many times the consumers that broadcast `n` read each of its elements (1 if none does)."""
-    return max([u.size // max(n.size, 1) for u in users if u.prim in BROADCASTING and u.size > n.size], default=1)
+    # a heuristic: symbolic sizes at their representative value
+    size = rep(n.size)
+    return max([rep(u.size) // max(size, 1) for u in users if u.prim in BROADCASTING and rep(u.size) > size],
+               default=1)
 
 
 def fuse_operands(why: dict[Node, str], operand_reads: dict[Node, tuple[int, ...]]) -> list[str]:

@@ -133,3 +133,24 @@ def consumers(order: list[Node]) -> dict[Node, list[Node]]:
         for s in dict.fromkeys(n.src):
             out[s].append(n)
     return out
+
+
+def resolve_graph(env: Any, inputs: list[Node], results: list[Node]) -> tuple[list[Node], list[Node]]:
+    """The graph with the trace's ties substituted (`env`: its jitop.graph.shapes.ShapeEnv): a symbol solved as
+    an expression of earlier ones (`v_0 := k_0`) or a constant is replaced in every dim and parameter, so the
+    kernel sees one symbol per independent size and the tied dims are checked at call time, not re-traced."""
+    if not env.subst:
+        return inputs, results
+    new: dict[int, Node] = {}
+
+    def param(v: Any) -> Any:
+        if isinstance(v, Expr):
+            d = env.resolve(v)
+            return as_dim(d) if isinstance(d, Expr) else d
+        return tuple(param(x) for x in v) if type(v) is tuple else v
+
+    for n in toposort(inputs + results):
+        src = tuple(new[id(s)] for s in n.src)
+        shape = [env.resolve(d) for d in n.shape]
+        new[id(n)] = node(n.prim, shape, n.dtype, src, n.weak, **{k: param(v) for k, v in n.params})
+    return [new[id(n)] for n in inputs], [new[id(n)] for n in results]

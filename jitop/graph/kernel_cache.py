@@ -35,11 +35,13 @@ from jitop.cachedir import INFO, KERNEL, store
 from jitop.cachedir import NULL as _NULL
 from jitop.codegen.target import llvm_version
 from jitop.errors import TargetMismatchError
+from jitop.driver import printed_dim
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, build, constant_array, constant_nodes
 from jitop.graph.ir import toposort
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.executable import Executable, Plan
+from jitop.te.expr import Expr
 
 @dataclass
 class Lookup:
@@ -345,8 +347,9 @@ def _input(kind: str, what: Any, shape: tuple[int, ...], dtype: Any) -> list:
     return row
 
 
-def _shape(shape: tuple[int, ...]) -> list[int]:
-    return [int(d) for d in shape]
+def _shape(shape: tuple[int | str | Expr, ...]) -> list[int | str]:
+    """Dims as JSON: ints, and symbolic dims as the kernel prints them ("x_0 * 2")."""
+    return [d if isinstance(d, str) else printed_dim(d) if isinstance(d, Expr) else int(d) for d in shape]
 
 
 def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str, built_for: list | None = None) -> None:
@@ -366,6 +369,46 @@ def save(st: DiskStore | NullStore, key: Key, exe: Executable, verified: str, bu
 def forget(key: Key) -> None:
     """Remove a stored kernel (one that failed verification)."""
     _remove(store(), key)
+
+
+# ** the dims a function traces as symbols (jitop.shape_policy), kept across processes **
+DYNAMIC = "dynamic/"
+
+
+def _dynamic_key(function: str, struct: Any) -> str | None:
+    text = repr(struct)
+    if " at 0x" in text or " object at " in text:  # no stable name for this structure
+        return None
+    digest = hashlib.sha256(f"{function}\n{text}".encode()).hexdigest()
+    return f"{DYNAMIC}{digest}"
+
+
+def load_dynamic(function: str, struct: Any) -> list[tuple[int, int]] | None:
+    """The (leaf, dim) pairs an earlier run of `function` made symbolic for calls of `struct`, or None. A record
+    that is not exactly a list of two non-negative ints each is ignored (it only ever decides what to trace)."""
+    key = _dynamic_key(function, struct)
+    if key is None:
+        return None
+    try:
+        raw = store().get(key)
+        dims = json.loads(raw) if raw is not None else None
+    except (ValueError, OSError):
+        return None
+    if not (isinstance(dims, list) and all(isinstance(p, list) and len(p) == 2 and
+                                             all(type(x) is int and 0 <= x < 1 << 16 for x in p) for p in dims)):
+        return None
+    return [(k, d) for k, d in dims]
+
+
+def save_dynamic(function: str, struct: Any, dims: list[tuple[int, int]]) -> None:
+    """Keep the symbolic dims of `function`'s calls of `struct` for the next process (never fails a call)."""
+    key = _dynamic_key(function, struct)
+    if key is None:
+        return
+    try:
+        store().put(key, json.dumps([[k, d] for k, d in dims]).encode())
+    except OSError:
+        pass
 
 
 def mark_verified(key: Key, how: str) -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Callable
+from typing import Any, Callable
 
 from jitop.graph.fusion import INPUTS, OPAQUE
 from jitop.graph.ir import Node, consumers, toposort
+from jitop.graph.shapes import at_most, provably_same, rep, same_dims
 from jitop.graph.to_te import Stages
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 from jitop.target import Target
+from jitop.te.expr import Expr, Op, binary
 from jitop.te.tensor import IterVar, Tensor
+from jitop.tir.simplify import prove
 from jitop.tir.lower import Lowering
 
 # The most stages one output computes inside its row loop. Each member nests one more buffer allocation in
@@ -35,7 +38,7 @@ def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar |
     if not axes:
         return None, None
     last = axes[-1]
-    outer, inner = stage.split(last, factor=max(1, min(lanes, last.extent)))
+    outer, inner = stage.split(last, factor=max(1, at_most(lanes, last.extent)))
     stage.vectorize(inner)
     if len(axes) == 1:
         return outer, inner
@@ -47,7 +50,7 @@ def schedule_injective(s: Schedule, t: Tensor, target: Target) -> IterVar | None
     stage = s[t]
     rows, _ = _lead_and_lanes(stage, target.lanes(t.dtype.itemsize))
     if rows is not None and stage.attach_type == "root":
-        if rows.extent < 2 * target.threads and len(stage.op.axis) > 1:
+        if rep(rows.extent) < 2 * target.threads and len(stage.op.axis) > 1:
             leaves = stage.leaf_iter_vars
             rows = stage.fuse(leaves[0], leaves[1])  # few rows: parallelise across rows x chunks
         stage.parallel(rows)
@@ -75,12 +78,17 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
     if not data:
         return
     if vectorize_last:
-        outer, lanes = stage.split(data[-1], factor=max(1, min(target.lanes(t.dtype.itemsize), data[-1].extent)))
+        outer, lanes = stage.split(data[-1], factor=max(1, at_most(target.lanes(t.dtype.itemsize), data[-1].extent)))
         stage.reorder(*data[:-1], outer, *stage.op.reduce_axis, lanes)
         stage.vectorize(lanes)
         data = data[:-1] + [outer]
     if stage.attach_type == "root":
         stage.parallel(stage.fuse(*data))
+
+
+def _one_row(extent: Any) -> bool:
+    e = extent.value if isinstance(extent, Expr) and extent.op is Op.CONST else extent
+    return e <= 1 if isinstance(e, int) else prove(binary(Op.LE, e, 1), {}) is True
 
 
 class GraphIndex:
@@ -104,7 +112,8 @@ def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node], gra
     def row_shaped(n: Node) -> bool:
         if n.prim in OPAQUE - {"reduce"} or n in outputs:
             return False
-        return n.shape == lead or (n.ndim == out.ndim and n.shape[:-1] == lead and n.shape[-1] in (1, out.shape[-1]))
+        return same_dims(n.shape, lead) or (n.ndim == out.ndim and same_dims(n.shape[:-1], lead)
+                                             and any(provably_same(n.shape[-1], d) for d in (1, out.shape[-1])))
 
     def candidate(n: Node) -> bool:
         return n not in materialized or row_shaped(n)
@@ -158,7 +167,7 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str], gra
     if len(ends) != 1:
         return None
     (out,) = ends
-    if all(n.prim in _ELEMENTWISE and n.shape == m.shape for n in between | ends):
+    if all(n.prim in _ELEMENTWISE and same_dims(n.shape, m.shape) for n in between | ends):
         return out
     return None
 
@@ -192,11 +201,12 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     for n, t in st.tensors.items():  # reductions' partials go inside their reduction, as in `apply`
         if n not in outputs and n not in groups and t not in st.templates:
             _schedule_stage(probe, st, t, target)
-    low = Lowering(probe, [])
+    low = Lowering(probe, list(st.placeholders.values()))  # the arguments define the shape symbols
     low.infer()
     for stage in attached:
         extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
-        if extents and (any(e > 1 for e in extents[:-1]) or (len(extents) == 1 and extents[0] > 1)):
+        # a symbolic extent counts as more than one row unless proved otherwise
+        if extents and (any(not _one_row(e) for e in extents[:-1]) or (len(extents) == 1 and not _one_row(extents[0]))):
             return {}, (f"none: bound inference says '{stage.op.name}' would need {extents} per output row "
                         "(it is read along another axis), so every member is computed once instead")
     fused = "; ".join(f"{st.tensors[n].name} computes {', '.join(st.tensors[m].name for m in ms)} in its row loop"

@@ -544,7 +544,13 @@ def require_eq(a: Any, b: Any, why: str) -> bool:
 
 def decide_rep(rel: Expr) -> bool:
     """Whether the relation holds: proved, else at the representative size; no record (heuristics only)."""
-    return rel.value if rel.op is Op.CONST else _env().decide_rep(rel)
+    if rel.op is Op.CONST:
+        return bool(rel.value)
+    env = current()
+    if env is not None:
+        return env.decide_rep(rel)
+    found = prove(rel, {v: (MIN_SYMBOL, SYMBOL_MAX) for v in free_vars(rel)})
+    return found if found is not None else bool(rep(rel))
 
 
 def sym_min(a: Any, b: Any) -> Any:
@@ -569,9 +575,18 @@ def _min_max(op: Op, a: Any, b: Any) -> Any:
 
 
 def rep(d: Any) -> int:
-    """A dim at the representative size (its int if constant)."""
+    """A dim at the representative size (its int if constant): inside a trace with the ties substituted, after
+    it (the compile pipeline, whose graph dims are resolved) every symbol at DEFAULT_REP."""
     d = _expr(d)
-    return int(d) if not isinstance(d, Expr) else _env().rep_value(d)
+    if not isinstance(d, Expr):
+        return int(d)
+    env = current()
+    if env is not None:
+        return env.rep_value(d)
+    e = simplify(substitute(d, {v: const(DEFAULT_REP, v.dtype) for v in free_vars(d)}))
+    if e.op is not Op.CONST:
+        raise ValueError(f"{d!r} has no value at the representative size")
+    return e.value if not e.dtype.is_bool else bool(e.value)
 
 
 def hint(d: Any) -> int:
@@ -600,6 +615,20 @@ def provably_same(a: Any, b: Any) -> bool:
     if env is None:
         return as_dim(a) is as_dim(b)
     return env.prove(binary(Op.EQ, a, b)) is True
+
+
+def same_dims(a: tuple, b: tuple) -> bool:
+    """Equal ranks and every dim `provably_same` (records nothing)."""
+    return len(a) == len(b) and all(provably_same(x, y) for x, y in zip(a, b))
+
+
+def at_most(limit: int, extent: Any) -> int:
+    """min(limit, extent) for a constant extent; `limit` for a symbolic one (a tile or vector of a symbolic
+    extent takes its full width, and the loop gets a tail)."""
+    e = _expr(extent)
+    if isinstance(e, Expr) and e.op is not Op.CONST:
+        return limit
+    return min(limit, int(e.value if isinstance(e, Expr) else e))
 
 
 def resolved(d: Any) -> Dim:

@@ -1,10 +1,17 @@
 """Tasks of a traced graph: each matmul/conv2d node as (template, workload, target), found through the
-template registry (the graph never imports jitop.topi by name)."""
+template registry (the graph never imports jitop.topi by name).
+
+A symbolic dim in a workload field is named by its place, not by the trace's symbol: "s0~256" for the first
+distinct symbolic field, "s1~256" for the next (name~representative size), so the task, its tuning records and
+its cache key do not depend on what the program called its arguments; `binding(n)` maps the names back to the
+node's dim expressions for the template's `compute`."""
 from __future__ import annotations
 
 from typing import Any
 
 from jitop.graph.ir import Node
+from jitop.graph.shapes import DEFAULT_REP
+from jitop.te.expr import Expr
 from jitop.target import Target
 from jitop.tuner import registry
 from jitop.tuner.task import Task
@@ -26,6 +33,27 @@ def _conv2d(n: Node) -> dict[str, Any]:
 
 
 WORKLOADS = {"matmul": _matmul, "conv2d": _conv2d}  # node primitive -> template name and workload fields
+SYMBOLIC_FIELDS = {"matmul": ("m", "n", "k"), "conv2d": ("n", "h", "w")}  # the fields a template takes symbolic
+
+
+def _named(n: Node) -> tuple[dict[str, Any], dict[str, Expr]]:
+    """The node's workload fields with each symbolic dim named in field order ("s0~256"), and the names'
+    binding to the dims; a symbolic dim the template cannot take raises NotImplementedError."""
+    fields = WORKLOADS[n.prim](n)
+    allowed = SYMBOLIC_FIELDS[n.prim]
+    names: dict[Expr, str] = {}
+    for f, v in fields.items():
+        dims = v if isinstance(v, tuple) else (v,)
+        if any(isinstance(d, Expr) for d in dims) and f not in allowed:
+            raise NotImplementedError(f"{n.prim} with a symbolic {f} ({v!r}): only {', '.join(allowed)} may vary")
+        if isinstance(v, Expr):
+            fields[f] = names.setdefault(v, f"s{len(names)}~{DEFAULT_REP}")
+    return fields, {name.partition("~")[0]: e for e, name in names.items()}
+
+
+def binding(n: Node) -> dict[str, Expr]:
+    """The symbolic workload fields' names ("s0") -> the node's dim expressions (empty for a constant one)."""
+    return _named(n)[1]
 
 
 def task_of(n: Node, target: Target) -> Task | None:
@@ -34,7 +62,7 @@ def task_of(n: Node, target: Target) -> Task | None:
     if fields is None:
         return None
     template = registry.get(n.prim)
-    return Task(n.prim, template.workload_type(**fields(n)), target)
+    return Task(n.prim, template.workload_type(**_named(n)[0]), target)
 
 
 def extract_tasks(materialized: dict[Node, str], target: Target) -> dict[Node, Task]:

@@ -9,10 +9,13 @@ import numpy as np
 
 from jitop import te
 from jitop.graph.fusion import INPUTS
+from jitop.graph import tasks
 from jitop.graph.ir import Node
+from jitop.graph.shapes import rep
 from jitop.graph.ufuncs import UFUNCS
 from jitop.target import Target
 from jitop.te.expr import Expr, const
+from jitop.schedule.schedule import ceildiv
 from jitop.te.tensor import broadcast_index
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task
@@ -41,7 +44,7 @@ def unravel(flat: Expr, shape: tuple[int, ...]) -> Index:
     out = []
     for k, d in enumerate(shape):
         stride = math.prod(shape[k + 1:])
-        v = flat // stride if stride > 1 else flat
+        v = flat if isinstance(stride, int) and stride <= 1 else flat // stride
         out.append(v % d if k > 0 else v)
     return tuple(out)
 
@@ -101,7 +104,8 @@ class ToTE:
         axes = n.param("axes")
         op = n.param("op")
         last = src.ndim - 1
-        if axes and axes[-1] == last and src.shape[last] >= 2 * self._vector(n) and op in _REDUCERS:
+        # heuristics on a symbolic width decide at its representative size
+        if axes and axes[-1] == last and rep(src.shape[last]) >= 2 * self._vector(n) and op in _REDUCERS:
             return self._rfactor(n, src, axes, op)
         rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 
@@ -115,11 +119,11 @@ class ToTE:
     def _rfactor(self, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
         """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
         width = src.shape[-1]
-        vectors = max(1, min(RFACTOR_VECTORS, width // (2 * self._vector(n))))
+        vectors = max(1, min(RFACTOR_VECTORS, rep(width) // (2 * self._vector(n))))
         lanes = vectors * self._vector(n)
-        outer = te.reduce_axis((0, math.ceil(width / lanes)), "ko")
+        outer = te.reduce_axis((0, ceildiv(width, lanes)), "ko")
         others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
-        tail = width % lanes != 0
+        tail = isinstance(width, Expr) or width % lanes != 0
 
         def partial(*i: Expr) -> Expr:
             data, lane = i[:-1], i[-1]
@@ -170,7 +174,8 @@ class ToTE:
         through `readers` (the producers inlined into them)."""
         task, choice = self.choices[n]
         template = registry.get(task.template)
-        stages = template.compute(task.workload, choice.config, self.target, readers, name=self._name(task.template))
+        stages = template.compute(task.workload, choice.config, self.target, readers, name=self._name(task.template),
+                                  binding=tasks.binding(n) or None)
         out = stages.out
         self.st.kind[out] = task.template
         size = len(template.config_space(task.workload, self.target))
@@ -244,15 +249,19 @@ def _emit_transpose(c: ToTE, n: Node, idx: Index) -> Expr:
 
 
 def _emit_index(c: ToTE, n: Node, idx: Index) -> Expr:
-    src_idx = tuple(const(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
+    src_idx = tuple(_index_expr(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
     return c.at(n.src[0], src_idx)
+
+
+def _index_expr(v: int | Expr) -> Expr:
+    return v if isinstance(v, Expr) else const(v)
 
 
 def _emit_concat(c: ToTE, n: Node, idx: Index) -> Expr:
     ax = n.param("axis")
     parts, start = [], 0
     for s in n.src:
-        if s.shape[ax]:
+        if isinstance(s.shape[ax], Expr) or s.shape[ax]:  # a symbolic part that is empty is never selected
             parts.append((s, start))
         start += s.shape[ax]
     if not parts:

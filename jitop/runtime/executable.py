@@ -112,6 +112,15 @@ class Executable:
         _check_values(self.plan, self.module.params, values, self._shapes)
         return self.call(values)
 
+    def accepts(self, values: Sequence[Any]) -> bool:
+        """Whether `values` fit the compiled signature (for a symbolic kernel: ranks, constant dims, tied dims
+        and guards): what a dispatcher asks before serving a new size with this executable."""
+        try:
+            _check_values(self.plan, self.module.params, values, self._shapes)
+        except (TypeError, ValueError, OverflowError):
+            return False
+        return True
+
     def fast_spec(self, nargs: int | None = None, scalar_types: dict[int, type] | None = None,
                   compile: bool = True) -> "fastcall.Spec | None":
         """This executable's signature for the native entry (jitop.runtime.fastcall), or None if it has none

@@ -378,7 +378,7 @@ def f(a):
     return np.tanh(a) * 2 + 1
 
 
-k = jitop.kernel(f, fallback=False)
+k = jitop.kernel(f, fallback=False, dynamic=False)  # a kernel per shape
 steps = []
 for n in range(1, 16):
     a = np.linspace(-1, 1, n * (7 + n), dtype=np.float32).reshape(n, 7 + n)

@@ -243,7 +243,7 @@ def test_a_static_or_object_argument_keeps_every_call_on_the_python_path():
 
 
 def test_many_signatures_all_stay_correct():
-    f = jitop.kernel(add)
+    f = jitop.kernel(add, dynamic=False)  # a kernel per shape (automatic dynamic shapes would make one)
     limit = sys.modules["jitop.dispatch"].MAX_FAST_SIGNATURES
     arrays = [np.arange(n, dtype=F4) for n in range(1, limit + 5)]  # more than MAX_FAST_SIGNATURES
     for _ in range(3):

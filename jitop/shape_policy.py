@@ -1,0 +1,121 @@
+"""Which dims of a kernel's arguments are traced as symbols (issue 23): one object per @jitop.kernel function.
+
+- automatic (`dynamic=None`, the default): a dim that differed between two calls of the same argument
+  structure (dtypes, ranks, static values) is symbolic from the next compile on, as torch.compile's automatic
+  dynamic shapes do; the decision is sticky and is kept in the disk cache, so a warm process compiles the
+  symbolic kernel's signature at its first call, whatever size that call has;
+- `dynamic=True`: every dim of every array argument, from the first call;
+- `dynamic={"x": (0,), "cache": (0, 1)}`: those dims of those arguments (parameter names or pytree leaf
+  paths such as `params[0]`), from the first call; `dynamic=False`: none (a kernel per shape, as before).
+
+Sizes 0 and 1 are never symbolic (they broadcast): a call with such a size traces that dim as a constant.
+A dim the function converts to a Python int (`range(x.shape[0])`) becomes constant again through the trace's
+ties; a symbolic trace that fails is traced again with its dims constant, and the reason is kept (`why`).
+
+>>> p = ShapePolicy(None)
+>>> key = ("f4", 2)
+>>> p.dims(key, ["x"], [(3, 4)]), p.dims(key, ["x"], [(5, 4)])
+({}, {0: (0,)})
+>>> p.why[("x", 0)]
+'x dim 0: 3 at one call, 5 at another'
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+Dims = dict[int, tuple[int, ...]]  # leaf index -> its symbolic dims
+
+
+class ShapePolicy:
+    """The dims a function traces as symbols, per argument structure (`struct`: its key with ranks for shapes).
+
+    `load(struct)` / `save(struct, dims)`: where the automatic decisions persist (the disk cache; None: memory
+    only)."""
+
+    def __init__(self, dynamic: bool | Mapping[str, Sequence[int]] | None,
+                 load: Callable[[Any], list | None] | None = None, save: Callable[[Any, list], None] | None = None):
+        if isinstance(dynamic, Mapping):
+            for name, dims in dynamic.items():
+                if not isinstance(name, str) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+                    raise TypeError(f"dynamic={{{name!r}: {dims!r}}}: expected a parameter name (or leaf path) "
+                                    "mapped to a tuple of dim indices, such as {'x': (0,)}")
+        elif dynamic not in (None, True, False):
+            raise TypeError(f"dynamic must be None, True, False or a dict of parameter name -> dims, got {dynamic!r}")
+        self.mode = dynamic
+        self._load, self._save = load, save
+        self._seen: dict[Any, list[tuple[int, ...]]] = {}    # struct -> the first call's shapes
+        self._decided: dict[Any, set[tuple[int, int]]] = {}  # struct -> (leaf, dim) symbolic (automatic mode)
+        self._refused: dict[Any, str] = {}                   # struct -> why its symbolic trace failed
+        self.why: dict[tuple[str, int], str] = {}            # (leaf name, dim) -> why it is symbolic
+        self.static: dict[tuple[str, int], str] = {}         # (leaf name, dim) -> the user's line that fixed it
+
+    def check_names(self, names: Sequence[str]) -> None:
+        """Raise TypeError if `dynamic=` names a parameter the function does not have (`names`: its parameters)."""
+        if isinstance(self.mode, Mapping):
+            roots = {n.split("[")[0] for n in self.mode}
+            unknown = sorted(roots - set(names))
+            if unknown:
+                raise TypeError(f"dynamic= names {', '.join(map(repr, unknown))}, which the function has no "
+                                f"parameter for (it has {', '.join(map(repr, names)) or 'none'})")
+
+    def dims(self, struct: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> Dims:
+        """The symbolic dims of a call that missed: `names` and `shapes` per leaf (None for a non-array)."""
+        if self.mode is False or struct in self._refused:
+            return {}
+        if self.mode is True:
+            return {k: tuple(range(len(s))) for k, s in enumerate(shapes) if s}
+        if isinstance(self.mode, Mapping):
+            return self._named(names, shapes)
+        return self._automatic(struct, names, shapes)
+
+    def _named(self, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> Dims:
+        out: Dims = {}
+        for k, (name, shape) in enumerate(zip(names, shapes)):
+            dims = self.mode.get(name, ())  # type: ignore[union-attr]
+            if dims and shape is None:
+                raise TypeError(f"dynamic= names '{name}', which is not an array in this call")
+            bad = [d for d in dims if not -len(shape or ()) <= d < len(shape or ())]
+            if bad:
+                raise ValueError(f"dynamic= gives dim {bad[0]} of '{name}', which has {len(shape or ())} dims")
+            if dims:
+                out[k] = tuple(sorted({d % len(shape) for d in dims}))  # type: ignore[arg-type]
+        return out
+
+    def _automatic(self, struct: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> Dims:
+        decided = self._decided.get(struct)
+        if decided is None and self._load is not None:
+            stored = self._load(struct)
+            if stored:
+                decided = self._decided[struct] = {(k, d) for k, d in stored}
+                for k, d in decided:
+                    self.why.setdefault((names[k], d), f"{names[k]} dim {d}: varied in an earlier run (disk cache)")
+        first = self._seen.setdefault(struct, list(shapes))
+        new = {(k, d) for k, (a, b) in enumerate(zip(first, shapes)) if a is not None and b is not None
+               for d, (x, y) in enumerate(zip(a, b)) if x != y} - (decided or set())
+        if new:
+            for k, d in sorted(new):
+                self.why[(names[k], d)] = f"{names[k]} dim {d}: {first[k][d]} at one call, {shapes[k][d]} at another"
+            decided = self._decided[struct] = (decided or set()) | new
+            if self._save is not None:
+                self._save(struct, sorted(decided))
+        out: Dims = {}
+        for k, d in sorted(decided or ()):
+            out.setdefault(k, ())
+            out[k] += (d,)
+        return out
+
+    def refuse(self, struct: Any, reason: str) -> None:
+        """The symbolic trace of `struct` failed: it is traced with constant dims from now on."""
+        self._refused[struct] = reason
+
+    def refused(self) -> dict[Any, str]:
+        """Each structure whose symbolic trace failed -> why."""
+        return dict(self._refused)
+
+
+def struct_key(key: tuple) -> Any:
+    """A call's key with each array's shape replaced by its rank: the calls a symbolic overload may serve."""
+    if key[:1] == ("pytree",):
+        return ("pytree", key[1], struct_key(key[2]))
+    return tuple((s[0], len(s[1])) if len(s) == 2 and isinstance(s[1], tuple) and type(s[0]) is not str
+                 else ("subclass", s[1], s[2], len(s[3])) if s[:1] == ("subclass",) else s for s in key)
