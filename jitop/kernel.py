@@ -283,8 +283,10 @@ class KernelFunction:
 
     def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
                struct: Any = None) -> Overload | Any:
+        # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)
+        dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         try:
-            ov = self._trace_and_build(values, tree, struct)
+            ov = self._trace_and_build(values, tree, struct, dims)
             if config.verify() and run_numpy is not None:
                 ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
             return ov
@@ -333,10 +335,10 @@ class KernelFunction:
                       "signature runs as plain numpy. Please report it.", RuntimeWarning, stacklevel=stacklevel)
         return FALLBACK
 
-    def _trace_and_build(self, values: Sequence[Any], tree: Any = None, struct: Any = None) -> Overload:
-        """Trace (with the dims the policy makes symbolic) and build. A symbolic trace or build that fails is
+    def _trace_and_build(self, values: Sequence[Any], tree: Any = None, struct: Any = None,
+                         dims: Mapping[int, Sequence[int]] | None = None) -> Overload:
+        """Trace (with `dims` symbolic: leaf index -> dims) and build. A symbolic trace or build that fails is
         done again with constant dims; if that works, this structure stays constant (the reason is kept)."""
-        dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         if dims:
             try:
                 return self._build_trace(self.trace(values, tree, dims))
@@ -349,7 +351,10 @@ class KernelFunction:
 
     def _dynamic_dims(self, struct: Any, values: Sequence[Any], tree: Any) -> dict[int, tuple[int, ...]]:
         shapes = [v.shape if isinstance(v, np.ndarray) else None for v in values]
-        return self.policy.dims(struct, self._leaf_names(tree), shapes)
+        dims = self.policy.dims(struct, self._leaf_names(tree), shapes)
+        # sizes 0 and 1 are traced as constants (they broadcast): a call with only those traces as before
+        dims = {k: tuple(d for d in ds if shapes[k][d] >= MIN_SYMBOL) for k, ds in dims.items()}
+        return {k: ds for k, ds in dims.items() if ds}
 
     def _leaf_names(self, tree: Any) -> list[str]:
         """Each leaf's name: its parameter's, or inside a container its path (`params[0]['w']`)."""

@@ -1,0 +1,254 @@
+"""@jitop.kernel with symbolic shapes (issue 23, part 3): which dims vary, guards, and serving a new size without
+tracing. Results are numpy's at every size: 0, 1, primes, multiples of the vector width."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop.runtime.fastcall import MISS
+
+F4 = np.float32
+SIZES = [2, 3, 7, 8, 13, 16, 31, 64, 97, 128, 257]
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def layer_norm(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return g * (x - m) / np.sqrt(v + 1e-5) + b
+
+
+def chain(a, b):
+    return np.tanh(a * b) + np.exp(-a) * 2 - b
+
+
+def close(got, want, terms: int = 1) -> None:
+    """float32 results within the rounding of `terms`-long accumulations (a few ulps each)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bound = 8 * terms * np.finfo(got.dtype).eps
+    np.testing.assert_allclose(got, want, rtol=bound, atol=bound)
+
+
+def arrays(rng, *shape):
+    return rng.standard_normal(shape).astype(F4)
+
+
+# ** automatic: a dim that varied becomes symbolic **
+def test_a_second_size_makes_the_dim_symbolic_and_later_sizes_trace_nothing():
+    f = jitop.kernel(softmax)
+    rng = np.random.default_rng(0)
+    for k, n in enumerate(SIZES):
+        x = arrays(rng, n, 33)
+        close(f(x), softmax(x), 33)
+        assert f.traces == min(k + 1, 2), (n, f.traces)
+    assert f.policy.why == {("x", 0): "x dim 0: 2 at one call, 3 at another"}
+    (sym,) = [ov for ov in f.dispatcher.overloads() if ov.accepts is not None]
+    assert sym.exe.plan.guards == ["x_0 >= 2"]
+
+
+@pytest.mark.parametrize("fn,shape,args", [
+    (softmax, (None, 33), 1), (softmax, (5, None), 1), (chain, (None,), 2), (layer_norm, (None, 64), 1)])
+def test_symbolic_kernels_agree_with_numpy_at_every_size(fn, shape, args):
+    f = jitop.kernel(fn, dynamic=True)
+    rng = np.random.default_rng(1)
+    for n in [0, 1, *SIZES, 1000]:
+        s = tuple(n if d is None else d for d in shape)
+        xs = [arrays(rng, *s) for _ in range(args)]
+        if fn is layer_norm:
+            xs += [arrays(rng, s[-1]), arrays(rng, s[-1])]
+        if fn is softmax and s[-1] == 0:  # a max over an empty row: numpy's error
+            with pytest.raises(ValueError, match="zero-size array"):
+                f(*xs)
+            continue
+        close(f(*xs), fn(*xs), s[-1] if fn is not chain else 4)
+    # one symbolic kernel, and one each for sizes 0 and 1 (never symbolic: they broadcast)
+    assert len(f.dispatcher.overloads()) <= 3
+
+
+def test_sizes_0_and_1_get_kernels_of_their_own():
+    f = jitop.kernel(lambda a, b: a + b, dynamic=True)
+    for n in (5, 1, 0, 9):
+        a, b = np.arange(n, dtype=F4), np.ones(1 if n == 1 else n, F4)
+        np.testing.assert_array_equal(f(a, b), a + b)
+    assert f.traces == 3
+    # broadcasting 1 against n: the (n,) + (1,) signature is one more kernel, correct at every n
+    for n in (4, 6):
+        a, b = np.arange(n, dtype=F4), np.ones(1, F4)
+        np.testing.assert_array_equal(f(a, b), a + b)
+
+
+def test_dynamic_false_compiles_per_shape_and_a_dict_names_the_dims():
+    f = jitop.kernel(softmax, dynamic=False)
+    g = jitop.kernel(softmax, dynamic={"x": (1,)})
+    rng = np.random.default_rng(2)
+    for n in (3, 4, 5):
+        x = arrays(rng, 6, n)
+        close(f(x), softmax(x), n)
+        close(g(x), softmax(x), n)
+    assert f.traces == 3 and g.traces == 1
+    y = arrays(rng, 7, 5)  # dim 0 is not dynamic: a new kernel
+    close(g(y), softmax(y), 5)
+    assert g.traces == 2
+
+
+def test_bad_dynamic_arguments_are_clear_errors():
+    with pytest.raises(TypeError, match="'y'.*no parameter"):
+        jitop.kernel(softmax, dynamic={"y": (0,)})
+    with pytest.raises(TypeError, match="dynamic must be"):
+        jitop.kernel(softmax, dynamic="x")
+    f = jitop.kernel(softmax, dynamic={"x": (2,)})
+    with pytest.raises(ValueError, match="dim 2 of 'x', which has 2 dims"):
+        f(np.ones((2, 3), F4))
+
+
+# ** guards and ties **
+def test_tied_dims_are_checked_not_retraced_and_a_mismatch_raises_numpys_error():
+    f = jitop.kernel(lambda a, b: a * b + 1, dynamic=True)
+    for n in (4, 9, 30):
+        a, b = np.arange(n, dtype=F4), np.full(n, 2, F4)
+        np.testing.assert_array_equal(f(a, b), a * b + 1)
+    assert f.traces == 1
+    (ov,) = f.dispatcher.overloads()
+    assert [p.shape for p in ov.exe.module.params[:2]] == [("a_0",), ("a_0",)]  # b_0 := a_0
+    with pytest.raises(ValueError, match="broadcast"):
+        f(np.ones(4, F4), np.ones(5, F4))
+
+
+def test_a_branch_on_a_size_is_a_guard_with_a_kernel_per_side():
+    def f(x):
+        if x.shape[0] > 10:
+            return x * 2
+        return x - 1
+    k = jitop.kernel(f, dynamic=True)
+    for n in (4, 20, 5, 30, 10, 11):
+        x = np.arange(n, dtype=F4)
+        np.testing.assert_array_equal(k(x), f(x))
+    assert k.traces == 2
+    guards = sorted(g for ov in k.dispatcher.overloads() for g in ov.exe.plan.guards if g != "x_0 >= 2")
+    assert guards == ["-x_0 + 10 >= 0", "x_0 - 11 >= 0"]
+
+
+def test_a_size_used_as_an_int_is_specialised_with_the_users_line():
+    def f(x):
+        out = x * 0
+        for i in range(x.shape[0]):  # the loop's length is this call's size
+            out = out + x[i]
+        return out
+    k = jitop.kernel(f, dynamic=True)
+    for n in (3, 4):
+        x = np.arange(n * 2, dtype=F4).reshape(n, 2)
+        np.testing.assert_array_equal(k(x), f(x))
+    assert k.traces == 2
+    ((where, line),) = k.policy.static.items()
+    assert where == ("x", 0) and "for i in range(x.shape[0])" in line
+
+
+def test_a_size_returned_as_an_int_is_this_calls_value():
+    k = jitop.kernel(lambda x: (x + 1, x.shape[0] * 2), dynamic=True)
+    for n in (3, 5):
+        out, size = k(np.zeros(n, F4))
+        assert size == 2 * n and out.shape == (n,)
+
+
+# ** serving a new size **
+def test_the_native_entry_serves_new_sizes_without_tracing_or_the_python_path():
+    f = jitop.kernel(lambda a, b: a + b)
+    for n in (10, 11, 12, 12):
+        a = np.ones(n, F4)
+        f(a, a)
+    assert any(ov.accepts is not None for ov in f.dispatcher.native())
+    traces, hits = f.traces, f.hits
+    for n in range(13, 60):
+        a = np.arange(n, dtype=F4)
+        np.testing.assert_array_equal(f(a, a), a + a)
+    assert f.traces == traces and f.hits == hits + 47
+    assert f.dispatcher.entry(np.ones(3, F4), np.ones(4, F4)) is MISS  # a tie that fails: the slow path decides
+
+
+def test_a_failed_symbolic_build_is_traced_again_with_constant_dims():
+    # a batched matmul whose batch dim varies: the matmul template takes only m, n, k symbolic
+    f = jitop.kernel(lambda a, b: a @ b, dynamic={"a": (0,), "b": (0,)})
+    rng = np.random.default_rng(3)
+    for n in (2, 3):
+        a, b = arrays(rng, n, 4, 5), arrays(rng, n, 5, 6)
+        close(f(a, b), a @ b, 5)
+    (reason,) = f.policy.refused().values()
+    assert "symbolic" in reason and "only m, n, k may vary" in reason
+
+
+def test_matmul_with_symbolic_rows_and_reduction():
+    rng = np.random.default_rng(4)
+    w = arrays(rng, 48, 20)
+    f = jitop.kernel(lambda x, w: np.maximum(x @ w, 0), dynamic={"x": (0,)})
+    g = jitop.kernel(lambda p, v: p @ v, dynamic={"p": (1,), "v": (0,)})  # attention's p @ V: k grows
+    for n in (2, 7, 13, 64, 97):
+        x = arrays(rng, n, 48)
+        close(f(x, w), np.maximum(x @ w, 0), 48)
+        p, v = arrays(rng, 3, n), arrays(rng, n, 16)
+        close(g(p, v), p @ v, n)
+    assert f.traces == 1 and g.traces == 1
+
+
+def test_a_decode_loop_with_a_growing_cache_equals_numpy_and_compiles_twice():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import bench_shapes as bs
+    rng = np.random.default_rng(5)
+    old = bs.C, bs.HEADS
+    bs.C, bs.HEADS = 32, 2
+    try:
+        layers, embed = bs.decode_weights(rng)
+        pre, step = jitop.kernel(bs.prefill), jitop.kernel(bs.decode_step)
+        want, _ = bs.generate(bs.prefill, bs.decode_step, layers, embed, list(range(8)), 10)
+        got, _ = bs.generate(pre, step, layers, embed, list(range(8)), 10)
+    finally:
+        bs.C, bs.HEADS = old
+    assert got == want
+    assert step.traces == 2 and step.dispatcher.compiles <= 2
+
+
+WARM = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import jitop
+    from jitop.codegen.target import compile_count
+
+    def scale(x, y):
+        return np.tanh(x) * y.sum()
+
+    f = jitop.kernel(scale)
+    sizes = [int(s) for s in sys.argv[1].split(",")]
+    for n in sizes:
+        x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+        y = np.ones(n, np.float32)
+        np.testing.assert_allclose(f(x, y), np.tanh(x) * y.sum(), rtol=1e-5, atol=1e-5)
+    print(json.dumps({"compiles": compile_count(), "traces": f.traces}))
+""")
+
+
+def test_a_warm_second_process_serves_twenty_sizes_with_zero_compiles(tmp_path):
+    import json
+    env = {**os.environ, "JITOP_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(__file__)))])}
+    env.pop("JITOP_CACHE", None)
+
+    def run(sizes: list[int]) -> dict:
+        done = subprocess.run([sys.executable, "-c", WARM, ",".join(map(str, sizes))], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    cold = run([5, 6, 7])
+    assert cold["compiles"] >= 1
+    warm = run(list(range(30, 50)))  # 20 sizes it never saw, the first of them too
+    assert warm["compiles"] == 0, warm
+    assert warm["traces"] == 1
