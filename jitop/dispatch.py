@@ -136,11 +136,16 @@ class Dispatcher:
     def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
         """What serves `key` (counted as a hit), or None: the exact key's overload, else (given the call's
         `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them."""
+        ov = self.find(key, leaves, struct)
+        if ov is not None:
+            self._hits += 1
+        return ov
+
+    def find(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
+        """`lookup` without counting a hit (for introspection)."""
         ov = self._memo.get(key)
         if ov is None and struct is not None:
             ov = self._accepting(struct, leaves)
-        if ov is not None:
-            self._hits += 1
         return ov
 
     def _accepting(self, struct: Any, leaves: Sequence[Any] | None) -> Overload | None:

@@ -526,17 +526,20 @@ class KernelFunction:
         """Print and return the traced graph, fusion groups, schedules, the disk cache's answer (its key parts,
         and on a miss the part that differed from the nearest stored entry) and loop IR for these arguments."""
         values, key, tree = self._bind(args, kwargs)
-        cached = key in self.cache
+        struct = struct_key(key) if key[0] != "unhashable" else None
+        cached = self.dispatcher.find(key, values, struct) is not None
         entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if entry is FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         else:
-            from jitop.graph.explain import describe
+            from jitop.graph.explain import describe, shape_lines
             func = entry.exe.func
             if func is None:  # loaded from disk without its loop IR: rebuilt for display only
                 tr = entry.trace
-                func = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results).func
-            text = describe(self.__name__, entry.exe, entry.trace, cached, entry.lookup, func)
+                func = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results,
+                                     guards=tr.shape_guards).func
+            shapes = shape_lines(entry.trace, self.policy.why, self.policy.static, self.policy.refused())
+            text = describe(self.__name__, entry.exe, entry.trace, cached, entry.lookup, func, shapes)
         print(text)
         return text
 

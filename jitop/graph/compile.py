@@ -42,10 +42,12 @@ class Prepared:
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-                  results: list[Node], target: Target | None = None, profile: bool = False) -> Executable:
+                  results: list[Node], target: Target | None = None, profile: bool = False,
+                  guards: Sequence[str] = ()) -> Executable:
     """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`);
-    `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile)."""
-    return build(prepare(name, inputs, input_names, input_plan, results, target), profile)
+    `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile); `guards`:
+    the relations its shape symbols must satisfy (see `prepare`)."""
+    return build(prepare(name, inputs, input_names, input_plan, results, target, guards), profile)
 
 
 def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],

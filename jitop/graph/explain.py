@@ -12,7 +12,34 @@ def _node_line(n: Node, names: dict[Node, str]) -> str:
     return f"  {names[n]} = {n.prim}({src}{', ' if src and params else ''}{params}) : {n.dtype}{list(n.shape)}"
 
 
-def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None) -> str:
+def shape_lines(trace: Any, why: dict, static: dict, refused: dict) -> list[str]:
+    """The "shapes" block: each symbol with where it comes from and why it varies, the dims tied to it, the
+    guards the kernel checks, the dims the function made constant, and a symbolic trace that was refused."""
+    env = trace.env
+    lines = ["shapes:"]
+    if env is None or not env.symbols:
+        lines.append("  every dim is a constant of this kernel (a new shape traces and compiles again, unless a "
+                     "dim varies: see @jitop.kernel(dynamic=...))")
+    else:
+        for sym in env.symbols:
+            leaf, dim = trace.symbols[sym.name]
+            if sym in env.subst:
+                tie = next((t for t in env.ties if t.symbol is sym), None)
+                where = f" ({tie.why} at {tie.line})" if tie is not None and tie.line else ""
+                lines.append(f"  {leaf} dim {dim} = {env.resolve(sym)!r}{where}")
+            else:
+                lines.append(f"  {sym.name} = {leaf} dim {dim} (traced at {env.hints[sym]}): "
+                             f"{why.get((leaf, dim), 'dynamic=')}")
+        guards = [f"{g} ({g.why} at {g.line})" if g.line else str(g) for g in env.current_guards()]
+        lines.append(f"  guards: every symbol >= 2{''.join('; ' + g for g in guards)}")
+        lines.append("  sizes 0 and 1 are compiled as constants (they broadcast): a call with one gets its own kernel")
+    lines += [f"  constant: {leaf} dim {dim}: {what}" for (leaf, dim), what in static.items()]
+    lines += [f"  symbolic trace refused, so dims are constants: {reason}" for reason in refused.values()]
+    return lines
+
+
+def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None,
+             shapes: list[str] | None = None) -> str:
     order = toposort(trace.results)
     names = {n: f"%{k}" for k, n in enumerate(order)}
     for n, arg in zip(trace.inputs, trace.names):
@@ -20,6 +47,8 @@ def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, 
     lines = [f"jitop.kernel '{name}' — {'in-memory cache hit' if cached else 'compiled for this call (cache miss)'}",
              "", "traced graph:"]
     lines += [_node_line(n, names) for n in order if n not in trace.inputs]
+    if shapes:
+        lines += ["", *shapes]
     lines += ["", "fusion groups (one loop nest each; inlined nodes run inside it):"]
     for g in exe.groups:
         inlined = ", ".join(names.get(m, "?") for m in g.members) or "nothing"

@@ -252,3 +252,24 @@ def test_a_warm_second_process_serves_twenty_sizes_with_zero_compiles(tmp_path):
     warm = run(list(range(30, 50)))  # 20 sizes it never saw, the first of them too
     assert warm["compiles"] == 0, warm
     assert warm["traces"] == 1
+
+
+def test_explain_shows_the_symbols_ties_guards_and_why():
+    def attn(q, k, v):
+        s = q @ k.T
+        if k.shape[0] > 20:
+            s = s * 0.5
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+    f = jitop.kernel(attn)
+    q = np.ones((1, 16), F4)
+    for n in (5, 6):
+        f(q, np.ones((n, 16), F4), np.ones((n, 16), F4))
+    text = f.explain(q, np.ones((7, 16), F4), np.ones((7, 16), F4))
+    block = text[text.index("shapes:"):].split("\n\n")[0]
+    assert "k_0 = k dim 0 (traced at 6): k dim 0: 5 at one call, 6 at another" in block
+    assert "v dim 0 = k_0 (matmul core dimension at" in block
+    assert "k_0 <= 20 (a comparison at test_dynamic_shapes.py:" in block and "if k.shape[0] > 20:" in block
+    assert "in-memory cache hit" in text  # size 7 is served by the symbolic kernel
+    constant = jitop.kernel(attn, dynamic=False)
+    assert "every dim is a constant" in constant.explain(q, np.ones((7, 16), F4), np.ones((7, 16), F4))

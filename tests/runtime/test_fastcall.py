@@ -490,7 +490,7 @@ def test_a_load_only_process_uses_the_cached_entry_or_the_python_path(tmp_path):
     import os
     import pathlib
     import subprocess
-    f = jitop.kernel(add)
+    f = jitop.kernel(add, dynamic=False)  # exactly (6,) + (6,): a serial kernel, no thread pool to link
     a = np.arange(6, dtype=F4)
     f(a, a)
     (entry,) = f.cache.values()
