@@ -142,7 +142,7 @@ class ShapeEnv:
         hint = int(hint)
         if hint < MIN_SYMBOL:
             return hint
-        s = size_var(name)
+        s = size_var(name, min_value=MIN_SYMBOL)  # lowering may rely on it: every call checks it
         self.hints[s], self.ranges[s] = hint, (MIN_SYMBOL, SYMBOL_MAX)
         self.symbols.append(s)
         return s

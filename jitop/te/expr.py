@@ -225,15 +225,25 @@ def var(name: str, dtype: Any = "int64") -> Expr:
     return Expr(Op.VAR, dtypes.as_dtype(dtype), (), (name, next(_uids)))
 
 
-def size_var(name: str, dtype: Any = "int64") -> Expr:
-    """A fresh variable known to be non-negative, as TVM's te.size_var (every shape symbol is one).
+def size_var(name: str, dtype: Any = "int64", min_value: int = 0) -> Expr:
+    """A fresh variable known to be non-negative, as TVM's te.size_var (every shape symbol is one);
+    `min_value`: a larger lower bound the kernel's callers guarantee (@jitop.kernel's symbols are >= 2 and
+    checked before every call), which lowering may rely on.
 
     >>> from jitop import te
     >>> n = te.size_var("n")
-    >>> te.compute((n,), lambda i: i * 2, name="B").shape
-    (n,)
+    >>> te.compute((n,), lambda i: i * 2, name="B").shape, size_var_min(n), size_var_min(te.size_var("m", min_value=2))
+    ((n,), 0, 2)
     """
-    return Expr(Op.VAR, dtypes.as_dtype(dtype), (), (name, next(_uids), "size"))
+    if min_value < 0:
+        raise ValueError(f"size_var {name!r}: min_value must be >= 0, got {min_value}")
+    extra = (min_value,) if min_value else ()
+    return Expr(Op.VAR, dtypes.as_dtype(dtype), (), (name, next(_uids), "size", *extra))
+
+
+def size_var_min(e: Expr) -> int:
+    """The lower bound of a size_var (0 unless made with a larger min_value); 0 for any other variable."""
+    return e.arg[3] if is_size_var(e) and len(e.arg) > 3 else 0
 
 
 def is_size_var(e: Expr) -> bool:

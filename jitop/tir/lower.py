@@ -16,7 +16,7 @@ from typing import Sequence
 from jitop import dtypes
 from jitop.errors import LoweringError
 from jitop.schedule.schedule import Schedule, Split, Stage, ceildiv
-from jitop.te.expr import Expr, Op, as_expr, const, free_vars, rewrite, substitute, walk
+from jitop.te.expr import Expr, Op, as_expr, const, free_vars, rewrite, substitute, walk, size_var_min
 from jitop.te.tensor import Dim, IterVar, PlaceholderOp, Tensor, tensor_loads
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
 from jitop.tir.passes import partition_loops, simplify_stmt
@@ -63,7 +63,7 @@ class Lowering:
                                     f"the other in {where}); a kernel reads each symbol by its name: make one "
                                     f"te.var('{v.name}') and use it in every shape")
             by_name[v.name] = v
-            self.ranges[v] = (0, SYMBOL_MAX)
+            self.ranges[v] = (size_var_min(v), SYMBOL_MAX)
         return tuple(found)
 
     def _check_body_vars(self, stage: Stage) -> None:

@@ -141,10 +141,12 @@ def merge_divmod(lin: Lin, ranges: Ranges, memo: Memo | None = None) -> Lin:
 
 def _merge_symbolic_divmod(lin: Lin, atom: Expr, coef: int, ranges: Ranges, memo: Memo) -> tuple[Lin, bool]:
     """c*(x % m) + c*((x // m) * m) == c*x for a symbolic divisor m (a flat index split by a symbolic width and
-    flattened again: a convolution's output rows x columns). Exact for m >= 1; for m == 0 (x // 0 and x % 0
-    are 0) it is x where the split gave 0, which only index math over a loop of extent (...)*m meets, and
-    that loop runs no iteration then."""
+    flattened again: a convolution's output rows x columns). Exact for m >= 1 only (x // 0 and x % 0 are 0,
+    so the split is 0 where x is not): applied where the ranges prove m >= 1."""
     x, m = atom.src
+    bounds = lin_bounds(to_lin(m, ranges, memo), ranges, memo)
+    if bounds is None or bounds[0] < 1:
+        return lin, False
     q = Expr(Op.FLOORDIV, atom.dtype, (x, m))
     for prod in (Expr(Op.MUL, atom.dtype, (q, m)), Expr(Op.MUL, atom.dtype, (m, q))):
         if lin.terms.get(prod) == coef:

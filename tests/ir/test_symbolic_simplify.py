@@ -206,3 +206,13 @@ def test_a_negative_dividend_over_a_zero_divisor_gives_zero():
     for how in (bounds, symbolic_bounds):
         lo, hi = how((-1 - N) // IO, dict(ranges))
         assert lo < 0 <= hi  # io may be 0: (-1 - n) // 0 is 0
+
+
+def test_the_divmod_merge_needs_a_divisor_proved_at_least_one():
+    # x % m + x // m * m is x only for m >= 1: with m == 0 both parts are 0 (x // 0 and x % 0 are 0 here)
+    from jitop import te
+    from jitop.tir.simplify import simplify
+    x, m = te.var("x"), te.size_var("m")
+    e = x % m + x // m * m
+    assert simplify(e, {x: (0, 100), m: (0, 100)}) is not x
+    assert simplify(e, {x: (0, 100), m: (1, 100)}) is x
