@@ -33,7 +33,7 @@ from jitop.dispatch import FALLBACK, Dispatcher, Overload
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache
-from jitop.graph.compile import compile_graph, graph_tasks, prepare
+from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, resolve_graph, toposort
 from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
@@ -136,6 +136,8 @@ class Trace:
     env: ShapeEnv | None = None
     shape_guards: list[str] = field(default_factory=list)  # the env's guards, printed ("x_0 - 5 >= 0")
     symbols: dict[str, tuple[str, int]] = field(default_factory=dict)  # symbol -> (leaf name, dim) it came from
+    sizes: dict[str, int] = field(default_factory=dict)  # the kernel's symbols at the traced call
+    flops: int | None = None  # a symbolic kernel's template flops at the traced call (its tasks': at their rep)
 
 
 class KernelFunction:
@@ -367,6 +369,8 @@ class KernelFunction:
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
+        if tr.sizes:
+            tr.flops = flops_at(prep, tr.env)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
@@ -405,6 +409,7 @@ class KernelFunction:
             # every symbol is at least MIN_SYMBOL (the trace proved things from it: a symbol is never 1), then
             # what the trace decided at this call's sizes
             free = [s for s in env.symbols if s not in env.subst]
+            tr.sizes = {s.name: env.hints[s] for s in free}
             tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
                 [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
             for sp in env.specialised:  # the dims the user's code made constant, and where

@@ -140,10 +140,17 @@ def _load(meta: dict, object_code: bytes) -> Any:
     return module
 
 
-def _make_inputs(module: Any, task_key: str) -> list[np.ndarray]:
-    """Random but deterministic per task: every config of the task sees the same inputs."""
+def _make_inputs(module: Any, task_key: str, sizes: dict[str, int]) -> list[np.ndarray]:
+    """Random but deterministic per task: every config of the task sees the same inputs (a symbolic kernel's
+    at `sizes`, its symbols' representative sizes)."""
     rng = np.random.default_rng(int(task_key[:16], 16))
-    return [_random_array(rng, p.shape, p.dtype) for p in module.params if not p.is_output]
+    return [_random_array(rng, _shape(p.shape, sizes), p.dtype) for p in module.params if not p.is_output]
+
+
+def _shape(dims: tuple, sizes: dict[str, int]) -> tuple[int, ...]:
+    """A parameter's shape with its symbolic dims ("s0", "(s0 + 7) // 8") evaluated at `sizes`."""
+    from jitop.runtime.args import compile_dim
+    return tuple(d if isinstance(d, int) else compile_dim(d)(sizes) for d in dims)
 
 
 def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -155,27 +162,28 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dt
     return rng.integers(low, 4, shape).astype(dtype)
 
 
-def _outputs(module: Any, poison: bool) -> list[np.ndarray]:
+def _outputs(module: Any, poison: bool, sizes: dict[str, int]) -> list[np.ndarray]:
     """Fresh output arrays; poisoned (NaN, the int maximum) so an element the kernel never writes shows."""
     outs = []
     for p in module.params:
         if p.is_output:
             fill = (np.nan if p.dtype.kind == "f" else np.iinfo(p.dtype).max if p.dtype.kind in "iu" else 0)
-            outs.append(np.full(p.shape, fill if poison else 0, p.dtype))
+            outs.append(np.full(_shape(p.shape, sizes), fill if poison else 0, p.dtype))
     return outs
 
 
-def _use_task(state: _RunnerState, task_key: str, module: Any) -> None:
+def _use_task(state: _RunnerState, task_key: str, module: Any, sizes: dict[str, int]) -> None:
     if state.task_key != task_key:
-        state.task_key, state.inputs, state.reference = task_key, _make_inputs(module, task_key), None
+        state.task_key, state.inputs, state.reference = task_key, _make_inputs(module, task_key, sizes), None
 
 
 def _reference(state: _RunnerState, request: dict) -> dict:
     """Run the default config once for this task and keep its outputs as the reference."""
     try:
         module = _load(request["meta"], request["object_code"])
-        _use_task(state, request["task_key"], module)
-        outs = _outputs(module, poison=False)
+        sizes = request.get("sizes", {})
+        _use_task(state, request["task_key"], module, sizes)
+        outs = _outputs(module, poison=False, sizes=sizes)
         module(*state.inputs, *outs)
     except Exception as err:  # noqa: BLE001 - reported to the parent, the runner survives
         return {"status": "run_error", "msg": _describe(err)}
@@ -187,8 +195,9 @@ def _run(state: _RunnerState, request: dict) -> dict:
     """Check the candidate's first run against the reference, then time it."""
     try:
         module = _load(request["meta"], request["object_code"])
-        _use_task(state, request["task_key"], module)
-        outs = _outputs(module, poison=True)
+        sizes = request.get("sizes", {})
+        _use_task(state, request["task_key"], module, sizes)
+        outs = _outputs(module, poison=True, sizes=sizes)
         arrays = [*state.inputs, *outs]
         _first_run(module, arrays, request.get("fault"))
     except Exception as err:  # noqa: BLE001 - the kernel call raised: RUN_ERROR, the runner survives

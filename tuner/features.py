@@ -162,7 +162,8 @@ def _eval(e: Expr, env: dict, memo: dict) -> Any:
 
 def _lower(task: Task, config: Config) -> tuple[_Skeleton, np.ndarray]:
     """Build and lower (no simplification, no LLVM) one config, and walk its loop IR."""
-    s, args = registry.get(task.template).build(task.workload, config, task.target)
+    # a symbolic task is featurised at its representative sizes (its loops' extents are numbers there)
+    s, args = registry.get(task.template).build(task.concrete(), config, task.target)
     low = Lowering(s, args)
     low.infer()
     func: PrimFunc = low.function("main")

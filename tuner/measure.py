@@ -273,7 +273,7 @@ class LocalMeasurer:
         if runner is None:
             return _failed(ErrorCode.CRASH, trouble, own.seconds)
         if self.options.check and runner.reference_key != key:
-            failure = self._send_reference(runner, key)
+            failure = self._send_reference(runner, key, inp.task.sizes)
             if failure is not None:
                 ref_failures[key] = failure
                 return _failed(failure.error, failure.error_msg, own.seconds)
@@ -287,14 +287,16 @@ class LocalMeasurer:
 
     def _run_request(self, inp: MeasureInput, own: _Built) -> dict:
         o = self.options
-        return {"op": "run", "task_key": inp.task.key, "meta": own.meta, "object_code": own.object_code,
+        return {"op": "run", "task_key": inp.task.key, "sizes": inp.task.sizes, "meta": own.meta,
+                "object_code": own.object_code,
                 "number": o.number, "repeat": o.repeat, "min_repeat_ms": o.min_repeat_ms,
                 "flush_cache": o.flush_cache, "check": o.check, "fault": o.fault_for(inp.config)}
 
-    def _send_reference(self, runner: "_Runner", key: str) -> MeasureResult | None:
+    def _send_reference(self, runner: "_Runner", key: str, sizes: dict[str, int]) -> MeasureResult | None:
         """Have the runner compute the task's reference output; the failure as a result if it cannot."""
         ref = self._defaults[key]
-        request = {"op": "reference", "task_key": key, "meta": ref.meta, "object_code": ref.object_code}
+        request = {"op": "reference", "task_key": key, "sizes": sizes, "meta": ref.meta,
+                   "object_code": ref.object_code}
         reply, code, msg = runner.call(request, self.options.timeout_s)
         if reply is None:
             self._drop_runner()

@@ -17,6 +17,7 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -47,6 +48,32 @@ class Task:
     def flops(self) -> int:
         """Floating-point operations of one run of the workload."""
         return int(self.workload.flops)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """A symbolic workload's symbols at their representative sizes ("s0~8" -> {"s0": 8}): where it is
+        measured and tuned. Empty for a concrete one.
+
+        >>> import jitop
+        >>> from jitop.tuner.registry import get
+        >>> wl = get("matmul").workload_type(m="s0~8", n=64, k=64, dtype="float32")
+        >>> Task("matmul", wl, jitop.Target.from_string("haswell")).sizes
+        {'s0': 8}
+        """
+        out = {}
+        for f in dataclasses.fields(self.workload):
+            v = getattr(self.workload, f.name)
+            if isinstance(v, str) and "~" in v:
+                name, _, rep = v.partition("~")
+                out[name] = int(rep)
+        return out
+
+    def concrete(self) -> Any:
+        """The workload at its representative sizes (a symbolic field "s0~8" becomes 8): what the cost model
+        featurises for a symbolic task."""
+        fields = {f.name: int(v.partition("~")[2]) for f in dataclasses.fields(self.workload)
+                  for v in [getattr(self.workload, f.name)] if isinstance(v, str) and "~" in v}
+        return dataclasses.replace(self.workload, **fields) if fields else self.workload
 
     @property
     def kind(self) -> str:

@@ -9,6 +9,7 @@ triad built by jitop)."""
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from typing import Any, Callable
@@ -16,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jitop.cli.common import run_script
+from jitop.runtime.args import compile_dim
 
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 5, 100, 0.3  # per signature: at least 5 calls, more while under 0.3 s
 
@@ -115,6 +117,9 @@ def _describe(name: str, key: tuple, entry, calls: int, timed: tuple[float, int]
     exe = entry.exe
     lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "
                    f"calls: {calls}"]
+    if getattr(entry, "accepts", None) is not None:  # one kernel for every size its guards allow
+        sizes = ", ".join(f"{k} = {v}" for k, v in entry.trace.sizes.items())
+        lines.append(f"  symbolic shapes: timed at {sizes}; checks {'; '.join(exe.plan.guards)}")
     lines += [f"  {t}" for t in exe.templates]
     lookup = entry.lookup
     if lookup is not None:
@@ -142,16 +147,26 @@ def _ms(seconds: float) -> str:
 def _nbytes(entry: Any) -> int:
     """Bytes of a signature's arguments and results (what one call must read and write at least)."""
     plan = entry.exe.plan
+    sizes = getattr(entry.trace, "sizes", {})  # a symbolic kernel's dims at its first call
+
+    def count(shape: tuple) -> int:
+        return math.prod(d if isinstance(d, int) else compile_dim(d)(sizes) for d in shape)
     real = plan.outputs[:len(plan.outputs) - plan.n_scratch]  # scratch buffers stay in cache, mostly
-    nbytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in real)
-    return nbytes + sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
+    nbytes = sum(count(s) * np.dtype(d).itemsize for s, d in real)
+    return nbytes + sum(count(p.shape) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
 
 
 def _gflops(entry: Any, timed: tuple[float, int] | None) -> float:
     """GFLOP/s of a signature's median time (0 without one or without flops)."""
     if timed is None or getattr(entry, "tasks", None) is None:
         return 0.0
-    return sum(task.flops for task in entry.tasks) / timed[0] / 1e9
+    return _flops(entry) / timed[0] / 1e9
+
+
+def _flops(entry: Any) -> int:
+    """Flops of one call at the sizes explain times it (a symbolic kernel: its first call's)."""
+    at_call = getattr(entry.trace, "flops", None)
+    return at_call if at_call is not None else sum(task.flops for task in entry.tasks)
 
 
 def _speed(entry, timed: tuple[float, int] | None, peak: float | None, bandwidth: float | None, target: Any) -> str:
@@ -163,7 +178,7 @@ def _speed(entry, timed: tuple[float, int] | None, peak: float | None, bandwidth
         text = f"time {_ms(t)} ms (its first call only: its arguments could not be called again)"
     else:
         return "time: not measured"
-    flops = sum(task.flops for task in entry.tasks)
+    flops = _flops(entry)
     nbytes = _nbytes(entry)
     if flops:
         gf = flops / t / 1e9

@@ -5,6 +5,7 @@ plan), each visible to `explain` and replaceable; the tuner and the cache plug i
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -15,6 +16,7 @@ from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import Node, node, toposort
+from jitop.graph import tasks
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
 from jitop.runtime.executable import Executable, Plan
@@ -131,6 +133,18 @@ def distinct_outputs(results: list[Node]) -> list[Node]:
         seen.add(r)
         outputs.append(r)
     return outputs
+
+
+def flops_at(prep: Prepared, env: Any) -> int:
+    """The templates' flops at the sizes the trace of `env` (a jitop.graph.shapes.ShapeEnv) had: a symbolic
+    task's own `flops` are at its representative sizes."""
+    total = 0
+    for n, (task, _) in prep.choices.items():
+        sizes = {name: env.hint(e) for name, e in tasks.binding(n).items()}
+        fields = {f.name: sizes[v.partition("~")[0]] for f in dataclasses.fields(task.workload)
+                  for v in [getattr(task.workload, f.name)] if isinstance(v, str) and "~" in v}
+        total += dataclasses.replace(task.workload, **fields).flops if fields else task.flops
+    return total
 
 
 def pick_all(tasks: dict[Node, Task]) -> dict[Node, tuple[Task, Choice]]:
