@@ -5,8 +5,11 @@
 
 For each operation, the row count n varies (C = 768 columns; matmul: (n, 768) @ (768, 768)):
 - specialised: `@jitop.kernel(dynamic=False)`, compiled for exactly this n;
-- symbolic: `@jitop.kernel(dynamic={"x": (0,)})`, compiled once (at n = 300) and called at every n; n = 1 is
-  never symbolic (sizes 0 and 1 broadcast, so they get a kernel of their own): that row says so;
+- symbolic: `@jitop.kernel(dynamic={"x": (0,)})`, compiled before the timings at n = 300 and n = 10 and called
+  at every n (a matmul with a symbolic row count holds a kernel per size bucket, rows <= 16 and above, each
+  with the config decided at its bucket's size: n = 10 compiles the small bucket's; the other operations have
+  one kernel for every size). n = 1 is never symbolic (sizes 0 and 1 broadcast, so they get a kernel of their
+  own): that row says so; the last column says whether a timed call traced anything;
 - numpy beside them.
 Each time is the best single call (common.best_time) in this process, with its own temporary JITOP_CACHE_DIR.
 A last table times the call overhead: a 10-element a + b through the native entry, specialised vs symbolic.
@@ -24,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 C = 768
 SIZES = (1, 7, 64, 100, 128, 1000, 2048)
-COMPILED_AT = 300
+COMPILED_AT = (300, 10)  # one size per row bucket (jitop.graph.tasks.ROW_BUCKETS)
 
 
 def matmul(x, w):
@@ -63,7 +66,8 @@ def measure(sizes: tuple[int, ...]) -> list[list[str]]:
     rows = []
     for fn in (matmul, softmax, layer_norm, chain):
         symbolic = jitop.kernel(fn, dynamic={"x": (0,), **({"y": (0,)} if fn is chain else {})})
-        symbolic(*operands(fn.__name__, COMPILED_AT, rng))
+        for n in COMPILED_AT:
+            symbolic(*operands(fn.__name__, n, rng))
         for n in sizes:
             args = operands(fn.__name__, n, rng)
             specialised = jitop.kernel(fn, dynamic=False)
@@ -112,6 +116,7 @@ def main() -> None:
                      "same result, no trace"], measure((7, 100) if args.quick else SIZES)))
         print()
         print(table(["10-element a + b", "µs per call", "native entry"], overhead()))
+        os.environ["JITOP_CACHE"] = "0"  # the workload log's flush at exit must not write to the removed dir
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from jitop.graph import kernel_cache
 from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, resolve_graph, toposort
+from jitop.graph.tasks import row_buckets
 from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
 from jitop.shape_policy import ShapePolicy, struct_key
 from jitop.te.printer import expr_str
@@ -138,6 +139,7 @@ class Trace:
     symbols: dict[str, tuple[str, int]] = field(default_factory=dict)  # symbol -> (leaf name, dim) it came from
     sizes: dict[str, int] = field(default_factory=dict)  # the kernel's symbols at the traced call
     flops: int | None = None  # a symbolic kernel's template flops at the traced call (its tasks': at their rep)
+    reps: dict = field(default_factory=dict)  # symbolic matmul row count -> the size its config is decided at
 
 
 class KernelFunction:
@@ -313,7 +315,8 @@ class KernelFunction:
     def built_again(self, old: Overload) -> Overload:
         """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
         tr = old.trace
-        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards)
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
+                       reps=tr.reps)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         new = self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
@@ -366,7 +369,8 @@ class KernelFunction:
 
     def _build_trace(self, tr: Trace) -> Overload:
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
-        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards)
+        prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
+                       reps=tr.reps)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         if tr.sizes:
@@ -412,6 +416,9 @@ class KernelFunction:
             tr.sizes = {s.name: env.hints[s] for s in free}
             tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
                 [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
+            # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
+            tr.reps, buckets = row_buckets(tr.results, env.hint)
+            tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
             for sp in env.specialised:  # the dims the user's code made constant, and where
                 for sym in sp.symbols:
                     self.policy.static[tr.symbols[sym]] = str(sp)
@@ -542,7 +549,7 @@ class KernelFunction:
             if func is None:  # loaded from disk without its loop IR: rebuilt for display only
                 tr = entry.trace
                 func = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results,
-                                     guards=tr.shape_guards).func
+                                     guards=tr.shape_guards, reps=tr.reps).func
             shapes = shape_lines(entry.trace, self.policy.why, self.policy.static, self.policy.refused())
             text = describe(self.__name__, entry.exe, entry.trace, cached, entry.lookup, func, shapes)
         print(text)

@@ -16,7 +16,7 @@ from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import Node, node, toposort
-from jitop.graph import tasks
+from jitop.graph.tasks import binding as task_binding
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
 from jitop.runtime.executable import Executable, Plan
@@ -45,17 +45,19 @@ class Prepared:
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                   results: list[Node], target: Target | None = None, profile: bool = False,
-                  guards: Sequence[str] = ()) -> Executable:
+                  guards: Sequence[str] = (), reps: dict | None = None) -> Executable:
     """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`);
     `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile); `guards`:
     the relations its shape symbols must satisfy (see `prepare`)."""
-    return build(prepare(name, inputs, input_names, input_plan, results, target, guards), profile)
+    return build(prepare(name, inputs, input_names, input_plan, results, target, guards, reps), profile)
 
 
 def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-            results: list[Node], target: Target | None = None, guards: Sequence[str] = ()) -> Prepared:
+            results: list[Node], target: Target | None = None, guards: Sequence[str] = (),
+            reps: dict | None = None) -> Prepared:
     """The first, cheap steps of the pipeline: fusion decisions, tasks and the config `pick` chooses for each.
-    `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call."""
+    `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call;
+    `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression
     outputs = distinct_outputs(results)
@@ -63,7 +65,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)
     why = materialize(unique)
     # tasks: each matmul/conv2d as (template, workload, target), the unit a config is chosen and tuned for
-    tasks = extract_tasks(why, target)
+    tasks = extract_tasks(why, target, reps)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
     choices = pick_all(tasks)
     return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards))
@@ -140,7 +142,7 @@ def flops_at(prep: Prepared, env: Any) -> int:
     task's own `flops` are at its representative sizes."""
     total = 0
     for n, (task, _) in prep.choices.items():
-        sizes = {name: env.hint(e) for name, e in tasks.binding(n).items()}
+        sizes = {name: env.hint(e) for name, e in task_binding(n).items()}
         fields = {f.name: sizes[v.partition("~")[0]] for f in dataclasses.fields(task.workload)
                   for v in [getattr(task.workload, f.name)] if isinstance(v, str) and "~" in v}
         total += dataclasses.replace(task.workload, **fields).flops if fields else task.flops

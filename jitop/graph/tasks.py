@@ -7,9 +7,9 @@ its cache key do not depend on what the program called its arguments; `binding(n
 node's dim expressions for the template's `compute`."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Mapping
 
-from jitop.graph.ir import Node
+from jitop.graph.ir import Node, toposort
 from jitop.graph.shapes import DEFAULT_REP
 from jitop.te.expr import Expr
 from jitop.target import Target
@@ -34,11 +34,36 @@ def _conv2d(n: Node) -> dict[str, Any]:
 
 WORKLOADS = {"matmul": _matmul, "conv2d": _conv2d}  # node primitive -> template name and workload fields
 SYMBOLIC_FIELDS = {"matmul": ("m", "n", "k"), "conv2d": ("n", "h", "w")}  # the fields a template takes symbolic
+# size buckets of a matmul's symbolic row count: (largest size of the bucket, the size its config is decided
+# at). Below 17 rows a different config wins (no packed B panels, one row block: 1.7x at 7 rows); a kernel
+# holds one bucket (a guard), and a call in another bucket gets that bucket's kernel.
+ROW_BUCKETS: tuple[tuple[int | None, int], ...] = ((16, 8), (None, DEFAULT_REP))
 
 
-def _named(n: Node) -> tuple[dict[str, Any], dict[str, Expr]]:
-    """The node's workload fields with each symbolic dim named in field order ("s0~256"), and the names'
-    binding to the dims; a symbolic dim the template cannot take raises NotImplementedError."""
+def row_buckets(results: list[Node], hint: Callable[[Expr], int]) -> tuple[dict[Expr, int], list[tuple[Expr, str]]]:
+    """For each matmul whose row count is symbolic: the representative size of the bucket the traced call's
+    size (`hint`) falls in, and the relations that keep a kernel to that bucket ((m, "m <= 16"), ...)."""
+    reps: dict[Expr, int] = {}
+    guards: list[tuple[Expr, str]] = []
+    for n in toposort(results):
+        m = n.src[0].shape[-2] if n.prim == "matmul" and n.src[0].ndim >= 2 else None
+        if not isinstance(m, Expr) or m in reps:
+            continue
+        size, low = hint(m), 2
+        for high, rep in ROW_BUCKETS:
+            if high is None or size <= high:
+                reps[m] = rep
+                guards += [(m, f">= {low}")] if low > 2 else []
+                guards += [(m, f"<= {high}")] if high is not None else []
+                break
+            low = high + 1
+    return reps, guards
+
+
+def _named(n: Node, reps: Mapping[Expr, int] | None = None) -> tuple[dict[str, Any], dict[str, Expr]]:
+    """The node's workload fields with each symbolic dim named in field order ("s0~256": the size its config
+    is decided at, DEFAULT_REP unless `reps` gives its bucket's), and the names' binding to the dims; a
+    symbolic dim the template cannot take raises NotImplementedError."""
     fields = WORKLOADS[n.prim](n)
     allowed = SYMBOLIC_FIELDS[n.prim]
     names: dict[Expr, str] = {}
@@ -47,7 +72,7 @@ def _named(n: Node) -> tuple[dict[str, Any], dict[str, Expr]]:
         if any(isinstance(d, Expr) for d in dims) and f not in allowed:
             raise NotImplementedError(f"{n.prim} with a symbolic {f} ({v!r}): only {', '.join(allowed)} may vary")
         if isinstance(v, Expr):
-            fields[f] = names.setdefault(v, f"s{len(names)}~{DEFAULT_REP}")
+            fields[f] = names.setdefault(v, f"s{len(names)}~{(reps or {}).get(v, DEFAULT_REP)}")
     return fields, {name.partition("~")[0]: e for e, name in names.items()}
 
 
@@ -56,15 +81,15 @@ def binding(n: Node) -> dict[str, Expr]:
     return _named(n)[1]
 
 
-def task_of(n: Node, target: Target) -> Task | None:
+def task_of(n: Node, target: Target, reps: Mapping[Expr, int] | None = None) -> Task | None:
     """The task computing node `n` with an operator template, or None for nodes without one."""
     fields = WORKLOADS.get(n.prim)
     if fields is None:
         return None
     template = registry.get(n.prim)
-    return Task(n.prim, template.workload_type(**_named(n)[0]), target)
+    return Task(n.prim, template.workload_type(**_named(n, reps)[0]), target)
 
 
-def extract_tasks(materialized: dict[Node, str], target: Target) -> dict[Node, Task]:
-    """Every templated node of the graph with its task, in graph order."""
-    return {n: task for n in materialized if (task := task_of(n, target)) is not None}
+def extract_tasks(materialized: dict[Node, str], target: Target, reps: Mapping[Expr, int] | None = None) -> dict[Node, Task]:
+    """Every templated node of the graph with its task, in graph order (`reps`: row_buckets')."""
+    return {n: task for n in materialized if (task := task_of(n, target, reps)) is not None}

@@ -197,7 +197,7 @@ def test_matmul_with_symbolic_rows_and_reduction():
         close(f(x, w), np.maximum(x @ w, 0), 48)
         p, v = arrays(rng, 3, n), arrays(rng, n, 16)
         close(g(p, v), p @ v, n)
-    assert f.traces == 1 and g.traces == 1
+    assert f.traces == 2 and g.traces == 1  # f: a kernel per row bucket (<= 16, above); g's rows are constant
 
 
 def test_a_decode_loop_with_a_growing_cache_equals_numpy_and_compiles_twice():
@@ -273,3 +273,17 @@ def test_explain_shows_the_symbols_ties_guards_and_why():
     assert "in-memory cache hit" in text  # size 7 is served by the symbolic kernel
     constant = jitop.kernel(attn, dynamic=False)
     assert "every dim is a constant" in constant.explain(q, np.ones((7, 16), F4), np.ones((7, 16), F4))
+
+
+def test_a_symbolic_row_count_gets_a_kernel_per_size_bucket_with_its_own_config():
+    rng = np.random.default_rng(6)
+    w = arrays(rng, 96, 80)
+    f = jitop.kernel(lambda x, w: x @ w, dynamic={"x": (0,)})
+    for n in (300, 7, 16, 17, 3, 1000):
+        x = arrays(rng, n, 96)
+        close(f(x, w), x @ w, 96)
+    assert f.traces == 2  # one per bucket: rows <= 16 and above
+    buckets = {g for ov in f.dispatcher.overloads() for g in ov.exe.plan.guards if g != "x_0 >= 2"}
+    assert buckets == {"x_0 <= 16", "x_0 >= 17"}
+    fields = sorted(ov.tasks[0].workload.m for ov in f.dispatcher.overloads())
+    assert fields == ["s0~256", "s0~8"]  # tuned, recorded and picked per bucket: each is its own task
