@@ -249,10 +249,12 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
     if module.symbols:  # bind the symbols (ties and guards checked), then allocate at the bound sizes
         env["shapes"] = _SymbolicShapes(plan, module).output_shapes
         lines.append(f"    s = shapes(({''.join(n + ', ' for n in names)}))")
+    sized = 0  # the symbolic outputs are allocated at the shapes `shapes` gives, in order
     for k, (shape, dt) in enumerate(plan.outputs):
-        if module.symbols:
+        if any(isinstance(d, str) for d in shape):
             env[f"alloc{k}"] = _sized_allocator(dt, scratch=k >= n_real)
-            lines.append(f"    o{k} = alloc{k}(s[{k}])")
+            lines.append(f"    o{k} = alloc{k}(s[{sized}])")
+            sized += 1
         else:
             env[f"alloc{k}"] = _allocator(shape, dt, scratch=k >= n_real)
             lines.append(f"    o{k} = alloc{k}()")
@@ -426,8 +428,8 @@ class _SymbolicShapes:
                         tuple((j, d) for j, d in enumerate(p.shape) if not isinstance(d, str)))
                        for k, ((kind, what), p) in enumerate(zip(plan.inputs, params)) if kind.startswith("arg")]
         self.guards = [(g, _compile_guard(g)) for g in plan.guards]
-        self.outputs = [tuple((compile_dim(d), d) if isinstance(d, str) else int(d) for d in shape)
-                        for shape, _ in plan.outputs]
+        self.sized = [(k, tuple((compile_dim(d), d) if isinstance(d, str) else int(d) for d in shape))
+                      for k, (shape, _) in enumerate(plan.outputs) if any(isinstance(d, str) for d in shape)]
 
     def bind(self, inputs: Sequence[np.ndarray]) -> dict[str, int]:
         """The symbols' values for the kernel's input arrays (in parameter order); ValueError for a rank, a
@@ -448,9 +450,10 @@ class _SymbolicShapes:
         return env
 
     def output_shapes(self, inputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
-        """Each output's shape at the symbols the inputs bind (after checking them as `bind` does)."""
+        """The shape of each output with a symbolic dim, in order, at the symbols the inputs bind (after
+        checking them as `bind` does); a constant-shape output is allocated once its shape is known."""
         env = self.bind(inputs)
-        return [self._shape(k, dims, env) for k, dims in enumerate(self.outputs)]
+        return [self._shape(k, dims, env) for k, dims in self.sized]
 
     def _shape(self, k: int, dims: tuple, env: dict[str, int]) -> tuple[int, ...]:
         try:
