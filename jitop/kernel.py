@@ -745,6 +745,12 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     (default): a dim that differs between two calls becomes symbolic at the next compile; True: every dim from
     the first call; {"x": (0,)}: those dims of those parameters; False: a kernel per shape. Sizes 0 and 1
     are always compiled as constants (they broadcast).
+
+    >>> @jitop.kernel
+    ... def double(x):
+    ...     return x * 2
+    >>> [double(np.ones(n, np.float32)).shape for n in (3, 4, 5)], double.traces   # 5: no trace
+    ([(3,), (4,), (5,)], 2)
     """
     def wrap(f: Callable) -> KernelFunction:
         return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic)

@@ -23,7 +23,7 @@ OPAQUE = frozenset({"reduce", "argreduce"}) | COMPLEX
 EXPENSIVE_UFUNCS = frozenset("""exp exp2 expm1 log log2 log10 log1p logaddexp logaddexp2 sin cos tan arcsin arccos
 arctan arctan2 sinh cosh tanh arcsinh arccosh arctanh power float_power sqrt cbrt hypot divide true_divide
 floor_divide remainder mod fmod""".split())
-FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "iota"})  # layout, index
+FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "dim", "iota"})  # layout, index
 EXPENSIVE_COST = 10  # a division or transcendental, in cheap-op units
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
 FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
@@ -76,7 +76,7 @@ def _inlined(s: Node, materialized: set[Node] | dict) -> bool:
 
 
 def _inlinable(n: Node, why: dict[Node, str]) -> bool:
-    return n not in why and n.prim not in INPUTS and n.prim != "const"
+    return n not in why and n.prim not in INPUTS and n.prim not in ("const", "dim")
 
 
 def materialize(outputs: list[Node]) -> dict[Node, str]:
@@ -86,7 +86,7 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
     reads = _reads(order)
     why: dict[Node, str] = {}
     for n in order:
-        if n.prim in INPUTS or n.prim == "const" and n not in outputs:
+        if n.prim in INPUTS or n.prim in ("const", "dim") and n not in outputs:
             continue
         if n in outputs:
             why[n] = "output of the function"

@@ -83,7 +83,13 @@ def _stable(params: tuple) -> str:
 
 
 def _exact(v: Any) -> Any:
-    """A parameter as an interning key: -0.0 and 0.0 are equal but different constants."""
+    """A parameter as an interning key: -0.0 and 0.0 are equal but different constants; an expression by
+    identity (Exprs are hash-consed, so equal ones are one object; comparing them with == would build a
+    comparison, and a content hash names symbols only by name: another trace's `x_0` is another symbol)."""
+    if isinstance(v, Expr):
+        return ("expr", id(v))
+    if type(v) is tuple and any(isinstance(x, (Expr, tuple)) for x in v):
+        return tuple(_exact(x) for x in v)
     return ("float", struct.pack("<d", v)) if type(v) is float else v
 
 
@@ -95,7 +101,7 @@ def node(prim: str, shape: Iterable[Any], dtype: DType, src: Iterable[Node] = ()
     ps = tuple(sorted(params.items()))
     shape = tuple(as_dim(d) for d in shape)
     # an Expr dim is keyed wrapped: an int never meets an Expr in a key comparison (whose truth would raise)
-    dims = tuple(("sym", d) if isinstance(d, Expr) else d for d in shape)
+    dims = tuple(("sym", id(d)) if isinstance(d, Expr) else d for d in shape)  # hash-consed: identity
     key = (prim, dims, dtype, tuple(id(s) for s in src), tuple((k, _exact(v)) for k, v in ps), weak)
     found = Node._intern.get(key)
     if found is not None and all(a is b for a, b in zip(found.src, src)):

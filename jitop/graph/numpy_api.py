@@ -356,15 +356,21 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     count = _count(n, axes)
     acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
     total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
-    quotient = np.true_divide(total, count)
+    quotient = np.true_divide(total, size_value(count))
     return quotient if dtype is None else _cast(quotient, dtype)
 
 
-def _count(n: Node, axes: tuple[int, ...]) -> int:
-    """The number of elements reduced, as a Python int (a symbolic count is specialised: the divisor of a
-    mean is a value, and the graph has no node for a dim's value yet)."""
-    count = sh.sym(sh.prod(n.shape[i] for i in axes))
-    return count if type(count) is int else count.specialise("the element count of np.mean/np.var")
+def _count(n: Node, axes: tuple[int, ...]) -> Any:
+    """The number of elements reduced: a Python int, or a SymInt for a symbolic count."""
+    return sh.sym(sh.prod(n.shape[i] for i in axes))
+
+
+def size_value(d: Any) -> Any:
+    """A size as a value in the graph: a Python int, or for a symbolic one a "dim" node (a Python int's
+    promotion, NEP 50), computed by the kernel from its symbols, so a mean over a varying axis stays symbolic."""
+    if type(d) is int:
+        return d
+    return Tracer(node("dim", (), dtypes.int64, weak=True, expr=sh.as_dim(d)))
 
 
 mean_ = mean  # var's `mean` parameter hides the function
@@ -383,7 +389,7 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
     n = as_node(a)
     count = _count(n, _axes(axis, n.ndim))
     sq = np.multiply(centered, centered)
-    return np.true_divide(sum_(sq, axis, dtype, keepdims=keepdims), builtins.max(count - ddof, 0))
+    return np.true_divide(sum_(sq, axis, dtype, keepdims=keepdims), size_value(sh.sym_max(count - ddof, 0)))
 
 
 @implements(np.std)

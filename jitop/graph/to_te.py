@@ -219,6 +219,10 @@ def _emit_const(c: ToTE, n: Node, idx: Index) -> Expr:
     return const(n.param("value"), n.dtype)
 
 
+def _emit_dim(c: ToTE, n: Node, idx: Index) -> Expr:
+    return te.cast(n.param("expr"), n.dtype)  # a size: an expression of the kernel's shape symbols
+
+
 def _emit_ufunc(c: ToTE, n: Node, idx: Index) -> Expr:
     # a constant operand is made in the loop dtype directly (a Python int may not fit int64)
     args = [const(s.param("value"), dt) if s.prim == "const" else
@@ -295,7 +299,7 @@ def _emit_copy(c: ToTE, n: Node, idx: Index) -> Expr:
 
 EMIT: dict[str, Callable[[ToTE, Node, Index], Expr]] = {
     "copy": _emit_copy,
-    "const": _emit_const, "ufunc": _emit_ufunc, "cast": _emit_cast, "broadcast": _emit_broadcast,
+    "const": _emit_const, "dim": _emit_dim, "ufunc": _emit_ufunc, "cast": _emit_cast, "broadcast": _emit_broadcast,
     "reshape": _emit_reshape, "transpose": _emit_transpose, "index": _emit_index, "concat": _emit_concat,
     "where": _emit_where, "iota": _emit_iota,
 }

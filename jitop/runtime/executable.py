@@ -234,7 +234,8 @@ def _specialised_runner(plan: Plan, module: Module, tree: Any = None) -> Callabl
                       f"    if not (f.c_contiguous and f.aligned): {name} = contiguous({name})"]
         elif kind == "arg_swapped":
             env[f"dt{k}"] = what[1]
-            lines.append(f"    {name} = contiguous(args[{what[0]}], dt{k})")
+            # asarray, not ascontiguousarray: that one makes a 0-d array 1-d
+            lines.append(f"    {name} = asarray(args[{what[0]}], dt{k}, order='C')")
         elif kind == "scalar":
             env[f"dt{k}"] = what[1]
             if len(what) > 2:  # a Python int must fit every integer dtype it meets, as numpy checks

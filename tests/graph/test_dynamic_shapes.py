@@ -10,6 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import jitop
 from jitop.runtime.fastcall import MISS
@@ -287,3 +289,43 @@ def test_a_symbolic_row_count_gets_a_kernel_per_size_bucket_with_its_own_config(
     assert buckets == {"x_0 <= 16", "x_0 >= 17"}
     fields = sorted(ov.tasks[0].workload.m for ov in f.dispatcher.overloads())
     assert fields == ["s0~256", "s0~8"]  # tuned, recorded and picked per bucket: each is its own task
+
+
+def _mixed(x, y):
+    z = np.tanh(x) * y + 1  # y (m,) broadcast over x's rows
+    return z.sum(-1), z.max(0), (z - z.mean(-1, keepdims=True)) / (z.std(-1, keepdims=True) + 1)
+
+
+_MIXED = jitop.kernel(_mixed, dynamic=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 40), m=st.integers(0, 40), seed=st.integers(0, 2 ** 16))
+def test_random_shapes_of_one_symbolic_kernel_match_numpy(n, m, seed):
+    rng = np.random.default_rng(seed)
+    x, y = arrays(rng, n, m), arrays(rng, m)
+    if n == 0:  # numpy's max over an empty axis raises
+        with pytest.raises(ValueError):
+            _MIXED(x, y)
+        return
+    for got, want in zip(_MIXED(x, y), _mixed(x, y)):
+        close(got, want, max(m, n, 1))
+    # a kernel per combination of {0, 1, symbol} of the two dims at most, never one per size
+    assert len(_MIXED.dispatcher.overloads()) <= 9
+
+
+def test_a_zero_d_byte_swapped_argument_beside_a_symbolic_one():
+    f = jitop.kernel(lambda a, b: a + b)
+    a = np.array(2.75, ">f8")
+    for n in (2, 3, 4):  # symbolic from the second call: the runner checks the converted 0-d array's rank
+        b = np.arange(n, dtype=np.int8).reshape(1, n)
+        np.testing.assert_array_equal(f(a, b), a + b)
+    assert f.traces == 2
+
+
+def test_a_mean_over_a_varying_axis_stays_symbolic():
+    f = jitop.kernel(lambda x: x - x.mean(-1, keepdims=True) + x.var(-1, ddof=1, keepdims=True))
+    for n in (5, 6, 7, 40):
+        x = np.linspace(-1, 1, 3 * n, dtype=F4).reshape(3, n)
+        close(f(x), x - x.mean(-1, keepdims=True) + x.var(-1, ddof=1, keepdims=True), n)
+    assert f.traces == 2 and not f.policy.static

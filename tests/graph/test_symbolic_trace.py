@@ -220,6 +220,9 @@ def substitute_hints(n: Node, env: shapes.ShapeEnv, memo: dict) -> Node:
             return tuple(value(x) for x in v)
         return v
     src = [substitute_hints(s, env, memo) for s in n.src]
+    if n.prim == "dim":  # a size as a value (a mean's count): the concrete trace has the Python int there
+        memo[n] = node("const", (), n.dtype, (), True, value=env.hint(n.param("expr")))
+        return memo[n]
     out = node(n.prim, [value(d) for d in n.shape], n.dtype, src, n.weak, **{k: value(v) for k, v in n.params})
     # a view that is the identity at these sizes is its source, as the concrete trace records it (x[-3:] of a
     # symbolic axis is a window where x_0 >= 3, of 3 rows also the whole array)
