@@ -72,12 +72,12 @@ def _conv_node(x: Any, w: Any, geometry: tuple) -> Any:
                        dilation=dilation, groups=groups, layout=layout))
 
 
-@kernel(static_argnames=("geometry",))
+@kernel(static_argnames=("geometry",), dynamic=False)  # per shape: see jitop/ops/linalg.py
 def _conv(x, w, geometry):
     return _conv_node(x, w, geometry)
 
 
-@kernel(static_argnames=("geometry",))
+@kernel(static_argnames=("geometry",), dynamic=False)
 def _conv_bias(x, w, bias, geometry):
     y = _conv_node(x, w, geometry)
     return y + (bias.reshape(-1, 1, 1) if geometry[-1] == "NCHW" else bias)

@@ -1,7 +1,10 @@
 """jitop.matmul, dense, batch_matmul: np.matmul's semantics on the register-tiled topi template.
 
 Each is a @jitop.kernel over the numpy expression, so it is compiled once per (shapes, dtypes), and
-inside another @jitop.kernel it traces through (bias and activation after it fuse into its kernel).
+inside another @jitop.kernel it traces through (bias and activation after it fuse into its kernel). Called
+directly they keep a kernel per shape (dynamic=False): a matmul whose K varies loses its K chunking, and one
+whose every dim varies its fully unrolled small-size code (4x slower at 13x8x8); inside a decorated function
+the function's own policy decides (a symbolic row count there is as fast as a specialised one).
 """
 from __future__ import annotations
 
@@ -17,17 +20,17 @@ from jitop.ops import checks
 _COMPILED_KINDS = "iuf"  # bool and complex matmul run as numpy's
 
 
-@kernel
+@kernel(dynamic=False)
 def _matmul(a, b):
     return np.matmul(a, b)
 
 
-@kernel
+@kernel(dynamic=False)
 def _dense(x, weight):
     return np.matmul(x, weight.T)
 
 
-@kernel
+@kernel(dynamic=False)
 def _dense_bias(x, weight, bias):
     return np.matmul(x, weight.T) + bias
 
