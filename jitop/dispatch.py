@@ -136,7 +136,9 @@ class Dispatcher:
     def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
         """What serves `key` (counted as a hit), or None: the exact key's overload, else (given the call's
         `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them."""
-        ov = self.find(key, leaves, struct)
+        ov = self._memo.get(key)  # `find`, inlined: this is every slow-path call's lookup
+        if ov is None and struct is not None:
+            ov = self._accepting(struct, leaves)
         if ov is not None:
             self._hits += 1
         return ov
