@@ -329,3 +329,19 @@ def test_a_mean_over_a_varying_axis_stays_symbolic():
         x = np.linspace(-1, 1, 3 * n, dtype=F4).reshape(3, n)
         close(f(x), x - x.mean(-1, keepdims=True) + x.var(-1, ddof=1, keepdims=True), n)
     assert f.traces == 2 and not f.policy.static
+
+
+def test_a_convolution_with_varying_batch_and_image_size():
+    from numpy.lib.stride_tricks import sliding_window_view
+    rng = np.random.default_rng(7)
+    w = arrays(rng, 8, 3, 3, 3)
+
+    def reference(x):
+        win = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+        out = np.einsum("nchwij,ocij->nohw", win.astype(np.float64), w.astype(np.float64))
+        return np.maximum(out, 0).astype(F4)
+    f = jitop.kernel(lambda x, w: np.maximum(jitop.conv2d(x, w, padding=1), 0))
+    for shape in [(2, 3, 16, 16), (3, 3, 16, 16), (5, 3, 16, 16), (2, 3, 20, 24), (4, 3, 7, 9), (3, 3, 13, 11)]:
+        x = arrays(rng, *shape)
+        close(f(x, w), reference(x), 27)
+    assert f.traces == 3 and not f.policy.refused()  # the first shape; batch symbolic; then h and w too
