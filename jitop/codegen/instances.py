@@ -12,7 +12,10 @@ allocations, with each buffer they share with the rest of the program (a slot) o
 and every index into a slot differing from the representative's by the same constant in each dimension.
 A slot is one buffer: two slots are never one buffer within an instance (their pointers may be noalias).
 Only nests whose every access to a slot is proven in bounds join a group (an offset pointer would defeat a
-run-time check), and an instance's offsets must stay inside its buffers.
+run-time check), and an instance's offsets must stay inside its buffers. A kernel with shape symbols shares
+nests too (a decode step's heads over a growing cache): the symbols are the kernel's, the same in every
+instance, and a slot of a symbolic shape may be offset where the offset is a constant (a column block of a
+(rows, 768) cache; rows are not).
 """
 from __future__ import annotations
 
@@ -48,14 +51,15 @@ class Shared:
     name: str | None = None
 
 
-def find_shared(nests: tuple[Stmt, ...], ranges: dict[Expr, tuple[int, int]]) -> dict[int, Shared]:
+def find_shared(nests: tuple[Stmt, ...], ranges: dict[Expr, tuple[int, int]],
+                symbols: frozenset[Expr] = frozenset()) -> dict[int, Shared]:
     """The nests (by position) that are instances of a nest occurring at least MIN_INSTANCES times, each
     mapped to its group. `ranges`: the loop variables' ranges (PrimFunc.attrs['ranges']) for the bounds
-    prover."""
+    prover; `symbols`: the kernel's shape symbols (the same variables in every nest, never renamed)."""
     interner: dict[tuple, int] = {}
     groups: dict[tuple, list[tuple[int, _Shape]]] = {}
     for k, nest in enumerate(nests):
-        shape = _Shape.of(nest, interner)
+        shape = _Shape.of(nest, interner, symbols)
         if shape is not None:
             groups.setdefault(shape.key, []).append((k, shape))
     found: dict[int, Shared] = {}
@@ -78,8 +82,9 @@ class _Shape:
     """A nest's structure with names abstracted: `key` (equal for instances of one another), the slots in
     order of first use and, per slot, the constant part of its first index in each dimension (`base`)."""
 
-    def __init__(self, interner: dict[tuple, int]):
+    def __init__(self, interner: dict[tuple, int], symbols: frozenset[Expr] = frozenset()):
         self.interner = interner
+        self.symbols = symbols
         self.vars: dict[Expr, int] = {}
         self.local: dict[Buffer, int] = {}
         self.slots: list[Buffer] = []
@@ -88,16 +93,18 @@ class _Shape:
         self.key: tuple = ()
 
     @classmethod
-    def of(cls, nest: Stmt, interner: dict[tuple, int]) -> "_Shape | None":
-        """The shape of `nest`, or None for one that cannot be shared (symbolic shapes)."""
-        shape = cls(interner)
+    def of(cls, nest: Stmt, interner: dict[tuple, int], symbols: frozenset[Expr] = frozenset()) -> "_Shape | None":
+        """The shape of `nest`, or None for one that cannot be shared."""
+        shape = cls(interner, symbols)
         try:
             body = shape.stmt(nest)
         except _NotShareable:
             return None
         if body is None:
             return None
-        shape.key = (body, tuple((b.dtype.name, b.shape) for b in shape.slots))
+        # dims by identity (hash-consed Exprs: == on them would build a comparison)
+        shape.key = (body, tuple((b.dtype.name, tuple(id(d) if isinstance(d, Expr) else d for d in b.shape))
+                                 for b in shape.slots))
         return shape
 
     def offsets_from(self, rep: "_Shape") -> tuple[int, ...] | None:
@@ -106,8 +113,11 @@ class _Shape:
         for mine, theirs in zip(self.slots, rep.slots):
             flat = 0
             for dim, a, b in zip(mine.shape, self.base[mine], rep.base[theirs]):
-                flat = flat * dim + (a - b)
-            if not 0 <= flat < max(mine.size, 1):
+                if flat and isinstance(dim, Expr):  # a symbolic stride: not a constant offset
+                    return None
+                flat = flat * (dim if isinstance(dim, int) else 0) + (a - b)
+            # a symbolic size: the instance's own accesses are proven in bounds (find_shared), so is its offset
+            if flat < 0 or isinstance(mine.size, int) and flat >= max(mine.size, 1):
                 return None
             offsets.append(flat)
         return tuple(offsets)
@@ -127,20 +137,17 @@ class _Shape:
             other = self.stmt(s.else_) if s.else_ is not None else ()
             return None if then is None or other is None else ("if", self.expr(s.cond), then, other)
         if isinstance(s, Allocate):
-            buf = s.buffer
-            if buf.symbolic:
-                return None
+            buf = s.buffer  # a symbolic size is an expression of the kernel's symbols: the same in every instance
             self.local[buf] = len(self.local)
             body = self.stmt(s.body)
-            return None if body is None else ("alloc", buf.dtype.name, buf.shape, buf.scope, body)
+            shape = tuple(self.expr(d) if isinstance(d, Expr) else d for d in buf.shape)
+            return None if body is None else ("alloc", buf.dtype.name, shape, buf.scope, body)
         return None
 
     def access(self, buf: Buffer, indices: tuple[Expr, ...]) -> Any:
         """A slot's indices as (non-constant part, constant part minus the slot's base) per dimension."""
         if buf in self.local:
             return ("local", self.local[buf], tuple(self.expr(i) for i in indices))
-        if buf.symbolic:
-            raise _NotShareable
         split = [_split_const(i) for i in indices]
         if buf not in self.base:
             self.base[buf] = tuple(c for _, c in split)
@@ -167,6 +174,8 @@ class _Shape:
         return memo[root]
 
     def _node(self, e: Expr) -> tuple:
+        if e.op is Op.VAR and e in self.symbols:  # the kernel's symbol: the same variable in every instance
+            return ("symbol", id(e))
         if e.op is Op.VAR:
             return ("var", self.vars.setdefault(e, len(self.vars)), e.dtype.name)
         if e.op is Op.LOAD:

@@ -141,7 +141,7 @@ class KernelCodegen:
         that the kernel calls in turn (see NESTS_PER_FUNCTION). Identical nests (the heads of an attention)
         are generated once, as a function each instance calls (jitop.codegen.instances)."""
         nests = body.stmts if isinstance(body, Seq) else (body,)
-        self.shared = {} if self.func.symbols else find_shared(nests, self.func.attrs.get("ranges", {}))
+        self.shared = find_shared(nests, self.func.attrs.get("ranges", {}), frozenset(self.func.symbols))
         if len(nests) <= NESTS_PER_FUNCTION:
             for k, nest in enumerate(nests):
                 self._nest(k, nest)
@@ -173,11 +173,14 @@ class KernelCodegen:
         inst = group.instances[k]
         args = [self.b.gep(self.st.ptrs[buf], [ir.Constant(I64, off)], source_etype=ops.memory_type(buf.dtype))
                 if off else self.st.ptrs[buf] for buf, off in zip(inst.buffers, inst.offsets)]
+        if self.func.symbols:  # the symbols' array: the caller's (the kernel's or its part's) last argument
+            args.append(self.st.fn.args[-1])
         self.b.call(fn, args)
 
     def _shared_function(self, group: Shared) -> str:
         """`<symbol>.sharedN(slot pointers...)`: a group's representative nest, its slots as arguments."""
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(group.slots)),
+        params = [PTR] * (len(group.slots) + bool(self.func.symbols))  # + the symbols' array
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params),
                          f"{self.symbol}.shared{sum(1 for g in self.module.globals if '.shared' in g)}")
         fn.linkage = "internal"
         fn.attributes.add("noinline")  # one copy, called per instance
@@ -186,6 +189,7 @@ class KernelCodegen:
             arg.name = _ident(buf.name)
             arg.add_attribute("noalias")  # the slots of an instance are distinct parameters of the kernel
             self.st.ptrs[buf] = arg
+        self._bind_symbols()
         self.stmt(group.body)
         self.st.finish()
         self.st = saved

@@ -50,9 +50,11 @@ def schedule_injective(s: Schedule, t: Tensor, target: Target) -> IterVar | None
     stage = s[t]
     rows, _ = _lead_and_lanes(stage, target.lanes(t.dtype.itemsize))
     if rows is not None and stage.attach_type == "root":
-        if rep(rows.extent) < 2 * target.threads and len(stage.op.axis) > 1:
-            leaves = stage.leaf_iter_vars
-            rows = stage.fuse(leaves[0], leaves[1])  # few rows: parallelise across rows x chunks
+        leaves = stage.leaf_iter_vars
+        # few rows: parallelise across rows x chunks; not with a symbolic chunk count, whose fused index
+        # (row = f // chunks) the bounds prover cannot follow: each access would be checked at run time
+        if rep(rows.extent) < 2 * target.threads and len(stage.op.axis) > 1 and _constant(leaves[1].extent):
+            rows = stage.fuse(leaves[0], leaves[1])
         stage.parallel(rows)
     return rows
 
@@ -84,6 +86,10 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
         data = data[:-1] + [outer]
     if stage.attach_type == "root":
         stage.parallel(stage.fuse(*data))
+
+
+def _constant(extent: Any) -> bool:
+    return not isinstance(extent, Expr) or extent.op is Op.CONST
 
 
 def _one_row(extent: Any) -> bool:

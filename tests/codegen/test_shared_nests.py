@@ -31,17 +31,43 @@ def attention(qkv, mask):
     return np.hstack(heads)
 
 
-def compiled(fn, args: list, share: bool = True):
-    """The Executable of fn(*args), with or without shared nests."""
+def compiled(fn, args: list, share: bool = True, dynamic: dict | None = None):
+    """The Executable of fn(*args), with or without shared nests (`dynamic`: leaf -> dims traced as symbols)."""
     k = jitop.kernel(fn, fallback=False)
-    tr = k.trace(args)
+    tr = k.trace(args, None, dynamic)
     saved = kernel_codegen.find_shared
     if not share:
-        kernel_codegen.find_shared = lambda nests, ranges: {}
+        kernel_codegen.find_shared = lambda nests, ranges, symbols=frozenset(): {}
     try:
-        return build(prepare("prog", tr.inputs, tr.names, tr.plan, tr.results))
+        return build(prepare("prog", tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
+                             reps=tr.reps))
     finally:
         kernel_codegen.find_shared = saved
+
+
+def decode_attention(q, k_cache, v_cache):
+    """One new token's attention over a cache of any length (the cache's rows are a symbol)."""
+    d = C // HEADS
+    heads = []
+    for h in range(HEADS):
+        s = q[:, h * d:(h + 1) * d] @ k_cache[:, h * d:(h + 1) * d].T / np.sqrt(d)
+        heads.append(softmax(s) @ v_cache[:, h * d:(h + 1) * d])
+    return np.hstack(heads)
+
+
+def test_heads_over_a_symbolic_cache_compile_once_and_match_the_unshared_build() -> None:
+    rng = np.random.default_rng(1)
+    make = lambda rows: [rng.standard_normal((r, C)).astype(np.float32) for r in (1, rows, rows)]  # noqa: E731
+    dims = {1: (0,), 2: (0,)}
+    shared, unshared = compiled(decode_attention, make(9), dynamic=dims), \
+        compiled(decode_attention, make(9), share=False, dynamic=dims)
+    assert shared.module.symbols and shared_functions(shared.module)[0] >= 2
+    assert shared_functions(unshared.module) == (0, 0)
+    for rows in (2, 9, 17, 64, 301):
+        args = make(rows)
+        (got,), (plain,) = shared(*args), unshared(*args)
+        np.testing.assert_array_equal(got, plain)
+        np.testing.assert_allclose(got, decode_attention(*args), rtol=1e-5, atol=1e-6)
 
 
 def shared_functions(module) -> tuple[int, int]:
