@@ -409,22 +409,28 @@ class KernelFunction:
         with env.active() if env is not None else contextlib.nullcontext():
             self._trace_into(tr, leaves, specs, tree, dynamic or {})
         if env is not None and env.symbols:
-            tr.inputs, tr.results = resolve_graph(env, tr.inputs, tr.results)
-            # every symbol is at least MIN_SYMBOL (the trace proved things from it: a symbol is never 1), then
-            # what the trace decided at this call's sizes
-            free = [s for s in env.symbols if s not in env.subst]
-            tr.sizes = {s.name: env.hints[s] for s in free}
-            tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
-                [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
-            # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
-            tr.reps, buckets = row_buckets(tr.results, env.hint)
-            tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
-            for sp in env.specialised:  # the dims the user's code made constant, and where
-                for sym in sp.symbols:
-                    self.policy.static[tr.symbols[sym]] = str(sp)
+            self._settle_symbols(tr, env)
         return tr
 
-    def _trace_into(self, tr: Trace, leaves: list, specs: tuple, tree: Any, dynamic: Mapping[int, Sequence[int]]) -> None:
+    def _settle_symbols(self, tr: Trace, env: ShapeEnv) -> None:
+        """After a symbolic trace: the graph with its ties substituted, the guards every call checks, the
+        size buckets of symbolic matmul rows, and the dims the user's code made constant (for explain)."""
+        tr.inputs, tr.results = resolve_graph(env, tr.inputs, tr.results)
+        free = [s for s in env.symbols if s not in env.subst]
+        tr.sizes = {s.name: env.hints[s] for s in free}
+        # every symbol is at least MIN_SYMBOL (the trace proved things from it: a symbol is never 1), then what
+        # the trace decided at this call's sizes
+        tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
+            [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
+        # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
+        tr.reps, buckets = row_buckets(tr.results, env.hint)
+        tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
+        for sp in env.specialised:
+            for sym in sp.symbols:
+                self.policy.static[tr.symbols[sym]] = str(sp)
+
+    def _trace_into(self, tr: Trace, leaves: list, specs: tuple, tree: Any,
+                    dynamic: Mapping[int, Sequence[int]]) -> None:
         names = self._leaf_names(tree)
         inputs = []
         for k, (name, v, spec) in enumerate(zip(names, leaves, specs)):
