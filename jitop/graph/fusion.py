@@ -12,6 +12,7 @@ is bounded whatever the program's length (TVM's FuseOps caps its fusion depth to
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from jitop.graph.ir import Node, consumers, toposort
@@ -139,9 +140,14 @@ def _levels(n: Node) -> int:
 def _broadcast_reads(n: Node, users: list[Node]) -> int:
     """How many times the consumers that broadcast `n` read each of its elements (1 if none does)."""
     # a heuristic: symbolic sizes at their representative value
-    size = rep(n.size)
-    return max([rep(u.size) // max(size, 1) for u in users if u.prim in BROADCASTING and rep(u.size) > size],
+    size = _rep_size(n)
+    return max([_rep_size(u) // max(size, 1) for u in users if u.prim in BROADCASTING and _rep_size(u) > size],
                default=1)
+
+
+def _rep_size(n: Node) -> int:
+    """n's element count, symbols at their representative size (constant shapes: the exact count)."""
+    return math.prod(d if type(d) is int else rep(d) for d in n.shape)
 
 
 def fuse_operands(why: dict[Node, str], operand_reads: dict[Node, tuple[int, ...]]) -> list[str]:

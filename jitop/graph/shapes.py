@@ -484,8 +484,25 @@ def as_dim(d: Any) -> Dim:
 
 def canonical(d: Expr) -> Dim:
     """The simplified form of a dim expression (its symbols at least MIN_SYMBOL); a constant folds to int."""
+    if d.op is Op.VAR:  # a bare symbol (most symbolic dims): already simplified
+        return d
+    if d.op is Op.CONST:
+        return d.value
+    found = _CANONICAL.get(id(d))
+    if found is not None and found[0] is d:
+        return found[1]
     e = simplify(d, {v: (MIN_SYMBOL, SYMBOL_MAX) for v in free_vars(d)})
-    return e.value if e.op is Op.CONST else e
+    out = e.value if e.op is Op.CONST else e
+    if len(_CANONICAL) >= _CANONICAL_MAX:
+        _CANONICAL.clear()
+    _CANONICAL[id(d)] = (d, out)  # d kept alive with its entry, so its id is not reused meanwhile
+    return out
+
+
+# canonical() per dim expression (hash-consed: one object per expression); every node of a trace asks for its
+# dims', and a simplify per ask cost a decode step's trace 30 ms
+_CANONICAL: dict[int, tuple[Expr, Dim]] = {}
+_CANONICAL_MAX = 4096
 
 
 def sym(d: Dim) -> "SymInt | int":
