@@ -38,6 +38,11 @@ class JitopFallbackWarning(UserWarning):
     """A decorated function (or one signature of it) runs as plain numpy."""
 
 
+class JitopRecompileWarning(UserWarning):
+    """A decorated function keeps compiling a kernel per shape although its dims vary (a size is used as a
+    Python int, or its symbolic trace failed): the warning names the line or the reason."""
+
+
 class TemplateNotFoundError(JitopError, LookupError):
     """No operator template is registered under a name."""
 

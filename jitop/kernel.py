@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jitop import dtypes, pytree
-from jitop.errors import FallbackError, JitopFallbackWarning
+from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
 from jitop import dispatch
@@ -291,6 +291,9 @@ class KernelFunction:
         dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         try:
             ov = self._trace_and_build(values, tree, struct, dims)
+            why = self.policy.compiled(struct, ov.accepts is not None) if struct is not None else None
+            if why:
+                warnings.warn(f"jitop.kernel '{self.__name__}': {why}", JitopRecompileWarning, stacklevel=_BUILD_DEPTH)
             if config.verify() and run_numpy is not None:
                 ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
             return ov

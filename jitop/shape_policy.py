@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 Dims = dict[int, tuple[int, ...]]  # leaf index -> its symbolic dims
+RECOMPILE_LIMIT = 8  # constant-shape kernels of one structure before a JitopRecompileWarning (torch's limit)
 
 
 class ShapePolicy:
@@ -46,6 +47,7 @@ class ShapePolicy:
         self._seen: dict[Any, list[tuple[int, ...]]] = {}    # struct -> the first call's shapes
         self._decided: dict[Any, set[tuple[int, int]]] = {}  # struct -> (leaf, dim) symbolic (automatic mode)
         self._refused: dict[Any, str] = {}                   # struct -> why its symbolic trace failed
+        self._compiles: dict[Any, int] = {}                  # struct -> constant-shape kernels built
         self.why: dict[tuple[str, int], str] = {}            # (leaf name, dim) -> why it is symbolic
         self.static: dict[tuple[str, int], str] = {}         # (leaf name, dim) -> the user's line that fixed it
 
@@ -103,6 +105,22 @@ class ShapePolicy:
             out.setdefault(k, ())
             out[k] += (d,)
         return out
+
+    def compiled(self, struct: Any, symbolic: bool) -> str | None:
+        """Count a compile of `struct`; past RECOMPILE_LIMIT kernels of constant shapes for one structure whose
+        dims vary, once: why they stay constant (the user's line that fixed a dim, or the refused trace)."""
+        if symbolic or self.mode is False:
+            return None
+        n = self._compiles[struct] = self._compiles.get(struct, 0) + 1
+        if n != RECOMPILE_LIMIT + 1:
+            return None
+        why = [f"{leaf} dim {dim}: {what}" for (leaf, dim), what in self.static.items()]
+        if struct in self._refused:
+            why.append(f"the symbolic trace failed ({self._refused[struct]})")
+        if not why:
+            return None
+        return (f"{RECOMPILE_LIMIT + 1} kernels for one argument structure, one per shape, although its dims vary: "
+                + "; ".join(why))
 
     def refuse(self, struct: Any, reason: str) -> None:
         """The symbolic trace of `struct` failed: it is traced with constant dims from now on."""

@@ -345,3 +345,14 @@ def test_a_convolution_with_varying_batch_and_image_size():
         x = arrays(rng, *shape)
         close(f(x, w), reference(x), 27)
     assert f.traces == 3 and not f.policy.refused()  # the first shape; batch symbolic; then h and w too
+
+
+def test_a_dim_made_constant_by_the_code_warns_once_past_the_recompile_limit():
+    def f(x):
+        return x * float(x.shape[0])  # the size as a Python float: dim 0 is this call's constant
+    k = jitop.kernel(f)
+    with pytest.warns(jitop.JitopRecompileWarning, match=r"x dim 0: .*float\(x.shape\[0\]\)") as caught:
+        for n in range(2, 14):
+            x = np.ones(n, F4)
+            np.testing.assert_array_equal(k(x), f(x))
+    assert len([w for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)]) == 1
