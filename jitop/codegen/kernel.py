@@ -614,9 +614,11 @@ class KernelCodegen:
         ok = self._in_bounds(buf, e.src, "read of")
         elem = ops.memory_type(buf.dtype)
         if self.vec is None:
+            # the address is computed before the branch: values the memo keeps must dominate every later use
+            flat = self._scalar(simplify(_flatten(buf, e.src)))
             with b.if_else(ok) as (then, other):
                 with then:
-                    val, then_block = b.load(self.b.gep(self.st.ptrs[buf], [self._scalar(simplify(_flatten(buf, e.src)))], source_etype=elem), typ=elem), b.block
+                    val, then_block = b.load(self.b.gep(self.st.ptrs[buf], [flat], source_etype=elem), typ=elem), b.block
                 with other:
                     other_block = b.block
             phi = b.phi(elem)
@@ -633,8 +635,9 @@ class KernelCodegen:
         buf, b = s.buffer, self.b
         ok = self._in_bounds(buf, s.indices, "write to")
         if self.vec is None:
+            flat = self._scalar(simplify(_flatten(buf, s.indices)))  # before the branch, as in _checked_load
             with b.if_then(ok):
-                ptr = b.gep(self.st.ptrs[buf], [self._scalar(simplify(_flatten(buf, s.indices)))], source_etype=ops.memory_type(buf.dtype))
+                ptr = b.gep(self.st.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
                 b.store(ops.to_memory(b, buf.dtype, value), ptr)
             return
         ok = ops.splat(b, ok, self.vec.lanes)

@@ -356,3 +356,17 @@ def test_a_dim_made_constant_by_the_code_warns_once_past_the_recompile_limit():
             x = np.ones(n, F4)
             np.testing.assert_array_equal(k(x), f(x))
     assert len([w for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)]) == 1
+
+
+def test_checked_accesses_in_a_symbolic_kernel_compile():
+    # (2, n, 2) softmax over the last axis: the row reads of its fused (2 x n) rows are checked at run time;
+    # a checked read's address was computed inside its branch and reused by the next one (LLVM: "Instruction
+    # does not dominate all uses"), which the safety net turned into a kernel per shape
+    def softmax_last(x):
+        e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return e * (1 / np.sum(e, axis=-1, keepdims=True))
+    f = jitop.kernel(softmax_last, dynamic={"x": (1,)})
+    for n in (3, 5, 8, 13):
+        x = np.linspace(-2, 2, 4 * n, dtype=F4).reshape(2, n, 2)
+        close(f(x), softmax_last(x), 2)
+    assert f.traces == 1 and not f.policy.refused()
