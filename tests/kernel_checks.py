@@ -89,3 +89,79 @@ def tvm_add_example() -> "jitop.Module":
     s[C].vectorize(xi)
     s[C].parallel(xo)
     return jitop.build(s, [A, B, C])
+
+
+class GemmTutorial:
+    """TVM's "How to optimize GEMM on CPU" at block size `bn`: the computation (sizes ints or te vars; packed: B
+    in zero-padded panels of bn columns) and each step's schedule, as methods (s, A, B, C, P). Shared by the
+    constant-size tests (tests/codegen/test_build_numpy.py) and the symbolic ones (tests/topi)."""
+
+    def __init__(self, bn: int):
+        self.bn = bn
+
+    def compute(self, m, n, k, packed: bool = False) -> tuple:
+        from jitop import te
+        from jitop.schedule.schedule import ceildiv
+        bn = self.bn
+        A = te.placeholder((m, k), "float32", "A")
+        B = te.placeholder((k, n), "float32", "B")
+        r = te.reduce_axis((0, k), "k")
+        if not packed:
+            return A, B, te.compute((m, n), lambda x, y: te.sum(A[x, r] * B[r, y], axis=r), name="C"), None
+        # n need not be a multiple of bn: the last panel is zero-padded
+        P = te.compute((ceildiv(n, bn), k, bn), lambda x, y, z: te.if_then_else(x * bn + z < n, B[y, x * bn + z], 0.0),
+                       name="packedB")
+        return A, B, te.compute((m, n), lambda x, y: te.sum(A[x, r] * P[y // bn, r, y % bn], axis=r), name="C"), P
+
+    def default(self, s, A, B, C, P) -> None:
+        pass
+
+    def blocking(self, s, A, B, C, P, order: str = "ki, xi") -> tuple:
+        xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], self.bn, self.bn)
+        ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
+        s[C].reorder(xo, yo, ko, *((ki, xi) if order == "ki, xi" else (xi, ki)), yi)
+        return xo, yo, ko, xi, ki, yi
+
+    def vectorize(self, s, A, B, C, P) -> None:
+        s[C].vectorize(self.blocking(s, A, B, C, P)[-1])
+
+    def loop_permutation(self, s, A, B, C, P) -> None:
+        s[C].vectorize(self.blocking(s, A, B, C, P, order="xi, ki")[-1])
+
+    def array_packing(self, s, A, B, C, P) -> None:
+        self.loop_permutation(s, A, B, C, P)
+        self._packing(s, P)
+
+    def write_cache(self, s, A, B, C, P, scope: str = "global"):
+        """C's block accumulated in a cache (`scope`), written back per block; returns C's outer row loop."""
+        CC = s.cache_write(C, scope)
+        xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], self.bn, self.bn)
+        s[CC].compute_at(s[C], yo)
+        xc, yc = s[CC].op.axis
+        (k,) = s[CC].op.reduce_axis
+        ko, ki = s[CC].split(k, factor=4)
+        s[CC].reorder(ko, xc, ki, yc)
+        s[CC].unroll(ki)
+        s[CC].vectorize(yc)
+        if P is not None:
+            self._packing(s, P)
+        return xo
+
+    def write_cache_local(self, s, A, B, C, P) -> None:
+        self.write_cache(s, A, B, C, P, "local")
+
+    def parallel(self, s, A, B, C, P) -> None:
+        s[C].parallel(self.write_cache(s, A, B, C, P, "global"))
+
+    def cache_read_packing(self, s, A, B, C, P) -> None:
+        """A's rows packed into a local copy at each block of C."""
+        AA = s.cache_read(A, "local", [C])
+        xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], self.bn, self.bn)
+        s[AA].compute_at(s[C], xo)
+        s[C].vectorize(yi)
+
+    @staticmethod
+    def _packing(s, P) -> None:
+        x, y, z = s[P].op.axis
+        s[P].vectorize(z)
+        s[P].parallel(x)

@@ -18,6 +18,7 @@ import pytest
 
 import jitop
 from jitop import te
+from kernel_checks import GemmTutorial
 
 REPO = Path(__file__).resolve().parents[2]
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -911,104 +912,17 @@ def test_if_then_else_padding_never_reads_out_of_bounds():
 # ---------------------------------------------------------------------------------------------
 
 M, K, N = 67, 45, 33
-BN = 8
-
-
-def gemm_compute(packed: bool = False):
-    A = te.placeholder((M, K), "float32", "A")
-    B = te.placeholder((K, N), "float32", "B")
-    k = te.reduce_axis((0, K), "k")
-    if not packed:
-        C = te.compute((M, N), lambda x, y: te.sum(A[x, k] * B[k, y], axis=k), name="C")
-        return A, B, C, None
-    nb = -(-N // BN)
-    packedB = te.compute((nb, K, BN), lambda x, y, z: te.if_then_else(x * BN + z < N, B[y, x * BN + z], 0.0),
-                         name="packedB")
-    C = te.compute((M, N), lambda x, y: te.sum(A[x, k] * packedB[y // BN, k, y % BN], axis=k), name="C")
-    return A, B, C, packedB
-
-
-def gemm_default(s, A, B, C, P):
-    pass
-
-
-def gemm_blocking(s, A, B, C, P):
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
-    s[C].reorder(xo, yo, ko, ki, xi, yi)
-
-
-def gemm_vectorize(s, A, B, C, P):
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
-    s[C].reorder(xo, yo, ko, ki, xi, yi)
-    s[C].vectorize(yi)
-
-
-def gemm_loop_permutation(s, A, B, C, P):
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
-    s[C].reorder(xo, yo, ko, xi, ki, yi)
-    s[C].vectorize(yi)
-
-
-def gemm_array_packing(s, A, B, C, P):
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
-    s[C].reorder(xo, yo, ko, xi, ki, yi)
-    s[C].vectorize(yi)
-    x, y, z = s[P].op.axis
-    s[P].vectorize(z)
-    s[P].parallel(x)
-
-
-def _write_cache(s, A, B, C, P, scope):
-    CC = s.cache_write(C, scope)
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    s[CC].compute_at(s[C], yo)
-    xc, yc = s[CC].op.axis
-    (k,) = s[CC].op.reduce_axis
-    ko, ki = s[CC].split(k, factor=4)
-    s[CC].reorder(ko, xc, ki, yc)
-    s[CC].unroll(ki)
-    s[CC].vectorize(yc)
-    if P is not None:
-        x, y, z = s[P].op.axis
-        s[P].vectorize(z)
-        s[P].parallel(x)
-    return xo
-
-
-def gemm_write_cache_local(s, A, B, C, P):
-    _write_cache(s, A, B, C, P, "local")
-
-
-def gemm_write_cache_global(s, A, B, C, P):
-    _write_cache(s, A, B, C, P, "global")
-
-
-def gemm_parallel(s, A, B, C, P):
-    xo = _write_cache(s, A, B, C, P, "global")
-    s[C].parallel(xo)
-
-
-def gemm_cache_read_packing(s, A, B, C, P):
-    # pack A's rows into a local copy at each block of C
-    AA = s.cache_read(A, "local", [C])
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    s[AA].compute_at(s[C], xo)
-    s[C].vectorize(yi)
-
-
-GEMMS = [(gemm_default, False), (gemm_blocking, False), (gemm_vectorize, False), (gemm_loop_permutation, False),
-         (gemm_array_packing, True), (gemm_write_cache_local, True), (gemm_write_cache_global, True),
-         (gemm_parallel, True), (gemm_write_cache_local, False), (gemm_cache_read_packing, False)]
+TUTORIAL = GemmTutorial(bn=8)
+GEMMS = [(TUTORIAL.default, False), (TUTORIAL.blocking, False), (TUTORIAL.vectorize, False),
+         (TUTORIAL.loop_permutation, False), (TUTORIAL.array_packing, True), (TUTORIAL.write_cache_local, True),
+         (TUTORIAL.write_cache, True), (TUTORIAL.parallel, True), (TUTORIAL.write_cache_local, False),
+         (TUTORIAL.cache_read_packing, False)]
 
 
 @pytest.mark.parametrize("sched,packed", GEMMS, ids=[f"{f.__name__}{'-packed' if p else ''}" for f, p in GEMMS])
 def test_gemm_tutorial_schedules(sched, packed, monkeypatch):
     monkeypatch.setenv("JITOP_PARALLEL_MIN_WORK", "1")
-    A, B, C, P = gemm_compute(packed)
+    A, B, C, P = TUTORIAL.compute(M, N, K, packed)
     s = jitop.create_schedule(C.op)
     sched(s, A, B, C, P)
     f = jitop.build(s, [A, B, C])

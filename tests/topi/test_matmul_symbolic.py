@@ -19,6 +19,7 @@ from jitop import te
 from jitop.topi import matmul as tm
 from jitop.tuner import registry
 from jitop.tuner.space import Config
+from kernel_checks import GemmTutorial
 from targets import HOST
 
 # parallel loops run on threads at every size (the run-time work test would keep small sizes serial)
@@ -161,76 +162,19 @@ def test_template_on_te_var_placeholders_with_an_epilogue():
 
 # ** TVM's GEMM walk-through ("How to optimize GEMM on CPU") with symbolic M, N, K **
 
-BN = 32
-
-
-def _gemm(packed: bool):
-    M, N, K = te.var("M"), te.var("N"), te.var("K")
-    A = te.placeholder((M, K), name="A")
-    B = te.placeholder((K, N), name="B")
-    k = te.reduce_axis((0, K), "k")
-    if not packed:
-        return A, B, te.compute((M, N), lambda x, y: te.sum(A[x, k] * B[k, y], axis=k), name="C"), None
-    # N is not a multiple of BN at every size: the last panel is zero-padded
-    P = te.compute(((N + BN - 1) // BN, K, BN),
-                   lambda x, y, z: te.if_then_else(x * BN + z < N, B[y, x * BN + z], 0.0), name="packedB")
-    C = te.compute((M, N), lambda x, y: te.sum(A[x, k] * P[y // BN, k, y % BN], axis=k), name="C")
-    return A, B, C, P
-
-
-def _blocking(s, C, P):
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    ko, ki = s[C].split(C.op.reduce_axis[0], factor=4)
-    s[C].reorder(xo, yo, ko, ki, xi, yi)
-    return xo, yo, ko, xi, ki, yi
-
-
-def _vectorize(s, C, P):
-    *_, yi = _blocking(s, C, P)
-    s[C].vectorize(yi)
-
-
-def _loop_permutation(s, C, P):
-    xo, yo, ko, xi, ki, yi = _blocking(s, C, P)
-    s[C].reorder(xo, yo, ko, xi, ki, yi)
-    s[C].vectorize(yi)
-
-
-def _array_packing(s, C, P):
-    _loop_permutation(s, C, P)
-    x, y, z = s[P].op.axis
-    s[P].vectorize(z)
-    s[P].parallel(x)
-
-
-def _write_cache_parallel(s, C, P):
-    CC = s.cache_write(C, "global")
-    xo, yo, xi, yi = s[C].tile(C.op.axis[0], C.op.axis[1], BN, BN)
-    s[CC].compute_at(s[C], yo)
-    xc, yc = s[CC].op.axis
-    (k,) = s[CC].op.reduce_axis
-    ko, ki = s[CC].split(k, factor=4)
-    s[CC].reorder(ko, xc, ki, yc)
-    s[CC].unroll(ki)
-    s[CC].vectorize(yc)
-    s[C].parallel(xo)
-    x, y, z = s[P].op.axis
-    s[P].vectorize(z)
-    s[P].parallel(x)
-
-
-GEMMS = {"blocking": (_blocking, False), "vectorize": (_vectorize, False),
-         "loop_permutation": (_loop_permutation, False), "array_packing": (_array_packing, True),
-         "write_cache_parallel": (_write_cache_parallel, True)}
+TUTORIAL = GemmTutorial(bn=32)
+GEMMS = {"blocking": (TUTORIAL.blocking, False), "vectorize": (TUTORIAL.vectorize, False),
+         "loop_permutation": (TUTORIAL.loop_permutation, False), "array_packing": (TUTORIAL.array_packing, True),
+         "write_cache_parallel": (TUTORIAL.parallel, True)}
 GEMM_SIZES = [(1, 1, 1), (2, 13, 7), (64, 128, 97), (97, 1000, 64), (128, 2, 1000), (1000, 97, 13)]  # M, N, K
 
 
 @pytest.mark.parametrize("name", list(GEMMS))
 def test_tvm_gemm_walk_through_symbolic(name):
     schedule, packed = GEMMS[name]
-    A, B, C, P = _gemm(packed)
+    A, B, C, P = TUTORIAL.compute(te.var("M"), te.var("N"), te.var("K"), packed)
     s = jitop.create_schedule(C.op)
-    schedule(s, C, P)
+    schedule(s, A, B, C, P)
     f = jitop.build(s, [A, B, C], target=TARGET)
     for m, n, k in GEMM_SIZES:
         a, b = _rand(m, k), _rand(k, n)
