@@ -136,9 +136,7 @@ class Dispatcher:
     def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
         """What serves `key` (counted as a hit), or None: the exact key's overload, else (given the call's
         `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them."""
-        ov = self._memo.get(key)  # `find`, inlined: this is every slow-path call's lookup
-        if ov is None and struct is not None:
-            ov = self._accepting(struct, leaves)
+        ov = self.find(key, leaves, struct)
         if ov is not None:
             self._hits += 1
         return ov
@@ -161,9 +159,7 @@ class Dispatcher:
         """What serves `key`: held (or a symbolic overload of `struct` accepting `leaves`), else `build()`
         (once, under the lock), kept unless memo=False; a symbolic one also under `struct`."""
         with self.lock:
-            ov = self._memo.get(key)
-            if ov is None and struct is not None:
-                ov = self._accepting(struct, leaves)
+            ov = self.find(key, leaves, struct)
             if ov is not None:
                 return ov
             self.misses += 1

@@ -137,9 +137,14 @@ class Trace:
     env: ShapeEnv | None = None
     shape_guards: list[str] = field(default_factory=list)  # the env's guards, printed ("x_0 - 5 >= 0")
     symbols: dict[str, tuple[str, int]] = field(default_factory=dict)  # symbol -> (leaf name, dim) it came from
-    sizes: dict[str, int] = field(default_factory=dict)  # the kernel's symbols at the traced call
     flops: int | None = None  # a symbolic kernel's template flops at the traced call (its tasks': at their rep)
     reps: dict = field(default_factory=dict)  # symbolic matmul row count -> the size its config is decided at
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The kernel's symbols (those no tie replaced) at the traced call's sizes; empty without symbols."""
+        env = self.env
+        return {} if env is None else {s.name: env.hints[s] for s in env.symbols if s not in env.subst}
 
 
 class KernelFunction:
@@ -211,7 +216,7 @@ class KernelFunction:
         except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
             return self.fn(*args, **kwargs)
         ov = self.dispatcher.lookup(key)
-        if ov is None and key[0] != "unhashable":  # a new size of a symbolic signature: served without tracing
+        if ov is None:  # a new size of a symbolic signature: served without tracing
             ov = self.dispatcher.lookup(key, values, struct_key(key))
         if ov is None:
             ov = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
@@ -277,7 +282,7 @@ class KernelFunction:
                  tree: Any = None) -> Overload | Any:
         """What serves `key`: the dispatcher's, else traced and built (the disk cache, else compiled and saved),
         verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
-        struct = struct_key(key) if key[0] != "unhashable" else None
+        struct = struct_key(key)
         build = functools.partial(self._build, values, run_numpy, tree, struct)
         ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
         workloads.maybe_flush()
@@ -419,11 +424,9 @@ class KernelFunction:
         """After a symbolic trace: the graph with its ties substituted, the guards every call checks, the
         size buckets of symbolic matmul rows, and the dims the user's code made constant (for explain)."""
         tr.inputs, tr.results = resolve_graph(env, tr.inputs, tr.results)
-        free = [s for s in env.symbols if s not in env.subst]
-        tr.sizes = {s.name: env.hints[s] for s in free}
         # every symbol is at least MIN_SYMBOL (the trace proved things from it: a symbol is never 1), then what
         # the trace decided at this call's sizes
-        tr.shape_guards = [f"{s.name} >= {MIN_SYMBOL}" for s in free] + \
+        tr.shape_guards = [f"{name} >= {MIN_SYMBOL}" for name in tr.sizes] + \
             [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
         # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
         tr.reps, buckets = row_buckets(tr.results, env.hint)
@@ -547,7 +550,7 @@ class KernelFunction:
         """Print and return the traced graph, fusion groups, schedules, the disk cache's answer (its key parts,
         and on a miss the part that differed from the nearest stored entry) and loop IR for these arguments."""
         values, key, tree = self._bind(args, kwargs)
-        struct = struct_key(key) if key[0] != "unhashable" else None
+        struct = struct_key(key)
         cached = self.dispatcher.find(key, values, struct) is not None
         entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if entry is FALLBACK:

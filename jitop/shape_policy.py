@@ -132,7 +132,10 @@ class ShapePolicy:
 
 
 def struct_key(key: tuple) -> Any:
-    """A call's key with each array's shape replaced by its rank: the calls a symbolic overload may serve."""
+    """A call's key with each array's shape replaced by its rank: the calls a symbolic overload may serve
+    (None for a key that is not by value: such a call is never memoised)."""
+    if key[:1] == ("unhashable",):
+        return None
     if key[:1] == ("pytree",):
         return ("pytree", key[1], struct_key(key[2]))
     return tuple((s[0], len(s[1])) if len(s) == 2 and isinstance(s[1], tuple) and type(s[0]) is not str

@@ -60,20 +60,23 @@ class Task:
         >>> Task("matmul", wl, jitop.Target.from_string("haswell")).sizes
         {'s0': 8}
         """
+        return {name: rep for name, rep in self._symbolic_fields().values()}
+
+    def concrete(self, sizes: dict[str, int] | None = None) -> Any:
+        """The workload with each symbolic field at `sizes` (default: its representative size, "s0~8" -> 8):
+        what the cost model featurises for a symbolic task, and its flops at a call's sizes."""
+        fields = {f: (sizes or {}).get(name, rep) for f, (name, rep) in self._symbolic_fields().items()}
+        return dataclasses.replace(self.workload, **fields) if fields else self.workload
+
+    def _symbolic_fields(self) -> dict[str, tuple[str, int]]:
+        """Workload field -> (symbol name, representative size) of each symbolic ("name~rep") field."""
         out = {}
         for f in dataclasses.fields(self.workload):
             v = getattr(self.workload, f.name)
             if isinstance(v, str) and "~" in v:
                 name, _, rep = v.partition("~")
-                out[name] = int(rep)
+                out[f.name] = (name, int(rep))
         return out
-
-    def concrete(self) -> Any:
-        """The workload at its representative sizes (a symbolic field "s0~8" becomes 8): what the cost model
-        featurises for a symbolic task."""
-        fields = {f.name: int(v.partition("~")[2]) for f in dataclasses.fields(self.workload)
-                  for v in [getattr(self.workload, f.name)] if isinstance(v, str) and "~" in v}
-        return dataclasses.replace(self.workload, **fields) if fields else self.workload
 
     @property
     def kind(self) -> str:

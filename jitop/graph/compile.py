@@ -5,7 +5,6 @@ plan), each visible to `explain` and replaceable; the tuner and the cache plug i
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -140,13 +139,8 @@ def distinct_outputs(results: list[Node]) -> list[Node]:
 def flops_at(prep: Prepared, env: Any) -> int:
     """The templates' flops at the sizes the trace of `env` (a jitop.graph.shapes.ShapeEnv) had: a symbolic
     task's own `flops` are at its representative sizes."""
-    total = 0
-    for n, (task, _) in prep.choices.items():
-        sizes = {name: env.hint(e) for name, e in task_binding(n).items()}
-        fields = {f.name: sizes[v.partition("~")[0]] for f in dataclasses.fields(task.workload)
-                  for v in [getattr(task.workload, f.name)] if isinstance(v, str) and "~" in v}
-        total += dataclasses.replace(task.workload, **fields).flops if fields else task.flops
-    return total
+    return sum(int(task.concrete({name: env.hint(e) for name, e in task_binding(n).items()}).flops)
+               for n, (task, _) in prep.choices.items())
 
 
 def pick_all(tasks: dict[Node, Task]) -> dict[Node, tuple[Task, Choice]]:

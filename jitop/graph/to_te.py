@@ -14,7 +14,7 @@ from jitop.graph.ir import Node
 from jitop.graph.shapes import rep
 from jitop.graph.ufuncs import UFUNCS
 from jitop.target import Target
-from jitop.te.expr import Expr, const
+from jitop.te.expr import Expr, as_expr, const
 from jitop.schedule.schedule import ceildiv
 from jitop.te.tensor import broadcast_index
 from jitop.tuner import registry
@@ -253,12 +253,8 @@ def _emit_transpose(c: ToTE, n: Node, idx: Index) -> Expr:
 
 
 def _emit_index(c: ToTE, n: Node, idx: Index) -> Expr:
-    src_idx = tuple(_index_expr(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
+    src_idx = tuple(as_expr(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
     return c.at(n.src[0], src_idx)
-
-
-def _index_expr(v: int | Expr) -> Expr:
-    return v if isinstance(v, Expr) else const(v)
 
 
 def _emit_concat(c: ToTE, n: Node, idx: Index) -> Expr:
