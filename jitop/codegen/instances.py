@@ -115,7 +115,7 @@ class _Shape:
             for dim, a, b in zip(mine.shape, self.base[mine], rep.base[theirs]):
                 if flat and isinstance(dim, Expr):  # a symbolic stride: not a constant offset
                     return None
-                flat = flat * (dim if isinstance(dim, int) else 0) + (a - b)
+                flat = (flat * dim if flat else 0) + (a - b)
             # a symbolic size: the instance's own accesses are proven in bounds (find_shared), so is its offset
             if flat < 0 or isinstance(mine.size, int) and flat >= max(mine.size, 1):
                 return None
