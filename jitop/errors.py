@@ -58,3 +58,15 @@ def axis_not_in_stage(stage: str, axis: str, leaves: list[str]) -> ScheduleError
     return ScheduleError(
         f"stage '{stage}' has no loop '{axis}'; its loops are currently ({', '.join(leaves)}). "
         f"Use an axis of this stage (s[T].op.axis, s[T].op.reduce_axis, or what split/fuse returned).")
+
+
+class UnsupportedOperatorError(JitopError, NotImplementedError):
+    """A model uses operators jitop does not implement: `ops` maps each op type to (count, first node names)."""
+
+    def __init__(self, ops: dict[str, tuple[int, list[str]]], opset: int | None = None):
+        self.ops = ops
+        listed = "; ".join(f"{op} x{count} (first: {', '.join(repr(n) for n in names)})"
+                           for op, (count, names) in sorted(ops.items()))
+        at = f" (opset {opset})" if opset is not None else ""
+        super().__init__(f"the model{at} uses {len(ops)} operator type(s) jitop does not support: {listed}. "
+                         "Supported: jitop.onnx.supported_ops()")

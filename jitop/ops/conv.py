@@ -20,7 +20,8 @@ OP = "conv2d"
 
 def _pads(padding: Any, kernel: tuple[int, int], dilation: tuple[int, int], stride: tuple[int, int]
           ) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) from an int, a pair, 'valid' or 'same' (extra padding at the end)."""
+    """(top, bottom, left, right) from an int, a pair, four ints (top, bottom, left, right), 'valid' or
+    'same' (extra padding at the end)."""
     if isinstance(padding, str):
         if padding == "valid":
             return (0, 0, 0, 0)
@@ -30,6 +31,10 @@ def _pads(padding: Any, kernel: tuple[int, int], dilation: tuple[int, int], stri
             raise ValueError(f"{OP}: padding='same' needs stride 1 (as in torch), got stride {stride}")
         total = [d * (k - 1) for k, d in zip(kernel, dilation)]
         return (total[0] // 2, total[0] - total[0] // 2, total[1] // 2, total[1] - total[1] // 2)
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:
+        top, bottom = checks.pair(padding[:2], "padding", OP)
+        left, right = checks.pair(padding[2:], "padding", OP)
+        return (top, bottom, left, right)
     ph, pw = checks.pair(padding, "padding", OP)
     return (ph, ph, pw, pw)
 
@@ -88,7 +93,8 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     """2-D convolution (cross-correlation, as in torch.nn.functional.conv2d).
 
     input (N, C, H, W) for layout="NCHW" or (N, H, W, C) for "NHWC"; weight (OC, C // groups, KH, KW);
-    bias (OC,). stride, dilation: int or pair; padding: int, pair, "same" (stride 1) or "valid".
+    bias (OC,). stride, dilation: int or pair; padding: int, pair, (top, bottom, left, right), "same" (stride 1)
+    or "valid".
     Result (N, OC, OH, OW) or (N, OH, OW, OC), dtype numpy's promotion of input and weight.
 
     >>> x = np.ones((1, 1, 4, 4), np.float32); w = np.ones((2, 1, 3, 3), np.float32)

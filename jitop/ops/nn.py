@@ -201,8 +201,12 @@ def sigmoid(x: Any) -> Any:
     return _sigmoid(x)
 
 
-def _erf(x: Any) -> Any:
-    """erf, elementwise: a graph node when traced (numpy has no erf ufunc), math.erf otherwise."""
+def erf(x: Any) -> Any:
+    """erf, elementwise: a graph node when traced (numpy has no erf ufunc), math.erf otherwise.
+
+    >>> erf(np.zeros(2, np.float32)).tolist()
+    [0.0, 0.0]
+    """
     if isinstance(x, Tracer):
         n = x.node
         return Tracer(node("ufunc", n.shape, n.dtype, (n,), name="erf", in_dtypes=(n.dtype.name,)))
@@ -214,7 +218,7 @@ def _gelu(x, approximate):
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
         return 0.5 * x * (1 + np.tanh(inner))
-    return 0.5 * x * (1 + _erf(x * (1 / math.sqrt(2.0))))
+    return 0.5 * x * (1 + erf(x * (1 / math.sqrt(2.0))))
 
 
 def gelu(x: Any, approximate: str = "none") -> Any:

@@ -1,0 +1,95 @@
+"""A compiled model in one file (`jitop compile model.onnx -o model.jitop`): no onnx package, no pickle.
+
+Layout: MAGIC, format version, sha256 of the rest; then a JSON manifest (the model's name, inputs and
+outputs, and the byte ranges of its executables), then the executables' blobs (jitop.runtime.executable's
+format: object code, plan, weights as .npy, each checksummed and checked for this CPU before it is linked).
+An executable serves the shapes it was compiled for (a symbolic one: every size its guards allow).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitop.onnx.proto import ValueInfo
+from jitop.runtime.executable import Executable
+
+MAGIC = b"JITOPMDL"
+VERSION = 1
+_HEADER = struct.Struct("<8sI32sQ")  # magic, version, sha256(manifest + blobs), manifest length
+
+
+def dumps(name: str, inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo],
+          executables: Sequence[Executable]) -> bytes:
+    """The file's bytes for a model and the executables compiled for it."""
+    if not executables:
+        raise ValueError("nothing to save: the model has no compiled executable yet (call it once, or use "
+                         "Model.compile(shapes))")
+    blobs = [exe.to_bytes() for exe in executables]
+    ranges, offset = [], 0
+    for b in blobs:
+        ranges.append([offset, len(b)])
+        offset += len(b)
+    manifest = json.dumps({"name": name, "inputs": [_info_json(v) for v in inputs],
+                           "outputs": [_info_json(v) for v in outputs], "executables": ranges}).encode()
+    body = manifest + b"".join(blobs)
+    return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest(), len(manifest)) + body
+
+
+def is_compiled(data: bytes) -> bool:
+    return data[:len(MAGIC)] == MAGIC
+
+
+def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Executable]]:
+    """(name, inputs, outputs, executables) of a file written by `dumps`; ValueError if it is damaged or from
+    another version, jitop.TargetMismatchError if it was compiled for a CPU this machine is not."""
+    if len(data) < _HEADER.size:
+        raise ValueError("not a compiled jitop model (too short)")
+    magic, version, digest, n = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not a compiled jitop model (bad magic)")
+    if version != VERSION:
+        raise ValueError(f"compiled jitop model format {version}; this jitop reads format {VERSION}: compile "
+                         "the .onnx model again")
+    body = memoryview(data)[_HEADER.size:]
+    if hashlib.sha256(body).digest() != digest:
+        raise ValueError("compiled jitop model is damaged (checksum mismatch)")
+    try:
+        manifest = json.loads(bytes(body[:n]))
+        inputs = [_info(v) for v in manifest["inputs"]]
+        outputs = [_info(v) for v in manifest["outputs"]]
+        ranges = [(int(a), int(b)) for a, b in manifest["executables"]]
+        name = str(manifest["name"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"compiled jitop model has a malformed manifest ({type(err).__name__}: {err})") from None
+    blobs = body[n:]
+    exes = [Executable.from_bytes(bytes(blobs[a:a + b])) for a, b in ranges]
+    return name, inputs, outputs, exes
+
+
+def runner(executables: Sequence[Executable], inputs: Sequence[ValueInfo]) -> Any:
+    """A call for the Model: the first executable that accepts the arguments runs them."""
+    def run(values: list) -> tuple:
+        for exe in executables:
+            if exe.accepts(values):
+                return exe(*values)
+        shapes = ", ".join(f"{v.name}{tuple(np.shape(x))}" for v, x in zip(inputs, values))
+        raise ValueError(f"this compiled model was not compiled for these input shapes ({shapes}); compile "
+                         "the .onnx model for them (jitop compile --shape NAME=D0,D1,...)")
+    return run
+
+
+def _info_json(v: ValueInfo) -> dict:
+    return {"name": v.name, "dtype": v.dtype.str, "shape": None if v.shape is None else list(v.shape)}
+
+
+def _info(d: dict) -> ValueInfo:
+    shape = d["shape"]
+    dims = None if shape is None else tuple(x if x is None or isinstance(x, (int, str)) else int(x) for x in shape)
+    dtype = np.dtype(str(d["dtype"]))
+    if dtype.kind not in "biuf":
+        raise ValueError(f"input/output dtype {dtype} is not a numeric dtype")
+    return ValueInfo(str(d["name"]), dtype, dims)

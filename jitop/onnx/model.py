@@ -1,0 +1,185 @@
+"""An ONNX model as one compiled jitop kernel.
+
+`Program` runs the graph's nodes through the operator table (jitop.onnx.ops) on whatever it is given: on
+tracers inside `@jitop.kernel` that is the trace, so the whole model becomes one jitop graph (fused, tasks
+picked or tuned, cached on disk like any traced function). `Model` is what `jitop.onnx.load` returns: the
+interface (names, dtypes, shapes) and the calls (`model(x)`, `model(data=x)`, `model.run(names, feeds)`).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import keyword
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from jitop.kernel import KernelFunction, kernel
+from jitop.onnx.ops import OPS, Op, OnnxError
+from jitop.onnx.proto import Dim, Graph, ValueInfo
+
+
+class Program:
+    """The graph's nodes in order, run on values: numpy arrays (known while tracing) or traced arrays."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+
+    def __call__(self, *inputs: Any) -> tuple:
+        env: dict[str, Any] = dict(self.graph.initializers)
+        env.update(zip(self.input_names, inputs))
+        opset = self.graph.opset
+        for n in self.graph.nodes:
+            args = [env[i] if i else None for i in n.inputs]
+            while args and args[-1] is None:  # trailing optional inputs left out
+                args.pop()
+            node = Op(n.op_type, n.name, n.attrs, opset, len(n.outputs))
+            try:
+                result = OPS[n.op_type].convert(node, *args)
+            except (OnnxError, NotImplementedError):
+                raise
+            except (TypeError, ValueError, IndexError) as err:
+                raise node.error(f"{type(err).__name__}: {err}") from err
+            results = result if isinstance(result, tuple) else (result,)
+            for name, value in zip(n.outputs, results):
+                if name:
+                    env[name] = value
+        return tuple(env[o] for o in self.output_names)
+
+
+def parameter_names(inputs: Sequence[ValueInfo]) -> list[str]:
+    """Python identifiers for the model's inputs (an ONNX name such as 'input.1' becomes 'input_1')."""
+    names: list[str] = []
+    for k, v in enumerate(inputs):
+        name = re.sub(r"\W", "_", v.name) or f"input{k}"
+        if name[0].isdigit() or keyword.iskeyword(name):
+            name = f"_{name}"
+        while name in names:
+            name += "_"
+        names.append(name)
+    return names
+
+
+def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> KernelFunction:
+    """The model as a @jitop.kernel: one positional parameter per input; the dims that are not numbers in
+    `shapes` (symbols, unknown) are traced as symbols from the first call."""
+    program = Program(graph)
+    params = parameter_names(graph.inputs)
+
+    def run(*inputs: Any) -> tuple:
+        return program(*inputs)
+
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+    run.__name__ = re.sub(r"\W", "_", graph.name) or "model"
+    run.__qualname__ = f"{run.__name__}_{_digest(graph)}"
+    run.__module__ = "jitop.onnx"
+    dynamic = {p: tuple(k for k, d in enumerate(s) if not isinstance(d, int))
+               for p, s in zip(params, shapes) if s is not None}
+    return kernel(run, fallback=False, dynamic={p: d for p, d in dynamic.items() if d} or False)
+
+
+def _digest(graph: Graph) -> str:
+    """A short name for the model's structure (the function's identity in the cache's per-function records)."""
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(f"{n.op_type}|{n.inputs}|{n.outputs}|{sorted(n.attrs.items(), key=str)!r}\n".encode())
+    return h.hexdigest()[:12]
+
+
+class Model:
+    """A loaded ONNX model: call it with numpy arrays, get numpy arrays (jitop.onnx.load makes one).
+
+    `inputs` / `outputs`: name, numpy dtype and shape of each (a dim is an int, a symbol's name, or None).
+    `model(x)`, `model(data=x)`: one output is an array, several a tuple; `model.run(output_names, feeds)` is
+    onnxruntime's InferenceSession.run (a list). `kernel`: the @jitop.kernel it runs (explain, profile, tuning
+    tasks); None for a model loaded from a compiled .jitop file.
+    """
+
+    def __init__(self, inputs: list[ValueInfo], outputs: list[ValueInfo], runner: Callable[[list], tuple],
+                 kernel_fn: KernelFunction | None = None, name: str = "model", executables: Sequence[Any] = ()):
+        self.inputs, self.outputs, self.name = inputs, outputs, name
+        self.kernel = kernel_fn
+        self._executables = list(executables)  # a model loaded from a .jitop file runs these
+        self._runner = runner
+
+    def __repr__(self) -> str:
+        ins = ", ".join(v.describe() for v in self.inputs)
+        outs = ", ".join(v.describe() for v in self.outputs)
+        return f"<jitop.onnx.Model {self.name!r} ({ins}) -> ({outs})>"
+
+    def __call__(self, *args: Any, **feeds: Any) -> Any:
+        results = self._runner(self.arguments(args, feeds))
+        return results[0] if len(results) == 1 else results
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        """onnxruntime's signature: the named outputs (None: all) for the inputs in `feeds`."""
+        results = self._runner(self.arguments((), dict(feeds)))
+        names = [o.name for o in self.outputs]
+        if output_names is None:
+            return list(results)
+        unknown = [n for n in output_names if n not in names]
+        if unknown:
+            raise ValueError(f"run: unknown output name(s) {unknown}; the model's outputs are {names}")
+        return [results[names.index(n)] for n in output_names]
+
+    def compile(self, shapes: Mapping[str, Sequence[int]] | None = None) -> "Model":
+        """Compile for these input shapes now (default: the declared ones, a symbolic dim at 1) by running the
+        model once on zeros; returns the model."""
+        shapes = dict(shapes or {})
+        zeros = {}
+        for v in self.inputs:
+            dims = shapes.get(v.name) or tuple(d if isinstance(d, int) else 1 for d in (v.shape or ()))
+            zeros[v.name] = np.zeros(tuple(int(d) for d in dims), v.dtype)
+        self(**zeros)
+        return self
+
+    def save(self, path: str) -> None:
+        """Write the executables compiled so far, with the weights, to one file `jitop.onnx.load` reads back
+        without the onnx package (jitop.onnx.compiled)."""
+        from jitop.onnx import compiled
+        if self.kernel is not None:
+            exes = [ov.exe for ov in self.kernel.dispatcher.overloads() if ov.exe is not None]
+        else:
+            exes = list(self._executables)
+        data = compiled.dumps(self.name, self.inputs, self.outputs, exes)
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def arguments(self, args: Sequence[Any], feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        """The inputs in the model's order, checked: every input given once, with its dtype, rank and fixed dims."""
+        names = [v.name for v in self.inputs]
+        if len(args) > len(names):
+            raise TypeError(f"{self.name}: takes {len(names)} input(s) ({', '.join(names)}), got {len(args)}")
+        given = dict(zip(names, args))
+        for name, value in feeds.items():
+            if name not in names:
+                raise TypeError(f"{self.name}: unknown input {name!r}; the inputs are {names}")
+            if name in given:
+                raise TypeError(f"{self.name}: input {name!r} given twice")
+            given[name] = value
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise TypeError(f"{self.name}: missing input(s) {missing}")
+        return [_checked(v, given[v.name]) for v in self.inputs]
+
+
+def _checked(info: ValueInfo, value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        if not isinstance(value, (np.generic, int, float, bool, list, tuple)):
+            raise TypeError(f"input {info.name!r}: expected a numpy array of {info.dtype}, got "
+                            f"{type(value).__name__}")
+        value = np.asarray(value, info.dtype)
+    if value.dtype != info.dtype:
+        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {value.dtype} (convert it with "
+                        f".astype(np.{info.dtype.name}))")
+    if info.shape is not None:
+        ok = len(value.shape) == len(info.shape) and all(
+            not isinstance(d, int) or d == s for d, s in zip(info.shape, value.shape))
+        if not ok:
+            want = "(" + ", ".join(str(d) if d is not None else "?" for d in info.shape) + ")"
+            raise ValueError(f"input {info.name!r}: expected shape {want}, got {value.shape}")
+    return np.ascontiguousarray(value)
