@@ -60,7 +60,11 @@ class Op:
         self.op_type, self.name, self.attrs, self.opset, self.n_outputs = op_type, name, attrs, opset, n_outputs
 
     def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
+        """The attribute's value, else `default` (a float default as the float32 it is in the spec, as a given
+        FLOAT attribute reads: HardSigmoid's alpha=0.2 is 0.2000000029802, in a float64 model too)."""
+        if name in self.attrs:
+            return self.attrs[name]
+        return float(np.float32(default)) if isinstance(default, float) else default
 
     def error(self, message: str) -> OnnxError:
         return OnnxError(f"ONNX node '{self.name}' ({self.op_type}): {message}")
@@ -136,7 +140,7 @@ def hard_sigmoid(n: Op, x: Any) -> Any:
 
 @op("HardSwish")
 def hard_swish(n: Op, x: Any) -> Any:
-    return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
+    return x * np.clip(x * float(np.float32(1 / 6)) + 0.5, 0, 1)  # the spec's alpha: the FLOAT attribute 1/6
 
 
 @op("Gelu", attrs=("approximate",))
