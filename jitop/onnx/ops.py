@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jitop.errors import JitopError
-from jitop.graph.numpy_api import full_node
+from jitop.graph.numpy_api import array_node, full_node, wrap
 from jitop.graph.shapes import SymInt
 from jitop.graph.tracer import Tracer
 from jitop.ops.conv import conv2d
@@ -306,7 +306,7 @@ def reshape(n: Op, x: Any, target: Any) -> Any:
 @op("Flatten", attrs=("axis",))
 def flatten(n: Op, x: Any) -> Any:
     s = _shape(x)
-    axis = n.attr("axis", 1) % (len(s) + 1) if s else 0
+    axis = n.attr("axis", 1) + (len(s) if n.attr("axis", 1) < 0 else 0)  # in [-rank, rank]: -1 is rank - 1
     return np.reshape(x, (math.prod(s[:axis]), math.prod(s[axis:])))
 
 
@@ -388,6 +388,8 @@ def gather(n: Op, x: Any, idx: Any) -> Any:
         key = [slice(None)] * len(_shape(x))
         key[axis] = int(idx)
         return x[tuple(key)]
+    if is_known(x) and not is_known(idx):  # np.take dispatches on its array only: trace a constant table
+        x = wrap(array_node(x))
     return np.take(x, idx, axis=axis)
 
 

@@ -209,3 +209,223 @@ def test_cast(src, to):
     if np.dtype(src).kind == "f":
         x.reshape(-1)[:4] = [0.5, -0.5, -2.75, 0.0]
     check_op("Cast", {"x": x}, to=tensor_type(to), opset=13)
+
+
+# ---- shapes and data movement (all exact) --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [F32, I64, bool])
+def test_flatten(dtype):
+    x = data((2, 3, 5), dtype)
+    variants("Flatten", {"x": x}, [{"axis": a} for a in (0, 1, 2, 3, -1, -3)], opset=13)
+
+
+def test_flatten_zero_size():
+    """The reference evaluator cannot flatten a 0-size array (its reshape to (prod, -1) is ambiguous): the
+    expected shapes are the spec's (prod(dims before axis), prod(dims from axis))."""
+    x = data((0, 3, 4), F32)
+    model = make_model([node("Flatten", ["x"], "a"), node("Flatten", ["x"], "b", axis=0),
+                        node("Flatten", ["x"], "c", axis=-1)], {"x": x}, ["a", "b", "c"], opset=11)
+    check(model, {"x": x}, want=[x.reshape(0, 12), x.reshape(1, 0), x.reshape(0, 4)])
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, bool])
+def test_reshape(dtype):
+    """Reshape: 0 copies the input's dim (opset 5+), -1 is inferred; allowzero=1 (opset 14) takes 0 literally."""
+    x = data((2, 3, 5), dtype)
+    targets = {"a": [0, -1], "b": [-1], "c": [5, 0, 2], "d": [0, 0, 5, 1], "e": [1, 30, 1], "f": [3, -1, 1, 2]}
+    consts = {f"s{k}": np.array(v, I64) for k, v in targets.items()}
+    nodes = [node("Reshape", ["x", f"s{k}"], k) for k in targets]
+    check(make_model(nodes, {"x": x}, list(targets), consts, opset=14), {"x": x})
+
+
+def test_reshape_allowzero():
+    x = data((0, 4), F32)
+    consts = {"z": np.array([4, 0], I64), "k": np.array([0, 4], I64), "m": np.array([2, 0, 4], I64)}
+    nodes = [node("Reshape", ["x", "z"], "z", allowzero=1), node("Reshape", ["x", "k"], "k"),
+             node("Reshape", ["x", "m"], "m", allowzero=1)]
+    check(make_model(nodes, {"x": x}, ["z", "k", "m"], consts, opset=14), {"x": x})
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7, 1, 2), (3, 0, 2)], ids=str)
+def test_transpose(shape):
+    x = data(shape, F32)
+    r = len(shape)
+    perms = [{}, {"perm": list(range(r))}, {"perm": [r - 1] + list(range(r - 1))}, {"perm": [1, 0] + list(range(2, r))}]
+    variants("Transpose", {"x": x}, perms)
+    variants("Transpose", {"x": x.astype(I64)}, perms[:1])
+
+
+def test_squeeze_unsqueeze_opset11():
+    """Opset 11: axes are an attribute (negative allowed); Squeeze without axes drops every 1."""
+    x = data((1, 3, 1, 5, 1), F32)
+    variants("Squeeze", {"x": x}, [{}, {"axes": [0]}, {"axes": [-1, 2]}, {"axes": [0, 2, 4]}], opset=11)
+    variants("Unsqueeze", {"x": x[0, :, 0]}, [{"axes": [0]}, {"axes": [-1]}, {"axes": [3, 0]}, {"axes": [1, -1, 2]}],
+             opset=11)
+
+
+@pytest.mark.parametrize("dtype", [F32, I64, bool])
+def test_squeeze_unsqueeze_opset13(dtype):
+    """Opset 13: axes are an input (Squeeze's optional: none squeezes every 1)."""
+    x = data((1, 3, 1, 5), dtype)
+    consts = {"a0": np.array([0], I64), "a1": np.array([-2, 0], I64), "u0": np.array([0, 4], I64),
+              "u1": np.array([-1], I64), "u2": np.array([2, -6, 3], I64)}
+    spec = {"s": ("Squeeze", ["x"]), "s0": ("Squeeze", ["x", "a0"]), "s1": ("Squeeze", ["x", "a1"]),
+            "u0": ("Unsqueeze", ["x", "u0"]), "u1": ("Unsqueeze", ["x", "u1"]), "u2": ("Unsqueeze", ["x", "u2"])}
+    nodes = [node(o, ins, name) for name, (o, ins) in spec.items()]
+    check(make_model(nodes, {"x": x}, list(spec), consts, opset=13), {"x": x})
+
+
+def test_unsqueeze_scalar_and_empty():
+    """Unsqueeze of a constant scalar (the shape-subgraph pattern) and of a 0-size tensor."""
+    feeds = {"x": data((0, 3), F32), "zero": np.zeros(1, I64)}
+    consts = {"k": np.array(7, I64), "ax": np.array([0], I64), "ax2": np.array([1, 3], I64)}
+    nodes = [node("Unsqueeze", ["k", "ax"], "k1"), node("Add", ["k1", "zero"], "k1+0"), node("Unsqueeze", ["x", "ax2"], "e")]
+    check(make_model(nodes, feeds, ["k1+0", "e"], consts, opset=13), feeds)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, bool])
+def test_concat(dtype):
+    a, b, c = data((2, 3, 1), dtype, salt=1), data((2, 3, 4), dtype, salt=2), data((2, 3, 0), dtype)
+    d = data((1, 3, 5), dtype, salt=3)
+    feeds = {"a": a, "b": b, "c": c, "d": d}
+    nodes = [node("Concat", ["a", "b", "c"], "last", axis=-1), node("Concat", ["a", "c", "b", "a"], "last2", axis=2),
+             node("Concat", ["b", "b"], "first", axis=0), node("Concat", ["d"], "one", axis=1)]
+    check(make_model(nodes, feeds, ["last", "last2", "first", "one"], opset=13), feeds)
+
+
+def test_split():
+    """Split: opset 11 sizes as attribute, 13 as input, default even parts; 18 num_outputs with an uneven last
+    part (ceil(dim / n) each, the rest last); negative axis; a 0-size part."""
+    x = data((4, 7, 3), F32)
+    cases11 = [{"axis": 1, "split": [2, 5], "_outputs": 2}, {"axis": 0, "_outputs": 2},
+               {"axis": -1, "split": [1, 0, 2], "_outputs": 3}]
+    variants("Split", {"x": x}, cases11, opset=11)
+    consts = {"s": np.array([3, 1, 3], I64), "t": np.array([4], I64)}
+    cases13 = [{"_inputs": ["x", "s"], "axis": 1, "_outputs": 3}, {"_inputs": ["x", "t"], "axis": 0, "_outputs": 1},
+               {"_inputs": ["x"], "axis": -1, "_outputs": 3}]
+    variants("Split", {"x": x}, cases13, opset=13, consts=consts)
+    cases18 = [{"_inputs": ["x"], "axis": 1, "num_outputs": 3, "_outputs": 3},
+               {"_inputs": ["x"], "axis": 1, "num_outputs": 2, "_outputs": 2},
+               {"_inputs": ["x"], "axis": 0, "num_outputs": 4, "_outputs": 4},
+               {"_inputs": ["x", "s"], "axis": -2, "_outputs": 3}]
+    variants("Split", {"x": x}, cases18, opset=18, consts=consts)
+
+
+INT_MAX, INT_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+def test_slice():
+    """Slice (opset 10+: inputs): negative starts/ends, ends past the dim and INT_MAX, negative steps with
+    INT_MIN ends (down to the first element), axes omitted or negative, steps omitted, an empty result."""
+    x = data((5, 7, 4), F32)
+    spec = {
+        "basic": ([1, 2], [4, 6], None, None),
+        "neg": ([-3], [-1], [1], None),
+        "intmax": ([2, 1], [INT_MAX, INT_MAX], [0, 2], None),
+        "rev": ([-1], [INT_MIN], [1], [-1]),
+        "rev2": ([4, 6], [0, -10], [0, 1], [-2, -3]),
+        "step": ([0, 1], [INT_MAX, 7], [-1, 1], [2, 3]),
+        "clamp": ([-100], [100], [2], None),
+        "empty": ([3], [1], [0], None),
+        "empty_rev": ([1], [3], [0], [-1]),
+    }
+    consts, nodes = {}, []
+    for name, (st, en, ax, sp) in spec.items():
+        ins = ["x"]
+        for part, v in (("st", st), ("en", en), ("ax", ax), ("sp", sp)):
+            if v is None:
+                ins.append("")
+                continue
+            consts[f"{name}_{part}"] = np.array(v, I64)
+            ins.append(f"{name}_{part}")
+        while ins[-1] == "":
+            ins.pop()
+        nodes.append(node("Slice", ins, name))
+    check(make_model(nodes, {"x": x}, list(spec), consts, opset=13), {"x": x})
+
+
+def test_slice_opset1_attributes():
+    x = data((5, 7), I64)
+    variants("Slice", {"x": x}, [{"starts": [1], "ends": [3]}, {"starts": [0, -3], "ends": [INT_MAX, -1], "axes": [0, 1]},
+                                 {"starts": [2], "ends": [100], "axes": [-1]}], opset=1)
+
+
+@pytest.mark.parametrize("dtype", [F32, I64])
+def test_gather_constant_indices(dtype):
+    """Gather with constant indices on traced data: negative indices, a 0-d index (drops the axis), 2-D indices,
+    axis 1 and -1, int32 indices."""
+    x = data((5, 6, 3), dtype)
+    consts = {"i": np.array([0, -1, 2, 2], I64), "s": np.array(-2, I64), "m": np.array([[1, 0], [4, -5]], I64),
+              "i32": np.array([2, 0], I32), "z": np.array(0, I64), "e": np.zeros((0,), I64)}
+    spec = {"g": ("i", 0), "scalar": ("s", 0), "mat": ("m", 1), "i32": ("i32", -1), "z1": ("z", 1), "s2": ("s", 2),
+            "empty": ("e", 1)}
+    nodes = [node("Gather", ["x", idx], name, axis=axis) for name, (idx, axis) in spec.items()]
+    check(make_model(nodes, {"x": x}, list(spec), consts, opset=13), {"x": x})
+
+
+def test_gather_embedding_lookup():
+    """Gather with the indices a graph INPUT (int64): an embedding lookup, token ids of shape (batch, seq) into a
+    (vocab, dim) table; negative ids count from the end."""
+    table = data((11, 4), F32)
+    ids = np.array([[0, 3, 10, -1, 5], [7, 7, 1, -11, 2]], I64)
+    check_op("Gather", {"ids": ids}, consts={"table": table}, input_names=["table", "ids"], opset=13)
+    check_op("Gather", {"ids": ids[:, 1:3]}, consts={"table": table}, input_names=["table", "ids"], opset=13, axis=0)
+    check_op("Gather", {"x": table, "ids": np.array([3, 0, 3], I64)}, axis=1, opset=13)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, bool])
+def test_expand(dtype):
+    """Expand broadcasts both ways: the target may be shorter than the input or have 1 where the input does not."""
+    x = data((3, 1), dtype)
+    targets = {"a": [2, 3, 6], "b": [3, 1], "c": [1], "d": [4, 1, 1, 5], "e": [0, 3, 2]}
+    consts = {f"t{k}": np.array(v, I64) for k, v in targets.items()}
+    nodes = [node("Expand", ["x", f"t{k}"], k) for k in targets]
+    check(make_model(nodes, {"x": x}, list(targets), consts, opset=13), {"x": x})
+
+
+@pytest.mark.parametrize("dtype", [F32, I64, bool])
+def test_tile(dtype):
+    x = data((2, 1, 3), dtype)
+    reps = {"a": [1, 1, 1], "b": [2, 3, 1], "c": [1, 5, 2], "d": [3, 1, 0]}
+    consts = {f"r{k}": np.array(v, I64) for k, v in reps.items()}
+    nodes = [node("Tile", ["x", f"r{k}"], k) for k in reps]
+    check(make_model(nodes, {"x": x}, list(reps), consts, opset=13), {"x": x})
+
+
+CONSTANT_OUTPUT_BUG = ("a model output that does not depend on the inputs (Shape of a fixed-shape input, a "
+                      "Constant) makes jitop.onnx's kernel return a numpy constant: jitop.kernel raises Unsupported "
+                      "('returning a constant numpy array that does not depend on the arguments')")
+
+
+def test_shape_and_constants():
+    """Shape (with start/end, opset 15), Constant in each of its forms, ConstantOfShape (default float32 zeros,
+    an int64 value, a 0 dim): values known while tracing, each added to a zero graph input (zi: int64, zf:
+    float32) so that every output depends on the inputs; and mixed with the data (x + Constant,
+    ConstantOfShape(Shape(x)) + x)."""
+    from onnx import helper, numpy_helper
+    x = data((2, 3, 5), F32)
+    nodes = [node("Shape", ["x"], "shape"), node("Shape", ["x"], "tail", start=1), node("Shape", ["x"], "mid", start=-2, end=-1),
+             node("Constant", [], "c_t", value=numpy_helper.from_array(np.arange(6, dtype=F32).reshape(2, 3))),
+             node("Constant", [], "c_f", value_float=1.5), node("Constant", [], "c_fs", value_floats=[1.0, -2.5]),
+             node("Constant", [], "c_i", value_int=-4), node("Constant", [], "c_is", value_ints=[3, 1, 4]),
+             node("ConstantOfShape", ["shape"], "zeros"),
+             node("ConstantOfShape", ["c_is"], "sevens", value=helper.make_tensor("v", 7, [1], [7])),
+             node("ConstantOfShape", ["e_shape"], "empty"),
+             node("Constant", [], "c_row", value=numpy_helper.from_array(np.arange(5, dtype=F32))),
+             node("Add", ["x", "c_row"], "plus"),
+             node("ConstantOfShape", ["shape"], "ones", value=helper.make_tensor("v", 1, [1], [1.0])),
+             node("Add", ["x", "ones"], "plus1")]
+    consts = ["shape", "tail", "mid", "c_t", "c_f", "c_fs", "c_i", "c_is", "zeros", "sevens", "empty"]
+    ints = {"shape", "tail", "mid", "c_i", "c_is", "sevens"}
+    nodes += [node("Add", [c, "zi" if c in ints else "zf"], c + "+0") for c in consts]
+    feeds = {"x": x, "zi": np.zeros(1, I64), "zf": np.zeros(1, F32)}
+    model = make_model(nodes, feeds, [c + "+0" for c in consts] + ["plus", "plus1"], {"e_shape": np.array([2, 0], I64)},
+                       opset=15)
+    check(model, feeds)
+
+
+@pytest.mark.xfail(strict=True, reason=CONSTANT_OUTPUT_BUG)
+def test_constant_outputs():
+    x = data((2, 3), F32)
+    model = make_model([node("Shape", ["x"], "s"), node("Relu", ["x"], "r")], {"x": x}, ["s", "r"])
+    check(model, {"x": x})
