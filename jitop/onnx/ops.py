@@ -430,7 +430,8 @@ def _reduce(fn: Callable, since: int) -> Callable:
             if n.attr("noop_with_empty_axes", 0):
                 return x
             ax = None
-        return fn(x, axis=None if ax is None else tuple(ax), keepdims=bool(n.attr("keepdims", 1)))
+        r = fn(x, axis=None if ax is None else tuple(ax), keepdims=bool(n.attr("keepdims", 1)))
+        return r if r.dtype == x.dtype else r.astype(x.dtype)  # ONNX: the input's type (an int mean truncates)
     return convert
 
 
@@ -556,29 +557,64 @@ def conv(n: Op, x: Any, w: Any, b: Any = None) -> Any:
 
 
 def _pool_geometry(n: Op, x: Any) -> tuple:
+    """kernel, strides, dilations, pads and `sizes`: None where jitop's pooling takes the pads as they are
+    (symmetric, at most half the window: torch's rule), else ONNX's output size, for pads applied here."""
     kernel = tuple(n.attr("kernel_shape"))
-    strides, dil, pads = _spatial(n, x, kernel)
-    if pads[0] != pads[1] or pads[2] != pads[3]:
-        raise n.unsupported("pads", list(n.attr("pads", ())), "the same padding on both sides of each axis")
-    return kernel, strides, dil, (pads[0], pads[2])
+    strides, dil, (t, b, l, r) = _spatial(n, x, kernel)
+    if t == b and l == r and 2 * t <= kernel[0] and 2 * l <= kernel[1]:
+        return kernel, strides, dil, (t, l), None
+    sizes = []
+    for size, k, s, d, p0, p1 in zip(_shape(x)[2:], kernel, strides, dil, (t, l), (b, r)):
+        if not isinstance(size, int):
+            raise n.error("pads that are asymmetric or over half the window need a fixed spatial size")
+        span = size + p0 + p1 - (k - 1) * d - 1
+        out = (-(-span // s) if n.attr("ceil_mode", 0) else span // s) + 1
+        sizes.append(out - 1 if n.attr("ceil_mode", 0) and (out - 1) * s >= size + p0 else out)
+    return kernel, strides, dil, (t, b, l, r), tuple(sizes)
+
+
+def _pad_hw(x: Any, pads: tuple[int, ...], fill: Any) -> Any:
+    """x with (top, bottom, left, right) rows and columns of `fill` around its last two axes."""
+    for axis, before, after in ((2, pads[0], pads[1]), (3, pads[2], pads[3])):
+        edge = np.full_like(np.take(x, [0], axis=axis), fill)
+        x = np.concatenate([edge] * before + [x] + [edge] * after, axis=axis)
+    return x
+
+
+def _inside_share(x: Any, kernel: tuple, strides: tuple, pads: tuple, sizes: tuple) -> np.ndarray:
+    """Per output position: (window clipped to the padded input) / (window clipped to the input)."""
+    share = []
+    for size, k, s, p0, p1, out in zip(_shape(x)[2:], kernel, strides, pads[::2], pads[1::2], sizes):
+        start = np.arange(out) * s - p0
+        share.append((np.minimum(start + k, size + p1) - start) /
+                     (np.minimum(start + k, size) - np.maximum(start, 0)))
+    return np.outer(*share).astype(x.dtype)
 
 
 @op("MaxPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"))
 def max_pool(n: Op, x: Any) -> Any:
     if n.n_outputs > 1:
         raise n.error("the Indices output is not supported")
-    kernel, strides, dil, pads = _pool_geometry(n, x)
-    return max_pool2d(x, kernel, strides, pads, dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
+    kernel, strides, dil, pads, sizes = _pool_geometry(n, x)
+    if sizes is None:
+        return max_pool2d(x, kernel, strides, pads, dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    y = max_pool2d(_pad_hw(x, pads, lowest), kernel, strides, 0, dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
+    return y[:, :, :sizes[0], :sizes[1]]
 
 
 @op("AveragePool", attrs=("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
                           "strides"))
 def average_pool(n: Op, x: Any) -> Any:
-    kernel, strides, dil, pads = _pool_geometry(n, x)
+    kernel, strides, dil, pads, sizes = _pool_geometry(n, x)
     if dil != (1, 1):
         raise n.unsupported("dilations", list(dil), "(1, 1)")
-    return avg_pool2d(x, kernel, strides, pads, ceil_mode=bool(n.attr("ceil_mode", 0)),
-                      count_include_pad=bool(n.attr("count_include_pad", 0)))
+    ceil, include = bool(n.attr("ceil_mode", 0)), bool(n.attr("count_include_pad", 0))
+    if sizes is None:
+        return avg_pool2d(x, kernel, strides, pads, ceil_mode=ceil, count_include_pad=include)
+    y = avg_pool2d(_pad_hw(x, pads, 0), kernel, strides, 0, ceil_mode=ceil, count_include_pad=True)
+    y = y[:, :, :sizes[0], :sizes[1]]  # the padding counted; without count_include_pad, rescale to the inside
+    return y if include else y * _inside_share(x, kernel, strides, pads, sizes)
 
 
 @op("GlobalAveragePool")

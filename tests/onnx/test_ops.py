@@ -429,3 +429,363 @@ def test_constant_outputs():
     x = data((2, 3), F32)
     model = make_model([node("Shape", ["x"], "s"), node("Relu", ["x"], "r")], {"x": x}, ["s", "r"])
     check(model, {"x": x})
+
+
+# ---- reductions and normalisations ---------------------------------------------------------------------------
+
+def _reduce_model(op_type, x, opset, cases):
+    """One node per case over x: a case is (name, axes or None, keepdims, noop_with_empty_axes); axes go in as an
+    attribute before the op's axes-input opset (ReduceSum 13, the others 18), as an initializer from it."""
+    since = 13 if op_type == "ReduceSum" else 18
+    nodes, consts = [], {}
+    for name, axes, keep, noop in cases:
+        attrs = {"keepdims": keep}
+        if opset >= since:
+            attrs["noop_with_empty_axes"] = noop
+        ins = ["x"]
+        if axes is not None and opset < since:
+            attrs["axes"] = axes
+        elif axes is not None:
+            consts[name + "_axes"] = np.array(axes, I64)
+            ins.append(name + "_axes")
+        nodes.append(node(op_type, ins, name, **attrs))
+    return make_model(nodes, {"x": x}, [c[0] for c in cases], consts, opset)
+
+
+REDUCE_CASES = [("all", None, 1, 0), ("all0", None, 0, 0), ("a1", [1], 1, 0), ("a1k0", [1], 0, 0),
+                ("neg", [-1, 0], 0, 0), ("neg1", [-2], 1, 0)]
+NOOP_CASES = [("noop", [], 1, 1), ("empty_all", [], 0, 0)]
+
+
+@pytest.mark.parametrize("op_type,opset", [("ReduceSum", 11), ("ReduceSum", 13), ("ReduceMean", 13),
+                                           ("ReduceMean", 18), ("ReduceMax", 13), ("ReduceMax", 18)])
+@pytest.mark.parametrize("dtype", [F32, F64, I32, I64])
+def test_reduce(op_type, opset, dtype):
+    """keepdims 0/1, negative axes, all axes (none given) and, where axes are an input, an empty axes tensor
+    with noop_with_empty_axes 1 (identity) and 0 (reduce all). Sums of K terms in another order: dot(K) (a mean
+    adds one division: 1 more ulp); max is exact; an integer mean truncates toward zero (numpy's mean in the
+    input's dtype, the reference's)."""
+    x = data((3, 5, 7), dtype, -10, 10)
+    since = 13 if op_type == "ReduceSum" else 18
+    cases = REDUCE_CASES + (NOOP_CASES if opset >= since else [])
+    model = _reduce_model(op_type, x, opset, cases)
+    k = {"all": 105, "all0": 105, "a1": 5, "a1k0": 5, "neg": 21, "neg1": 5, "noop": 1, "empty_all": 105}
+    tol = EXACT if op_type == "ReduceMax" or dtype in (I32, I64) else {c[0]: dot(k[c[0]], dtype) for c in cases}
+    check(model, {"x": x}, tol)
+
+
+def test_reduce_zero_size():
+    """A 0-size dim that is not reduced keeps the result empty; a sum over a 0-size axis is 0."""
+    x = data((0, 4, 3), F32)
+    model = _reduce_model("ReduceSum", x, 13, [("keep_empty", [1], 1, 0), ("over_empty", [0], 0, 0)])
+    check(model, {"x": x})
+    check(_reduce_model("ReduceMax", x, 18, [("m", [2], 0, 0)]), {"x": x})
+
+
+def _softmax_2d(x, axis, log):
+    """Softmax before opset 13: x taken as 2-D, [prod(shape[:axis]), prod(shape[axis:])], normalised per row."""
+    flat = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1).astype(np.float64)
+    e = np.exp(flat - flat.max(axis=1, keepdims=True))
+    y = e / e.sum(axis=1, keepdims=True)
+    return (np.log(y) if log else y).reshape(x.shape).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax(dtype):
+    """Opset 13: one axis (default -1). exp within 2 ulp each side, a K-term sum, one division: relative error
+    (2K + 10) eps; LogSoftmax: log(sum) and log(softmax) differ by that absolutely, plus 4 ulp of the result."""
+    x = data((2, 3, 5), dtype)
+    cases = [{}, {"axis": 0}, {"axis": 1}, {"axis": -2}, {"axis": 2}]
+    eps = np.finfo(dtype).eps
+    for op_type in ("Softmax", "LogSoftmax"):
+        nodes = [node(op_type, ["x"], f"y{k}", **c) for k, c in enumerate(cases)]
+        model = make_model(nodes, {"x": x}, [f"y{k}" for k in range(len(cases))], opset=13)
+        want = reference(model, {"x": x})
+        terms = [5, 2, 3, 3, 5]
+        if op_type == "Softmax":
+            tol = {f"y{k}": (2 * t + 10) * eps * np.abs(w.astype(F64)) for k, (t, w) in enumerate(zip(terms, want))}
+        else:
+            tol = {f"y{k}": (2 * t + 10) * eps + 4 * eps * np.abs(w.astype(F64)) for k, (t, w) in enumerate(zip(terms, want))}
+        check(model, {"x": x}, tol, want=want)
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax"])
+def test_softmax_opset11_coerces_to_2d(op_type):
+    """Before opset 13, Softmax normalises over ALL dims from axis on (default axis 1), the input taken as 2-D.
+    onnx's ReferenceEvaluator implements only opset 13's per-axis form for every opset, so the expectation here
+    is the spec's, computed in float64 (the bound: jitop's float32 error as above, K = prod(dims from axis))."""
+    x = data((2, 3, 5), F32)
+    cases = [({}, 1), ({"axis": 0}, 0), ({"axis": 2}, 2), ({"axis": -2}, 1)]
+    nodes = [node(op_type, ["x"], f"y{k}", **c) for k, (c, _) in enumerate(cases)]
+    model = make_model(nodes, {"x": x}, [f"y{k}" for k in range(len(cases))], opset=11)
+    want = [_softmax_2d(x, axis, op_type == "LogSoftmax") for _, axis in cases]
+    terms = [15, 30, 5, 15]
+    tol = {f"y{k}": ((2 * t + 10) * EPS32 if op_type == "LogSoftmax" else 0) + (2 * t + 10) * EPS32 * np.abs(w)
+           for k, (t, w) in enumerate(zip(terms, want))}
+    check(model, {"x": x}, tol, want=want)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layer_normalization(dtype):
+    """LayerNormalization (opset 17) over the last axis and the last two (axis=1 of a 3-D input), epsilon, with
+    and without bias, and a scale that broadcasts. Bound: the mean and variance are K-term sums (relative
+    (2K + 8) eps, the centring's error |dmean| adds to |x - mean|), times inv_std * |scale|, plus the bias's
+    rounding."""
+    x = data((2, 3, 7), dtype, -2, 4)
+    scale, bias = data((7,), dtype, salt=1), data((7,), dtype, salt=2)
+    scale2, bias2 = data((3, 7), dtype, salt=3), data((3, 7), dtype, salt=4)
+    consts = {"s": scale, "b": bias, "s2": scale2, "b2": bias2}
+    spec = {"last": (["x", "s", "b"], {}), "nobias": (["x", "s"], {"epsilon": 0.1}),
+            "two": (["x", "s2", "b2"], {"axis": 1}), "two_neg": (["x", "s2"], {"axis": -2, "epsilon": 1e-3})}
+    nodes = [node("LayerNormalization", ins, name, **attrs) for name, (ins, attrs) in spec.items()]
+    model = make_model(nodes, {"x": x}, list(spec), consts, opset=17)
+    eps = np.finfo(dtype).eps
+    x64 = x.astype(F64)
+
+    def bound(axes, s, b, epsilon):
+        k = int(np.prod([x.shape[a] for a in axes]))
+        mean = x64.mean(axis=axes, keepdims=True)
+        inv = 1 / np.sqrt(((x64 - mean) ** 2).mean(axis=axes, keepdims=True) + float(np.float32(epsilon)))
+        spread = np.abs(x64 - mean) + np.abs(x64).mean(axis=axes, keepdims=True)
+        return (2 * k + 8) * eps * spread * inv * np.abs(s) + (0 if b is None else 2 * eps * np.abs(b))
+
+    tol = {"last": bound((2,), scale, bias, 1e-5), "nobias": bound((2,), scale, None, 0.1),
+           "two": bound((1, 2), scale2, bias2, 1e-5), "two_neg": bound((1, 2), scale2, None, 1e-3)}
+    check(model, {"x": x}, tol)
+
+
+def _bn_params(c, dtype, salt=0):
+    return {"scale": data((c,), dtype, 0.5, 2, salt=salt + 1), "bias": data((c,), dtype, salt=salt + 2),
+            "mean": data((c,), dtype, salt=salt + 3), "var": data((c,), dtype, 0.1, 3, salt=salt + 4)}
+
+
+def _bn_bound(x, p, epsilon, eps):
+    """y = (x - mean) * k + bias, k = scale / sqrt(var + epsilon): each side rounds ~5 times, each rounding within
+    eps of a term no larger than |x k| + |mean k| + |bias| (the reference subtracts first, jitop folds into
+    x * k + shift)."""
+    shape = (-1,) + (1,) * (x.ndim - 2)
+    k = np.abs(p["scale"].astype(F64) / np.sqrt(p["var"].astype(F64) + epsilon)).reshape(shape)
+    return 8 * eps * (np.abs(x.astype(F64)) * k + np.abs(p["mean"].astype(F64)).reshape(shape) * k
+                      + np.abs(p["bias"].astype(F64)).reshape(shape))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 4), (3, 2, 6)], ids=str)
+def test_batch_normalization(shape, dtype):
+    """BatchNormalization (inference, opset 15) on a 4-D, 2-D and 3-D input, constant statistics."""
+    x = data(shape, dtype)
+    p = _bn_params(shape[1], dtype)
+    nodes = [node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], "y"),
+             node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], "y_eps", epsilon=0.01)]
+    model = make_model(nodes, {"x": x}, ["y", "y_eps"], p, opset=15)
+    eps = np.finfo(dtype).eps
+    check(model, {"x": x}, {"y": _bn_bound(x, p, 1e-5, eps), "y_eps": _bn_bound(x, p, 0.01, eps)})
+
+
+def test_batch_normalization_statistics_as_inputs():
+    """The statistics may be graph inputs (traced): the converter computes k and the shift in the kernel."""
+    x = data((2, 3, 4, 4), F32)
+    p = _bn_params(3, F32)
+    feeds = {"x": x, **p}
+    model = make_model([node("BatchNormalization", list(feeds), "y")], feeds, ["y"], opset=15)
+    check(model, feeds, {"y": _bn_bound(x, p, 1e-5, EPS32)})
+
+
+def test_conv_batch_norm_fold():
+    """Conv -> BatchNormalization with constant weights and statistics is folded at load (rewrite.fold_batch_norm:
+    the Conv's weights times k, its bias k * b + shift, computed in float64 and rounded once). Bound: the conv's
+    K-term sums scaled by |k| (dot(K) per output, one more ulp per weight for the fold's rounding), plus the
+    BN's own roundings; with and without a conv bias, and a Conv whose output has a second reader (not folded)."""
+    from jitop.onnx.proto import read
+    from jitop.onnx.rewrite import fold_batch_norm
+    x = data((2, 3, 6, 5), F32)
+    w, b = data((4, 3, 3, 3), F32, -1, 1, salt=5), data((4,), F32, salt=6)
+    p = _bn_params(4, F32, salt=10)
+    nodes = [node("Conv", ["x", "w", "b"], "c1", pads=[1, 1, 1, 1]),
+             node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"], "y1"),
+             node("Conv", ["x", "w"], "c2"),
+             node("BatchNormalization", ["c2", "scale", "bias", "mean", "var"], "y2", epsilon=1e-3),
+             node("Conv", ["x", "w"], "c3", strides=[2, 2]),
+             node("BatchNormalization", ["c3", "scale", "bias", "mean", "var"], "y3"),
+             node("Relu", ["c3"], "r3")]
+    consts = {"w": w, "b": b, **p}
+    model = make_model(nodes, {"x": x}, ["y1", "y2", "y3", "r3"], consts, opset=15)
+    assert fold_batch_norm(read(model)) == 2  # c3 has two readers: kept
+
+    conv_only = make_model([n for n in nodes if n.op_type == "Conv"], {"x": x}, ["c1", "c2", "c3"],
+                           {"w": w, "b": b}, opset=15)
+    from onnx_checks import abs_reference
+    mags = abs_reference(conv_only, {"x": x})
+    want = reference(model, {"x": x})
+    k_terms = 3 * 3 * 3 + 1
+    tol = {}
+    for name, mag, out, epsilon in (("y1", mags[0], want[0], 1e-5), ("y2", mags[1], want[1], 1e-3),
+                                    ("y3", mags[2], want[2], 1e-5)):
+        kk = np.abs(p["scale"].astype(F64) / np.sqrt(p["var"].astype(F64) + epsilon)).reshape(-1, 1, 1)
+        tol[name] = (2 * k_terms + 4) * EPS32 * mag * kk + _bn_bound(out, p, epsilon, EPS32)
+    tol["r3"] = dot(k_terms)
+    check(model, {"x": x}, tol, want=want)
+
+
+# ---- matmul, gemm ---------------------------------------------------------------------------------------------
+
+MATMUL_SHAPES = [((3, 7), (7, 5)), ((2, 3, 4), (2, 4, 6)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)), ((3, 4), (4,)),
+                 ((5,), (5,)), ((1, 1), (1, 1)), ((3, 0), (0, 2)), ((0, 3), (3, 2)), ((2, 3, 4), (4,))]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I32, I64])
+def test_matmul(dtype):
+    """MatMul: 2-D, batched, broadcast batch dims, 1-D operands (promoted and the dim dropped, two 1-D: a 0-d
+    result), K = 1 and K = 0 (zeros), a 0-size M. Integers exact (no overflow at these sizes), floats dot(K)."""
+    feeds, nodes, tol = {}, [], {}
+    for k, (sa, sb) in enumerate(MATMUL_SHAPES):
+        feeds[f"a{k}"] = data(sa, dtype, -5, 5, salt=2 * k)
+        feeds[f"b{k}"] = data(sb, dtype, -5, 5, salt=2 * k + 1)
+        nodes.append(node("MatMul", [f"a{k}", f"b{k}"], f"y{k}"))
+        tol[f"y{k}"] = dot(sb[0] if len(sb) == 1 else sb[-2], dtype) if dtype in FLOATS else EXACT
+    check(make_model(nodes, feeds, [f"y{k}" for k in range(len(MATMUL_SHAPES))], opset=13), feeds, tol)
+
+
+def test_matmul_constant_weight():
+    """A (batch, K) @ (K, N) with the weight an initializer (the usual model): the packed-constant path."""
+    x = data((4, 33), F32)
+    w = data((33, 17), F32, salt=3)
+    check_op("MatMul", {"x": x}, consts={"w": w}, tol=dot(33))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gemm(dtype):
+    """Gemm: alpha, beta, transA, transB, C broadcast from (N,), (M, 1), (1, N), () and (M, N), no C, beta = 0.
+    Bound: (2K + 4) eps (|alpha| |A| |B| + |beta| |C|)."""
+    m, k, n = 3, 7, 5
+    a, b = data((m, k), dtype, salt=1), data((k, n), dtype, salt=2)
+    cs = {"cn": data((n,), dtype, salt=3), "cm1": data((m, 1), dtype, salt=4), "c1n": data((1, n), dtype, salt=5),
+          "c0": data((), dtype, salt=6), "cmn": data((m, n), dtype, salt=7)}
+    feeds = {"a": a, "b": b, "at": np.ascontiguousarray(a.T), "bt": np.ascontiguousarray(b.T)}
+    spec = {"plain": (["a", "b", "cn"], {}), "alpha": (["a", "b", "cm1"], {"alpha": 0.5, "beta": -2.0}),
+            "tA": (["at", "b", "c1n"], {"transA": 1}), "tB": (["a", "bt", "c0"], {"transB": 1, "beta": 0.25}),
+            "tAB": (["at", "bt", "cmn"], {"transA": 1, "transB": 1, "alpha": -1.5}), "noC": (["a", "b"], {"alpha": 2.0}),
+            "beta0": (["a", "b", "cmn"], {"beta": 0.0})}
+    nodes = [node("Gemm", ins, name, **attrs) for name, (ins, attrs) in spec.items()]
+    model = make_model(nodes, feeds, list(spec), cs, opset=13)
+    eps = np.finfo(dtype).eps
+    ab = np.abs(a.astype(F64)) @ np.abs(b.astype(F64))
+    tol = {}
+    for name, (ins, attrs) in spec.items():
+        alpha = abs(float(np.float32(attrs.get("alpha", 1.0))))
+        beta = abs(float(np.float32(attrs.get("beta", 1.0))))
+        c = np.abs(cs[ins[2]].astype(F64)) if len(ins) > 2 else 0.0
+        tol[name] = (2 * k + 4) * eps * (alpha * ab + beta * c)
+    check(model, feeds, tol)
+
+
+# ---- conv, pooling ---------------------------------------------------------------------------------------------
+
+CONV_CASES = {  # name: (input channels, output channels, group, kernel, attributes)
+    "basic": (4, 6, 1, (3, 3), {}),
+    "pads": (4, 6, 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    "asym": (4, 5, 1, (3, 2), {"pads": [0, 1, 2, 0]}),
+    "strides": (4, 3, 1, (3, 3), {"strides": [2, 3], "pads": [1, 0, 1, 2]}),
+    "dilation": (4, 3, 1, (2, 3), {"dilations": [2, 1], "pads": [1, 1, 1, 1]}),
+    "groups": (4, 6, 2, (3, 3), {"pads": [1, 1, 1, 1]}),
+    "depthwise": (4, 4, 4, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    "depthwise_x2": (4, 8, 4, (3, 3), {}),
+    "pointwise": (4, 7, 1, (1, 1), {}),
+    "same_upper": (4, 3, 1, (4, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    "same_lower": (4, 3, 1, (4, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    "same_upper_dil": (4, 3, 1, (2, 2), {"auto_pad": "SAME_UPPER", "dilations": [2, 2]}),
+    "valid": (4, 3, 1, (3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    "kernel_shape": (4, 2, 1, (2, 2), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+}
+
+
+@pytest.mark.parametrize("dtype,names", [(F32, list(CONV_CASES)), (F64, ["asym", "groups", "depthwise_x2", "same_lower"])],
+                         ids=["float32", "float64"])
+def test_conv(dtype, names):
+    """Conv 2-D over a (2, 4, 7, 5) input (prime spatial sizes): pads (asymmetric too), strides, dilations, groups
+    (grouped, depthwise, depthwise with a channel multiplier), 1x1, auto_pad SAME_UPPER / SAME_LOWER / VALID,
+    an explicit kernel_shape; every other case with a bias; weights constant (initializers). float64 runs a few
+    (each conv costs ~0.5 s of compile). Bound: dot(C/group * kh * kw + 1)."""
+    x = data((2, 4, 7, 5), dtype)
+    consts, nodes, tol = {}, [], {}
+    for k, name in enumerate(names):
+        cin, cout, group, (kh, kw), attrs = CONV_CASES[name]
+        consts[f"w_{name}"] = data((cout, cin // group, kh, kw), dtype, -1, 1, salt=k)
+        ins = ["x", f"w_{name}"]
+        if k % 2:
+            consts[f"b_{name}"] = data((cout,), dtype, salt=100 + k)
+            ins.append(f"b_{name}")
+        nodes.append(node("Conv", ins, name, group=group, **attrs))
+        tol[name] = dot(cin // group * kh * kw + 1, dtype)
+    check(make_model(nodes, {"x": x}, names, consts, opset=11), {"x": x}, tol)
+
+
+def test_conv_weights_as_inputs():
+    """Conv with the weights and bias graph inputs (traced, not constants)."""
+    feeds = {"x": data((1, 3, 6, 6), F32), "w": data((2, 3, 3, 3), F32, salt=1), "b": data((2,), F32, salt=2)}
+    check_op("Conv", feeds, tol=dot(28), pads=[1, 1, 1, 1])
+
+
+def test_conv_batch_one_channel_one():
+    x = data((1, 1, 5, 3), F32)
+    check_op("Conv", {"x": x}, consts={"w": data((1, 1, 5, 3), F32, salt=1)}, tol=dot(16))
+
+
+POOL_INPUT = (2, 3, 7, 6)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool(dtype):
+    """MaxPool (opset 12): kernel 2x2 / 3x3 / 3x2, strides, pads (padding never wins: -inf; asymmetric ones and
+    ones over half the window padded by the converter), ceil_mode (a last window must start inside the input
+    or the leading padding), dilations, auto_pad SAME_UPPER / SAME_LOWER / VALID; exact."""
+    x = data(POOL_INPUT, dtype)
+    cases = [{"kernel_shape": [2, 2]}, {"kernel_shape": [3, 3], "strides": [2, 2]},
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+             {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1},
+             {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+             {"kernel_shape": [2, 2], "dilations": [2, 2]},
+             {"kernel_shape": [3, 3], "dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 2, 1]},
+             {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+             {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER"},
+             {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0], "strides": [2, 2], "ceil_mode": 1},
+             {"kernel_shape": [2, 3], "auto_pad": "VALID", "strides": [2, 1]}]
+    variants("MaxPool", {"x": x}, cases, opset=12)
+
+
+def test_max_pool_int():
+    """MaxPool on uint8 and int8 (opset 12): padding never wins. The reference evaluator pads integers with NaN
+    and fails, so the expectation is its float64 result (every int8/uint8 exact in float64) cast back."""
+    cases = [{"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+             {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}]
+    for dtype in (np.uint8, np.int8):
+        x = data(POOL_INPUT, dtype, 0 if dtype == np.uint8 else -100, 100)
+        nodes = [node("MaxPool", ["x"], f"y{k}", **c) for k, c in enumerate(cases)]
+        as_float = reference(make_model(nodes, {"x": x.astype(F64)}, ["y0", "y1"], opset=12), {"x": x.astype(F64)})
+        check(make_model(nodes, {"x": x}, ["y0", "y1"], opset=12), {"x": x}, want=[w.astype(dtype) for w in as_float])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_average_pool(dtype):
+    """AveragePool (opset 11): count_include_pad 0 (divide by the window's part inside the input) and 1, pads
+    (asymmetric, and over half the window: padded by the converter, rescaled when the padding does not count),
+    strides, ceil_mode, auto_pad; a sum of kh * kw terms, a division and maybe a rescaling: dot(kh * kw)."""
+    x = data(POOL_INPUT, dtype)
+    cases = [{"kernel_shape": [2, 2]}, {"kernel_shape": [3, 3], "strides": [2, 2]},
+             {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+             {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1},
+             {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1},
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1, "count_include_pad": 1},
+             {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}, {"kernel_shape": [3, 3], "auto_pad": "VALID"},
+             {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER", "count_include_pad": 1, "strides": [2, 1]},
+             {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0], "strides": [2, 2], "ceil_mode": 1},
+             {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0], "strides": [2, 2], "ceil_mode": 1, "count_include_pad": 1},
+             {"kernel_shape": [3, 3], "pads": [2, 2, 2, 2], "strides": [3, 3]}]
+    variants("AveragePool", {"x": x}, cases, opset=11, tol=dot(9, dtype))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (1, 4, 1, 1), (2, 3, 6)], ids=str)
+def test_global_average_pool(shape):
+    x = data(shape, F32)
+    check_op("GlobalAveragePool", {"x": x}, tol=dot(int(np.prod(shape[2:]))))
