@@ -1,0 +1,202 @@
+"""jitop.onnx's model interface: symbolic batch dims through a shape subgraph, the errors (unsupported operators,
+attributes, wrong inputs), onnxruntime's run(), and a compiled model saved to a .jitop file and loaded back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jitop.onnx
+from onnx_checks import check, data, dot, make_model, node, reference
+
+F32, I64 = np.float32, np.int64
+
+
+def flatten_model() -> "onnx.ModelProto":  # noqa: F821
+    """What torch.onnx.export emits for `x.view(x.size(0), -1) @ w + b` on a (batch, 3, 4, 5) input:
+    Shape -> Gather(0) -> Unsqueeze -> Concat([n, -1]) -> Reshape, then MatMul and Add."""
+    x = data((8, 3, 4, 5), F32)
+    consts = {"idx0": np.array(0, I64), "ax0": np.array([0], I64), "minus1": np.array([-1], I64),
+              "w": data((60, 7), F32, -1, 1, salt=1), "b": data((7,), F32, salt=2)}
+    nodes = [node("Shape", ["x"], "shape"), node("Gather", ["shape", "idx0"], "n", axis=0),
+             node("Unsqueeze", ["n", "ax0"], "n1"), node("Concat", ["n1", "minus1"], "target", axis=0),
+             node("Reshape", ["x", "target"], "flat"), node("MatMul", ["flat", "w"], "mm"), node("Add", ["mm", "b"], "y")]
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=13, shapes={"x": ["batch", 3, 4, 5]})
+
+
+def test_shape_subgraph_symbolic_batch():
+    """The batch dim is symbolic: the shape subgraph computes with it (a SymInt) and one model serves batch 8
+    and batch 3, both right (dot(60 + 1): a 60-term dot product and the bias)."""
+    model = flatten_model()
+    m = jitop.onnx.load(model)
+    assert m.inputs[0].shape == ("batch", 3, 4, 5)
+    for batch in (8, 3):
+        x = data((batch, 3, 4, 5), F32, salt=batch)
+        want = reference(model, {"x": x})[0]
+        got = m(x)
+        assert got.dtype == want.dtype and got.shape == (batch, 7)
+        bound = dot(61).bound(model, {"x": x}, 0)
+        assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+    # traced once: the first call (batch 8) traces the batch as a symbol, batch 3 reuses that kernel
+    assert m.kernel.traces == 1, m.kernel.traces
+
+
+def test_shape_subgraph_pinned_batch():
+    """shapes= pins the symbolic dim: the model serves that batch only and says so for another."""
+    model = flatten_model()
+    m = jitop.onnx.load(model, shapes={"x": (2, 3, 4, 5)})
+    x = data((2, 3, 4, 5), F32)
+    assert m(x).shape == (2, 7)
+    with pytest.raises(ValueError, match="'x'"):
+        m(data((3, 3, 4, 5), F32))
+    with pytest.raises(ValueError, match="does not fit"):
+        jitop.onnx.load(model, shapes={"x": (2, 3, 4, 6)})
+    with pytest.raises(ValueError, match="not inputs"):
+        jitop.onnx.load(model, shapes={"data": (2, 3, 4, 5)})
+
+
+def test_unsupported_operators_listed_in_one_error():
+    x = data((4, 4), F32)
+    nodes = [node("NonMaxSuppression", ["x", "x"], "nms1"), node("TopK", ["x", "k"], ["v", "i"]),
+             node("NonMaxSuppression", ["x", "x"], "nms2"), node("Loop", ["", ""], "l"), node("Relu", ["x"], "y")]
+    model = make_model(nodes, {"x": x}, ["y"], {"k": np.array([2], I64)}, opset=13)
+    with pytest.raises(jitop.onnx.UnsupportedOperatorError) as info:
+        jitop.onnx.load(model)
+    err = info.value
+    assert set(err.ops) == {"NonMaxSuppression", "TopK", "Loop"}
+    assert err.ops["NonMaxSuppression"][0] == 2 and err.ops["TopK"][0] == 1 and err.ops["Loop"][0] == 1
+    message = str(err)
+    for part in ("NonMaxSuppression x2", "TopK x1", "Loop x1", "3 operator type(s)", "opset 13"):
+        assert part in message, message
+    assert isinstance(err, NotImplementedError)
+
+
+def test_unsupported_domain_named():
+    x = data((4,), F32)
+    custom = node("Gelu", ["x"], "y")
+    custom.domain = "com.microsoft"
+    model = make_model([custom], {"x": x}, ["y"])
+    with pytest.raises(jitop.onnx.UnsupportedOperatorError, match="com.microsoft.Gelu"):
+        jitop.onnx.load(model)
+
+
+def test_unknown_attribute_named():
+    x = data((4,), F32)
+    model = make_model([node("Relu", ["x"], "r", foo=1), node("Softmax", ["r"], "y", axis=0, bar_baz=2.0)],
+                       {"x": x}, ["y"])
+    with pytest.raises(jitop.onnx.OnnxError) as info:
+        jitop.onnx.load(model)
+    assert "'foo'" in str(info.value) and "'bar_baz'" in str(info.value)
+
+
+def test_unsupported_attribute_value_named():
+    """A known attribute with a value the converter refuses names the node, the attribute and the value."""
+    x = data((2, 3), F32)
+    model = make_model([node("Cast", ["x"], "y", to=8)], {"x": x}, ["y"])  # 8: STRING
+    with pytest.raises(jitop.onnx.OnnxError, match=r"Cast.*to=8"):
+        jitop.onnx.load(model)(x)
+
+
+@pytest.fixture(scope="module")
+def two_input_model():
+    """y = relu(x) + b, z = x * 2: inputs x float32 (batch, 3) and b int64 -> float (cast) (3,)."""
+    x, b = data((2, 3), F32), data((3,), I64, -5, 5)
+    nodes = [node("Relu", ["x"], "r"), node("Cast", ["b"], "bf", to=1), node("Add", ["r", "bf"], "y"),
+             node("Mul", ["x", "two"], "z")]
+    model = make_model(nodes, {"x": x, "b": b}, ["y", "z"], {"two": np.array(2.0, F32)}, opset=13,
+                       shapes={"x": ["batch", 3]})
+    return model, jitop.onnx.load(model), {"x": x, "b": b}
+
+
+def test_run_and_calls(two_input_model):
+    model, m, feeds = two_input_model
+    want = reference(model, feeds)
+    y, z = m.run(None, feeds)
+    assert np.array_equal(y, want[0]) and np.array_equal(z, want[1])
+    (only_z,) = m.run(["z"], feeds)
+    assert np.array_equal(only_z, want[1])
+    z2, y2 = m.run(["z", "y"], feeds)
+    assert np.array_equal(y2, want[0]) and np.array_equal(z2, want[1])
+    for got in (m(feeds["x"], feeds["b"]), m(x=feeds["x"], b=feeds["b"]), m(feeds["x"], b=feeds["b"])):
+        assert isinstance(got, tuple) and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match="'w'"):
+        m.run(["w"], feeds)
+
+
+def test_input_errors_name_the_input(two_input_model):
+    _, m, feeds = two_input_model
+    x, b = feeds["x"], feeds["b"]
+    with pytest.raises(TypeError, match=r"input 'b'.*int64.*int32"):
+        m(x, b.astype(np.int32))
+    with pytest.raises(TypeError, match=r"input 'x'.*float32.*float64"):
+        m.run(None, {"x": x.astype(np.float64), "b": b})
+    with pytest.raises(ValueError, match=r"input 'x'.*\(batch, 3\).*\(2, 4\)"):
+        m(np.zeros((2, 4), F32), b)
+    with pytest.raises(ValueError, match=r"input 'b'.*\(3\).*\(3, 1\)"):
+        m(x, b.reshape(3, 1))
+    with pytest.raises(TypeError, match=r"missing.*'b'"):
+        m(x)
+    with pytest.raises(TypeError, match=r"missing.*'x'"):
+        m.run(None, {"b": b})
+    with pytest.raises(TypeError, match=r"unknown input 'bias'"):
+        m.run(None, {"x": x, "b": b, "bias": b})
+    with pytest.raises(TypeError, match=r"'x' given twice"):
+        m(x, b, x=x)
+    with pytest.raises(TypeError, match="takes 2 input"):
+        m(x, b, b)
+
+
+def test_save_and_load_compiled(two_input_model, tmp_path):
+    """A compiled model saved to a .jitop file loads back (no onnx needed) and computes the same; the symbolic
+    batch dim is kept (another batch runs too); a flipped byte anywhere after the header's magic is a ValueError."""
+    model, m, feeds = two_input_model
+    m.run(None, feeds)
+    path = tmp_path / "m.jitop"
+    m.save(str(path))
+    loaded = jitop.onnx.load(str(path))
+    assert loaded.kernel is None
+    assert [v.name for v in loaded.inputs] == ["x", "b"] and [v.name for v in loaded.outputs] == ["y", "z"]
+    for x in (feeds["x"], data((5, 3), F32, salt=5)):
+        fresh = {"x": x, "b": feeds["b"]}
+        for got, want in zip(loaded.run(None, fresh), m.run(None, fresh)):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.array_equal(jitop.onnx.load(path.read_bytes()).run(["z"], feeds)[0], m.run(["z"], feeds)[0])
+
+    raw = bytearray(path.read_bytes())
+    for at in (len(raw) // 2, len(raw) - 1, 12):  # a blob, the last byte, the version / digest
+        bad = bytearray(raw)
+        bad[at] ^= 0x01
+        corrupt = tmp_path / f"bad{at}.jitop"
+        corrupt.write_bytes(bytes(bad))
+        with pytest.raises(ValueError):
+            jitop.onnx.load(str(corrupt))
+    with pytest.raises(ValueError):
+        jitop.onnx.load(bytes(raw[:20]) + b"JITOPMDL")
+
+
+def test_save_before_compile_refused(tmp_path):
+    x = data((2,), F32)
+    m = jitop.onnx.load(make_model([node("Relu", ["x"], "y")], {"x": x}, ["y"]))
+    with pytest.raises(ValueError, match="nothing to save"):
+        m.save(str(tmp_path / "empty.jitop"))
+    m.compile()
+    m.save(str(tmp_path / "ok.jitop"))
+    assert np.array_equal(jitop.onnx.load(str(tmp_path / "ok.jitop"))(x), np.maximum(x, 0))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(st.data())
+def test_elementwise_broadcasting_property(draw):
+    """Any two broadcast-compatible shapes (rank 1-3, dims 0-4; rank 0 inputs: see SCALAR_INPUT_BUG in
+    test_ops): Add/Mul/Max/Where agree with the reference exactly (one rounding each)."""
+    rank = draw.draw(st.integers(1, 3))
+    out = draw.draw(st.lists(st.sampled_from([0, 1, 2, 3, 4]), min_size=rank, max_size=rank))
+    shapes = []
+    for _ in range(2):
+        r = draw.draw(st.integers(1, rank))
+        shapes.append(tuple(d if draw.draw(st.booleans()) else 1 for d in out[rank - r:]))
+    a, b = data(shapes[0], F32, salt=1), data(shapes[1], F32, salt=2)
+    feeds = {"a": a, "b": b, "c": a > 0}
+    nodes = [node("Add", ["a", "b"], "s"), node("Mul", ["a", "b"], "p"), node("Max", ["a", "b"], "m"),
+             node("Where", ["c", "a", "b"], "w")]
+    check(make_model(nodes, feeds, ["s", "p", "m", "w"], opset=13), feeds)
