@@ -1,8 +1,12 @@
 """The `jitop` command (also `python -m jitop`):
 
     jitop tune [--budget 10m | --trials N] [--tasks FILTER] [--tuner xgb] [--out FILE] [--script prog.py] [-- ARGS]
+    jitop tune model.onnx [--shape NAME=D0,D1,...] [the same options]
     jitop cache info | list | clear | export FILE | import FILE
     jitop explain prog.py [-- ARGS]
+    jitop explain model.onnx|model.jitop [--shape NAME=D0,D1,...] [--full] [--no-profile]
+    jitop compile model.onnx [-o model.jitop] [--shape NAME=D0,D1,...]
+    jitop run model.onnx|model.jitop --input NAME=FILE.npy|random|zeros [--shape ...] [--output F.npz] [--repeat N]
     jitop demo
 
 jitop's own options may stand anywhere on the line, before or after the script's path; the script's own
@@ -41,10 +45,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jitop", description="jitop: a numpy-compatible JIT for tensor operators")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from jitop.cli import cache, demo, explain, tune
+    from jitop.cli import cache, demo, explain, models, tune
     tune.add_parser(sub)
     cache.add_parser(sub)
     explain.add_parser(sub)
+    models.add_parsers(sub)
     p_demo = sub.add_parser("demo", help="build a fused elementwise kernel and compare its speed with numpy")
     p_demo.add_argument("--n", type=int, default=1 << 24, help="number of float32 elements (default 2**24)")
     p_demo.set_defaults(run=lambda args: demo.demo(args.n))
@@ -60,6 +65,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ours, theirs = argv[:split], argv[split + 1:]
     args, unknown = build_parser().parse_known_args(ours)
     takes = getattr(args, "takes_script_args", False)
+    if args.command == "tune" and args.model is not None and args.script is not None:
+        if args.model.endswith((".onnx", ".jitop")):
+            raise UsageError(f"give a model ({args.model}) or --script {args.script}, not both", "tune")
+        # with --script, a positional is a stray argument (meant for the script), told apart as before
+        unknown = [a for a in ours[1:] if a == args.model or a in unknown]
     if unknown:
         what = "option" if unknown[0].startswith("-") else "argument"
         hint = (f"; put the script's own arguments after --, e.g. {_example(args.command, unknown)}" if takes else "")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jitop.cli.common import run_script
+from jitop.cli.common import CommandError, run_script
 from jitop.runtime.args import compile_dim
 
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 5, 100, 0.3  # per signature: at least 5 calls, more while under 0.3 s
@@ -24,19 +24,34 @@ MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 5, 100, 0.3  # per signature: at least 5 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `jitop explain`."""
-    p = sub.add_parser("explain", help="run a program and report what jitop compiled, cached and how fast it ran",
-                       usage="jitop explain [-h] SCRIPT [-- SCRIPT_ARGS ...]",
+    p = sub.add_parser("explain", help="run a program (or an ONNX model) and report what jitop compiled, cached "
+                                       "and how fast it ran",
+                       usage="jitop explain [-h] SCRIPT [-- SCRIPT_ARGS ...] | MODEL.onnx [--shape NAME=D0,D1,...] "
+                             "[--full] [--no-profile]",
                        description="Run SCRIPT once (as `python SCRIPT SCRIPT_ARGS` would), then report per "
                                    "@jitop.kernel function and signature: kernels, configs and their source, the "
                                    "cache's answer, and each kernel's median time against the FP32 peak and the "
                                    "memory bandwidth measured on this machine.",
-                       epilog="The script's own arguments go after --: jitop explain prog.py -- --epochs 3")
-    p.add_argument("script", help="the Python program to run")
+                       epilog="The script's own arguments go after --: jitop explain prog.py -- --epochs 3. "
+                              "For a model (.onnx, .jitop): its operators, fused kernel, tasks and their schedule "
+                              "sources, time against the peak, and time per loop nest.")
+    p.add_argument("script", metavar="SCRIPT", help="the Python program to run, or an ONNX model (.onnx, .jitop)")
+    from jitop.cli.models import add_shape_option
+    add_shape_option(p)
+    p.add_argument("--full", action="store_true", help="a model: the whole explain text (traced graph, loop IR)")
+    p.add_argument("--no-profile", action="store_true", help="a model: no per-loop-nest profile (a second build)")
     p.set_defaults(run=run, script_args=[], takes_script_args=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the program, then describe every compiled signature of every @jitop.kernel function."""
+    """Run the program, then describe every compiled signature of every @jitop.kernel function (a model:
+    jitop.cli.models.explain_command)."""
+    from jitop.cli import models
+    if models.is_model_path(args.script):
+        return models.explain_command(args)
+    if args.shape or args.full or args.no_profile:
+        raise CommandError("--shape, --full and --no-profile apply to a model (jitop explain model.onnx), not to "
+                           f"a script; the script's own arguments go after --: jitop explain {args.script} -- ...")
     from jitop import dispatch, workloads
     first = _FirstCalls()
     with dispatch.on_first_call(first.record):
@@ -45,14 +60,24 @@ def run(args: argparse.Namespace) -> int:
     if not kernels:
         print(f"{args.script} ran no @jitop.kernel function (nothing was compiled)")
         return 0
-    from jitop.driver import default_target
-    from jitop.tuner.peak import machine_peak, triad_array_bytes
     workloads.flush()  # the script's calls go to the workload log; the timing calls below do not
     entries = [ov for d in kernels for ov in d.overloads()]
     calls = {id(ov): ov.served for ov in entries}
     times = {id(ov): first.median_seconds(ov) for ov in entries}
     for d in kernels:
         d.drain()  # marks the timing calls as logged: they were explain's, not the program's
+    target, peak, bandwidth = roofline(entries, times)
+    for d in kernels:
+        for key, entry in list(d.signatures().items()):
+            print(_describe(d.name, key, entry, calls.get(id(entry), 0), times.get(id(entry)), peak, bandwidth, target))
+    return 0
+
+
+def roofline(entries: list, times: dict) -> tuple[Any, float | None, float | None]:
+    """Print the Target and the roofline (peak and bandwidth measured on this machine, measured again if one of
+    the timed `entries` beats them); returns (target, peak GFLOP/s per thread count, bandwidth GB/s)."""
+    from jitop.driver import default_target
+    from jitop.tuner.peak import machine_peak, triad_array_bytes
     target = default_target()
     fastest = max((_gflops(e, times.get(id(e))) for e in entries), default=0.0)
     streaming = max((_nbytes(e) / times[id(e)][0] / 1e9 for e in entries  # as much data as the triad moves
@@ -71,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
                           f"{measured.threads} threads)"
                           if peak else f"peak unknown ({measured.note if measured else 'not measured'})")
           + (f", {measured.describe_bandwidth()}" if bandwidth else ", memory bandwidth unknown") + "\n")
-    for d in kernels:
-        for key, entry in list(d.signatures().items()):
-            print(_describe(d.name, key, entry, calls.get(id(entry), 0), times.get(id(entry)), peak, bandwidth, target))
-    return 0
+    return target, peak, bandwidth
 
 
 class _FirstCalls:

@@ -15,11 +15,13 @@ from jitop.cli.common import CommandError, run_script, table
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `jitop tune`."""
-    p = sub.add_parser("tune", help="tune the logged workloads (or a script's) and save the best configs in the cache",
-                       usage="jitop tune [options] [--script SCRIPT] [-- SCRIPT_ARGS ...]",
+    p = sub.add_parser("tune", help="tune the logged workloads (or a script's, or an ONNX model's) and save the "
+                                    "best configs",
+                       usage="jitop tune [options] [--script SCRIPT] [-- SCRIPT_ARGS ...] | MODEL.onnx [options]",
                        description="Tune matmul/conv2d workloads. Without --script: those the workload log of the "
                                    "cache recorded (what your programs ran, weighted by their calls); with --script: "
-                                   "run that program once to log its workloads, then tune them.",
+                                   "run that program once to log its workloads, then tune them; with an ONNX model: "
+                                   "the model's tasks (at the --shape sizes).",
                        epilog="jitop's options may stand before or after --script SCRIPT; the script's own "
                               "arguments follow --, e.g. jitop tune --script prog.py --budget 40s -- --epochs 3. "
                               "An option jitop does not know, before --, is a usage error.")
@@ -37,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.add_argument("--script", metavar="SCRIPT",
                    help="run this Python program once (with the arguments after --) and tune the workloads it ran")
+    p.add_argument("model", nargs="?", metavar="MODEL.onnx", help="tune this ONNX model's matmul/conv tasks")
+    from jitop.cli.models import add_shape_option
+    add_shape_option(p)
     p.set_defaults(run=run, script_args=[], takes_script_args=True)
 
 
@@ -50,15 +55,28 @@ def run(args: argparse.Namespace) -> int:
     if args.script is not None and not args.script:
         raise CommandError("--script needs the path of a Python program, e.g. jitop tune --script prog.py")
     _check_cluster_address(args.cluster)
-    logged = _script_workloads(args) if args.script else _logged_workloads()
-    if not logged:
-        raise CommandError("no tunable workload (matmul, conv2d) was logged: run your program with the cache "
-                           "enabled first, or give --script prog.py" if not args.script else
-                           f"script {args.script!r} ran no tunable workload (matmul, conv2d) under @jitop.kernel "
-                           "or jitop operators", status=1)
-    chosen = _filter(logged, args.tasks)[:args.top]
-    print(_plan_table(chosen), file=sys.stderr)
-    weighted = [WeightedTask(w.task, max(1, w.calls)) for w in chosen]
+    if args.shape and args.model is None:
+        raise CommandError("--shape applies to a model: jitop tune model.onnx --shape NAME=D0,D1,...")
+    if args.model is not None and args.model.endswith(".py"):
+        raise CommandError(f"{args.model} is a Python program: jitop tune --script {args.model} tunes what it runs")
+    if args.model is not None:  # an ONNX model's tasks, each with its uses per run
+        from jitop.cli.models import model_tasks
+        tasks, plan = model_tasks(args)
+        print(plan, file=sys.stderr)
+        weighted = _filter(tasks, args.tasks)[:args.top]
+        if len(weighted) < len(tasks) and not args.tasks:
+            print(f"tuning the {len(weighted)} heaviest of its {len(tasks)} tasks (--top {args.top})\n",
+                  file=sys.stderr)
+    else:
+        logged = _script_workloads(args) if args.script else _logged_workloads()
+        if not logged:
+            raise CommandError("no tunable workload (matmul, conv2d) was logged: run your program with the cache "
+                               "enabled first, or give --script prog.py" if not args.script else
+                               f"script {args.script!r} ran no tunable workload (matmul, conv2d) under "
+                               "@jitop.kernel or jitop operators", status=1)
+        chosen = _filter(logged, args.tasks)[:args.top]
+        print(_plan_table(chosen), file=sys.stderr)
+        weighted = [WeightedTask(w.task, max(1, w.calls)) for w in chosen]
     client = _client(args.cluster)
     try:
         report = tune(weighted, budget=args.budget, trials=args.trials, records=args.out, tuner=args.tuner,
@@ -72,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
                 client.cluster.close()
     print(report)
     print(f"\nbest configs saved in the cache ({_cache_dir()}); later runs pick them with no code change"
+          + (f" (jitop.onnx.load({args.model!r}), jitop run and jitop compile; a .jitop file compiled before "
+             "keeps its configs: compile it again)" if args.model else "")
           + (f"; every record appended to {args.out}" if args.out else ""))
     return 0
 
@@ -152,7 +172,8 @@ def _logged_workloads() -> list:
 
 
 def _filter(logged: list, spec: str | None) -> list:
-    """The workloads matching any of the comma-separated filters (a usage error if one matches nothing)."""
+    """The workloads (anything with a .task) matching any of the comma-separated filters (a usage error if one
+    matches nothing)."""
     if not spec:
         return logged
     from jitop.tuner.report import describe_task
