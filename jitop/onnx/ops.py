@@ -47,10 +47,24 @@ OPS: dict[str, OpDef] = {}
 def op(*names: str, attrs: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Register `convert` as the converter of the operators `names`."""
     def register(convert: Callable) -> Callable:
+        def kept(n: "Op", *args: Any) -> Any:
+            return _kept(convert(n, *args))
         for name in names:
-            OPS[name] = OpDef(name, convert, frozenset(attrs))
+            OPS[name] = OpDef(name, kept, frozenset(attrs))
         return convert
     return register
+
+
+def _kept(r: Any) -> Any:
+    """A converter's result, a bare SymInt or int (numpy's element of a 0-d object result: Gather of a shape, a
+    product of sizes) made a 0-d object array, which the next converter can compute with as a shape value."""
+    if isinstance(r, tuple):
+        return tuple(_kept(v) for v in r)
+    if isinstance(r, (SymInt, int)) and not isinstance(r, bool):
+        a = np.empty((), object)
+        a[()] = r
+        return a
+    return r
 
 
 class Op:
@@ -396,7 +410,10 @@ def gather(n: Op, x: Any, idx: Any) -> Any:
 @op("Expand")
 def expand(n: Op, x: Any, target: Any) -> Any:
     dims = tuple(n.ints(target, "shape"))
-    return np.broadcast_to(x, np.broadcast_shapes(_shape(x), dims) if is_known(*dims) else _broadcast(x, dims))
+    if all(isinstance(d, int) for d in (*dims, *_shape(x))):
+        return np.broadcast_to(x, np.broadcast_shapes(_shape(x), dims))
+    x = wrap(array_node(x)) if is_known(x) else x  # numpy would fix a symbolic size (np.broadcast_to of a constant)
+    return np.broadcast_to(x, _broadcast(x, dims))
 
 
 def _broadcast(x: Any, dims: tuple) -> tuple:

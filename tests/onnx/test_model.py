@@ -200,3 +200,29 @@ def test_elementwise_broadcasting_property(draw):
     nodes = [node("Add", ["a", "b"], "s"), node("Mul", ["a", "b"], "p"), node("Max", ["a", "b"], "m"),
              node("Where", ["c", "a", "b"], "w")]
     check(make_model(nodes, feeds, ["s", "p", "m", "w"], opset=13), feeds)
+
+
+def test_symbolic_shape_arithmetic():
+    """Shape values computed from a symbolic batch dim stay symbolic through Gather (a 0-d index), Mul, Div,
+    Cast, Unsqueeze, Concat, Slice (to INT_MAX), Reshape, Expand of a constant and ConstantOfShape: one model,
+    called at batch 4, 3 and 5, traced once, exact (data movement and one add per element)."""
+    from onnx import helper
+    x = data((4, 6), F32)
+    consts = {"i0": np.array(0, I64), "i1": np.array(1, I64), "two": np.array(2, I64), "ax": np.array([0], I64),
+              "st": np.array([-1], I64), "en": np.array([np.iinfo(np.int64).max], I64), "row": data((6,), F32, salt=3)}
+    nodes = [node("Shape", ["x"], "s"), node("Gather", ["s", "i0"], "n"), node("Gather", ["s", "i1"], "m"),
+             node("Mul", ["n", "two"], "n2"), node("Div", ["m", "two"], "m2"), node("Cast", ["n2"], "n2c", to=7),
+             node("Unsqueeze", ["n2c", "ax"], "n2u"), node("Unsqueeze", ["m2", "ax"], "m2u"),
+             node("Concat", ["n2u", "m2u"], "target", axis=0), node("Reshape", ["x", "target"], "folded"),
+             node("Expand", ["row", "s"], "rows"), node("Add", ["rows", "x"], "plus"),
+             node("Slice", ["s", "st", "en"], "last"), node("Unsqueeze", ["n", "ax"], "nu"),
+             node("Concat", ["nu", "last"], "t2", axis=0),
+             node("ConstantOfShape", ["t2"], "ones", value=helper.make_tensor("v", 1, [1], [1.0])),
+             node("Reshape", ["x", "t2"], "x2"), node("Add", ["x2", "ones"], "x2p")]
+    model = make_model(nodes, {"x": x}, ["folded", "plus", "x2p"], consts, opset=13, shapes={"x": ["batch", 6]})
+    m = jitop.onnx.load(model)
+    for batch in (4, 3, 5):
+        xb = data((batch, 6), F32, salt=batch)
+        for got, w in zip(m(xb), reference(model, {"x": xb})):
+            assert got.dtype == w.dtype and got.shape == w.shape and np.array_equal(got, w)
+    assert m.kernel.traces == 1
