@@ -63,6 +63,23 @@ def test_unary_float(shape, dtype):
     check(model, {"x": x}, tol, want={"Erf": erf})
 
 
+def test_dropout_inference():
+    """Dropout at inference is the identity; its mask output (opset 12: with ratio and training_mode=False
+    inputs; opset 10: the ratio attribute) is all True, AND-ed here with a bool input so that the output
+    depends on the inputs; training_mode=True is refused by name."""
+    x, keep = data((3, 5), F32), data((3, 5), bool)
+    feeds = {"x": x, "keep": keep}
+    consts = {"ratio": np.array(0.5, F32), "train": np.array(False)}
+    nodes = [node("Dropout", ["x", "ratio", "train"], ["y", "mask"]), node("And", ["mask", "keep"], "m")]
+    check(make_model(nodes, feeds, ["y", "m"], consts, opset=12), feeds)
+    nodes = [node("Dropout", ["x"], ["y", "mask"], ratio=0.3), node("And", ["mask", "keep"], "m")]
+    check(make_model(nodes, feeds, ["y", "m"], opset=10), feeds)
+    consts["train"] = np.array(True)
+    model = make_model([node("Dropout", ["x", "ratio", "train"], ["y"])], {"x": x}, ["y"], consts, opset=12)
+    with pytest.raises(jitop.onnx.OnnxError, match="training_mode"):
+        jitop.onnx.load(model)(x)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_hard_sigmoid_and_swish(dtype):
     """alpha * x + beta, clipped, rounded once or twice (FMA or not): within eps * (|alpha x| + |beta|) of the
@@ -789,3 +806,23 @@ def test_average_pool(dtype):
 def test_global_average_pool(shape):
     x = data(shape, F32)
     check_op("GlobalAveragePool", {"x": x}, tol=dot(int(np.prod(shape[2:]))))
+
+
+def test_zero_batch():
+    """A batch of 0 through the model-level ops (nothing to compute; shapes and dtypes must still be right).
+    The reference evaluator's GlobalAveragePool (it divides by the element count) and Flatten fail on 0 elements:
+    their expectations are the spec's empty shapes."""
+    x = data((0, 3, 5, 5), F32)
+    consts = {"w": data((2, 3, 3, 3), F32), **_bn_params(3, F32)}
+    nodes = [node("Conv", ["x", "w"], "conv", pads=[1, 1, 1, 1]), node("MaxPool", ["x"], "max", kernel_shape=[2, 2]),
+             node("AveragePool", ["x"], "avg", kernel_shape=[3, 3], strides=[2, 2]),
+             node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], "bn")]
+    check(make_model(nodes, {"x": x}, ["conv", "max", "avg", "bn"], consts, opset=15), {"x": x})
+    model = make_model([node("GlobalAveragePool", ["x"], "gap"), node("Flatten", ["x"], "flat")], {"x": x},
+                       ["gap", "flat"], opset=15)
+    check(model, {"x": x}, want=[np.zeros((0, 3, 1, 1), F32), x.reshape(0, 75)])
+    rows = data((0, 5), F32)
+    consts = {"s": data((5,), F32), "g": data((5, 3), F32), "ax": np.array([1], I64)}
+    nodes = [node("Softmax", ["x"], "sm"), node("LayerNormalization", ["x", "s"], "ln"), node("Gemm", ["x", "g"], "gemm"),
+             node("ReduceSum", ["x", "ax"], "sum"), node("MatMul", ["x", "g"], "mm")]
+    check(make_model(nodes, {"x": rows}, ["sm", "ln", "gemm", "sum", "mm"], consts, opset=17), {"x": rows})
