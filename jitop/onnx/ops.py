@@ -593,7 +593,7 @@ def _pool_geometry(n: Op, x: Any) -> tuple:
 def _pad_hw(x: Any, pads: tuple[int, ...], fill: Any) -> Any:
     """x with (top, bottom, left, right) rows and columns of `fill` around its last two axes."""
     for axis, before, after in ((2, pads[0], pads[1]), (3, pads[2], pads[3])):
-        edge = np.full_like(np.take(x, [0], axis=axis), fill)
+        edge = np.full_like(x[(slice(None),) * axis + (slice(0, 1),)], fill)
         x = np.concatenate([edge] * before + [x] + [edge] * after, axis=axis)
     return x
 
