@@ -11,7 +11,7 @@ A tolerance is one of
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -142,7 +142,8 @@ def check(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: Tol | Ma
 
 
 def check_op(op_type: str, feeds: Mapping[str, np.ndarray], tol: Tol = EXACT, opset: int = 17,
-             consts: Mapping[str, np.ndarray] | None = None, n_outputs: int = 1, input_names: Sequence[str] | None = None,
+             consts: Mapping[str, np.ndarray] | None = None, n_outputs: int = 1,
+             input_names: Sequence[str] | None = None,
              want: Sequence[np.ndarray] | None = None, shapes: Mapping[str, Sequence[Any]] | None = None,
              **attrs: Any) -> jitop.onnx.Model:
     """One node of `op_type` over the feeds (graph inputs, in order) then the consts (initializers), or over

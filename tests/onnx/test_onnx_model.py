@@ -3,6 +3,7 @@ attributes, wrong inputs), onnxruntime's run(), and a compiled model saved to a 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -12,7 +13,7 @@ from onnx_checks import check, data, dot, make_model, node, reference
 F32, I64 = np.float32, np.int64
 
 
-def flatten_model() -> "onnx.ModelProto":  # noqa: F821
+def flatten_model() -> onnx.ModelProto:
     """What torch.onnx.export emits for `x.view(x.size(0), -1) @ w + b` on a (batch, 3, 4, 5) input:
     Shape -> Gather(0) -> Unsqueeze -> Concat([n, -1]) -> Reshape, then MatMul and Add."""
     x = data((8, 3, 4, 5), F32)
@@ -20,7 +21,8 @@ def flatten_model() -> "onnx.ModelProto":  # noqa: F821
               "w": data((60, 7), F32, -1, 1, salt=1), "b": data((7,), F32, salt=2)}
     nodes = [node("Shape", ["x"], "shape"), node("Gather", ["shape", "idx0"], "n", axis=0),
              node("Unsqueeze", ["n", "ax0"], "n1"), node("Concat", ["n1", "minus1"], "target", axis=0),
-             node("Reshape", ["x", "target"], "flat"), node("MatMul", ["flat", "w"], "mm"), node("Add", ["mm", "b"], "y")]
+             node("Reshape", ["x", "target"], "flat"), node("MatMul", ["flat", "w"], "mm"),
+             node("Add", ["mm", "b"], "y")]
     return make_model(nodes, {"x": x}, ["y"], consts, opset=13, shapes={"x": ["batch", 3, 4, 5]})
 
 

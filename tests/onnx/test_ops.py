@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jitop.onnx
-from onnx_checks import EXACT, check, tensor_type, check_op, data, dot, make_model, node, reference, ulp, variants
+from onnx_checks import EXACT, check, check_op, data, dot, make_model, node, reference, tensor_type, ulp, variants
 
 F32, F64, I32, I64 = np.float32, np.float64, np.int32, np.int64
 FLOATS = [F32, F64]
@@ -296,7 +296,8 @@ def test_unsqueeze_scalar_and_empty():
     """Unsqueeze of a constant scalar (the shape-subgraph pattern) and of a 0-size tensor."""
     feeds = {"x": data((0, 3), F32), "zero": np.zeros(1, I64)}
     consts = {"k": np.array(7, I64), "ax": np.array([0], I64), "ax2": np.array([1, 3], I64)}
-    nodes = [node("Unsqueeze", ["k", "ax"], "k1"), node("Add", ["k1", "zero"], "k1+0"), node("Unsqueeze", ["x", "ax2"], "e")]
+    nodes = [node("Unsqueeze", ["k", "ax"], "k1"), node("Add", ["k1", "zero"], "k1+0"),
+             node("Unsqueeze", ["x", "ax2"], "e")]
     check(make_model(nodes, feeds, ["k1+0", "e"], consts, opset=13), feeds)
 
 
@@ -363,7 +364,8 @@ def test_slice():
 
 def test_slice_opset1_attributes():
     x = data((5, 7), I64)
-    variants("Slice", {"x": x}, [{"starts": [1], "ends": [3]}, {"starts": [0, -3], "ends": [INT_MAX, -1], "axes": [0, 1]},
+    variants("Slice", {"x": x}, [{"starts": [1], "ends": [3]},
+                                 {"starts": [0, -3], "ends": [INT_MAX, -1], "axes": [0, 1]},
                                  {"starts": [2], "ends": [100], "axes": [-1]}], opset=1)
 
 
@@ -421,7 +423,8 @@ def test_shape_and_constants():
     ConstantOfShape(Shape(x)) + x)."""
     from onnx import helper, numpy_helper
     x = data((2, 3, 5), F32)
-    nodes = [node("Shape", ["x"], "shape"), node("Shape", ["x"], "tail", start=1), node("Shape", ["x"], "mid", start=-2, end=-1),
+    nodes = [node("Shape", ["x"], "shape"), node("Shape", ["x"], "tail", start=1),
+             node("Shape", ["x"], "mid", start=-2, end=-1),
              node("Constant", [], "c_t", value=numpy_helper.from_array(np.arange(6, dtype=F32).reshape(2, 3))),
              node("Constant", [], "c_f", value_float=1.5), node("Constant", [], "c_fs", value_floats=[1.0, -2.5]),
              node("Constant", [], "c_i", value_int=-4), node("Constant", [], "c_is", value_ints=[3, 1, 4]),
@@ -522,7 +525,8 @@ def test_softmax(dtype):
         if op_type == "Softmax":
             tol = {f"y{k}": (2 * t + 10) * eps * np.abs(w.astype(F64)) for k, (t, w) in enumerate(zip(terms, want))}
         else:
-            tol = {f"y{k}": (2 * t + 10) * eps + 4 * eps * np.abs(w.astype(F64)) for k, (t, w) in enumerate(zip(terms, want))}
+            tol = {f"y{k}": (2 * t + 10) * eps + 4 * eps * np.abs(w.astype(F64))
+                   for k, (t, w) in enumerate(zip(terms, want))}
         check(model, {"x": x}, tol, want=want)
 
 
@@ -681,7 +685,8 @@ def test_gemm(dtype):
     feeds = {"a": a, "b": b, "at": np.ascontiguousarray(a.T), "bt": np.ascontiguousarray(b.T)}
     spec = {"plain": (["a", "b", "cn"], {}), "alpha": (["a", "b", "cm1"], {"alpha": 0.5, "beta": -2.0}),
             "tA": (["at", "b", "c1n"], {"transA": 1}), "tB": (["a", "bt", "c0"], {"transB": 1, "beta": 0.25}),
-            "tAB": (["at", "bt", "cmn"], {"transA": 1, "transB": 1, "alpha": -1.5}), "noC": (["a", "b"], {"alpha": 2.0}),
+            "tAB": (["at", "bt", "cmn"], {"transA": 1, "transB": 1, "alpha": -1.5}),
+            "noC": (["a", "b"], {"alpha": 2.0}),
             "beta0": (["a", "b", "cmn"], {"beta": 0.0})}
     nodes = [node("Gemm", ins, name, **attrs) for name, (ins, attrs) in spec.items()]
     model = make_model(nodes, feeds, list(spec), cs, opset=13)
@@ -716,7 +721,8 @@ CONV_CASES = {  # name: (input channels, output channels, group, kernel, attribu
 }
 
 
-@pytest.mark.parametrize("dtype,names", [(F32, list(CONV_CASES)), (F64, ["asym", "groups", "depthwise_x2", "same_lower"])],
+@pytest.mark.parametrize("dtype,names", [(F32, list(CONV_CASES)),
+                                         (F64, ["asym", "groups", "depthwise_x2", "same_lower"])],
                          ids=["float32", "float64"])
 def test_conv(dtype, names):
     """Conv 2-D over a (2, 4, 7, 5) input (prime spatial sizes): pads (asymmetric too), strides, dilations, groups
@@ -823,6 +829,7 @@ def test_zero_batch():
     check(model, {"x": x}, want=[np.zeros((0, 3, 1, 1), F32), x.reshape(0, 75)])
     rows = data((0, 5), F32)
     consts = {"s": data((5,), F32), "g": data((5, 3), F32), "ax": np.array([1], I64)}
-    nodes = [node("Softmax", ["x"], "sm"), node("LayerNormalization", ["x", "s"], "ln"), node("Gemm", ["x", "g"], "gemm"),
+    nodes = [node("Softmax", ["x"], "sm"), node("LayerNormalization", ["x", "s"], "ln"),
+             node("Gemm", ["x", "g"], "gemm"),
              node("ReduceSum", ["x", "ax"], "sum"), node("MatMul", ["x", "g"], "mm")]
     check(make_model(nodes, {"x": rows}, ["sm", "ln", "gemm", "sum", "mm"], consts, opset=17), {"x": rows})
