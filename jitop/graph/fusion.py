@@ -32,7 +32,8 @@ FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it 
 # subexpressions once), but the passes before it walk the expression as a tree: a chain of such reads
 # doubles the tree at each step. A node read repeatedly is computed once when it costs more than this.
 MAX_REPEATED_COST = 64
-BROADCASTING = frozenset({"broadcast", "ufunc", "where"})  # read a smaller source once per output element
+# read a smaller source once per output element (take: its indices, once per element of the rows they pick)
+BROADCASTING = frozenset({"broadcast", "ufunc", "where", "take"})
 # The most nodes one fused expression nests (a root and its inlined producers, along any path). The expression
 # passes (to_te, lowering, the simplifier, codegen) recurse over an expression's depth, so a bounded depth keeps
 # them within Python's stack for programs of any length. 64 elementwise ops per element between two passes

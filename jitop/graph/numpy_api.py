@@ -988,3 +988,7 @@ def _install_methods() -> None:
 
 
 _install_methods()
+
+# np.take lives in its own module, registered here like the functions above
+from jitop.graph import take as _take  # noqa: E402
+_method("take", _take.take)

@@ -12,9 +12,9 @@ from jitop.graph.fusion import INPUTS
 from jitop.graph import tasks
 from jitop.graph.ir import Node
 from jitop.graph.shapes import rep
-from jitop.graph.ufuncs import UFUNCS
+from jitop.graph.ufuncs import UFUNCS, raise_if
 from jitop.target import Target
-from jitop.te.expr import Expr, as_expr, const
+from jitop.te.expr import Expr, Op, as_expr, binary, const
 from jitop.schedule.schedule import ceildiv
 from jitop.te.tensor import broadcast_index
 from jitop.tuner import registry
@@ -293,11 +293,33 @@ def _emit_copy(c: ToTE, n: Node, idx: Index) -> Expr:
     return c.at(n.src[0], idx)
 
 
+def _emit_take(c: ToTE, n: Node, idx: Index) -> Expr:
+    """src at the position its int64 index gives (jitop.graph.take): clamped into the axis for the load in
+    every mode, so an index that raises never reads outside src."""
+    src, ind = n.src
+    ax, k, mode = n.param("axis"), ind.ndim, n.param("mode")
+    size = src.shape[ax]
+    if type(size) is int and size == 0:
+        return const(0, n.dtype)  # the tracer refused a non-empty take from it: there is no element
+    i = c.at(ind, idx[ax:ax + k])
+    if mode == "wrap":
+        pos = binary(Op.FLOORMOD, i, size)
+    else:
+        pos = te.select(i < 0, i + size, i) if mode == "raise" else i
+    # clip's clamp; for the others a no-op (a wrapped index is in range, a bad one raises) the bounds prover sees
+    pos = te.max(te.min(pos, size - 1), const(0, i.dtype))
+    value = c.at(src, idx[:ax] + (pos,) + idx[ax + k:])
+    if mode != "raise":
+        return value
+    bad = (i < -size) | (i >= size)
+    return raise_if(value, bad, f"IndexError: index out of bounds for axis {ax} with size {size}")
+
+
 EMIT: dict[str, Callable[[ToTE, Node, Index], Expr]] = {
     "copy": _emit_copy,
     "const": _emit_const, "dim": _emit_dim, "ufunc": _emit_ufunc, "cast": _emit_cast, "broadcast": _emit_broadcast,
     "reshape": _emit_reshape, "transpose": _emit_transpose, "index": _emit_index, "concat": _emit_concat,
-    "where": _emit_where, "iota": _emit_iota,
+    "where": _emit_where, "iota": _emit_iota, "take": _emit_take,
 }
 BUILD: dict[str, Callable[[ToTE, Node], te.Tensor]] = {
     "reduce": ToTE._reduce, "argreduce": ToTE._argreduce, "matmul": ToTE._matmul,

@@ -20,7 +20,7 @@ from jitop.target import Target
 
 # errors a kernel reports about values (codegen.kernel.RAISE_IF), by the name its error entry starts with
 _VALUE_ERRORS = {"ValueError": ValueError, "OverflowError": OverflowError, "ZeroDivisionError": ZeroDivisionError,
-                 "MemoryError": MemoryError}
+                 "MemoryError": MemoryError, "IndexError": IndexError}
 FORMAT_VERSION = 3  # 2: meta['target'] is a jitop Target; 3: the object code carries its signature
 
 

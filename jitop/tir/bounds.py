@@ -1,7 +1,8 @@
 """Proving memory accesses in bounds.
 
 An index is bounded by the loop ranges, tightened by the guards around it (`if e < c` bounds any
-index that differs from `e` by a bounded amount). The code generator asks at every access; what
+index that differs from `e` by a bounded amount); a clamp `max(min(x, hi), lo)` by its ends, whatever x is (a
+gather's loaded index). The code generator asks at every access; what
 cannot be proved is checked at run time and reported as IndexError, never read out of bounds.
 
 A symbolic dimension (`n`) is proved by the simplifier's symbolic step: from the loop ranges
@@ -31,6 +32,16 @@ def _conjuncts(cond: Expr, positive: bool) -> list[tuple[Expr, int]]:
     return [(a - b, -1 if op is Op.LT else 0)]
 
 
+def _clamp_ends(idx: Expr) -> tuple[Expr, tuple[Expr, ...]] | None:
+    """max(min(x, hi), lo) or min(max(x, lo), hi) as (the outer end, the inner operands): it lies in [lo, max(hi,
+    lo)] (in [min(lo, hi), hi]), so it is in bounds when the outer end and one inner operand are."""
+    inner_op = {Op.MAX: Op.MIN, Op.MIN: Op.MAX}.get(idx.op)
+    for k in (0, 1) if inner_op is not None else ():
+        if idx.src[k].op is inner_op:
+            return idx.src[1 - k], idx.src[k].src
+    return None
+
+
 class BoundsCheck:
     """Loop ranges plus a stack of facts from the guards enclosing the current point."""
 
@@ -40,6 +51,9 @@ class BoundsCheck:
         self.narrowed: list[list[tuple[Expr, tuple[int, int]]]] = []
 
     def in_bounds(self, idx: Expr, dim: int | Expr) -> bool:
+        ends = _clamp_ends(idx)  # a clamp lies between its ends, whatever it clamps (a gather's loaded index)
+        if ends is not None and self.in_bounds(ends[0], dim) and any(self.in_bounds(e, dim) for e in ends[1]):
+            return True
         b = bounds(idx, self.ranges)
         if b is None:
             return False
