@@ -297,12 +297,6 @@ def serves(exe: Any, inputs: list) -> str:
     return ", ".join(parts) + (f" for {', '.join(guards)}" if guards else "")
 
 
-def _executables(model: Any) -> list:
-    if model.kernel is None:
-        return list(model._executables)  # noqa: SLF001 - a .jitop model's code: what Model.save writes too
-    return [ov.exe for ov in model.kernel.dispatcher.overloads() if ov.exe is not None]
-
-
 def _header(opened: Opened) -> str:
     m = opened.model
     ins = ", ".join(v.describe() for v in opened.declared)
@@ -339,7 +333,7 @@ def compile_command(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CommandError(f"cannot write {out!r} ({err.strerror or err})") from None
     total = time.perf_counter() - start
-    exes = _executables(opened.model)
+    exes = opened.model.executables()
     print(f"wrote {out}: {_size(os.path.getsize(out))} (code and weights) in {_seconds(total)} "
           f"(load {_seconds(opened.seconds)}, compile {_seconds(compile_s)}{_cache_answer(opened.model)})")
     for exe in exes:
@@ -550,7 +544,7 @@ def _time(opened: Opened, values: list, profile: bool) -> None:
 def _explain_compiled(opened: Opened) -> int:
     """A .jitop file: the shapes each of its executables serves, and the time of a call (the file keeps the code,
     not the schedules it was built with)."""
-    exes = _executables(opened.model)
+    exes = opened.model.executables()
     for exe in exes:
         print(f"executable: serves {serves(exe, opened.declared)}")
     print("(the file keeps the compiled code, not its fusion groups and schedules: jitop explain the .onnx model "

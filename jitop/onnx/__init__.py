@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from jitop.errors import UnsupportedOperatorError
 from jitop.onnx import compiled
-from jitop.onnx.model import Model, compiled_kernel
+from jitop.onnx.model import Model
 from jitop.onnx.ops import OPS, OnnxError
 from jitop.onnx.proto import Dim, Graph, ValueInfo, read
 from jitop.onnx.rewrite import check, fold_batch_norm
@@ -40,14 +40,13 @@ def load(model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> Model
     if data is not None and compiled.is_compiled(data):
         if shapes:
             raise ValueError("shapes= applies to an .onnx model; a compiled .jitop model has its shapes already")
-        name, inputs, outputs, exes = compiled.loads(data)
-        return Model(inputs, outputs, compiled.runner(exes, inputs), None, name, exes)
+        name, inputs, outputs, exes, constants = compiled.loads(data)
+        return Model(inputs, outputs, compiled.runner(exes, inputs, constants), None, name, exes, constants)
     graph = read(model if data is None else data)
     check(graph)
     fold_batch_norm(graph)
     graph.inputs = _pinned(graph, dict(shapes or {}))
-    kernel_fn = compiled_kernel(graph, [v.shape for v in graph.inputs])
-    return Model(graph.inputs, graph.outputs, lambda values: kernel_fn(*values), kernel_fn, graph.name)
+    return Model.from_graph(graph)
 
 
 def _file_bytes(model: Any) -> bytes | None:

@@ -8,9 +8,10 @@ An executable serves the shapes it was compiled for (a symbolic one: every size 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import struct
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -23,18 +24,22 @@ _HEADER = struct.Struct("<8sI32sQ")  # magic, version, sha256(manifest + blobs),
 
 
 def dumps(name: str, inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo],
-          executables: Sequence[Executable]) -> bytes:
-    """The file's bytes for a model and the executables compiled for it."""
+          executables: Sequence[Executable], constants: Mapping[int, np.ndarray] | None = None) -> bytes:
+    """The file's bytes for a model, the executables compiled for it and its outputs that depend on no input
+    (output index -> value; the executables return None in their place)."""
     if not executables:
         raise ValueError("nothing to save: the model has no compiled executable yet (call it once, or use "
                          "Model.compile(shapes))")
-    blobs = [exe.to_bytes() for exe in executables]
+    constants = dict(constants or {})
+    blobs = [exe.to_bytes() for exe in executables] + [_npy(constants[k]) for k in sorted(constants)]
     ranges, offset = [], 0
     for b in blobs:
         ranges.append([offset, len(b)])
         offset += len(b)
     manifest = json.dumps({"name": name, "inputs": [_info_json(v) for v in inputs],
-                           "outputs": [_info_json(v) for v in outputs], "executables": ranges}).encode()
+                           "outputs": [_info_json(v) for v in outputs], "executables": ranges[:len(executables)],
+                           "constants": [[k, *r] for k, r in zip(sorted(constants), ranges[len(executables):])]}
+                          ).encode()
     body = manifest + b"".join(blobs)
     return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest(), len(manifest)) + body
 
@@ -43,8 +48,8 @@ def is_compiled(data: bytes) -> bool:
     return data[:len(MAGIC)] == MAGIC
 
 
-def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Executable]]:
-    """(name, inputs, outputs, executables) of a file written by `dumps`; ValueError if it is damaged or from
+def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Executable], dict[int, np.ndarray]]:
+    """(name, inputs, outputs, executables, constant outputs) of a file written by `dumps`; ValueError if it is damaged or from
     another version, jitop.TargetMismatchError if it was compiled for a CPU this machine is not."""
     if len(data) < _HEADER.size:
         raise ValueError("not a compiled jitop model (too short)")
@@ -62,24 +67,35 @@ def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Exec
         inputs = [_info(v) for v in manifest["inputs"]]
         outputs = [_info(v) for v in manifest["outputs"]]
         ranges = [(int(a), int(b)) for a, b in manifest["executables"]]
+        const_ranges = [(int(k), int(a), int(b)) for k, a, b in manifest.get("constants", [])]
         name = str(manifest["name"])
-    except (KeyError, TypeError, ValueError) as err:
+        blobs = body[n:]
+        constants = {k: np.load(io.BytesIO(bytes(blobs[a:a + b])), allow_pickle=False) for k, a, b in const_ranges}
+    except (KeyError, TypeError, ValueError, OSError) as err:
         raise ValueError(f"compiled jitop model has a malformed manifest ({type(err).__name__}: {err})") from None
-    blobs = body[n:]
     exes = [Executable.from_bytes(bytes(blobs[a:a + b])) for a, b in ranges]
-    return name, inputs, outputs, exes
+    return name, inputs, outputs, exes, constants
 
 
-def runner(executables: Sequence[Executable], inputs: Sequence[ValueInfo]) -> Any:
+def runner(executables: Sequence[Executable], inputs: Sequence[ValueInfo],
+           constants: Mapping[int, np.ndarray] | None = None) -> Any:
     """A call for the Model: the first executable that accepts the arguments runs them."""
+    constants = dict(constants or {})
+
     def run(values: list) -> tuple:
         for exe in executables:
             if exe.accepts(values):
-                return exe(*values)
+                return tuple(constants[k] if r is None else r for k, r in enumerate(exe(*values)))
         shapes = ", ".join(f"{v.name}{tuple(np.shape(x))}" for v, x in zip(inputs, values))
         raise ValueError(f"this compiled model was not compiled for these input shapes ({shapes}); compile "
                          "the .onnx model for them (jitop compile --shape NAME=D0,D1,...)")
     return run
+
+
+def _npy(a: np.ndarray) -> bytes:
+    f = io.BytesIO()
+    np.save(f, a, allow_pickle=False)
+    return f.getvalue()
 
 
 def _info_json(v: ValueInfo) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 
 from jitop.kernel import KernelFunction, kernel
 from jitop.onnx.ops import OPS, Op, OnnxError
+from jitop.graph.tracer import Tracer
 from jitop.onnx.proto import Dim, Graph, ValueInfo
 
 
@@ -27,6 +28,9 @@ class Program:
         self.graph = graph
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
+        # outputs that do not depend on the inputs (a Constant, the Shape of a fixed-shape input): a traced run
+        # returns None in their place, and they are kept here (output index -> value) to be filled in
+        self.constants: dict[int, np.ndarray] = {}
 
     def __call__(self, *inputs: Any) -> tuple:
         env: dict[str, Any] = dict(self.graph.initializers)
@@ -47,7 +51,24 @@ class Program:
             for name, value in zip(n.outputs, results):
                 if name:
                     env[name] = value
-        return tuple(env[o] for o in self.output_names)
+        outputs = [env[o] for o in self.output_names]
+        if any(isinstance(v, Tracer) for v in inputs):
+            for k, v in enumerate(outputs):
+                if not isinstance(v, Tracer):
+                    self.constants[k] = _constant_output(self.output_names[k], v)
+                    outputs[k] = None
+        return tuple(outputs)
+
+    def fill(self, results: tuple) -> tuple:
+        """A traced run's results with its constant outputs filled in."""
+        return tuple(self.constants[k] if r is None else r for k, r in enumerate(results))
+
+
+def _constant_output(name: str, value: Any) -> np.ndarray:
+    a = np.asarray(value)
+    if a.dtype == object:
+        raise OnnxError(f"model output {name!r} is a symbolic shape; pin the input shapes (shapes=) to return it")
+    return a
 
 
 def parameter_names(inputs: Sequence[ValueInfo]) -> list[str]:
@@ -63,9 +84,9 @@ def parameter_names(inputs: Sequence[ValueInfo]) -> list[str]:
     return names
 
 
-def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> KernelFunction:
-    """The model as a @jitop.kernel: one positional parameter per input; the dims that are not numbers in
-    `shapes` (symbols, unknown) are traced as symbols from the first call."""
+def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> tuple[KernelFunction, Program]:
+    """The model as a @jitop.kernel (and the Program it traces): one positional parameter per input; the dims
+    that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call."""
     program = Program(graph)
     params = parameter_names(graph.inputs)
 
@@ -79,7 +100,7 @@ def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> K
     run.__module__ = "jitop.onnx"
     dynamic = {p: tuple(k for k, d in enumerate(s) if not isinstance(d, int))
                for p, s in zip(params, shapes) if s is not None}
-    return kernel(run, fallback=False, dynamic={p: d for p, d in dynamic.items() if d} or False)
+    return kernel(run, fallback=False, dynamic={p: d for p, d in dynamic.items() if d} or False), program
 
 
 def _digest(graph: Graph) -> str:
@@ -100,11 +121,20 @@ class Model:
     """
 
     def __init__(self, inputs: list[ValueInfo], outputs: list[ValueInfo], runner: Callable[[list], tuple],
-                 kernel_fn: KernelFunction | None = None, name: str = "model", executables: Sequence[Any] = ()):
+                 kernel_fn: KernelFunction | None = None, name: str = "model", executables: Sequence[Any] = (),
+                 constants: Mapping[int, np.ndarray] | None = None):
         self.inputs, self.outputs, self.name = inputs, outputs, name
         self.kernel = kernel_fn
         self._executables = list(executables)  # a model loaded from a .jitop file runs these
+        self._constants = constants if constants is not None else {}  # outputs that depend on no input
         self._runner = runner
+
+    @staticmethod
+    def from_graph(graph: Graph) -> "Model":
+        """The Model running `graph` as one @jitop.kernel."""
+        kernel_fn, program = compiled_kernel(graph, [v.shape for v in graph.inputs])
+        return Model(graph.inputs, graph.outputs, lambda values: program.fill(kernel_fn(*values)), kernel_fn,
+                     graph.name, constants=program.constants)
 
     def __repr__(self) -> str:
         ins = ", ".join(v.describe() for v in self.inputs)
@@ -137,15 +167,17 @@ class Model:
         self(**zeros)
         return self
 
+    def executables(self) -> list[Any]:
+        """The compiled code that serves calls now (jitop.runtime.Executable, one per signature compiled)."""
+        if self.kernel is None:
+            return list(self._executables)
+        return [ov.exe for ov in self.kernel.dispatcher.overloads() if ov.exe is not None]
+
     def save(self, path: str) -> None:
         """Write the executables compiled so far, with the weights, to one file `jitop.onnx.load` reads back
         without the onnx package (jitop.onnx.compiled)."""
         from jitop.onnx import compiled
-        if self.kernel is not None:
-            exes = [ov.exe for ov in self.kernel.dispatcher.overloads() if ov.exe is not None]
-        else:
-            exes = list(self._executables)
-        data = compiled.dumps(self.name, self.inputs, self.outputs, exes)
+        data = compiled.dumps(self.name, self.inputs, self.outputs, self.executables(), self._constants)
         with open(path, "wb") as f:
             f.write(data)
 
@@ -182,4 +214,4 @@ def _checked(info: ValueInfo, value: Any) -> np.ndarray:
         if not ok:
             want = "(" + ", ".join(str(d) if d is not None else "?" for d in info.shape) + ")"
             raise ValueError(f"input {info.name!r}: expected shape {want}, got {value.shape}")
-    return np.ascontiguousarray(value)
+    return value if value.flags.c_contiguous else np.ascontiguousarray(value)  # (ascontiguousarray makes 0-d 1-d)

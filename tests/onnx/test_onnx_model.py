@@ -189,8 +189,7 @@ def test_save_before_compile_refused(tmp_path):
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(st.data())
 def test_elementwise_broadcasting_property(draw):
-    """Any two broadcast-compatible shapes (rank 1-3, dims 0-4; rank 0 inputs: see SCALAR_INPUT_BUG in
-    test_ops): Add/Mul/Max/Where agree with the reference exactly (one rounding each)."""
+    """Any two broadcast-compatible shapes (rank 1-3, dims 0-4; rank 0 inputs: test_ops): Add/Mul/Max/Where agree with the reference exactly (one rounding each)."""
     rank = draw.draw(st.integers(1, 3))
     out = draw.draw(st.lists(st.sampled_from([0, 1, 2, 3, 4]), min_size=rank, max_size=rank))
     shapes = []
@@ -228,3 +227,16 @@ def test_symbolic_shape_arithmetic():
         for got, w in zip(m(xb), reference(model, {"x": xb})):
             assert got.dtype == w.dtype and got.shape == w.shape and np.array_equal(got, w)
     assert m.kernel.traces == 1
+
+
+def test_constant_output_survives_save_and_load(tmp_path):
+    """An output that depends on no input (the Shape of a fixed-shape input) is filled in outside the kernel,
+    and a compiled .jitop file keeps it."""
+    x = data((2, 3), F32)
+    model = make_model([node("Shape", ["x"], "s"), node("Relu", ["x"], "r")], {"x": x}, ["s", "r"])
+    m = jitop.onnx.load(model)
+    s, r = m(x)
+    assert s.dtype == np.int64 and s.tolist() == [2, 3] and np.array_equal(r, np.maximum(x, 0))
+    m.save(str(tmp_path / "c.jitop"))
+    s2, r2 = jitop.onnx.load(str(tmp_path / "c.jitop"))(x)
+    assert s2.tolist() == [2, 3] and np.array_equal(r2, r)

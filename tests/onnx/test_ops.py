@@ -30,10 +30,7 @@ def ops_model(ops: dict[str, dict], x: np.ndarray, opset: int = 17, consts: dict
 
 # ---- elementwise unary ---------------------------------------------------------------------------------------
 
-SCALAR_INPUT_BUG = ("jitop.onnx.model._checked feeds np.ascontiguousarray(value), which makes a 0-d input 1-d: "
-                    "a scalar model input (shape []) gives shape (1,) results")
-SHAPES = [pytest.param((), marks=pytest.mark.xfail(strict=True, reason=SCALAR_INPUT_BUG)), (1,), (2, 0, 3),
-          (3, 5, 7)]
+SHAPES = [(), (1,), (2, 0, 3), (3, 5, 7)]
 
 
 def _unary_x(shape, dtype):
@@ -411,11 +408,6 @@ def test_tile(dtype):
     check(make_model(nodes, {"x": x}, list(reps), consts, opset=13), {"x": x})
 
 
-CONSTANT_OUTPUT_BUG = ("a model output that does not depend on the inputs (Shape of a fixed-shape input, a "
-                      "Constant) makes jitop.onnx's kernel return a numpy constant: jitop.kernel raises Unsupported "
-                      "('returning a constant numpy array that does not depend on the arguments')")
-
-
 def test_shape_and_constants():
     """Shape (with start/end, opset 15), Constant in each of its forms, ConstantOfShape (default float32 zeros,
     an int64 value, a 0 dim): values known while tracing, each added to a zero graph input (zi: int64, zf:
@@ -444,7 +436,6 @@ def test_shape_and_constants():
     check(model, feeds)
 
 
-@pytest.mark.xfail(strict=True, reason=CONSTANT_OUTPUT_BUG)
 def test_constant_outputs():
     x = data((2, 3), F32)
     model = make_model([node("Shape", ["x"], "s"), node("Relu", ["x"], "r")], {"x": x}, ["s", "r"])
