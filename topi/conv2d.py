@@ -21,13 +21,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
+
+import numpy as np
 
 from jitop import te
 from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule, create_schedule
 from jitop.target import Target
 from jitop.te.expr import Expr, free_vars
+from jitop.te.tensor import PlaceholderOp
 from jitop.tir.simplify import SYMBOL_MAX, prove, simplify
 from jitop.topi import matmul as topi_matmul
 from jitop.topi.matmul import Size, bind_fields, field_symbols, is_sym, rep
@@ -271,11 +274,26 @@ def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
 
 
 def compute(wl: Conv2dWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
-            name: str = "conv2d", binding: dict[str, Expr] | None = None) -> "ConvTensors | GemmConv":
+            name: str = "conv2d", binding: dict[str, Expr] | None = None,
+            packed: Sequence[te.Tensor] = ()) -> "ConvTensors | GemmConv":
     """The template's stages. readers = (read_input(n, c, y, x), read_weight(oc, ic, r, s)) give values at
     logical NCHW / OIHW coordinates, whatever the memory layout. A symbolic workload needs `binding`
-    ({name: te symbol}); n, h, w may also be te expressions themselves."""
-    return conv2d(*readers, bound(wl, binding), wl.dtype, Conv2dConfig.from_config(config), target, name)
+    ({name: te symbol}); n, h, w may also be te expressions themselves. packed: the weights as `prepack`
+    made them, an input of the kernel (then they are not packed on each call)."""
+    return conv2d(*readers, bound(wl, binding), wl.dtype, Conv2dConfig.from_config(config), target, name,
+                  packed[0] if packed else None)
+
+
+def prepack(wl: Conv2dWorkload, config: Config, target: Target, weight: np.ndarray) -> list[np.ndarray]:
+    """The direct algorithm's packed weights, [panels, kh, kw, icg, bn] (zero past oc), from constant OIHW
+    weights ([] for the gemm algorithm, which reads them in place)."""
+    cfg = Conv2dConfig.from_config(config)
+    if cfg.algorithm == "gemm":
+        return []
+    bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
+    w = np.zeros((panels * bn,) + weight.shape[1:], weight.dtype)
+    w[:wl.oc] = weight
+    return [np.ascontiguousarray(w.reshape(panels, bn, wl.icg, wl.kh, wl.kw).transpose(0, 3, 4, 2, 1))]
 
 
 def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, config: Config, target: Target,
@@ -304,8 +322,8 @@ def build(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[Schedule,
 
 
 def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, cfg: Conv2dConfig, target: Target,
-           name: str = "conv2d") -> "ConvTensors | GemmConv":
-    """The convolution's stages for a typed config."""
+           name: str = "conv2d", prepacked: te.Tensor | None = None) -> "ConvTensors | GemmConv":
+    """The convolution's stages for a typed config (`prepacked`: the packed weights as an input)."""
     if cfg.algorithm == "gemm":
         return _conv2d_gemm(read_input, read_weight, wl, dtype, cfg, target, name)
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
@@ -337,7 +355,8 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
         oc = o * bn + lane
         value = read_weight(oc, i, r, s)
         return te.if_then_else(oc < wl.oc, value, zero) if wl.oc % bn else value
-    packed = te.compute((panels, wl.kh, wl.kw, wl.icg, bn), pack, name=f"{name}_packedW")
+    packed = prepacked if prepacked is not None else \
+        te.compute((panels, wl.kh, wl.kw, wl.icg, bn), pack, name=f"{name}_packedW")
 
     r = te.reduce_axis((0, wl.kh), "r")
     s = te.reduce_axis((0, wl.kw), "s")
@@ -394,13 +413,16 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         stage.vectorize(oci)
     s[cache].compute_at(stage, owo)
     _schedule_tile(s[cache], wl, cfg)
+    inputs = isinstance(packed.op, PlaceholderOp)  # prepacked: nothing to schedule
     if cfg.pack_per_panel and cfg.oc_outer:
         outer = _parallel_loop(stage, (n, oco), target.threads)
-        s[packed].compute_at(stage, outer)
-        _schedule_pack(s, packed, parallel=False)
+        if not inputs:
+            s[packed].compute_at(stage, outer)
+            _schedule_pack(s, packed, parallel=False)
     else:
         outer = _parallel_loop(stage, rows, target.threads)
-        _schedule_pack(s, packed, parallel=True)
+        if not inputs:
+            _schedule_pack(s, packed, parallel=True)
     stage.parallel(outer)
     ps = s[padded]
     pn, py, _, pc = ps.op.axis
@@ -518,4 +540,4 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
 
 TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
                                                schedule, build, operand_reads,
-                                               kind_fields=("kh", "kw", "layout", "dtype")))
+                                               kind_fields=("kh", "kw", "layout", "dtype"), prepack=prepack))

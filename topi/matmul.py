@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule, create_schedule
 from jitop.target import Target
 from jitop.te.expr import Expr, const, free_vars, substitute
+from jitop.te.tensor import PlaceholderOp
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -225,16 +226,43 @@ class MatmulTensors:
 
 
 def compute(wl: MatmulWorkload, config: Config, target: Target, readers: tuple[Reader, Reader],
-            name: str = "matmul", binding: dict[str, Expr] | None = None) -> MatmulTensors:
+            name: str = "matmul", binding: dict[str, Expr] | None = None,
+            packed: Sequence[te.Tensor] = ()) -> MatmulTensors:
     """The template's stages. readers = (read_a(a_batch_idx, i, r), read_b(b_batch_idx, r, j)), each given
     its own operand's batch index. A symbolic workload needs `binding` ({name: te symbol}); m, n, k may also
-    be te expressions themselves."""
+    be te expressions themselves. packed: B's panels as `prepack` made them (kernel inputs), one per K chunk."""
     read_a, read_b = readers
     wl = bound(wl, binding)
     batch = wl.batch
     return matmul(lambda bi, i, r: read_a(te.broadcast_index(wl.a_batch, batch, bi), i, r), read_b, batch, wl.m, wl.n,
                   wl.k, wl.dtype, MatmulConfig.from_config(config), name=name, b_batch=wl.b_batch,
-                  b_index=lambda bi: te.broadcast_index(wl.b_batch, batch, bi))
+                  b_index=lambda bi: te.broadcast_index(wl.b_batch, batch, bi), prepacked=packed)
+
+
+def prepack(wl: MatmulWorkload, config: Config, target: Target, b: np.ndarray) -> list[np.ndarray]:
+    """B's packed panels, b_batch + [panels, k chunk, bn] (zero past n) per K chunk, from a constant B
+    ([] when B is read in place or a size is symbolic)."""
+    cfg = MatmulConfig.from_config(config)
+    if not cfg.pack_b or is_sym(wl.n) or is_sym(wl.k):
+        return []
+    bn = cfg.bn
+    panels = math.ceil(wl.n / bn)
+    padded = np.zeros(b.shape[:-1] + (panels * bn,), b.dtype)
+    padded[..., :wl.n] = b
+    lead = b.ndim - 2
+    out = []
+    for k0, width in _chunks(wl.k, cfg):
+        part = padded[..., k0:k0 + width, :].reshape(b.shape[:-2] + (width, panels, bn))
+        out.append(np.ascontiguousarray(np.moveaxis(part, lead + 1, lead)))
+    return out
+
+
+def _chunks(k: Size, cfg: MatmulConfig) -> list[tuple[Any, Any]]:
+    """(first row, rows) of B per K chunk: chunks whose panels fit in L2 (cfg.k_chunk); a symbolic k is one."""
+    if is_sym(k):
+        return [(0, k)]
+    chunk = cfg.k_chunk if 0 < cfg.k_chunk < k else max(k, 1)
+    return [(k0, min(chunk, k - k0)) for k0 in range(0, max(k, 1), chunk)]
 
 
 def schedule(s: Schedule, t: MatmulTensors, wl: MatmulWorkload, config: Config, target: Target,
@@ -273,7 +301,8 @@ def build(wl: MatmulWorkload, config: Config, target: Target) -> tuple[Schedule,
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: Size, n: Size, k: Size, dtype, cfg: MatmulConfig,
            name: str = "matmul", b_batch: tuple[int, ...] | None = None,
-           b_index: Callable[[tuple[Expr, ...]], tuple[Expr, ...]] | None = None) -> MatmulTensors:
+           b_index: Callable[[tuple[Expr, ...]], tuple[Expr, ...]] | None = None,
+           prepacked: Sequence[te.Tensor] = ()) -> MatmulTensors:
     """C = A @ B, reading A and B through `a(batch_idx, i, k)` / `b(batch_idx, k, j)`.
 
     B is packed in zero-padded panels of bn columns. B may have fewer batch dimensions than C (`b_batch`,
@@ -284,13 +313,12 @@ def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: Size, n: Size, k: Si
     """
     b_batch = batch if b_batch is None else b_batch
     b_index = b_index or (lambda bi: bi)
-    chunks = [(0, k)] if is_sym(k) else [(k0, min(chunk, k - k0)) for chunk in
-                                         [cfg.k_chunk if 0 < cfg.k_chunk < k else max(k, 1)]
-                                         for k0 in range(0, max(k, 1), chunk)]
+    chunks = _chunks(k, cfg)
     parts: list[Part] = []
     for t, (k0, width) in enumerate(chunks):
         suffix = f"_k{t}" if len(chunks) > 1 else ""
-        core, packed = _chunk(a, b, batch, b_batch, b_index, m, n, k0, width, dtype, cfg, f"{name}{suffix}")
+        core, packed = _chunk(a, b, batch, b_batch, b_index, m, n, k0, width, dtype, cfg, f"{name}{suffix}",
+                              prepacked[t] if prepacked else None)
         if not parts:
             acc = core if _same(core.shape[-1], n) else \
                 te.compute(batch + (m, n), lambda *idx, core=core: core[idx], name=f"{name}{suffix}_cols")
@@ -308,8 +336,9 @@ def _same(a: Size, b: Size) -> bool:
 
 
 def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...], b_index: Callable, m: Size,
-           n: Size, k0: int, k: Size, dtype, cfg: MatmulConfig, name: str) -> tuple[te.Tensor, te.Tensor]:
-    """(product over rows k0 .. k0 + k of B, its packed panels or None)."""
+           n: Size, k0: int, k: Size, dtype, cfg: MatmulConfig, name: str,
+           prepacked: te.Tensor | None = None) -> tuple[te.Tensor, te.Tensor]:
+    """(product over rows k0 .. k0 + k of B, its packed panels or None; `prepacked`: those panels as an input)."""
     bn = cfg.bn
     panels = (n + (bn - 1)) // bn if is_sym(n) else math.ceil(n / bn)
     ragged = is_sym(n) or n % bn  # the last panel may be partly beyond n (always possible for a symbolic n)
@@ -322,7 +351,7 @@ def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...
         bi, x, y, z = idx[:-3], idx[-3], idx[-2], idx[-1]
         col = x * bn + z
         return te.if_then_else(col < n, b(bi, y + k0, col), te.const(0, dtype)) if ragged else b(bi, y + k0, col)
-    packed = te.compute(b_batch + (panels, k, bn), pack, name=f"{name}_packedB")
+    packed = prepacked if prepacked is not None else te.compute(b_batch + (panels, k, bn), pack, name=f"{name}_packedB")
     r = te.reduce_axis((0, k), "k")
 
     def body(*idx: Expr) -> Expr:
@@ -352,7 +381,7 @@ def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Targ
         if part.core is not dest:
             s[part.core].compute_inline()
         outer = _tile(s, s[dest], s[cache], t.out.ndim, cfg, target.threads, serial)
-        if part.packed is None:
+        if part.packed is None or isinstance(part.packed.op, PlaceholderOp):  # in place, or prepacked
             continue
         if serial:
             s[part.packed].vectorize(s[part.packed].op.axis[-1])
@@ -437,4 +466,5 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, threads: int) -> None:
 
 
 TEMPLATE = registry.register(registry.Template("matmul", MatmulWorkload, config_space, default_config, compute,
-                                               schedule, build, operand_reads, kind_fields=("dtype",)))
+                                               schedule, build, operand_reads, kind_fields=("dtype",),
+                                               prepack=prepack))

@@ -13,6 +13,9 @@ A template is plain functions over a frozen, JSON-serialisable workload:
 - `operand_reads(workload, config, target)` -> how many times the template evaluates each element of each
   operand (a packed operand once, an operand streamed per panel once per panel), so the graph fuses into
   an operand only what is free to recompute that often;
+- `prepack(workload, config, target, operand)` (optional) -> the arrays the template would make of its second
+  operand (weights) on every call, made once from its value when it is a constant: `compute(..., packed=)`
+  then reads them as inputs ([]: it reads that operand in place);
 - `kind_fields`: the workload fields that name the kind of computation (a convolution's kernel size, the
   layout, the dtype): tuned records of one workload inform another (transfer, predicted configs) only when
   these are equal: a 3x3 convolution's best schedule says little about a 1x1's.
@@ -45,6 +48,7 @@ class Template:
     build: Callable
     operand_reads: Callable
     kind_fields: tuple[str, ...] = ()
+    prepack: Callable | None = None
 
     def kind(self, workload: Any) -> str:
         """The values of `kind_fields` of `workload` as canonical JSON (equal kinds: comparable workloads)."""

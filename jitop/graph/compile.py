@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jitop import dtypes, te
 from jitop.driver import compile_func, default_target, lower, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
@@ -40,6 +41,8 @@ class Prepared:
     choices: dict[Node, tuple[Task, Choice]]  # each templated node's task and the config picked for it
     target: Target
     guards: list[str] = field(default_factory=list)  # relations the shape symbols must satisfy ("x_0 >= 5")
+    # templated node -> its constant weights as its template packs them (made once here, not on each call)
+    packed: dict[Node, list[np.ndarray]] = field(default_factory=dict)
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
@@ -67,7 +70,10 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     tasks = extract_tasks(why, target, reps)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
     choices = pick_all(tasks)
-    return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards))
+    # prepack: a template's copy of constant weights (packed panels) is made now, once
+    packed = prepack_all(choices, target)
+    return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards),
+                    packed)
 
 
 def build(prep: Prepared, profile: bool = False) -> Executable:
@@ -76,7 +82,7 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # operands: a producer the template would re-evaluate per panel is computed once unless free to recompute
     operand_decisions = fuse_operands(why, operand_reads(choices, target))
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
-    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique)
+    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique, prep.packed)
     st = graph.lowering.st
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
     index = schedule_rules.GraphIndex(unique)  # readers and order, shared by the two rules below
@@ -113,6 +119,26 @@ def constant_nodes(unique: list[Node]) -> list[Node]:
 def constant_array(n: Node) -> np.ndarray:
     """An array constant's data as the kernel reads it (a captured array: its own memory, read in place)."""
     return np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape)
+
+
+def kernel_constants(prep: Prepared) -> list[np.ndarray]:
+    """The arrays a call passes after its arguments: the graph's constants, then the prepacked weights."""
+    return [constant_array(n) for n in constant_nodes(prep.unique)] + \
+        [a for arrays in prep.packed.values() for a in arrays]
+
+
+def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dict[Node, list[np.ndarray]]:
+    """Each templated node whose weights (second operand) are a constant array (not a captured array, which
+    the kernel reads as it is at each call) -> the arrays its template packs them into."""
+    out = {}
+    for n, (task, choice) in choices.items():
+        w = n.src[1]
+        template = registry.get(task.template)
+        if w.prim == "array_const" and isinstance(w.param("data"), bytes) and template.prepack is not None:
+            arrays = template.prepack(task.workload, choice.config, target, constant_array(w))
+            if arrays:
+                out[n] = arrays
+    return out
 
 
 def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]:
@@ -165,13 +191,19 @@ class TEGraph:
 
 
 def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]], inputs: list[Node],
-          input_names: list[str], input_plan: list[tuple[str, Any]], unique: list[Node]) -> TEGraph:
-    """Placeholders for the arguments and array constants, tensors for the outputs."""
+          input_names: list[str], input_plan: list[tuple[str, Any]], unique: list[Node],
+          packed: dict[Node, list[np.ndarray]] | None = None) -> TEGraph:
+    """Placeholders for the arguments, array constants and prepacked weights; tensors for the outputs."""
     lowering = ToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
     for n in constant_nodes(unique):  # array constants are arguments too, passed from the plan
         placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
         input_plan = input_plan + [("const", constant_array(n))]
+    for n, arrays in (packed or {}).items():  # in kernel_constants' order
+        lowering.packed[n] = [te.placeholder(a.shape, dtypes.as_dtype(a.dtype), f"packed{len(placeholders) + k}")
+                              for k, a in enumerate(arrays)]
+        placeholders.extend(lowering.packed[n])
+        input_plan = input_plan + [("const", a) for a in arrays]
     # producers first: each stage's inputs already have their tensors, so building one never recurses into
     # the stages before it (a deep program would exhaust Python's stack)
     for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):

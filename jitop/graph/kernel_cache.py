@@ -37,7 +37,7 @@ from jitop.codegen.target import llvm_version
 from jitop.errors import TargetMismatchError
 from jitop.driver import printed_dim
 from jitop.graph.capture import LiveArray
-from jitop.graph.compile import Prepared, build, constant_array, constant_nodes
+from jitop.graph.compile import Prepared, build, kernel_constants
 from jitop.graph.ir import toposort
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.executable import Executable, Plan
@@ -257,8 +257,7 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
             raise _OtherEntry("key")
         if head["signature"] != expected:
             raise _OtherEntry("signature")
-        exe = Executable.from_bytes(body, constants=[constant_array(n) for n in constant_nodes(prep.unique)],
-                                    expect=built_for_this)
+        exe = Executable.from_bytes(body, constants=kernel_constants(prep), expect=built_for_this)
     except _OtherEntry as other:  # a valid entry, copied or moved under this key: never called
         _remove(st, key)
         return None, f"the stored entry was built for another {other} and was removed"
@@ -322,7 +321,7 @@ def signature(prep: Prepared) -> list:
     inputs = [_input(kind, what, n.shape, n.dtype.np) for (kind, what), n in zip(prep.input_plan, prep.inputs)]
     if len(prep.input_plan) != len(prep.inputs):
         inputs.append(["unpaired", len(prep.input_plan), len(prep.inputs)])
-    inputs += [_input("const", None, n.shape, n.dtype.np) for n in constant_nodes(prep.unique)]
+    inputs += [_input("const", None, c.shape, c.dtype) for c in kernel_constants(prep)]
     outputs = [[_shape(n.shape), np.dtype(n.dtype.np).str] for n in prep.unique]
     index = {n: k for k, n in enumerate(prep.unique)}
     return [inputs, outputs, [index[o] for o in prep.outputs]]

@@ -64,6 +64,7 @@ class ToTE:
         self.materialized, self.target, self.choices = materialized, target, choices
         self.st = Stages()
         self.names: dict[str, int] = {}
+        self.packed: dict[Node, list[te.Tensor]] = {}  # templated node -> its prepacked weights (inputs)
 
     def _vector(self, n: Node) -> int:
         """Lanes of one vector register of the Target for n's dtype."""
@@ -175,7 +176,7 @@ class ToTE:
         task, choice = self.choices[n]
         template = registry.get(task.template)
         stages = template.compute(task.workload, choice.config, self.target, readers, name=self._name(task.template),
-                                  binding=tasks.binding(n) or None)
+                                  binding=tasks.binding(n) or None, packed=self.packed.get(n, ()))
         out = stages.out
         self.st.kind[out] = task.template
         size = len(template.config_space(task.workload, self.target))
