@@ -490,6 +490,23 @@ op("Softmax", attrs=("axis",))(_softmax_converter(log=False))
 op("LogSoftmax", attrs=("axis",))(_softmax_converter(log=True))
 
 
+@op("LRN", attrs=("alpha", "beta", "bias", "size"))
+def lrn(n: Op, x: Any) -> Any:
+    """Local response normalization across channels: x / (bias + alpha / size * sum of x^2 over a window of
+    `size` channels around each)^beta, the window cut at the edges."""
+    size = n.attr("size")
+    shape = _shape(x)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = x * x
+    zeros = np.zeros_like(sq[:, :1])
+    padded = np.concatenate([zeros] * before + [sq] + [zeros] * after, axis=1)
+    total = padded[:, :shape[1]]
+    for k in range(1, size):
+        total = total + padded[:, k:k + shape[1]]
+    alpha, beta, bias = n.attr("alpha", 0.0001), n.attr("beta", 0.75), n.attr("bias", 1.0)
+    return x / np.power(total * (alpha / size) + bias, np.asarray(beta, x.dtype))
+
+
 @op("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def layer_norm(n: Op, x: Any, scale: Any, bias: Any = None) -> Any:
     rank = len(_shape(x))

@@ -824,3 +824,19 @@ def test_zero_batch():
              node("Gemm", ["x", "g"], "gemm"),
              node("ReduceSum", ["x", "ax"], "sum"), node("MatMul", ["x", "g"], "mm")]
     check(make_model(nodes, {"x": rows}, ["sm", "ln", "gemm", "sum", "mm"], consts, opset=17), {"x": rows})
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_lrn(size):
+    """LocalResponseNormalization (AlexNet, Inception v1): even and odd windows, cut at the channel edges.
+    Bound: a sum of up to 5 squares (5 roundings, relative), raised to 0.75 (scales it by 0.75, plus pow's own
+    few ulp), one division: within 12 ulp."""
+    x = data((2, 7, 3, 4), F32)
+    model = make_model([node("LRN", ["x"], "y", size=size, alpha=0.02, beta=0.75, bias=1.5)], {"x": x}, ["y"])
+    # the spec, in float64 (onnx's reference loops its window over the batch axis instead of the channels)
+    x64, square_sum = x.astype(np.float64), np.zeros(x.shape)
+    for c in range(x.shape[1]):
+        lo, hi = max(0, c - (size - 1) // 2), min(x.shape[1], c + size // 2 + 1)
+        square_sum[:, c] = (x64[:, lo:hi] ** 2).sum(axis=1)
+    want = (x64 / (1.5 + 0.02 / size * square_sum) ** 0.75).astype(np.float32)
+    check(model, {"x": x}, ulp(12), want=[want])
