@@ -82,7 +82,8 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # operands: a producer the template would re-evaluate per panel is computed once unless free to recompute
     operand_decisions = fuse_operands(why, operand_reads(choices, target))
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
-    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique, prep.packed)
+    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique, prep.packed,
+                  read_constants(prep))
     st = graph.lowering.st
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
     index = schedule_rules.GraphIndex(unique)  # readers and order, shared by the two rules below
@@ -122,9 +123,20 @@ def constant_array(n: Node) -> np.ndarray:
 
 
 def kernel_constants(prep: Prepared) -> list[np.ndarray]:
-    """The arrays a call passes after its arguments: the graph's constants, then the prepacked weights."""
-    return [constant_array(n) for n in constant_nodes(prep.unique)] + \
-        [a for arrays in prep.packed.values() for a in arrays]
+    """The arrays a call passes after its arguments: the constants the kernel reads, then the prepacked
+    weights."""
+    return [constant_array(n) for n in read_constants(prep)] + [a for arrays in prep.packed.values() for a in arrays]
+
+
+def read_constants(prep: Prepared) -> list[Node]:
+    """The graph's array constants the kernel reads, in argument order: a weight read only through its
+    prepacked copies is left out (the kernel and a saved executable carry it once, packed)."""
+    packed_only = {n.src[1] for n in prep.packed}
+    for n in toposort(prep.unique):
+        for k, s in enumerate(n.src):
+            if s in packed_only and not (k == 1 and n in prep.packed):
+                packed_only.discard(s)
+    return [n for n in constant_nodes(prep.unique) if n not in packed_only]
 
 
 def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dict[Node, list[np.ndarray]]:
@@ -192,11 +204,12 @@ class TEGraph:
 
 def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]], inputs: list[Node],
           input_names: list[str], input_plan: list[tuple[str, Any]], unique: list[Node],
-          packed: dict[Node, list[np.ndarray]] | None = None) -> TEGraph:
-    """Placeholders for the arguments, array constants and prepacked weights; tensors for the outputs."""
+          packed: dict[Node, list[np.ndarray]] | None = None, constants: list[Node] | None = None) -> TEGraph:
+    """Placeholders for the arguments, array constants (`constants`, default: all of them) and prepacked
+    weights; tensors for the outputs."""
     lowering = ToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
-    for n in constant_nodes(unique):  # array constants are arguments too, passed from the plan
+    for n in constant_nodes(unique) if constants is None else constants:  # passed from the plan
         placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
         input_plan = input_plan + [("const", constant_array(n))]
     for n, arrays in (packed or {}).items():  # in kernel_constants' order

@@ -1,8 +1,10 @@
 """A compiled model in one file (`jitop compile model.onnx -o model.jitop`): no onnx package, no pickle.
 
-Layout: MAGIC, format version, sha256 of the rest; then a JSON manifest (the model's name, inputs and
-outputs, and the byte ranges of its executables), then the executables' blobs (jitop.runtime.executable's
-format: object code, plan, weights as .npy, each checksummed and checked for this CPU before it is linked).
+Layout: MAGIC, format version, sha256 of the manifest, its length; then a JSON manifest (the model's name,
+inputs and outputs, the byte ranges of its executables and of its constant outputs with their sha256), then
+the blobs: executables in jitop.runtime.executable's format (object code, plan, weights as .npy; each carries
+its own checksum and is checked for this CPU before it is linked, so the file's bytes are hashed once) and
+constant outputs as .npy.
 An executable serves the shapes it was compiled for (a symbolic one: every size its guards allow).
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from jitop.runtime.executable import Executable
 
 MAGIC = b"JITOPMDL"
 VERSION = 1
-_HEADER = struct.Struct("<8sI32sQ")  # magic, version, sha256(manifest + blobs), manifest length
+_HEADER = struct.Struct("<8sI32sQ")  # magic, version, sha256(manifest), manifest length
 
 
 def dumps(name: str, inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo],
@@ -38,10 +40,10 @@ def dumps(name: str, inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo],
         offset += len(b)
     manifest = json.dumps({"name": name, "inputs": [_info_json(v) for v in inputs],
                            "outputs": [_info_json(v) for v in outputs], "executables": ranges[:len(executables)],
-                           "constants": [[k, *r] for k, r in zip(sorted(constants), ranges[len(executables):])]}
+                           "constants": [[k, *r, hashlib.sha256(b).hexdigest()] for k, r, b in
+                                         zip(sorted(constants), ranges[len(executables):], blobs[len(executables):])]}
                           ).encode()
-    body = manifest + b"".join(blobs)
-    return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest(), len(manifest)) + body
+    return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(manifest).digest(), len(manifest)) + manifest + b"".join(blobs)
 
 
 def is_compiled(data: bytes) -> bool:
@@ -49,8 +51,8 @@ def is_compiled(data: bytes) -> bool:
 
 
 def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Executable], dict[int, np.ndarray]]:
-    """(name, inputs, outputs, executables, constant outputs) of a file written by `dumps`; ValueError if it is damaged or from
-    another version, jitop.TargetMismatchError if it was compiled for a CPU this machine is not."""
+    """(name, inputs, outputs, executables, constant outputs) of a file written by `dumps`; ValueError if it
+    is damaged or from another version, jitop.TargetMismatchError if it was compiled for a CPU this machine is not."""
     if len(data) < _HEADER.size:
         raise ValueError("not a compiled jitop model (too short)")
     magic, version, digest, n = _HEADER.unpack_from(data)
@@ -60,17 +62,17 @@ def loads(data: bytes) -> tuple[str, list[ValueInfo], list[ValueInfo], list[Exec
         raise ValueError(f"compiled jitop model format {version}; this jitop reads format {VERSION}: compile "
                          "the .onnx model again")
     body = memoryview(data)[_HEADER.size:]
-    if hashlib.sha256(body).digest() != digest:
-        raise ValueError("compiled jitop model is damaged (checksum mismatch)")
+    if hashlib.sha256(body[:n]).digest() != digest:
+        raise ValueError("compiled jitop model is damaged (manifest checksum mismatch)")
     try:
         manifest = json.loads(bytes(body[:n]))
         inputs = [_info(v) for v in manifest["inputs"]]
         outputs = [_info(v) for v in manifest["outputs"]]
         ranges = [(int(a), int(b)) for a, b in manifest["executables"]]
-        const_ranges = [(int(k), int(a), int(b)) for k, a, b in manifest.get("constants", [])]
+        const_ranges = [(int(k), int(a), int(b), str(h)) for k, a, b, h in manifest["constants"]]
         name = str(manifest["name"])
         blobs = body[n:]
-        constants = {k: np.load(io.BytesIO(bytes(blobs[a:a + b])), allow_pickle=False) for k, a, b in const_ranges}
+        constants = {k: _constant(bytes(blobs[a:a + b]), h) for k, a, b, h in const_ranges}
     except (KeyError, TypeError, ValueError, OSError) as err:
         raise ValueError(f"compiled jitop model has a malformed manifest ({type(err).__name__}: {err})") from None
     exes = [Executable.from_bytes(bytes(blobs[a:a + b])) for a, b in ranges]
@@ -90,6 +92,12 @@ def runner(executables: Sequence[Executable], inputs: Sequence[ValueInfo],
         raise ValueError(f"this compiled model was not compiled for these input shapes ({shapes}); compile "
                          "the .onnx model for them (jitop compile --shape NAME=D0,D1,...)")
     return run
+
+
+def _constant(blob: bytes, digest: str) -> np.ndarray:
+    if hashlib.sha256(blob).hexdigest() != digest:
+        raise ValueError("constant output damaged (checksum mismatch)")
+    return np.load(io.BytesIO(blob), allow_pickle=False)
 
 
 def _npy(a: np.ndarray) -> bytes:

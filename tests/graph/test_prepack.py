@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jitop
-from jitop.graph.compile import prepare
+from jitop.graph.compile import kernel_constants, prepare
 from jitop.ops.conv import _reference as conv_reference
 
 EPS = np.finfo(np.float32).eps
@@ -105,6 +105,28 @@ def test_prepare_packs_each_constant_weight_once():
     assert conv[1:4] == (3, 3, 16) and conv[0] * conv[4] == 32
     mm = [s for s in shapes if len(s) == 3][0]
     assert mm[1] == 24 and mm[0] * mm[2] >= 19
+    # the kernel carries each weight once, packed: the original arrays are not arguments
+    assert sorted(c.shape for c in kernel_constants(prep)) == shapes
+
+
+def test_a_weight_also_read_elsewhere_stays_an_argument():
+    rng = _rng()
+    p = Weights(w=rng.standard_normal((32, 16, 3, 3)).astype(np.float32))
+
+    @jitop.kernel
+    def f(x):
+        return jitop.conv2d(x, p.w, padding=1), x[0, 0, 0, 0] * p.w
+
+    x = rng.standard_normal((1, 16, 28, 28)).astype(np.float32)
+    tr = f.trace([x])
+    prep = prepare("f", tr.inputs, tr.names, tr.plan, tr.results)
+    assert (32, 16, 3, 3) in [c.shape for c in kernel_constants(prep)]
+    ref = conv_reference(x.astype(np.float64), p.w.astype(np.float64), ((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW"))
+    conv, scaled = f(x)
+    bound = 2 * 16 * 9 * EPS * np.abs(conv_reference(np.abs(x).astype(np.float64), np.abs(p.w).astype(np.float64),
+                                                     ((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW"))) + 1e-30
+    assert np.all(np.abs(conv - ref) <= bound)
+    assert np.array_equal(scaled, x[0, 0, 0, 0] * p.w)  # one rounding, as numpy
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 2048, 1100), (3, 70, 37), (64, 129, 67)])
