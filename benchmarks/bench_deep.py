@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -40,7 +39,7 @@ from test_deep_programs import (TRACED, chain, mlp_params, residual_mlp, resnet5
                                 resnet50_convs, resnet50_params)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import cpu_name, table  # noqa: E402
+from common import cpu_name, lscpu_model, table  # noqa: E402
 
 _llvm_seconds = 0.0
 _compile_ir = jitop.driver.compile_ir
@@ -70,14 +69,6 @@ jitop.driver.compile_ir = _timed_compile_ir
 _compile_module = sys.modules["jitop.graph.compile"]
 _compile_module.lower = _timed("lower", _compile_module.lower)
 _compile_module.compile_func = _timed("codegen", _compile_module.compile_func)
-
-
-def lscpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        return cpu_name()
 
 
 def compile_phases(fn, args: list) -> dict[str, float]:

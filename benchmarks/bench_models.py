@@ -63,13 +63,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import gc
 import io
 import math
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -87,7 +85,7 @@ import numpy as np  # noqa: E402
 import jitop  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import CORETYPES, Im2colConv2d, numpy_label, run_with_coretype, table  # noqa: E402
+from common import CORETYPES, Im2colConv2d, median_time, numpy_label, run_with_coretype, table  # noqa: E402
 
 N_HEAD = 12
 
@@ -477,23 +475,6 @@ MODELS = {
 
 # ** measuring **
 
-def median_time(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """(median, best) seconds of `repeat` single calls after one warm-up call, the garbage collector off."""
-    call()
-    times = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return statistics.median(times), min(times)
-
-
 def numpy_times(key: str, repeat: int) -> tuple[float, float]:
     """(median, best) seconds of the numpy model in this process (run by the subprocesses)."""
     model = MODELS[key]
@@ -858,7 +839,7 @@ def main() -> None:
     args = p.parse_args()
     repeat = args.repeat or (5 if args.quick else 20)
 
-    from bench_ops import BUSY_LIMIT, BUSY_WARNING, busy_text, strict_ops
+    from bench_ops import BUSY_LIMIT, BUSY_WARNING, busy_text, print_end_of_run, strict_ops
     from common import busy_cores, machine, versions
     from jitop import config
     strict_ops()  # jitop's operators raise instead of running as numpy
@@ -900,11 +881,7 @@ def main() -> None:
                                      "torch.compile / jitop", "onnxruntime / jitop", "jitop max abs err",
                                      "jitop err / max abs numpy"],
                                     summaries) + "\n")
-    busy = busy_cores()
-    print(f"Total {time.perf_counter() - start:.0f} s; 1-min load average at end {os.getloadavg()[0]:.2f}; "
-          f"{busy_text(busy)} at end")
-    if busy is not None and busy > BUSY_LIMIT:
-        print("\n" + BUSY_WARNING)
+    print_end_of_run(start)
     if wrong:
         raise SystemExit(f"jitop failed or gave a wrong result on: {', '.join(wrong)} (see the rows above)")
 

@@ -45,12 +45,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import gc
+import contextlib
 import json
 import os
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,7 @@ THREADS = int(os.environ["JITOP_NUM_THREADS"])
 import numpy as np  # noqa: E402
 
 import onnx_models as om  # noqa: E402
+from common import lscpu_model, median_time  # noqa: E402
 
 TOL = 1e-3
 DEFAULT_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "jitop-bench-onnx"
@@ -114,23 +114,6 @@ def child_first_run(impl: str, model: str, batch: int, path: str, env: dict[str,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def median_time(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """(median, best) seconds of `repeat` single calls after one warm-up call, the garbage collector off."""
-    call()
-    times = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return statistics.median(times), min(times)
-
-
 def rel_err(y: Any, ref: np.ndarray) -> float:
     y = np.asarray(y)
     if y.shape != ref.shape:
@@ -162,15 +145,6 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
 
-def lscpu_model() -> str:
-    from common import cpu_name
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        return cpu_name()
-
-
 def jitop_onnx() -> tuple[Any, str]:
     """(the jitop.onnx module, "") or (None, why not)."""
     try:
@@ -193,18 +167,25 @@ def fresh_cache_dir(tuned: list[tuple[str, bytes]]) -> str:
     atexit.register(shutil.rmtree, directory, True)
     if tuned:
         from jitop import cachedir
-        old = os.environ.get("JITOP_CACHE_DIR")
-        os.environ["JITOP_CACHE_DIR"] = directory
-        try:
+        with cache_dir(directory):
             store = cachedir.store()
             for key, value in tuned:
                 store.put(key, value)
-        finally:
-            if old is None:
-                os.environ.pop("JITOP_CACHE_DIR", None)
-            else:
-                os.environ["JITOP_CACHE_DIR"] = old
     return directory
+
+
+@contextlib.contextmanager
+def cache_dir(directory: str) -> Any:
+    """JITOP_CACHE_DIR set to `directory` inside the block, restored after."""
+    old = os.environ.get("JITOP_CACHE_DIR")
+    os.environ["JITOP_CACHE_DIR"] = directory
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JITOP_CACHE_DIR", None)
+        else:
+            os.environ["JITOP_CACHE_DIR"] = old
 
 
 def ort_session(path: str) -> Any:
@@ -268,30 +249,24 @@ def run_one(name: str, batch: int, path: str, repeat: int, torch: Any, jo: Any,
     except Exception as e:  # noqa: BLE001
         j_row.failed = f"child process: {reason(e)}"
         return rows
-    old = os.environ.get("JITOP_CACHE_DIR")
-    os.environ["JITOP_CACHE_DIR"] = cache
     try:
-        m = jo.load(path, shapes={k: v.shape for k, v in feed.items()})
-        args = list(feed.values())
-        y = first_output(m(*args))
-        by_name = first_output(m(**feed))
-        listed = m.run(None, feed)
-        if not isinstance(listed, list) or not np.array_equal(np.asarray(listed[0]), y) \
-                or not np.array_equal(by_name, y):
-            j_row.notes.append("m(**feed) / m.run(None, feed) differ from m(*inputs)")
-        j_row.err = rel_err(y, ref) if ref is not None else None
-        if j_row.err is not None and not j_row.err <= TOL:
-            j_row.failed = f"WRONG: max rel err {j_row.err:.2e} > {TOL:g}"
-        else:
-            j_row.median, j_row.best = median_time(lambda: m(*args), repeat)
-        del m
+        with cache_dir(cache):
+            m = jo.load(path, shapes={k: v.shape for k, v in feed.items()})
+            args = list(feed.values())
+            y = first_output(m(*args))
+            by_name = first_output(m(**feed))
+            listed = m.run(None, feed)
+            if not isinstance(listed, list) or not np.array_equal(np.asarray(listed[0]), y) \
+                    or not np.array_equal(by_name, y):
+                j_row.notes.append("m(**feed) / m.run(None, feed) differ from m(*inputs)")
+            j_row.err = rel_err(y, ref) if ref is not None else None
+            if j_row.err is not None and not j_row.err <= TOL:
+                j_row.failed = f"WRONG: max rel err {j_row.err:.2e} > {TOL:g}"
+            else:
+                j_row.median, j_row.best = median_time(lambda: m(*args), repeat)
+            del m
     except Exception as e:  # noqa: BLE001
         j_row.failed = reason(e)
-    finally:
-        if old is None:
-            os.environ.pop("JITOP_CACHE_DIR", None)
-        else:
-            os.environ["JITOP_CACHE_DIR"] = old
     return rows
 
 
@@ -342,7 +317,7 @@ def main() -> None:
         log_only(names, batches, args.model_dir, args.fixed)
         return
 
-    from bench_ops import BUSY_LIMIT, BUSY_WARNING, busy_text
+    from bench_ops import BUSY_LIMIT, BUSY_WARNING, busy_text, print_end_of_run
     from common import busy_cores, machine, peak_gflops, table, versions
     try:
         import torch
@@ -415,11 +390,7 @@ def main() -> None:
     print("### Summary\n\n" + table(["model", "batch", "onnxruntime ms", "torch ms", "jitop ms",
                                      "jitop speed / ort", "jitop speed / torch", "ort first run s",
                                      "jitop first run s, cold", "jitop warm", "jitop rel err"], summary) + "\n")
-    busy = busy_cores()
-    print(f"Total {time.perf_counter() - start:.0f} s; 1-min load average at end {os.getloadavg()[0]:.2f}; "
-          f"{busy_text(busy)} at end")
-    if busy is not None and busy > BUSY_LIMIT:
-        print("\n" + BUSY_WARNING)
+    print_end_of_run(start)
     if bad:
         raise SystemExit(f"jitop.onnx failed or gave a wrong result on: {'; '.join(bad)}")
 

@@ -325,6 +325,15 @@ def busy_text(busy: float | None) -> str:
     return "CPU use of other processes unknown" if busy is None else f"other processes busy {busy:.2f} cores"
 
 
+def print_end_of_run(start: float) -> None:
+    """The run's total time and the machine's load at its end (flagged when other processes used the CPU)."""
+    busy = busy_cores()
+    print(f"Total {time.perf_counter() - start:.0f} s; 1-min load average at end {os.getloadavg()[0]:.2f}; "
+          f"{busy_text(busy)} at end")
+    if busy is not None and busy > BUSY_LIMIT:
+        print("\n" + BUSY_WARNING)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes only (smoke test, not for the targets)")
@@ -357,11 +366,7 @@ def main() -> None:
         print(section_conv2d(layers, peak) + "\n", flush=True)
     if "norm" in args.sections:
         print(section_norm(NORM_SHAPE_QUICK if args.quick else NORM_SHAPE) + "\n", flush=True)
-    total = time.perf_counter() - start
-    busy = busy_cores()
-    print(f"Total {total:.0f} s; 1-min load average at end {os.getloadavg()[0]:.2f}; {busy_text(busy)} at end")
-    if busy is not None and busy > BUSY_LIMIT:
-        print("\n" + BUSY_WARNING)
+    print_end_of_run(start)
 
 
 if __name__ == "__main__":

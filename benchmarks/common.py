@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +42,32 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
+
+
+def lscpu_model() -> str:
+    """The CPU's model name as lscpu prints it (else cpu_name())."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration, subprocess.SubprocessError):
+        return cpu_name()
+
+
+def median_time(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(median, best) seconds of `repeat` single calls after one warm-up call, the garbage collector off."""
+    call()
+    times = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(times), min(times)
 
 
 def machine() -> str:
