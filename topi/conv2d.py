@@ -413,15 +413,15 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         stage.vectorize(oci)
     s[cache].compute_at(stage, owo)
     _schedule_tile(s[cache], wl, cfg)
-    inputs = isinstance(packed.op, PlaceholderOp)  # prepacked: nothing to schedule
+    prepacked = isinstance(packed.op, PlaceholderOp)  # an input of the kernel: nothing to schedule
     if cfg.pack_per_panel and cfg.oc_outer:
         outer = _parallel_loop(stage, (n, oco), target.threads)
-        if not inputs:
+        if not prepacked:
             s[packed].compute_at(stage, outer)
             _schedule_pack(s, packed, parallel=False)
     else:
         outer = _parallel_loop(stage, rows, target.threads)
-        if not inputs:
+        if not prepacked:
             _schedule_pack(s, packed, parallel=True)
     stage.parallel(outer)
     ps = s[padded]

@@ -82,8 +82,7 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # operands: a producer the template would re-evaluate per panel is computed once unless free to recompute
     operand_decisions = fuse_operands(why, operand_reads(choices, target))
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
-    graph = to_te(why, target, choices, prep.inputs, prep.input_names, prep.input_plan, unique, prep.packed,
-                  read_constants(prep))
+    graph = to_te(prep)
     st = graph.lowering.st
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
     index = schedule_rules.GraphIndex(unique)  # readers and order, shared by the two rules below
@@ -202,27 +201,24 @@ class TEGraph:
     input_plan: list[tuple[str, Any]]
 
 
-def to_te(why: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]], inputs: list[Node],
-          input_names: list[str], input_plan: list[tuple[str, Any]], unique: list[Node],
-          packed: dict[Node, list[np.ndarray]] | None = None, constants: list[Node] | None = None) -> TEGraph:
-    """Placeholders for the arguments, array constants (`constants`, default: all of them) and prepacked
-    weights; tensors for the outputs."""
-    lowering = ToTE(why, target, choices)
-    placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
-    for n in constant_nodes(unique) if constants is None else constants:  # passed from the plan
+def to_te(prep: Prepared) -> TEGraph:
+    """Placeholders for the arguments, then the constants in `kernel_constants`' order (those the kernel reads,
+    the prepacked weights); tensors for the outputs."""
+    lowering = ToTE(prep.why, prep.target, prep.choices)
+    placeholders = [lowering.placeholder(n, nm) for n, nm in zip(prep.inputs, prep.input_names)]
+    for n in read_constants(prep):
         placeholders.append(lowering.placeholder(n, f"const{len(placeholders)}"))
-        input_plan = input_plan + [("const", constant_array(n))]
-    for n, arrays in (packed or {}).items():  # in kernel_constants' order
+    for n, arrays in prep.packed.items():
         lowering.packed[n] = [te.placeholder(a.shape, dtypes.as_dtype(a.dtype), f"packed{len(placeholders) + k}")
                               for k, a in enumerate(arrays)]
         placeholders.extend(lowering.packed[n])
-        input_plan = input_plan + [("const", a) for a in arrays]
+    input_plan = prep.input_plan + [("const", c) for c in kernel_constants(prep)]  # passed from the plan
     # producers first: each stage's inputs already have their tensors, so building one never recurses into
     # the stages before it (a deep program would exhaust Python's stack)
-    for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):
-        if n in why:
+    for n in toposort(prep.unique, skip=lambda n: n in lowering.st.placeholders):
+        if n in prep.why:
             lowering.tensor(n)
-    outputs = [lowering.tensor(n) for n in unique]
+    outputs = [lowering.tensor(n) for n in prep.unique]
     return TEGraph(lowering, placeholders, outputs, input_plan)
 
 
