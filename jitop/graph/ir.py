@@ -6,6 +6,7 @@ equal dims are one object; hints (this call's sizes) are never stored in nodes.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import weakref
@@ -14,6 +15,28 @@ from typing import Any, Callable, Iterable
 from jitop.dtypes import DType
 from jitop.graph.shapes import Dim, as_dim
 from jitop.te.expr import Expr
+
+
+class ConstData(bytes):
+    """The bytes of an array constant (a frozen copy). Node interning hashes a sample of them (Python's hash of
+    100 MB of weights is a pass over them, and a repeated constant still compares in full), and the cache key
+    their sha256, computed once per constant.
+
+    >>> a, b = ConstData(bytes(1000)), ConstData(bytes(1000))
+    >>> hash(a) == hash(b) and a == b and a.digest == b.digest
+    True
+    """
+
+    SAMPLE = 256  # bytes of the content the hash reads, spread evenly over it
+
+    def __hash__(self) -> int:
+        step = max(1, len(self) // self.SAMPLE)
+        return hash((len(self), bytes(self[::step]), bytes(self[-8:])))
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 of the bytes, as hex."""
+        return hashlib.sha256(self).hexdigest()
 
 
 class Node:
@@ -79,7 +102,12 @@ def _content_key(n: Node) -> str:
 
 
 def _stable(params: tuple) -> str:
-    return repr(tuple((k, v.hex() if isinstance(v, bytes) else v) for k, v in params))
+    return repr(tuple((k, data_key(v) if isinstance(v, bytes) else v) for k, v in params))
+
+
+def data_key(v: bytes | bytearray) -> str:
+    """What a key holds for constant bytes: their sha256 (a ConstData's, computed once)."""
+    return "sha256:" + (v.digest if isinstance(v, ConstData) else hashlib.sha256(v).hexdigest())
 
 
 def _exact(v: Any) -> Any:

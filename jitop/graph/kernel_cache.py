@@ -38,7 +38,7 @@ from jitop.errors import TargetMismatchError
 from jitop.driver import printed_dim
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, build, kernel_constants
-from jitop.graph.ir import toposort
+from jitop.graph.ir import data_key, toposort
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.executable import Executable, Plan
 from jitop.te.expr import Expr
@@ -81,7 +81,7 @@ def graph_key(prep: Prepared) -> str | None:
             if isinstance(v, LiveArray):
                 v, live = f"live#{live}", live + 1
             elif isinstance(v, (bytes, bytearray)):
-                v = "sha256:" + hashlib.sha256(v).hexdigest()
+                v = data_key(v)
             else:
                 v = repr(v)
                 if " at 0x" in v or " object at " in v:

@@ -18,7 +18,7 @@ import numpy as np
 from jitop import dtypes
 from jitop.errors import TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
 from jitop.graph import shapes
-from jitop.graph.ir import Node, node
+from jitop.graph.ir import ConstData, Node, node
 from jitop.graph.shapes import ShapeEnv, SymInt
 
 
@@ -57,8 +57,7 @@ def array_const(a: np.ndarray) -> Node:
         raise Unsupported(f"an array of dtype {a.dtype}")
     if a.ndim == 0:
         return scalar_const(a.item(), a.dtype)
-    data = np.ascontiguousarray(a)
-    return node("array_const", data.shape, dtypes.as_dtype(a.dtype), data=data.tobytes())
+    return node("array_const", a.shape, dtypes.as_dtype(a.dtype), data=ConstData(np.ascontiguousarray(a)))
 
 
 def weak_proxy(n: Node) -> Any:

@@ -77,3 +77,19 @@ def test_key_matches_the_definition_and_is_structural():
     assert y.key == _reference_key(y)
     assert ir.node("add", (3,), F32, (a, b)).key != ir.node("add", (3,), F32, (b, a)).key
     assert ir.node("arg", (3,), F32, index=1).key != a.key
+
+
+def test_array_constants_intern_by_content_even_where_the_hash_sample_agrees():
+    """ConstData hashes a sample of its bytes: constants that differ only between the sampled bytes hash
+    alike but are still two nodes with two keys, and equal bytes are one node."""
+    import numpy as np
+    from jitop.graph.tracer import array_const
+
+    a = np.zeros(100_000, np.float32)
+    b = a.copy()
+    b[1] = 1.0  # byte 4..7: between the sampled bytes (every len // 256-th)
+    assert hash(ir.ConstData(a.tobytes())) == hash(ir.ConstData(b.tobytes()))
+    na, nb = array_const(a), array_const(b)
+    assert na is not nb and na.key != nb.key
+    assert array_const(a.copy()) is na
+    assert na.param("data").digest == hashlib.sha256(a.tobytes()).hexdigest()
