@@ -40,6 +40,7 @@ from jitop.tuner.space import Config, ConfigSpace
 Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
 MAX_MR = 16  # widest register tile along the output row
 GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up to 12 whatever the width
+MAX_DEPTHWISE_VECTORS = 4  # the depthwise algorithm's register tile: up to 4 vectors of one output row
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class Conv2dWorkload:
     @property
     def ocg(self) -> int:
         return self.oc // self.groups
+
+    @property
+    def depthwise(self) -> bool:
+        """Each output channel reads one input channel: a kind of its own (a tuned config transfers only
+        between depthwise convolutions, or only between the others)."""
+        return self.groups > 1 and self.icg == 1
 
     @property
     def oh(self) -> Size:
@@ -143,7 +150,8 @@ class Conv2dConfig:
     ic_unroll: int = 4          # input channels per unrolled reduction step
     oc_outer: bool = True       # channel panels outside output rows (a weight panel stays in cache)
     pack_per_panel: bool = False  # pack each weight panel inside the parallel loop, not all up front
-    algorithm: str = "direct"   # "gemm": weights as A of a matmul with the im2col'd input as packed B
+    algorithm: str = "direct"   # "gemm": weights as A of a matmul with the im2col'd input as packed B;
+    #                             "depthwise": one input channel per output channel, vectors along the row
     channels_outer: bool = False  # reduction order: input-channel blocks outside the kernel taps
 
     @staticmethod
@@ -170,14 +178,16 @@ def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
     "rows_outer" puts the pixel panels outermost (matmul's panel_outer), pack "panel" packs each panel
     inside the parallel loop. The reduction knob has no effect there.
 
-    With a symbolic width, tile_ow is (-1, r) for r up to MAX_MR: valid at every width (the tail is split
-    off)."""
+    With a symbolic width, tile_ow is (-1, r) for r up to MAX_MR (depthwise: MAX_DEPTHWISE_VECTORS vectors):
+    valid at every width (the tail is split off)."""
     lanes = target.lanes(wl.itemsize)
     space = ConfigSpace()
     if is_sym(wl.w):
-        space.define_split("tile_ow", wl.w, candidates=[(-1, r) for r in range(1, MAX_MR + 1)])
+        widest = max(MAX_MR, MAX_DEPTHWISE_VECTORS * lanes if depthwise_applies(wl) else 0)
+        space.define_split("tile_ow", wl.w, candidates=[(-1, r) for r in range(1, widest + 1)])
     else:
-        rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0)
+        rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0,
+                   min(wl.ow, MAX_DEPTHWISE_VECTORS * lanes) if depthwise_applies(wl) else 0)
         space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, rows + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
@@ -186,13 +196,19 @@ def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
     space.define_knob("order", ["oc_outer", "rows_outer"])
     space.define_knob("pack", ["root", "panel"])
     space.define_knob("reduction", ["taps_outer", "channels_outer"])
-    space.define_knob("algorithm", ["direct", "gemm"] if gemm_applies(wl) else ["direct"])
+    space.define_knob("algorithm", ["direct"] + ["gemm"] * gemm_applies(wl) + ["depthwise"] * depthwise_applies(wl))
     return space
 
 
 def gemm_applies(wl: Conv2dWorkload) -> bool:
     """The gemm formulation reads OIHW weights as matmul rows and writes NCHW output rows: one group."""
     return wl.layout == "NCHW" and wl.groups == 1
+
+
+def depthwise_applies(wl: Conv2dWorkload) -> bool:
+    """Each output channel reads one input channel (MobileNet's 3x3 convolutions), in NCHW: the rows of a
+    channel plane are the vectors."""
+    return wl.layout == "NCHW" and wl.depthwise
 
 
 def default_config(wl: Conv2dWorkload, target: Target) -> Config:
@@ -259,8 +275,20 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     # ran at 20-99 GFLOP/s where gemm (vectors along the output pixels) ran 1.5-8x faster (AVX-512)
     ragged = wl.oc % bn != 0
     algorithm = "gemm" if gemm_applies(wl) and (pointwise or ragged or wl.oc > 2 * wl.oh * wl.ow) else "direct"
+    if depthwise_applies(wl):
+        # memory bound: read the input once, in place, instead of copying it padded and channels-last first
+        # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512)
+        return Conv2dConfig(mr=_depthwise_width(wl.ow, lanes), bn=bn, ic_unroll=1, algorithm="depthwise")
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
                         pack_per_panel=panels >= 4 * target.threads and wl.n == 1, algorithm=algorithm)
+
+
+def _depthwise_width(ow: int, lanes: int) -> int:
+    """The depthwise tile's output columns: the whole row when it is at most MAX_DEPTHWISE_VECTORS vectors,
+    else the width in whole vectors (up to that many) that leaves the fewest masked lanes."""
+    if ow <= MAX_DEPTHWISE_VECTORS * lanes:
+        return ow
+    return min(range(lanes, MAX_DEPTHWISE_VECTORS * lanes + 1, lanes), key=lambda w: (-ow % w, -w))
 
 
 def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
@@ -286,9 +314,9 @@ def compute(wl: Conv2dWorkload, config: Config, target: Target, readers: tuple[R
 
 def prepack(wl: Conv2dWorkload, config: Config, target: Target, weight: np.ndarray) -> list[np.ndarray]:
     """The direct algorithm's packed weights, [panels, kh, kw, icg, bn] (zero past oc), from constant OIHW
-    weights ([] for the gemm algorithm, which reads them in place)."""
+    weights ([] for the gemm and depthwise algorithms, which read them in place)."""
     cfg = Conv2dConfig.from_config(config)
-    if cfg.algorithm == "gemm":
+    if cfg.algorithm in ("gemm", "depthwise"):
         return []
     bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
     w = np.zeros((panels * bn,) + weight.shape[1:], weight.dtype)
@@ -299,7 +327,9 @@ def prepack(wl: Conv2dWorkload, config: Config, target: Target, weight: np.ndarr
 def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, config: Config, target: Target,
              epilogue: te.Tensor | None = None) -> None:
     """Apply `config` to the stages from `compute` (see `schedule_direct`)."""
-    if isinstance(t, GemmConv):
+    if isinstance(t, DepthwiseConv):
+        schedule_depthwise(s, t, wl, Conv2dConfig.from_config(config), target, epilogue)
+    elif isinstance(t, GemmConv):
         if epilogue is not None:
             s[t.out].compute_inline()
         topi_matmul.schedule_tile(s, t.mm, t.cfg, target, epilogue=epilogue if epilogue is not None else t.out)
@@ -326,6 +356,8 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
     """The convolution's stages for a typed config (`prepacked`: the packed weights as an input)."""
     if cfg.algorithm == "gemm":
         return _conv2d_gemm(read_input, read_weight, wl, dtype, cfg, target, name)
+    if cfg.algorithm == "depthwise":
+        return _conv2d_depthwise(read_input, read_weight, wl, dtype, name)
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     hp, wp = (_simplified((wl.oh - 1) * sh + (wl.kh - 1) * dh + 1),
               _simplified((wl.ow - 1) * sw + (wl.kw - 1) * dw + 1))
@@ -486,6 +518,60 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
     return GemmConv(out, mm, cfg)
 
 
+@dataclass(frozen=True)
+class DepthwiseConv:
+    """The one stage of a depthwise convolution: `out` (N, OC, OH, OW), read straight from the input."""
+
+    out: te.Tensor
+
+
+def _conv2d_depthwise(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, name: str
+                      ) -> DepthwiseConv:
+    """out[n, oc, y, x] = sum_{r, s} in[n, oc // ocg, y*sh + r*dh - top, x*sw + s*dw - left] * w[oc, 0, r, s],
+    a read outside the input being zero (the condition is evaluated per lane: no padded copy)."""
+    (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
+    y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
+    zero = te.const(0, dtype)
+    r = te.reduce_axis((0, wl.kh), "r")
+    s = te.reduce_axis((0, wl.kw), "s")
+
+    def value(n: Expr, oc: Expr, y: Expr, x: Expr) -> Expr:
+        yy, xx = y * sh + r.var * dh - top, x * sw + s.var * dw - left
+        inside = [c for c, needed in ((yy >= 0, top > 0), (yy < wl.h, y_end >= wl.h), (xx >= 0, left > 0),
+                                      (xx < wl.w, x_end >= wl.w)) if _maybe(needed)]
+        channel = oc if wl.ocg == 1 else oc // wl.ocg
+        p = _where_all(inside, read_input(n, channel, yy, xx), zero)
+        return te.sum(p * read_weight(oc, 0, r.var, s.var), axis=[r, s])
+    return DepthwiseConv(te.compute(wl.out_shape, value, name=name))
+
+
+def schedule_depthwise(s: Schedule, t: DepthwiseConv, wl: Conv2dWorkload, cfg: Conv2dConfig, target: Target,
+                       epilogue: te.Tensor | None = None) -> None:
+    """A register tile of cfg.mr output columns of one channel's row, in vectors along the row, summed over
+    the unrolled kernel taps; rows of every channel in parallel. With `epilogue` (an elementwise consumer of
+    `out` of the same shape) it is computed from the tile."""
+    lanes = target.lanes(wl.itemsize)
+    cache = s.cache_write(t.out, "local")
+    if epilogue is not None:
+        s[t.out].compute_inline()
+    stage = s[epilogue if epilogue is not None else t.out]
+    n, oc, oh, ow = stage.op.axis
+    owo, owi = stage.split(ow, factor=cfg.mr)
+    stage.vectorize(owi)  # at most MAX_DEPTHWISE_VECTORS vectors wide: one vector instruction per register
+    s[cache].compute_at(stage, owo)
+    cs = s[cache]
+    x = cs.op.axis[3]
+    r, s_ = cs.op.reduce_axis
+    xv, xl = cs.split(x, factor=min(lanes, cfg.mr))
+    cs.reorder(r, s_, xv, xl)
+    if wl.kh * wl.kw * math.ceil(cfg.mr / lanes) <= 64:  # 3x3 taps x 4 vectors: 36 FMAs in a row
+        cs.unroll(r)
+    cs.unroll(s_)
+    cs.unroll(xv)
+    cs.vectorize(xl)
+    stage.parallel(_parallel_loop(stage, (n, oc, oh), target.threads))
+
+
 def _gemm_tile(wl: Conv2dWorkload, conv: Conv2dConfig, target: Target) -> topi_matmul.MatmulConfig:
     """The matmul config of the gemm algorithm: the register tile from the conv2d config's tile knobs, the
     loop order and packing as matmul's default for (OC, OH*OW, C*KH*KW) (at the representative size)."""
@@ -500,7 +586,8 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     """How many times the schedule evaluates each element of the input and of the weights. Direct: the
     input once (into the padded copy), the weights once per batch image when packed per panel, else
     once. Gemm: each input element once per kernel tap (im2col), times the row blocks if not packed; the
-    weights (matmul's A) once per pixel panel and image.
+    weights (matmul's A) once per pixel panel and image. Depthwise: each input element once per tap that
+    reaches it from each of its output channels, a weight once per register tile.
 
     >>> wl = Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1, 1, 1))
     >>> operand_reads(wl, default_config(wl, Target.from_string("haswell")), Target.from_string("haswell"))
@@ -508,6 +595,9 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     """
     conv = Conv2dConfig.from_config(config)
     wl = at_rep(wl)
+    if conv.algorithm == "depthwise":
+        taps = math.ceil(wl.kh * wl.kw * wl.ocg / (wl.stride[0] * wl.stride[1]))
+        return taps, wl.n * wl.oh * math.ceil(wl.ow / conv.mr)
     if conv.algorithm != "gemm":
         return 1, wl.n if conv.pack_per_panel and conv.oc_outer else 1
     cfg = _gemm_tile(wl, conv, target)
@@ -540,4 +630,4 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
 
 TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
                                                schedule, build, operand_reads,
-                                               kind_fields=("kh", "kw", "layout", "dtype"), prepack=prepack))
+                                               kind_fields=("kh", "kw", "layout", "dtype", "depthwise"), prepack=prepack))

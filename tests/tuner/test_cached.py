@@ -66,6 +66,22 @@ def test_transfer_needs_the_same_template_and_target() -> None:
         assert pick(host).source == "default"
 
 
+def conv_task(c: int, oc: int, groups: int) -> Task:
+    return Task("conv2d", get("conv2d").workload_type(1, c, 28, 28, oc, 3, 3, pads=(1, 1, 1, 1), groups=groups),
+                default_target())
+
+
+def test_a_depthwise_convolution_takes_configs_only_from_depthwise_ones() -> None:
+    """Depthwise is a kind of its own: a tuned dense 3x3 conv's config (say algorithm "direct") is not
+    projected onto a depthwise conv, whose default reads the input in place; a tuned depthwise one is."""
+    dense, depthwise, new = conv_task(64, 64, 1), conv_task(48, 48, 48), conv_task(64, 64, 64)
+    cached.save_best([record(dense, non_default(dense), 1e-5)])
+    assert pick(new).source == "default"
+    cached.save_best([record(depthwise, non_default(depthwise), 1e-5)])
+    choice = pick(new)
+    assert choice.source == "transferred" and "48x28x28" in choice.note, choice.note
+
+
 def test_project_keeps_valid_knobs_and_moves_splits_to_the_nearest_candidate() -> None:
     task = matmul_task(64, 64, 64)
     space, default = task.config_space(), get("matmul").default_config(task.workload, task.target)
