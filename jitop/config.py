@@ -36,6 +36,18 @@ def opt_level() -> int:
     return _env_int("JITOP_OPT_LEVEL", 3)
 
 
+def compile_jobs() -> int:
+    """Processes that compile one large kernel's parts (JITOP_COMPILE_JOBS; default: the CPUs this process may
+    run on, at most 4); 1 compiles in this process only (jitop.codegen.forked)."""
+    raw = os.environ.get("JITOP_COMPILE_JOBS", "").strip()
+    if raw:
+        if raw.isdigit() and int(raw) >= 1:
+            return int(raw)
+        warnings.warn(f"ignoring JITOP_COMPILE_JOBS={raw!r}: expected a positive integer", RuntimeWarning, stacklevel=2)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cpus, 4)
+
+
 def cpu_override() -> str:
     """JITOP_CPU: build for this CPU instead of the host ("haswell", "x86-64-v3" or "llvm -mcpu=... -mattr=...")."""
     return os.environ.get("JITOP_CPU", "").strip()

@@ -6,8 +6,9 @@ import json
 import re
 from typing import Sequence
 
-from jitop.codegen.kernel import KernelCodegen
-from jitop.codegen.target import compile_ir, llvm_version
+from jitop.codegen.forked import compile_kernel
+from jitop.codegen.target import llvm_version
+from jitop.config import compile_jobs
 from jitop.runtime.args import ParamSpec, SymbolSpec, check_symbols
 from jitop.runtime.module import Module
 from jitop.runtime.parallel import get_num_threads
@@ -78,17 +79,15 @@ def compile_func(func: PrimFunc, target: Target) -> Module:
     symbol = f"jitop_{func.name}_{digest}"
     params, symbols = _signature(func)
     # the object code carries its parameter signature: loading checks the metadata against it
-    cg = KernelCodegen(func, symbol, target, signature=signature_json(params, symbols))
-    ll = str(cg.build())
-    optimised, obj = compile_ir(ll, target)
+    built = compile_kernel(func, symbol, target, signature_json(params, symbols), jobs=compile_jobs())
     meta = {"name": func.name, "symbol": symbol, "params": params,
-            "uses_parallel": cg.uses_parallel, "checked_accesses": cg.checked,
+            "uses_parallel": built.uses_parallel, "checked_accesses": built.checked,
             "target": json.loads(target.to_json()), "llvm": llvm_version()}
     if symbols:
         meta["symbols"] = symbols
-    if cg.profile_stages is not None:
-        meta["profile_stages"] = cg.profile_stages
-    return Module(meta, obj, str(optimised))
+    if built.profile_stages is not None:
+        meta["profile_stages"] = built.profile_stages
+    return Module(meta, built.object_code, str(built.optimised))
 
 
 def _signature(func: PrimFunc) -> tuple[list[dict], list[dict]]:

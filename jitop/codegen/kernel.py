@@ -42,6 +42,33 @@ NESTS_PER_FUNCTION = 16
 RAISE_IF = "raise_if:"  # te.call(RAISE_IF + "<Type>: <message>", value, bad): see KernelCodegen._call
 
 
+@dataclass(frozen=True)
+class Split:
+    """A kernel built as several modules, linked before emitting object code (jitop.codegen.forked): this
+    module defines the bodies of `parts` (indices into `kernel_parts`) and declares the others."""
+
+    parts: frozenset[int]
+    kernel: bool = True            # this module holds the kernel, its trampoline and globals
+    error_base: str | None = None  # a module of parts only: the external i32 its error codes are offset by
+
+
+def top_level_nests(body: Stmt) -> tuple[Stmt, ...]:
+    """A kernel body's top-level loop nests, in order."""
+    return body.stmts if isinstance(body, Seq) else (body,)
+
+
+def kernel_parts(n_nests: int) -> list[range]:
+    """The nests (by position) of each `<symbol>.partP` function of a kernel with `n_nests` top-level nests;
+    [] when the kernel holds them itself (see NESTS_PER_FUNCTION).
+
+    >>> kernel_parts(3), kernel_parts(40)
+    ([], [range(0, 16), range(16, 32), range(32, 40)])
+    """
+    if n_nests <= NESTS_PER_FUNCTION:
+        return []
+    return [range(k, min(k + NESTS_PER_FUNCTION, n_nests)) for k in range(0, n_nests, NESTS_PER_FUNCTION)]
+
+
 @dataclass
 class Vec:
     """The vectorized loop being emitted: its variable, lane count, lane-index vector and active-lane mask."""
@@ -81,22 +108,21 @@ class KernelCodegen:
     """Builds one LLVM module with the kernel `func.name`: one pointer argument per buffer, and, when the
     function has symbols, one more pointing to an int64 array of their values (in `func.symbols` order)."""
 
-    def __init__(self, func: PrimFunc, symbol: str, target: Target, signature: str | None = None):
+    def __init__(self, func: PrimFunc, symbol: str, target: Target, signature: str | None = None,
+                 split: Split | None = None):
         """`signature`: the JSON of the kernel's parameter specs (jitop.runtime.module.signature_json); the
-        object code carries it as `<symbol>_signature`, so a loader can check its metadata against the code."""
+        object code carries it as `<symbol>_signature`, so a loader can check its metadata against the code.
+        `split`: this module holds only some of the kernel's parts (jitop.codegen.forked builds the rest)."""
         self.func, self.symbol, self.target, self.signature = func, symbol, target, signature
+        self.split = split
         self.module = ir.Module(name=symbol)
         self.avx512 = "avx512f" in target.required_features  # the math library may use AVX-512 instructions
         self.symbol_sources = func.symbol_sources() if func.symbols else ()  # a symbol read from no input: error
         n_args = len(func.params) + bool(func.symbols)
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * n_args), symbol)
-        for arg in fn.args:
-            arg.add_attribute("noalias")
-        self.st = FunctionState(fn)
-        for buf, arg in zip(func.params, fn.args):
-            arg.name = _ident(buf.name)
-            self.st.ptrs[buf] = arg
-        self._bind_symbols()
+        self.fn_type = ir.FunctionType(ir.VoidType(), [PTR] * n_args)  # the kernel's, and each part's
+        self.st: FunctionState | None = None  # None in a module of parts only (no kernel function)
+        if self.holds_kernel:
+            self.st = self._function_state(ir.Function(self.module, self.fn_type, symbol))
         self.vec: Vec | None = None
         self.contract = False  # FMA fusion allowed (reduction updates only)
         self.n_outlined = 0
@@ -104,8 +130,25 @@ class KernelCodegen:
         self.bounds = BoundsCheck(func.attrs.get("ranges", {}))
         self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
         self.error_flag: ir.GlobalVariable | None = None
+        self.error_base: ir.GlobalVariable | None = None
         self.profile_stages: list[str] | None = None  # a profiling build: what each top-level nest writes
         self.shared: dict[int, Shared] = {}  # top-level nest -> its group of identical nests
+
+    def _function_state(self, fn: ir.Function) -> FunctionState:
+        """The state for emitting into `fn`, a function with the kernel's arguments (the kernel or a part)."""
+        saved, self.st = self.st, FunctionState(fn)
+        for buf, arg in zip(self.func.params, fn.args):
+            arg.name = _ident(buf.name)
+            arg.add_attribute("noalias")
+            self.st.ptrs[buf] = arg
+        self._bind_symbols()
+        state, self.st = self.st, saved
+        return state
+
+    @property
+    def holds_kernel(self) -> bool:
+        """This module defines the kernel function (and its error flag); else it holds parts only."""
+        return self.split is None or self.split.kernel
 
     @property
     def b(self) -> ir.IRBuilder:
@@ -130,6 +173,8 @@ class KernelCodegen:
             self._profiled(self.func.body)
         else:
             self._top_level(self.func.body)
+        if self.st is None:  # parts only: the kernel and its globals are another module's
+            return self.module
         self.st.finish()
         self._object_trampoline()
         if self.signature is not None:
@@ -137,30 +182,39 @@ class KernelCodegen:
         return self.module
 
     def _top_level(self, body: Stmt) -> None:
-        """The kernel's loop nests; a deep program's go NESTS_PER_FUNCTION at a time into internal functions
-        that the kernel calls in turn (see NESTS_PER_FUNCTION). Identical nests (the heads of an attention)
-        are generated once, as a function each instance calls (jitop.codegen.instances)."""
-        nests = body.stmts if isinstance(body, Seq) else (body,)
+        """The kernel's loop nests; a deep program's go NESTS_PER_FUNCTION at a time into functions that the
+        kernel calls in turn (see NESTS_PER_FUNCTION). Identical nests (the heads of an attention) are
+        generated once, as a function each instance calls (jitop.codegen.instances)."""
+        nests = top_level_nests(body)
         self.shared = find_shared(nests, self.func.attrs.get("ranges", {}), frozenset(self.func.symbols))
-        if len(nests) <= NESTS_PER_FUNCTION:
+        parts = kernel_parts(len(nests))
+        if not parts:
             for k, nest in enumerate(nests):
                 self._nest(k, nest)
             return
-        kernel = self.st.fn
-        for k in range(0, len(nests), NESTS_PER_FUNCTION):
-            part = ir.Function(self.module, kernel.function_type, f"{self.symbol}.part{k // NESTS_PER_FUNCTION}")
-            part.linkage = "internal"
-            part.attributes.add("noinline")  # else LLVM inlines it back: one huge function again
-            saved, self.st = self.st, FunctionState(part)
-            for buf, arg in zip(self.func.params, part.args):
-                arg.add_attribute("noalias")
-                self.st.ptrs[buf] = arg
-            self._bind_symbols()
-            for j, nest in enumerate(nests[k:k + NESTS_PER_FUNCTION], start=k):
-                self._nest(j, nest)
-            self.st.finish()
-            self.st = saved
-            self.b.call(part, kernel.args)
+        for p, ks in enumerate(parts):
+            ours = self.split is None or p in self.split.parts
+            fn = self._part(p, [(k, nests[k]) for k in ks]) if ours else self._declare_part(p)
+            if self.st is not None:  # the kernel calls each part in turn
+                self.b.call(fn, self.st.fn.args)
+
+    def _part(self, p: int, nests: list[tuple[int, Stmt]]) -> ir.Function:
+        """`<symbol>.partP`: some top-level nests in a function of their own. Internal, unless another
+        module's kernel calls it (a part a forked child builds)."""
+        fn = ir.Function(self.module, self.fn_type, f"{self.symbol}.part{p}")
+        if self.holds_kernel:
+            fn.linkage = "internal"
+        fn.attributes.add("noinline")  # else LLVM inlines it back: one huge function again
+        saved, self.st = self.st, self._function_state(fn)
+        for k, nest in nests:
+            self._nest(k, nest)
+        self.st.finish()
+        self.st = saved
+        return fn
+
+    def _declare_part(self, p: int) -> ir.Function:
+        """A part another module defines (linked in before object code is emitted)."""
+        return ir.Function(self.module, self.fn_type, f"{self.symbol}.part{p}")
 
     def _nest(self, k: int, nest: Stmt) -> None:
         """Top-level nest number k: in place, or a call of its group's shared function."""
@@ -198,7 +252,7 @@ class KernelCodegen:
     def _profiled(self, body: Stmt) -> None:
         """Each top-level loop nest between two reads of the cycle counter, its ticks added to
         `<symbol>_profile[k]` (a profiling build; `profile_stages` names what each nest writes)."""
-        nests = body.stmts if isinstance(body, Seq) else (body,)
+        nests = top_level_nests(body)
         ticks = self.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(I64, []))
         counters = ir.GlobalVariable(self.module, ir.ArrayType(I64, len(nests)), f"{self.symbol}_profile")
         counters.initializer = ir.Constant(counters.value_type, [0] * len(nests))
@@ -577,7 +631,7 @@ class KernelCodegen:
             bad = b.icmp_unsigned("!=", b.bitcast(bad, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
         self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
         with b.if_then(bad, likely=False):
-            b.store(ir.Constant(ir.IntType(32), len(self.checked)), self._error_flag())
+            b.store(self._error_code(len(self.checked)), self._error_flag())
         return ok
 
     def _dim(self, dim: int | Expr) -> ir.Value:
@@ -594,14 +648,26 @@ class KernelCodegen:
         if message not in self.checked:
             self.checked.append(message)
         with b.if_then(bad, likely=False):
-            b.store(ir.Constant(ir.IntType(32), self.checked.index(message) + 1), self._error_flag())
+            b.store(self._error_code(self.checked.index(message) + 1), self._error_flag())
 
     def _error_flag(self) -> ir.GlobalVariable:
         if self.error_flag is None:
             g = ir.GlobalVariable(self.module, ir.IntType(32), f"{self.symbol}_error")
-            g.initializer = ir.Constant(ir.IntType(32), 0)
+            if self.holds_kernel:  # one flag once linked: the kernel's module defines it, parts declare it
+                g.initializer = ir.Constant(ir.IntType(32), 0)
             self.error_flag = g
         return self.error_flag
+
+    def _error_code(self, code: int) -> ir.Value:
+        """What the error flag is set to for entry `code` (1-based) of `checked`. A split's module of parts
+        cannot know how many entries precede its own: it adds `split.error_base`, an i32 the kernel's
+        module defines once all are known (loaded on the error path only)."""
+        i32 = ir.IntType(32)
+        if self.split is None or self.split.error_base is None:
+            return ir.Constant(i32, code)
+        if self.error_base is None:
+            self.error_base = ir.GlobalVariable(self.module, i32, self.split.error_base)
+        return self.b.add(self.b.load(self.error_base, typ=i32), ir.Constant(i32, code))
 
     def _lane_pointers(self, buf: Buffer, indices: tuple[Expr, ...], ok: ir.Value) -> ir.Value:
         flat = self.expr(simplify(_flatten(buf, indices)))

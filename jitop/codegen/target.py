@@ -54,18 +54,37 @@ def compile_count() -> int:
 def compile_ir(ll: str, target: Target | None = None, speed_level: int | None = None) -> tuple[llvm.ModuleRef, bytes]:
     """Parse, verify, optimise textual LLVM IR; return (optimised module, object code for `target`,
     by default this machine)."""
-    global _compiles
-    init_llvm()
     target = target or Target.host()
+    mod = optimised_module(ll, target, speed_level)
+    return mod, emit_object(mod, target)
+
+
+def optimised_module(ll: str, target: Target, speed_level: int | None = None) -> llvm.ModuleRef:
+    """Textual LLVM IR parsed, verified and optimised for `target` (no object code yet)."""
+    init_llvm()
     with _llvm_lock:  # one LLVM context per process: compiles from several threads (background tuning) take turns
-        _compiles += 1
         mod = llvm.parse_assembly(ll)
         mod.verify()
-        tm = target_machine(target)
         mod.triple = target.triple
-        mod.data_layout = str(tm.target_data)
+        mod.data_layout = str(target_machine(target).target_data)
         optimize(mod, target, speed_level)
-        return mod, tm.emit_object(mod)
+        return mod
+
+
+def link_modules(mod: llvm.ModuleRef, others: list[llvm.ModuleRef | bytes]) -> None:
+    """Link `others` (modules, or their bitcode) into `mod`, consuming them: declarations meet their
+    definitions; clashing internal names are renamed."""
+    with _llvm_lock:
+        for other in others:
+            mod.link_in(llvm.parse_bitcode(other) if isinstance(other, bytes) else other)
+
+
+def emit_object(mod: llvm.ModuleRef, target: Target) -> bytes:
+    """Object code of an optimised module for `target` (counted by `compile_count`)."""
+    global _compiles
+    with _llvm_lock:
+        _compiles += 1
+        return target_machine(target).emit_object(mod)
 
 
 def emit_assembly(ll: str, target: Target) -> str:

@@ -2,6 +2,7 @@
 attention become one function per nest, called once per head with its own slice of q, k and v."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -32,7 +33,10 @@ def attention(qkv, mask):
 
 
 def compiled(fn, args: list, share: bool = True, dynamic: dict | None = None):
-    """The Executable of fn(*args), with or without shared nests (`dynamic`: leaf -> dims traced as symbols)."""
+    """The Executable of fn(*args), with or without shared nests (`dynamic`: leaf -> dims traced as symbols),
+    built in one process: a forked build (jitop.codegen.forked) generates a group's function once per process
+    that holds one of its instances."""
+    os.environ["JITOP_COMPILE_JOBS"] = "1"  # conftest puts the environment back after each test
     k = jitop.kernel(fn, fallback=False)
     tr = k.trace(args, None, dynamic)
     saved = kernel_codegen.find_shared
