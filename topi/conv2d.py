@@ -40,7 +40,6 @@ from jitop.tuner.space import Config, ConfigSpace
 Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
 MAX_MR = 16  # widest register tile along the output row
 GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up to 12 whatever the width
-PREPACKED_GEMM_MIN_AREA = 400  # output pixels from which a 1x1 conv with constant weights runs as gemm
 MAX_DEPTHWISE_VECTORS = 4  # the depthwise algorithm's register tile: up to 4 vectors of one output row
 
 
@@ -61,9 +60,6 @@ class Conv2dWorkload:
     groups: int = 1
     layout: str = "NCHW"
     dtype: str = "float32"
-    # the weights are a constant of the program, packed once when it is compiled (`prepack`), not per call:
-    # the direct algorithm's weight packing is free then, which moves the best algorithm (see default_tile)
-    prepacked: bool = dataclasses.field(default=False, metadata={registry.KEYED_WHEN_SET: True})
 
     @property
     def itemsize(self) -> int:
@@ -278,14 +274,7 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     # and when the register tile's channels do not divide the output channels: direct's partial last tile
     # ran at 20-99 GFLOP/s where gemm (vectors along the output pixels) ran 1.5-8x faster (AVX-512)
     ragged = wl.oc % bn != 0
-    area = wl.oh * wl.ow
-    if wl.prepacked:
-        # no weights to pack per call: direct wins on small images (ResNet-50's 1x1 layers at 14x14 and 7x7
-        # ran 1.1-2x faster direct, its 3x3 at 7x7 1.07x), gemm still on large ones (56x56, 28x28: 1.1-2.4x)
-        wide = pointwise and area >= PREPACKED_GEMM_MIN_AREA
-    else:
-        wide = pointwise or wl.oc > 2 * area
-    algorithm = "gemm" if gemm_applies(wl) and (wide or ragged) else "direct"
+    algorithm = "gemm" if gemm_applies(wl) and (pointwise or ragged or wl.oc > 2 * wl.oh * wl.ow) else "direct"
     if depthwise_applies(wl):
         # memory bound: read the input once, in place, instead of copying it padded and channels-last first
         # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512)

@@ -171,17 +171,13 @@ def check_costs(result: MeasureResult) -> None:
 
 
 def check_workload(task: Task) -> None:
-    """Raise InvalidRecord unless every field of the workload is an integer, a string or a flag (a bool),
-    every integer is in [0, MAX_DIM], every tuple has at most
+    """Raise InvalidRecord unless every integer of the workload is in [0, MAX_DIM], every tuple has at most
     MAX_RANK entries, the flops are in [1, MAX_FLOPS] and the product of its integers is at most
     MAX_ELEMENTS (so no listing, feature or transfer computation on it can blow up)."""
     volume = 1
     for name, value in _workload_items(task):
-        if isinstance(value, bool):  # a flag (conv2d's prepacked): no size
-            continue
-        if not isinstance(value, (int, str)):
-            raise InvalidRecord(f'workload field "{name}": expected an integer, a string or a flag, '
-                                f'got {value!r}'[:300])
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise InvalidRecord(f'workload field "{name}": expected an integer or a string, got {value!r}'[:300])
         if isinstance(value, int):
             if not 0 <= value <= MAX_DIM:
                 raise InvalidRecord(f'workload field "{name}": expected an integer in [0, {MAX_DIM}], got {value}')

@@ -58,8 +58,7 @@ class Template:
         """Rebuild a workload from `workload_to_json`'s output (lists become tuples again)."""
         data = json.loads(text) if isinstance(text, str) else dict(text)
         fields = {f.name for f in dataclasses.fields(self.workload_type)}
-        required = {f.name for f in dataclasses.fields(self.workload_type) if not f.metadata.get(KEYED_WHEN_SET)}
-        if not required <= set(data) <= fields:
+        if set(data) != fields:
             raise ValueError(f"template '{self.name}': workload fields {sorted(data)} differ from "
                              f"{sorted(fields)}; the record was written by another jitop version")
         return self.workload_type(**{k: _tuples(v) for k, v in data.items()})
@@ -90,19 +89,9 @@ def names() -> list[str]:
     return list(_TEMPLATES)
 
 
-# a workload field's metadata flag: the field is left out of the JSON (and so of task keys) at its default,
-# so adding one keeps every existing workload's key and tuning records
-KEYED_WHEN_SET = "keyed_when_set"
-
-
 def workload_to_json(workload: Any) -> str:
-    """A workload (a frozen dataclass of ints, strings and tuples) as canonical JSON; a field marked
-    KEYED_WHEN_SET only where it differs from its default."""
-    data = dataclasses.asdict(workload)
-    for f in dataclasses.fields(workload):
-        if f.metadata.get(KEYED_WHEN_SET) and data[f.name] == f.default:
-            del data[f.name]
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    """A workload (a frozen dataclass of ints, strings and tuples) as canonical JSON."""
+    return json.dumps(dataclasses.asdict(workload), sort_keys=True, separators=(",", ":"))
 
 
 def _lists(v: Any) -> Any:

@@ -15,7 +15,7 @@ from jitop.driver import compile_func, default_target, lower, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
-from jitop.graph.ir import Node, frozen_constant, node, toposort
+from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tasks import binding as task_binding
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
@@ -145,7 +145,7 @@ def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dic
     for n, (task, choice) in choices.items():
         w = n.src[1]
         template = registry.get(task.template)
-        if frozen_constant(w) and template.prepack is not None:
+        if w.prim == "array_const" and isinstance(w.param("data"), bytes) and template.prepack is not None:
             arrays = template.prepack(task.workload, choice.config, target, constant_array(w))
             if arrays:
                 out[n] = arrays

@@ -142,12 +142,6 @@ def node(prim: str, shape: Iterable[Any], dtype: DType, src: Iterable[Node] = ()
     return n
 
 
-def frozen_constant(n: Node) -> bool:
-    """An array constant frozen when traced (its bytes are in the node: a template may pack it once, when the
-    kernel is compiled), not a captured array, which the kernel reads in place as it is at each call."""
-    return n.prim == "array_const" and isinstance(n.param("data"), bytes)
-
-
 def toposort(outputs: Iterable[Node], skip: Callable[[Node], bool] | None = None) -> list[Node]:
     """Every node the outputs depend on, inputs first; `skip(n)` true leaves out n and what only it reaches."""
     order: list[Node] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from jitop.graph.ir import Node, frozen_constant, toposort
+from jitop.graph.ir import Node, toposort
 from jitop.graph.shapes import DEFAULT_REP
 from jitop.te.expr import Expr
 from jitop.target import Target
@@ -29,7 +29,7 @@ def _conv2d(n: Node) -> dict[str, Any]:
     nb, c, h, wd = x.shape if nchw else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
     return dict(n=nb, c=c, h=h, w=wd, oc=w.shape[0], kh=w.shape[2], kw=w.shape[3], stride=n.param("stride"),
                 pads=n.param("pads"), dilation=n.param("dilation"), groups=n.param("groups"),
-                layout=n.param("layout"), dtype=n.dtype.name, prepacked=frozen_constant(w))
+                layout=n.param("layout"), dtype=n.dtype.name)
 
 
 WORKLOADS = {"matmul": _matmul, "conv2d": _conv2d}  # node primitive -> template name and workload fields

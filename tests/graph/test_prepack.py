@@ -109,26 +109,6 @@ def test_prepare_packs_each_constant_weight_once():
     assert sorted(c.shape for c in kernel_constants(prep)) == shapes
 
 
-def test_a_conv_task_says_whether_its_weights_are_packed_once():
-    """The task of a conv with constant weights is marked prepacked (its default moves: a 1x1 on a 7x7 image is
-    then direct, with packed weights, not gemm); one with captured weights is not, and keeps its key."""
-    from jitop.tuner import registry
-
-    rng = _rng()
-    w = rng.standard_normal((64, 32, 1, 1)).astype(np.float32)
-    p = Weights(w=w.copy())
-    x = rng.standard_normal((1, 32, 7, 7)).astype(np.float32)
-    constant = jitop.kernel(lambda x: jitop.conv2d(x, p.w))
-    captured = jitop.kernel(lambda x: jitop.conv2d(x, w))
-    (c_task,), (l_task,) = [f.tuning_tasks(x) for f in (constant, captured)]
-    assert c_task.workload.prepacked and not l_task.workload.prepacked
-    assert '"prepacked"' not in registry.workload_to_json(l_task.workload)  # the field is keyed only when set
-    tr = constant.trace([x])
-    prep = prepare("f", tr.inputs, tr.names, tr.plan, tr.results)
-    assert [c.config["algorithm"] for _, c in prep.choices.values()] == ["direct"]
-    assert np.array_equal(constant(x), captured(x))
-
-
 def test_a_weight_also_read_elsewhere_stays_an_argument():
     rng = _rng()
     p = Weights(w=rng.standard_normal((32, 16, 3, 3)).astype(np.float32))
