@@ -29,6 +29,7 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 MAX_LANES = 64          # wider vectorized loops are strip-mined into chunks of one vector register (`_chunk_lanes`)
 MAX_UNROLL = 256
+STRIDED_LOADS = (2, 3, 4)  # lane strides read by one contiguous masked load and a shuffle, not a gather
 MAX_ALLOC_BYTES = 1 << 48  # a symbolic allocation's limit (beyond any machine's memory; keeps sizes from wrapping)
 STACK_LIMIT = 1 << 16   # bigger allocations go to the heap
 ARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject_HEAD (refcount, type), then `char *data`
@@ -531,14 +532,18 @@ class KernelCodegen:
         return fn
 
     # ** memory **
-    def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> tuple[ir.Value, ir.Value | None]:
-        """(scalar pointer at lane 0, per-lane pointer vector or None when lanes are contiguous/uniform)."""
+    def _address(self, buf: Buffer, indices: tuple[Expr, ...], strided: bool = False
+                 ) -> tuple[ir.Value, ir.Value | str | int | None]:
+        """(scalar pointer at lane 0, per-lane pointer vector or None when lanes are contiguous/uniform); with
+        `strided`, lanes a small constant stride apart give (pointer at lane 0, the stride)."""
         flat = simplify(_flatten(buf, indices))
         elem = ops.memory_type(buf.dtype)
         base_ptr = self.st.ptrs[buf]
         if self.vec is None:
             return self.b.gep(base_ptr, [self._scalar(flat)], source_etype=elem), None
         stride, rest = _split_lane(flat, self.vec.var)
+        if strided and stride in STRIDED_LOADS and stride * self.vec.lanes <= MAX_LANES:
+            return self.b.gep(base_ptr, [self._scalar(flat)], source_etype=elem), stride
         if stride is None or stride not in (0, 1):
             lane_idx = self.expr(flat)
             return None, _vector_gep(self.b, base_ptr, ops.splat(self.b, lane_idx, self.vec.lanes), elem)
@@ -553,10 +558,12 @@ class KernelCodegen:
         if not self.bounds.proves(buf, e.src):
             return self._checked_load(e)
         elem = ops.memory_type(buf.dtype)
-        ptr, lanes_ptr = self._address(buf, e.src)
+        ptr, lanes_ptr = self._address(buf, e.src, strided=True)
         v = self.vec
         if v is None:
             return ops.from_memory(self.b, buf.dtype, self.b.load(ptr, typ=elem))
+        if isinstance(lanes_ptr, int):
+            return ops.from_memory(self.b, buf.dtype, self._strided_load(buf, ptr, lanes_ptr))
         if lanes_ptr == "uniform" and (v.mask is None or _nonempty(buf)):
             if v.mask is not None:  # one scalar load, redirected to element 0 when no lane is active
                 ptr = self.b.select(self._any(v.mask), ptr, self.st.ptrs[buf])
@@ -574,6 +581,26 @@ class KernelCodegen:
             mask = v.mask if v.mask is not None else _all_true(v.lanes)
             out = self._masked_intrinsic("llvm.masked.gather", vt, [lanes_ptr, ir.Constant(ir.IntType(32), buf.dtype.itemsize), mask, ir.Constant(vt, ir.Undefined)])
         return ops.from_memory(self.b, buf.dtype, out)
+
+    def _strided_load(self, buf: Buffer, ptr: ir.Value, stride: int) -> ir.Value:
+        """Lanes `stride` elements apart (a stride-2 convolution's or pooling's reads, x[::2]): one masked load
+        of the span from lane 0 on and a shuffle, where a gather costs about a cycle per lane. Only the span's
+        elements up to the last lane's are enabled (those in between lie inside the buffer, since both ends
+        do), and with an active-lane mask only the active lanes' elements."""
+        b, v = self.b, self.vec
+        elem = ops.memory_type(buf.dtype)
+        wide, i32 = stride * v.lanes, ir.IntType(32)
+        wide_t = ir.VectorType(elem, wide)
+        if v.mask is None:
+            mask = ir.Constant(ir.VectorType(ir.IntType(1), wide), [k <= stride * (v.lanes - 1) for k in range(wide)])
+        else:
+            off = ir.Constant(v.mask.type, [0] * v.lanes)
+            picks = [k // stride if k % stride == 0 else v.lanes for k in range(wide)]  # lanes..: all false
+            mask = b.shuffle_vector(v.mask, off, ir.Constant(ir.VectorType(i32, wide), picks))
+        span = self._masked_intrinsic("llvm.masked.load", wide_t, [ptr, ir.Constant(i32, buf.dtype.itemsize), mask,
+                                                                  ir.Constant(wide_t, ir.Undefined)])
+        return b.shuffle_vector(span, ir.Constant(wide_t, ir.Undefined),
+                                ir.Constant(ir.VectorType(i32, v.lanes), [stride * k for k in range(v.lanes)]))
 
     def _any(self, mask: ir.Value) -> ir.Value:
         fn = ops.declare_intrinsic(self.module, "llvm.vector.reduce.or", [mask.type],
