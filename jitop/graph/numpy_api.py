@@ -723,9 +723,29 @@ def clip(a, a_min=None, a_max=None, out=None, **kwargs):
     srcs = [n, as_node(a_min), as_node(a_max)]
     ins, outs, srcs = _resolve(np._core.umath.clip, srcs, None)
     x, lo, hi = (cast_node(s, _dtype(d)) for s, d in zip(srcs, ins))
-    # the bound first: np.maximum/np.minimum give their second operand on a tie, and clip keeps x there
-    # (np.clip(0.0, -0.0, 3) is 0.0, its sign of zero included; np.maximum(0.0, -0.0) is -0.0)
+    # a tie (0.0 against -0.0) gives what numpy's loop gives, which depends on how it steps through the
+    # bounds: holding both fixed, x (np.clip(np.zeros(4), -0.0, 3) is +0.0); else the bound
+    # (np.clip(np.zeros(4), -np.zeros(4), 3) is -0.0). np.maximum/np.minimum give their second operand on a tie.
+    shapes = [_sized(s.shape) for s in (x, lo, hi)]
+    if _steps_through(shapes[1], shapes) or _steps_through(shapes[2], shapes):
+        return ufunc_call(np.minimum, [ufunc_call(np.maximum, [x, lo]).node, hi])
     return ufunc_call(np.minimum, [hi, ufunc_call(np.maximum, [lo, x]).node])
+
+
+def _sized(shape: tuple) -> tuple[int, ...]:
+    """A shape with each symbolic dim as 2 (a symbol is never 0 or 1)."""
+    return tuple(d if isinstance(d, int) else 2 for d in shape)
+
+
+def _steps_through(bound: tuple[int, ...], shapes: list[tuple[int, ...]]) -> bool:
+    """Whether numpy's clip loop reads a bound of this shape as a stepped operand rather than one fixed
+    value (measured on numpy 2.x): it does for a bound of more than one element, and for a one-element bound
+    of at least one dim when no operand is broadcast (all shapes but 0-d ones equal); a 0-d bound, or a
+    one-element one broadcast with the others, is held fixed."""
+    if math.prod(bound) > 1:
+        return True
+    arrays = [s for s in shapes if s]
+    return bool(bound) and all(s == arrays[0] for s in arrays)
 
 
 def _int_bound(bound: Any, dt: dtypes.DType, lower: bool) -> Any:
