@@ -104,9 +104,12 @@ print(json.dumps(out))
 
 
 def child_first_run(impl: str, model: str, batch: int, path: str, env: dict[str, str]) -> dict[str, Any]:
-    """Load + first run of `impl` in a fresh process (timed inside it, after its imports)."""
+    """Load + first run of `impl` in a fresh process (timed inside it, after its imports). Python caches
+    bytecode there, as an installed package has it (PYTHONDONTWRITEBYTECODE, set on some machines, would make
+    every lazily imported module compile from source inside the timed load)."""
     args = json.dumps({"here": str(HERE), "impl": impl, "model": model, "batch": batch, "path": path,
                        "threads": THREADS})
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     proc = subprocess.run([sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
