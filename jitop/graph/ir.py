@@ -6,8 +6,10 @@ equal dims are one object; hints (this call's sizes) are never stored in nodes.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
+import os
 import struct
 import weakref
 from typing import Any, Callable, Iterable
@@ -37,6 +39,21 @@ class ConstData(bytes):
     def digest(self) -> str:
         """sha256 of the bytes, as hex."""
         return hashlib.sha256(self).hexdigest()
+
+
+PARALLEL_DIGEST_BYTES = 32 << 20  # constants this large in all are hashed on every core (ResNet-50: 98 MB)
+
+
+def digest_all(datas: Iterable[ConstData]) -> None:
+    """Compute the digests of many constants, on every core when they are large in all (hashlib releases
+    the GIL; the threads are joined before this returns, so none outlives it)."""
+    todo = [d for d in dict.fromkeys(datas) if "digest" not in d.__dict__]
+    workers = min(len(todo), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 8)
+    if workers < 2 or sum(len(d) for d in todo) < PARALLEL_DIGEST_BYTES:
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for d, digest in zip(todo, pool.map(lambda d: hashlib.sha256(d).hexdigest(), todo)):
+            d.__dict__["digest"] = digest
 
 
 class Node:

@@ -38,7 +38,7 @@ from jitop.errors import TargetMismatchError
 from jitop.driver import printed_dim
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, build, kernel_constants
-from jitop.graph.ir import data_key, toposort
+from jitop.graph.ir import ConstData, data_key, digest_all, toposort
 from jitop.runtime.args import ParamSpec
 from jitop.runtime.executable import Executable, Plan
 from jitop.te.expr import Expr
@@ -70,6 +70,7 @@ def graph_key(prep: Prepared) -> str | None:
     (an object whose repr is its address). A captured array counts by position, shape and dtype (the kernel
     reads it in place, whatever it holds); a frozen constant by its bytes."""
     order = toposort(prep.unique)
+    digest_all(v for n in order for _, v in n.params if isinstance(v, ConstData))
     index = {n: k for k, n in enumerate(order)}
     h = hashlib.sha256(json.dumps([prep.name, prep.input_names, repr(prep.input_plan)]).encode())
     # every argument's shape and dtype, used or not (the native entry checks them all)

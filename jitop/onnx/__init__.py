@@ -15,6 +15,7 @@ needs the `onnx` package (`pip install 'jitop[onnx]'`); a model compiled to a .j
 """
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any, Mapping, Sequence
 
@@ -49,11 +50,14 @@ def load(model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> Model
     return Model.from_graph(graph)
 
 
-def _file_bytes(model: Any) -> bytes | None:
-    """The bytes of a model given as a path or bytes (None for a ModelProto)."""
+def _file_bytes(model: Any) -> bytes | memoryview | None:
+    """The bytes of a model given as a path (mapped, not read: protobuf parses the mapping, and a .jitop
+    file's weights are read from it once) or bytes (None for a ModelProto)."""
     if isinstance(model, (str, os.PathLike)):
         with open(model, "rb") as f:
-            return f.read()
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model)
     return None

@@ -68,7 +68,9 @@ def read(model: Any) -> Graph:
     if isinstance(model, (str, os.PathLike)):
         proto = onnx.load(os.fspath(model))
     elif isinstance(model, (bytes, bytearray, memoryview)):
-        proto = onnx.load_from_string(bytes(model))
+        proto = onnx.ModelProto()  # parsed in place: onnx.load_from_string would take a bytes copy
+        if proto.ParseFromString(model) not in (None, len(model)):
+            raise ValueError("jitop.onnx.load: the model's bytes hold more than one ONNX model")
     elif isinstance(model, onnx.ModelProto):
         proto = model
     else:

@@ -93,3 +93,15 @@ def test_array_constants_intern_by_content_even_where_the_hash_sample_agrees():
     assert na is not nb and na.key != nb.key
     assert array_const(a.copy()) is na
     assert na.param("data").digest == hashlib.sha256(a.tobytes()).hexdigest()
+
+
+def test_digest_all_hashes_on_several_threads_and_leaves_none_running(monkeypatch: pytest.MonkeyPatch):
+    """Large constants are hashed side by side (hashlib releases the GIL); the digests are sha256's, and no
+    thread outlives the call (a forked compile needs this process to have one thread)."""
+    import threading
+    monkeypatch.setattr(ir, "PARALLEL_DIGEST_BYTES", 0)
+    datas = [ir.ConstData(bytes([k]) * (1000 + k)) for k in range(6)]
+    ir.digest_all(datas + datas[:2])
+    assert all("digest" in d.__dict__ for d in datas)  # computed by digest_all, not lazily below
+    assert [d.digest for d in datas] == [hashlib.sha256(d).hexdigest() for d in datas]
+    assert threading.active_count() == 1
