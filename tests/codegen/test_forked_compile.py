@@ -58,7 +58,7 @@ def last_part_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_forked_build_matches_numpy_and_a_serial_build(args, monkeypatch) -> None:
     serial = compiled(args, 1, monkeypatch)
-    assert len(kernel_parts(len(top_level_nests(serial.func.body)))) == 3
+    assert len(kernel_parts(len(top_level_nests(serial.func.body)))) >= 3  # 3 on AVX-512, 4 on AVX2
     forks, fallbacks = counts()
     two, three = compiled(args, 2, monkeypatch), compiled(args, 3, monkeypatch)
     assert counts() == (forks + 2, fallbacks)
