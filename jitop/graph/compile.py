@@ -15,7 +15,7 @@ from jitop.driver import compile_func, default_target, lower, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
-from jitop.graph.ir import Node, node, toposort
+from jitop.graph.ir import ConstData, Node, node, toposort
 from jitop.graph.tasks import binding as task_binding
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
@@ -118,7 +118,8 @@ def constant_nodes(unique: list[Node]) -> list[Node]:
 
 def constant_array(n: Node) -> np.ndarray:
     """An array constant's data as the kernel reads it (a captured array: its own memory, read in place)."""
-    return np.frombuffer(n.param("data"), n.dtype.np).reshape(n.shape)
+    data = n.param("data")
+    return data.array if isinstance(data, ConstData) else np.frombuffer(data, n.dtype.np).reshape(n.shape)
 
 
 def kernel_constants(prep: Prepared) -> list[np.ndarray]:
@@ -145,7 +146,7 @@ def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dic
     for n, (task, choice) in choices.items():
         w = n.src[1]
         template = registry.get(task.template)
-        if w.prim == "array_const" and isinstance(w.param("data"), bytes) and template.prepack is not None:
+        if w.prim == "array_const" and isinstance(w.param("data"), ConstData) and template.prepack is not None:
             arrays = template.prepack(task.workload, choice.config, target, constant_array(w))
             if arrays:
                 out[n] = arrays

@@ -7,38 +7,91 @@ equal dims are one object; hints (this call's sizes) are never stored in nodes.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import os
 import struct
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
 
 from jitop.dtypes import DType
 from jitop.graph.shapes import Dim, as_dim
 from jitop.te.expr import Expr
 
 
-class ConstData(bytes):
-    """The bytes of an array constant (a frozen copy). Node interning hashes a sample of them (Python's hash of
-    100 MB of weights is a pass over them, and a repeated constant still compares in full), and the cache key
-    their sha256, computed once per constant.
+class ConstData:
+    """The value of an array constant: a read-only, C-contiguous array that nothing writes (a copy of what
+    the trace saw, or an array its owner handed over with `adopted`, which is not copied again). Node
+    interning hashes a sample of its bytes (Python's hash of 100 MB of weights would be a pass over them; a
+    repeated constant still compares in full), and the cache key its sha256, computed once.
 
-    >>> a, b = ConstData(bytes(1000)), ConstData(bytes(1000))
-    >>> hash(a) == hash(b) and a == b and a.digest == b.digest
+    >>> a, b = ConstData.of(np.zeros(250, np.float32)), ConstData.of(np.zeros(250, np.float32))
+    >>> hash(a) == hash(b) and a == b and a.digest == b.digest and not a.array.flags.writeable
     True
     """
 
     SAMPLE = 256  # bytes of the content the hash reads, spread evenly over it
 
+    def __init__(self, array: np.ndarray):
+        """Wraps `array` as it is (read-only, C-contiguous): build with `of`."""
+        self.array = array
+        self.bytes = memoryview(array).cast("B") if array.size else memoryview(b"")  # no cast of a 0 in a shape
+
+    @staticmethod
+    def of(a: np.ndarray) -> "ConstData":
+        """The constant for `a`: the one `adopted` registered for this very array, else a private copy."""
+        found = _ADOPTED.get(id(a))
+        if found is not None and found.array is a:
+            return found
+        copy = np.array(a, order="C", copy=True)
+        copy.flags.writeable = False
+        return ConstData(copy)
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
     def __hash__(self) -> int:
         step = max(1, len(self) // self.SAMPLE)
-        return hash((len(self), bytes(self[::step]), bytes(self[-8:])))
+        return hash((len(self), self.bytes[::step].tobytes(), self.bytes[-8:].tobytes()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConstData) and (self.array is other.array or len(self) == len(other) and bool(
+            np.array_equal(np.frombuffer(self.bytes, np.uint8), np.frombuffer(other.bytes, np.uint8))))
+
+    def __repr__(self) -> str:
+        return f"ConstData({self.array.dtype}{list(self.array.shape)})"
 
     @functools.cached_property
     def digest(self) -> str:
         """sha256 of the bytes, as hex."""
-        return hashlib.sha256(self).hexdigest()
+        return hashlib.sha256(self.bytes).hexdigest()
+
+
+_ADOPTED: dict[int, ConstData] = {}  # id(array) -> its constant, while an owner hands arrays over
+
+
+@contextlib.contextmanager
+def adopted(constants: Iterable[ConstData]) -> Iterator[None]:
+    """Inside the block, a trace that meets the array of one of `constants` uses that constant as it is
+    (`ConstData.of`), without a copy: for arrays their owner never writes (a loaded model's weights)."""
+    added = [c for c in constants if _ADOPTED.setdefault(id(c.array), c) is c]
+    try:
+        yield
+    finally:
+        for c in added:
+            _ADOPTED.pop(id(c.array), None)
+
+
+def adopt(a: np.ndarray) -> ConstData | None:
+    """A constant of `a` itself, made read-only (None unless `a` is a C-contiguous array of at least one dim):
+    its owner promises never to write it."""
+    if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
+        return None
+    a.flags.writeable = False
+    return ConstData(a)
 
 
 PARALLEL_DIGEST_BYTES = 32 << 20  # constants this large in all are hashed on every core (ResNet-50: 98 MB)
@@ -52,7 +105,7 @@ def digest_all(datas: Iterable[ConstData]) -> None:
     if workers < 2 or sum(len(d) for d in todo) < PARALLEL_DIGEST_BYTES:
         return
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for d, digest in zip(todo, pool.map(lambda d: hashlib.sha256(d).hexdigest(), todo)):
+        for d, digest in zip(todo, pool.map(lambda d: hashlib.sha256(d.bytes).hexdigest(), todo)):
             d.__dict__["digest"] = digest
 
 
@@ -119,10 +172,10 @@ def _content_key(n: Node) -> str:
 
 
 def _stable(params: tuple) -> str:
-    return repr(tuple((k, data_key(v) if isinstance(v, bytes) else v) for k, v in params))
+    return repr(tuple((k, data_key(v) if isinstance(v, (bytes, ConstData)) else v) for k, v in params))
 
 
-def data_key(v: bytes | bytearray) -> str:
+def data_key(v: "bytes | bytearray | ConstData") -> str:
     """What a key holds for constant bytes: their sha256 (a ConstData's, computed once)."""
     return "sha256:" + (v.digest if isinstance(v, ConstData) else hashlib.sha256(v).hexdigest())
 

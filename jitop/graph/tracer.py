@@ -57,7 +57,7 @@ def array_const(a: np.ndarray) -> Node:
         raise Unsupported(f"an array of dtype {a.dtype}")
     if a.ndim == 0:
         return scalar_const(a.item(), a.dtype)
-    return node("array_const", a.shape, dtypes.as_dtype(a.dtype), data=ConstData(np.ascontiguousarray(a)))
+    return node("array_const", a.shape, dtypes.as_dtype(a.dtype), data=ConstData.of(a))
 
 
 def weak_proxy(n: Node) -> Any:

@@ -15,9 +15,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jitop.graph.ir import adopt, adopted
+from jitop.graph.tracer import Tracer
 from jitop.kernel import KernelFunction, kernel
 from jitop.onnx.ops import OPS, Op, OnnxError
-from jitop.graph.tracer import Tracer
 from jitop.onnx.proto import Dim, Graph, ValueInfo
 
 
@@ -31,8 +32,14 @@ class Program:
         # outputs that do not depend on the inputs (a Constant, the Shape of a fixed-shape input): a traced run
         # returns None in their place, and they are kept here (output index -> value) to be filled in
         self.constants: dict[int, np.ndarray] = {}
+        # the weights are the program's own (never written): a trace takes them as constants without a copy
+        self.weights = [c for c in map(adopt, graph.initializers.values()) if c is not None]
 
     def __call__(self, *inputs: Any) -> tuple:
+        with adopted(self.weights):
+            return self._run(inputs)
+
+    def _run(self, inputs: tuple) -> tuple:
         env: dict[str, Any] = dict(self.graph.initializers)
         env.update(zip(self.input_names, inputs))
         opset = self.graph.opset

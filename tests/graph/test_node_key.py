@@ -88,21 +88,44 @@ def test_array_constants_intern_by_content_even_where_the_hash_sample_agrees():
     a = np.zeros(100_000, np.float32)
     b = a.copy()
     b[1] = 1.0  # byte 4..7: between the sampled bytes (every len // 256-th)
-    assert hash(ir.ConstData(a.tobytes())) == hash(ir.ConstData(b.tobytes()))
+    assert hash(ir.ConstData.of(a)) == hash(ir.ConstData.of(b)) and ir.ConstData.of(a) != ir.ConstData.of(b)
     na, nb = array_const(a), array_const(b)
     assert na is not nb and na.key != nb.key
     assert array_const(a.copy()) is na
     assert na.param("data").digest == hashlib.sha256(a.tobytes()).hexdigest()
 
 
+def test_a_constant_is_a_private_copy_unless_its_owner_hands_the_array_over():
+    """array_const snapshots what the trace saw (a later write to the array changes nothing); inside
+    `adopted`, the owner's own array is taken as it is, read-only, and not copied."""
+    import numpy as np
+    from jitop.graph.tracer import array_const
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    data = array_const(a).param("data")
+    a[0, 0] = 99
+    assert data.array[0, 0] == 0 and not data.array.flags.writeable and data.array is not a
+    w = np.arange(6, dtype=np.float64) + 0.5
+    owned = ir.adopt(w)
+    assert owned is not None and not w.flags.writeable
+    with ir.adopted([owned]):
+        assert array_const(w).param("data") is owned  # the array itself: no copy
+        assert array_const(w[::2]).param("data").array is not w  # a view of it is copied
+    outside = ir.ConstData.of(w)  # the hand-over ends with the block
+    assert outside == owned and outside.array is not w
+    assert ir.adopt(np.ones((3, 3)).T) is None  # not C-contiguous: copied when traced
+
+
 def test_digest_all_hashes_on_several_threads_and_leaves_none_running(monkeypatch: pytest.MonkeyPatch):
     """Large constants are hashed side by side (hashlib releases the GIL); the digests are sha256's, and no
     thread outlives the call (a forked compile needs this process to have one thread)."""
     import threading
+
+    import numpy as np
     monkeypatch.setattr(ir, "PARALLEL_DIGEST_BYTES", 0)
     before = threading.active_count()
-    datas = [ir.ConstData(bytes([k]) * (1000 + k)) for k in range(6)]
+    datas = [ir.ConstData.of(np.full(1000 + k, k, np.uint8)) for k in range(6)]
     ir.digest_all(datas + datas[:2])
     assert all("digest" in d.__dict__ for d in datas)  # computed by digest_all, not lazily below
-    assert [d.digest for d in datas] == [hashlib.sha256(d).hexdigest() for d in datas]
+    assert [d.digest for d in datas] == [hashlib.sha256(d.array.tobytes()).hexdigest() for d in datas]
     assert threading.active_count() == before
