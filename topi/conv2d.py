@@ -265,6 +265,10 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
         return used * reuse * mr / (mr + 1.5), mr * v
     mr, vectors = max(choices, key=score)
     bn = vectors * lanes
+    if depthwise_applies(wl):
+        # memory bound: read the input once, in place, instead of copying it padded and channels-last first
+        # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512)
+        return Conv2dConfig(mr=_depthwise_width(wl.ow, lanes), bn=bn, ic_unroll=1, algorithm="depthwise")
     unroll = max(u for u in range(1, max(1, min(wl.icg, 4)) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)
     # gemm packs the im2col'd input (K x OH*OW) instead of the weights (OC x K): worth it when OC >> OH*OW, and
@@ -275,10 +279,6 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     # ran at 20-99 GFLOP/s where gemm (vectors along the output pixels) ran 1.5-8x faster (AVX-512)
     ragged = wl.oc % bn != 0
     algorithm = "gemm" if gemm_applies(wl) and (pointwise or ragged or wl.oc > 2 * wl.oh * wl.ow) else "direct"
-    if depthwise_applies(wl):
-        # memory bound: read the input once, in place, instead of copying it padded and channels-last first
-        # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512)
-        return Conv2dConfig(mr=_depthwise_width(wl.ow, lanes), bn=bn, ic_unroll=1, algorithm="depthwise")
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
                         pack_per_panel=panels >= 4 * target.threads and wl.n == 1, algorithm=algorithm)
 
@@ -291,6 +291,15 @@ def _depthwise_width(ow: int, lanes: int) -> int:
         return ow
     widths = range(lanes, MAX_DEPTHWISE_VECTORS * lanes + 1, lanes)
     return min(widths, key=lambda w: (math.ceil(ow / w) * (w + lanes), -w))
+
+
+def _inside_input(wl: Conv2dWorkload, y: Expr, x: Expr) -> list[Expr]:
+    """The conditions that input row y and column x (unpadded coordinates) are inside the input, only those
+    some output reaches past (a side without padding that the kernel never overruns needs none)."""
+    (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
+    y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
+    return [c for c, needed in ((y >= 0, top > 0), (y < wl.h, y_end >= wl.h), (x >= 0, left > 0),
+                                (x < wl.w, x_end >= wl.w)) if _maybe(needed)]
 
 
 def _where_all(conditions: list[Expr], value: Expr, zero: Expr) -> Expr:
@@ -511,9 +520,7 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
     def column(bi: tuple, kk: Expr, p: Expr) -> Expr:
         i, r, s_ = tap(kk)
         y, x = (p // wl.ow) * sh + r * dh - top, (p % wl.ow) * sw + s_ * dw - left
-        y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
-        inside = [c for c, needed in ((p < area, width > area), (y >= 0, top > 0), (y < wl.h, y_end >= wl.h),
-                                      (x >= 0, left > 0), (x < wl.w, x_end >= wl.w)) if _maybe(needed)]
+        inside = ([p < area] if _maybe(width > area) else []) + _inside_input(wl, y, x)
         return _where_all(inside, read_input(bi[0], i, y, x), zero)
     mm = topi_matmul.matmul(weight, column, (wl.n,), wl.oc, width, k, dtype, cfg, name=f"{name}_gemm")
     out = te.compute(wl.out_shape, lambda n, oc, y, x: mm.out[n, oc, y * wl.ow + x], name=name)
@@ -532,17 +539,14 @@ def _conv2d_depthwise(read_input: Reader, read_weight: Reader, wl: Conv2dWorkloa
     """out[n, oc, y, x] = sum_{r, s} in[n, oc // ocg, y*sh + r*dh - top, x*sw + s*dw - left] * w[oc, 0, r, s],
     a read outside the input being zero (the condition is evaluated per lane: no padded copy)."""
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
-    y_end, x_end = (wl.oh - 1) * sh + (wl.kh - 1) * dh - top, (wl.ow - 1) * sw + (wl.kw - 1) * dw - left
     zero = te.const(0, dtype)
     r = te.reduce_axis((0, wl.kh), "r")
     s = te.reduce_axis((0, wl.kw), "s")
 
     def value(n: Expr, oc: Expr, y: Expr, x: Expr) -> Expr:
         yy, xx = y * sh + r.var * dh - top, x * sw + s.var * dw - left
-        inside = [c for c, needed in ((yy >= 0, top > 0), (yy < wl.h, y_end >= wl.h), (xx >= 0, left > 0),
-                                      (xx < wl.w, x_end >= wl.w)) if _maybe(needed)]
         channel = oc if wl.ocg == 1 else oc // wl.ocg
-        p = _where_all(inside, read_input(n, channel, yy, xx), zero)
+        p = _where_all(_inside_input(wl, yy, xx), read_input(n, channel, yy, xx), zero)
         return te.sum(p * read_weight(oc, 0, r.var, s.var), axis=[r, s])
     return DepthwiseConv(te.compute(wl.out_shape, value, name=name))
 
@@ -632,4 +636,5 @@ def _schedule_pack(s: Schedule, packed: te.Tensor, parallel: bool) -> None:
 
 TEMPLATE = registry.register(registry.Template("conv2d", Conv2dWorkload, config_space, default_config, compute,
                                                schedule, build, operand_reads,
-                                               kind_fields=("kh", "kw", "layout", "dtype", "depthwise"), prepack=prepack))
+                                               kind_fields=("kh", "kw", "layout", "dtype", "depthwise"),
+                                               prepack=prepack))
