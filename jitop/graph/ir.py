@@ -172,12 +172,12 @@ def _content_key(n: Node) -> str:
 
 
 def _stable(params: tuple) -> str:
-    return repr(tuple((k, data_key(v) if isinstance(v, (bytes, ConstData)) else v) for k, v in params))
+    return repr(tuple((k, data_key(v) if isinstance(v, ConstData) else v) for k, v in params))
 
 
-def data_key(v: "bytes | bytearray | ConstData") -> str:
-    """What a key holds for constant bytes: their sha256 (a ConstData's, computed once)."""
-    return "sha256:" + (v.digest if isinstance(v, ConstData) else hashlib.sha256(v).hexdigest())
+def data_key(v: ConstData) -> str:
+    """What a key holds for an array constant: its sha256, computed once per constant."""
+    return "sha256:" + v.digest
 
 
 def _exact(v: Any) -> Any:

@@ -81,7 +81,7 @@ def graph_key(prep: Prepared) -> str | None:
         for name, v in n.params:
             if isinstance(v, LiveArray):
                 v, live = f"live#{live}", live + 1
-            elif isinstance(v, (bytes, bytearray, ConstData)):
+            elif isinstance(v, ConstData):
                 v = data_key(v)
             else:
                 v = repr(v)
