@@ -15,25 +15,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from jitop.graph import prims
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.shapes import rep
 
-INPUTS = frozenset({"arg", "scalar_arg", "array_const"})
-COMPLEX = frozenset({"matmul", "conv2d"})  # complex-out-fusable: elementwise consumers run on their tiles
-OPAQUE = frozenset({"reduce", "argreduce"}) | COMPLEX
-EXPENSIVE_UFUNCS = frozenset("""exp exp2 expm1 log log2 log10 log1p logaddexp logaddexp2 sin cos tan arcsin arccos
-arctan arctan2 sinh cosh tanh arcsinh arccosh arctanh power float_power sqrt cbrt hypot divide true_divide
-floor_divide remainder mod fmod""".split())
-FREE = frozenset({"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "dim", "iota"})  # layout, index
-EXPENSIVE_COST = 10  # a division or transcendental, in cheap-op units
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
 FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
 # A consumer reading an inlined node twice (x * x) computes it once (the code generator emits equal
 # subexpressions once), but the passes before it walk the expression as a tree: a chain of such reads
 # doubles the tree at each step. A node read repeatedly is computed once when it costs more than this.
 MAX_REPEATED_COST = 64
-# read a smaller source once per output element (take: its indices, once per element of the rows they pick)
-BROADCASTING = frozenset({"broadcast", "ufunc", "where", "take"})
 # The most nodes one fused expression nests (a root and its inlined producers, along any path). The expression
 # passes (to_te, lowering, the simplifier, codegen) recurse over an expression's depth, so a bounded depth keeps
 # them within Python's stack for programs of any length. 64 elementwise ops per element between two passes
@@ -53,11 +44,8 @@ class Group:
 
 def op_cost(n: Node) -> int:
     """Cost of evaluating one element of `n` itself, in cheap-op units (layout and index changes are free)."""
-    if n.prim in FREE:
-        return 0
-    if n.prim == "concat":  # a chain of selects, one per part after the first
-        return max(1, len(n.src) - 1)
-    return EXPENSIVE_COST if n.prim == "ufunc" and n.param("name") in EXPENSIVE_UFUNCS else 1
+    p = prims.get(n.prim)
+    return 0 if p.free else p.cost(n)
 
 
 def recompute_cost(n: Node, materialized: set[Node] | dict, memo: dict[Node, int] | None = None) -> int:
@@ -74,11 +62,12 @@ def recompute_cost(n: Node, materialized: set[Node] | dict, memo: dict[Node, int
 
 
 def _inlined(s: Node, materialized: set[Node] | dict) -> bool:
-    return s not in materialized and s.prim not in INPUTS
+    return s not in materialized and not prims.get(s.prim).is_input
 
 
 def _inlinable(n: Node, why: dict[Node, str]) -> bool:
-    return n not in why and n.prim not in INPUTS and n.prim not in ("const", "dim")
+    p = prims.get(n.prim)
+    return n not in why and not p.is_input and not p.constant
 
 
 def materialize(outputs: list[Node]) -> dict[Node, str]:
@@ -88,11 +77,12 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
     reads = _reads(order)
     why: dict[Node, str] = {}
     for n in order:
-        if n.prim in INPUTS or n.prim in ("const", "dim") and n not in outputs:
+        p = prims.get(n.prim)
+        if p.is_input or p.constant and n not in outputs:
             continue
         if n in outputs:
             why[n] = "output of the function"
-        elif n.prim in OPAQUE:
+        elif p.own_stage:
             why[n] = f"{n.prim} (reductions, matmuls and convolutions get their own loop nest)"
     memo: dict[Node, int] = {}
     for n in reversed(order):  # consumers first, so a shared subtree is judged as a whole
@@ -135,14 +125,14 @@ def bound_depth(order: list[Node], why: dict[Node, str]) -> None:
 
 def _levels(n: Node) -> int:
     """How deep n's own expression nests: one, or a balanced tree of selects for a concatenation."""
-    return max(1, (len(n.src) - 1).bit_length()) if n.prim == "concat" else 1
+    return prims.get(n.prim).levels(n)
 
 
 def _broadcast_reads(n: Node, users: list[Node]) -> int:
     """How many times the consumers that broadcast `n` read each of its elements (1 if none does)."""
     # a heuristic: symbolic sizes at their representative value
     size = _rep_size(n)
-    return max([_rep_size(u) // max(size, 1) for u in users if u.prim in BROADCASTING and _rep_size(u) > size],
+    return max([_rep_size(u) // max(size, 1) for u in users if prims.get(u.prim).broadcasts and _rep_size(u) > size],
                default=1)
 
 
@@ -186,7 +176,7 @@ def groups(outputs: list[Node], why: dict[Node, str]) -> list[Group]:
         members, stack, seen = [], list(root.src), set()
         while stack:
             n = stack.pop()
-            if n in why or n.prim in INPUTS or id(n) in seen:
+            if n in why or prims.get(n.prim).is_input or id(n) in seen:
                 continue
             seen.add(id(n))
             members.append(n)

@@ -13,7 +13,7 @@ import heapq
 import itertools
 from typing import Any, Callable
 
-from jitop.graph.fusion import INPUTS, OPAQUE
+from jitop.graph import prims
 from jitop.graph.ir import Node, consumers, toposort
 from jitop.graph.shapes import at_most, provably_same, rep, same_dims
 from jitop.graph.to_te import Stages
@@ -111,12 +111,12 @@ class GraphIndex:
 def row_group(out: Node, materialized: dict[Node, str], outputs: list[Node], graph: GraphIndex) -> list[Node]:
     """Materialized nodes that only `out` reads (directly, through inlined nodes or through each other), that
     out can compute one output row at a time."""
-    if out.ndim < 2 or out.prim in OPAQUE:
+    if out.ndim < 2 or prims.get(out.prim).own_stage:
         return []
     lead = out.shape[:-1]
 
     def row_shaped(n: Node) -> bool:
-        if n.prim in OPAQUE - {"reduce"} or n in outputs:
+        if not prims.get(n.prim).row_fusable or n in outputs:
             return False
         return same_dims(n.shape, lead) or (n.ndim == out.ndim and same_dims(n.shape[:-1], lead)
                                              and any(provably_same(n.shape[-1], d) for d in (1, out.shape[-1])))
@@ -144,16 +144,13 @@ def _only_read_by(out: Node, candidate: Callable[[Node], bool], graph: GraphInde
         if n in seen:
             continue
         seen.add(n)
-        if n.prim in INPUTS or not candidate(n) or not all(u is out or u in region for u in graph.users[n]):
+        if prims.get(n.prim).is_input or not candidate(n) or not all(u is out or u in region for u in graph.users[n]):
             continue
         region.add(n)
         for s in n.src:
             if s not in seen:
                 heapq.heappush(heap, (-graph.position[s], id(s), s))
     return region
-
-
-_ELEMENTWISE = frozenset({"ufunc", "cast", "where"})
 
 
 def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str], graph: GraphIndex) -> Node | None:
@@ -173,7 +170,7 @@ def epilogue_of(m: Node, outputs: list[Node], materialized: dict[Node, str], gra
     if len(ends) != 1:
         return None
     (out,) = ends
-    if all(n.prim in _ELEMENTWISE and same_dims(n.shape, m.shape) for n in between | ends):
+    if all(prims.get(n.prim).elementwise and same_dims(n.shape, m.shape) for n in between | ends):
         return out
     return None
 

@@ -1,5 +1,6 @@
 """Tasks of a traced graph: each matmul/conv2d node as (template, workload, target), found through the
-template registry (the graph never imports jitop.topi by name).
+template registry (the graph never imports jitop.topi by name); a primitive's workload fields and the fields
+its template accepts symbolic are in its jitop.graph.prims entry.
 
 A symbolic dim in a workload field is named by its place, not by the trace's symbol: "s0~256" for the first
 distinct symbolic field, "s1~256" for the next (name~representative size), so the task, its tuning records and
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from jitop.graph import prims
 from jitop.graph.ir import Node, toposort
 from jitop.graph.shapes import DEFAULT_REP
 from jitop.te.expr import Expr
@@ -17,23 +19,6 @@ from jitop.tuner import registry
 from jitop.tuner.task import Task
 
 
-def _matmul(n: Node) -> dict[str, Any]:
-    a, b = n.src
-    return dict(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], dtype=n.dtype.name, a_batch=a.shape[:-2],
-                b_batch=b.shape[:-2])
-
-
-def _conv2d(n: Node) -> dict[str, Any]:
-    x, w = n.src
-    nchw = n.param("layout") == "NCHW"
-    nb, c, h, wd = x.shape if nchw else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
-    return dict(n=nb, c=c, h=h, w=wd, oc=w.shape[0], kh=w.shape[2], kw=w.shape[3], stride=n.param("stride"),
-                pads=n.param("pads"), dilation=n.param("dilation"), groups=n.param("groups"),
-                layout=n.param("layout"), dtype=n.dtype.name)
-
-
-WORKLOADS = {"matmul": _matmul, "conv2d": _conv2d}  # node primitive -> template name and workload fields
-SYMBOLIC_FIELDS = {"matmul": ("m", "n", "k"), "conv2d": ("n", "h", "w")}  # the fields a template takes symbolic
 # size buckets of a matmul's symbolic row count: (largest size of the bucket, the size its config is decided
 # at). Below 17 rows a different config wins (no packed B panels, one row block: 1.7x at 7 rows); a kernel
 # holds one bucket (a guard), and a call in another bucket gets that bucket's kernel.
@@ -46,7 +31,8 @@ def row_buckets(results: list[Node], hint: Callable[[Expr], int]) -> tuple[dict[
     reps: dict[Expr, int] = {}
     guards: list[tuple[Expr, str]] = []
     for n in toposort(results):
-        m = n.src[0].shape[-2] if n.prim == "matmul" and n.src[0].ndim >= 2 else None
+        rows = prims.get(n.prim).rows
+        m = rows(n) if rows is not None else None
         if not isinstance(m, Expr) or m in reps:
             continue
         size, low = hint(m), 2
@@ -64,8 +50,11 @@ def _named(n: Node, reps: Mapping[Expr, int] | None = None) -> tuple[dict[str, A
     """The node's workload fields with each symbolic dim named in field order ("s0~256": the size its config
     is decided at, DEFAULT_REP unless `reps` gives its bucket's), and the names' binding to the dims; a
     symbolic dim the template cannot take raises NotImplementedError."""
-    fields = WORKLOADS[n.prim](n)
-    allowed = SYMBOLIC_FIELDS[n.prim]
+    p = prims.get(n.prim)
+    if p.workload is None:
+        raise LookupError(f"graph primitive {n.prim!r} has no operator template (no workload in its prims entry)")
+    fields = p.workload(n)
+    allowed = p.symbolic_fields
     names: dict[Expr, str] = {}
     for f, v in fields.items():
         dims = v if isinstance(v, tuple) else (v,)
@@ -83,8 +72,7 @@ def binding(n: Node) -> dict[str, Expr]:
 
 def task_of(n: Node, target: Target, reps: Mapping[Expr, int] | None = None) -> Task | None:
     """The task computing node `n` with an operator template, or None for nodes without one."""
-    fields = WORKLOADS.get(n.prim)
-    if fields is None:
+    if prims.get(n.prim).workload is None:
         return None
     template = registry.get(n.prim)
     return Task(n.prim, template.workload_type(**_named(n, reps)[0]), target)

@@ -1,0 +1,255 @@
+"""Each primitive's lowering to tensor expressions, as jitop.graph.prims' table names them: an injective
+primitive's expression emitter (its value at an output index, as index math on its sources) and the stage
+builder of a primitive that gets a loop nest of its own (reductions, templates).
+
+The rules reach the graph being lowered only through `Lowerer` (jitop.graph.to_te.ToTE implements it), so
+this module imports nothing of to_te and the table can sit below it."""
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from jitop import te
+from jitop.graph.ir import Node
+from jitop.graph.shapes import rep
+from jitop.graph.ufuncs import UFUNCS, raise_if
+from jitop.schedule.schedule import ceildiv
+from jitop.te.expr import Expr, Op, as_expr, binary, const
+from jitop.te.tensor import broadcast_index
+
+Index = tuple[Expr, ...]
+# A row reduction keeps per-lane partial results in up to four vector registers, so independent
+# accumulator chains hide the add/max latency.
+RFACTOR_VECTORS = 4
+
+
+class Lowerer(Protocol):
+    """What a rule asks of the lowering of a graph (jitop.graph.to_te.ToTE)."""
+
+    st: Any  # to_te.Stages: the rules record their stages' kinds and a reduction's partial stages
+
+    def at(self, n: Node, idx: Index) -> Expr: ...
+    def fresh_name(self, base: str) -> str: ...
+    def lanes(self, n: Node) -> int: ...
+    def template(self, n: Node, readers: tuple) -> te.Tensor: ...
+
+
+def unravel(flat: Expr, shape: tuple[int, ...]) -> Index:
+    out = []
+    for k, d in enumerate(shape):
+        stride = math.prod(shape[k + 1:])
+        v = flat if isinstance(stride, int) and stride <= 1 else flat // stride
+        out.append(v % d if k > 0 else v)
+    return tuple(out)
+
+
+def ravel(idx: Index, shape: tuple[int, ...]) -> Expr:
+    flat: Expr = const(0)
+    for i, d in zip(idx, shape):
+        flat = flat * d + i
+    return flat
+
+
+# ** stages of their own: reductions and templates **
+
+def build_reduce(c: Lowerer, n: Node) -> te.Tensor:
+    """A reduction over `axes`; over the last axis, per-lane partials first (`_rfactor`)."""
+    (src,) = n.src
+    axes = n.param("axes")
+    op = n.param("op")
+    last = src.ndim - 1
+    # heuristics on a symbolic width decide at its representative size
+    if axes and axes[-1] == last and rep(src.shape[last]) >= 2 * c.lanes(n) and op in REDUCERS:
+        return _rfactor(c, n, src, axes, op)
+    rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
+
+    def body(*i: Expr) -> Expr:
+        return REDUCERS[op](c.at(src, _merge(i, rs, axes, src.ndim)), axis=rs)
+    t = te.compute(n.shape, body, name=c.fresh_name(op))
+    # reducing leading axes leaves the contiguous last axis as a data axis: vectorize along it
+    c.st.kind[t] = "reduce" if last in axes else "reduce_outer"
+    return t
+
+
+def _rfactor(c: Lowerer, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
+    """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
+    width = src.shape[-1]
+    vectors = max(1, min(RFACTOR_VECTORS, rep(width) // (2 * c.lanes(n))))
+    lanes = vectors * c.lanes(n)
+    outer = te.reduce_axis((0, ceildiv(width, lanes)), "ko")
+    others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
+    tail = isinstance(width, Expr) or width % lanes != 0
+
+    def partial(*i: Expr) -> Expr:
+        data, lane = i[:-1], i[-1]
+        col = outer * lanes + lane
+        idx = _merge(data, others, axes[:-1], src.ndim - 1) + (col,)
+        return REDUCERS[op](c.at(src, idx), axis=others + [outer], where=(col < width) if tail else None)
+    p = te.compute(n.shape + (lanes,), partial, name=c.fresh_name(f"{op}_partial"))
+    # combine the accumulator vectors lane-wise first (vectorized), then the lanes of one vector
+    vec = c.lanes(n)
+    j = te.reduce_axis((0, vectors), "j")
+    q = te.compute(n.shape + (vec,), lambda *i: REDUCERS[op](p[i[:-1] + (j * vec + i[-1],)], axis=j),
+                   name=c.fresh_name(f"{op}_lanes"))
+    lane = te.reduce_axis((0, vec), "lane")
+    t = te.compute(n.shape, lambda *i: REDUCERS[op](q[i + (lane,)], axis=lane), name=c.fresh_name(op))
+    c.st.kind[p], c.st.kind[q], c.st.kind[t] = "partial", "partial", "reduce"
+    c.st.partials[t] = [q, p]
+    return t
+
+
+def build_argreduce(c: Lowerer, n: Node) -> te.Tensor:
+    """argmax/argmin: the best value along the axis, then the first index holding it (or a NaN)."""
+    (src,) = n.src
+    ax, width = n.param("axis"), src.shape[n.param("axis")]
+    best_op = "max" if n.param("op") == "argmax" else "min"
+    k1 = te.reduce_axis((0, width), "k")
+    best = te.compute(n.shape, lambda *i: REDUCERS[best_op](c.at(src, _merge(i, [k1], (ax,), src.ndim)), axis=k1),
+                      name=c.fresh_name(best_op))
+    k2 = te.reduce_axis((0, width), "k")
+
+    def first_index(*i: Expr) -> Expr:
+        x = c.at(src, _merge(i, [k2], (ax,), src.ndim))
+        hit = (x == best[i]) | te.isnan(x) if src.dtype.is_float else x == best[i]
+        return te.min(te.select(hit, k2.var, width), axis=k2)
+    t = te.compute(n.shape, first_index, name=c.fresh_name(n.param("op")))
+    c.st.kind[best], c.st.kind[t] = "reduce", "reduce"
+    return t
+
+
+def build_matmul(c: Lowerer, n: Node) -> te.Tensor:
+    """The matmul template's stages; its operands read through the producers inlined into them."""
+    a, b = n.src
+    return c.template(n, (lambda ai, i, r: c.at(a, ai + (i, r)), lambda bi, r, j: c.at(b, bi + (r, j))))
+
+
+def build_conv2d(c: Lowerer, n: Node) -> te.Tensor:
+    """The conv2d template's stages; its operands read through the producers inlined into them."""
+    x, w = n.src
+    nchw = n.param("layout") == "NCHW"
+    return c.template(n, (lambda b, ch, y, xx: c.at(x, (b, ch, y, xx) if nchw else (b, y, xx, ch)),
+                          lambda o, i, r, s: c.at(w, (o, i, r, s))))
+
+
+def _merge(data: Index, reduce_axes: list, axes: tuple[int, ...], ndim: int) -> Index:
+    """A source index from the output's data index and the reduce axes at positions `axes`."""
+    it, out = iter(data), []
+    for d in range(ndim):
+        out.append(reduce_axes[axes.index(d)].var if d in axes else next(it))
+    return tuple(out)
+
+
+REDUCERS: dict[str, te.Reducer] = {
+    "sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min, "all": te.min, "any": te.max,
+    # NaN is the identity of fmax/fmin (they ignore it), so an all-NaN slice stays NaN as in numpy
+    "fmax": te.comm_reducer(UFUNCS["fmax"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).min, "fmax"),
+    "fmin": te.comm_reducer(UFUNCS["fmin"], lambda dt: np.nan if dt.is_float else np.iinfo(dt.np).max, "fmin"),
+    # a max whose NaN handling is unspecified (one maxps per vector): for a shift like softmax's, where a
+    # NaN in the row makes the result NaN anyway
+    "shift_max": te.comm_reducer(lambda a, b: te.select(a > b, a, b),
+                                 lambda dt: -np.inf if dt.is_float else np.iinfo(dt.np).min, "shift_max"),
+}
+
+
+# ** injective nodes as index math **
+
+def emit_const(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return const(n.param("value"), n.dtype)
+
+
+def emit_dim(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return te.cast(n.param("expr"), n.dtype)  # a size: an expression of the kernel's shape symbols
+
+
+def emit_ufunc(c: Lowerer, n: Node, idx: Index) -> Expr:
+    # a constant operand is made in the loop dtype directly (a Python int may not fit int64)
+    args = [const(s.param("value"), dt) if s.prim == "const" else
+            te.cast(c.at(s, broadcast_index(s.shape, n.shape, idx)), dt)
+            for s, dt in zip(n.src, n.param("in_dtypes"))]
+    return te.cast(UFUNCS[n.param("name")](*args), n.dtype)
+
+
+def emit_cast(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return te.cast(c.at(n.src[0], idx), n.dtype)
+
+
+def emit_broadcast(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return c.at(n.src[0], broadcast_index(n.src[0].shape, n.shape, idx))
+
+
+def emit_reshape(c: Lowerer, n: Node, idx: Index) -> Expr:
+    src = n.src[0]
+    return c.at(src, unravel(ravel(idx, n.shape), src.shape))
+
+
+def emit_transpose(c: Lowerer, n: Node, idx: Index) -> Expr:
+    perm = n.param("perm")
+    src_idx = [None] * len(perm)
+    for k, p in enumerate(perm):
+        src_idx[p] = idx[k]
+    return c.at(n.src[0], tuple(src_idx))
+
+
+def emit_index(c: Lowerer, n: Node, idx: Index) -> Expr:
+    src_idx = tuple(as_expr(s[1]) if s[0] == "int" else idx[s[3]] * s[2] + s[1] for s in n.param("spec"))
+    return c.at(n.src[0], src_idx)
+
+
+def emit_concat(c: Lowerer, n: Node, idx: Index) -> Expr:
+    ax = n.param("axis")
+    parts, start = [], 0
+    for s in n.src:
+        if isinstance(s.shape[ax], Expr) or s.shape[ax]:  # a symbolic part that is empty is never selected
+            parts.append((s, start))
+        start += s.shape[ax]
+    if not parts:
+        return const(0, n.dtype)  # every part empty: so is the result
+    return _select_part(c, parts, idx, ax)
+
+
+def _select_part(c: Lowerer, parts: list[tuple[Node, int]], idx: Index, ax: int) -> Expr:
+    """The value of the part (node, start) that holds idx[ax]: a balanced tree of selects on the parts'
+    starts, so a concatenation of k arrays nests log2(k) deep, not k (the expression passes recurse)."""
+    if len(parts) == 1:
+        s, lo = parts[0]
+        return c.at(s, idx[:ax] + (idx[ax] - lo,) + idx[ax + 1:])
+    mid = len(parts) // 2
+    return te.if_then_else(idx[ax] < parts[mid][1], _select_part(c, parts[:mid], idx, ax),
+                           _select_part(c, parts[mid:], idx, ax))
+
+
+def emit_where(c: Lowerer, n: Node, idx: Index) -> Expr:
+    cond, a, b = (c.at(s, broadcast_index(s.shape, n.shape, idx)) for s in n.src)
+    return te.if_then_else(cond, a, b)
+
+
+def emit_iota(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return te.cast(idx[n.param("axis")], n.dtype)
+
+
+def emit_copy(c: Lowerer, n: Node, idx: Index) -> Expr:
+    return c.at(n.src[0], idx)
+
+
+def emit_take(c: Lowerer, n: Node, idx: Index) -> Expr:
+    """src at the position its int64 index gives (jitop.graph.take): clamped into the axis for the load in
+    every mode, so an index that raises never reads outside src."""
+    src, ind = n.src
+    ax, k, mode = n.param("axis"), ind.ndim, n.param("mode")
+    size = src.shape[ax]
+    if type(size) is int and size == 0:
+        return const(0, n.dtype)  # the tracer refused a non-empty take from it: there is no element
+    i = c.at(ind, idx[ax:ax + k])
+    if mode == "wrap":
+        pos = binary(Op.FLOORMOD, i, size)
+    else:
+        pos = te.select(i < 0, i + size, i) if mode == "raise" else i
+    # clip's clamp; for the others a no-op (a wrapped index is in range, a bad one raises) the bounds prover sees
+    pos = te.max(te.min(pos, size - 1), const(0, i.dtype))
+    value = c.at(src, idx[:ax] + (pos,) + idx[ax + k:])
+    if mode != "raise":
+        return value
+    bad = (i < -size) | (i >= size)
+    return raise_if(value, bad, f"IndexError: index out of bounds for axis {ax} with size {size}")
