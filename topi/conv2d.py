@@ -41,6 +41,7 @@ Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
 MAX_MR = 16  # widest register tile along the output row
 GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up to 12 whatever the width
 MAX_DEPTHWISE_VECTORS = 4  # the depthwise algorithm's register tile: up to 4 vectors of one output row
+IN_KERNEL_READS = 4  # how many reads an operand read in place by the micro-kernel counts as, at least
 
 
 @dataclass(frozen=True)
@@ -183,11 +184,11 @@ def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
     lanes = target.lanes(wl.itemsize)
     space = ConfigSpace()
     if is_sym(wl.w):
-        widest = max(MAX_MR, MAX_DEPTHWISE_VECTORS * lanes if depthwise_applies(wl) else 0)
+        widest = max(MAX_MR, MAX_DEPTHWISE_VECTORS * lanes if row_vectors(wl) else 0)
         space.define_split("tile_ow", wl.w, candidates=[(-1, r) for r in range(1, widest + 1)])
     else:
         rows = max(min(wl.ow, MAX_MR), GEMM_MR if gemm_applies(wl) else 0,
-                   min(wl.ow, MAX_DEPTHWISE_VECTORS * lanes) if depthwise_applies(wl) else 0)
+                   min(wl.ow, MAX_DEPTHWISE_VECTORS * lanes) if row_vectors(wl) else 0)
         space.define_split("tile_ow", wl.ow, candidates=[(math.ceil(wl.ow / r), r) for r in range(1, rows + 1)])
     space.define_split("tile_oc", wl.oc, candidates=[(math.ceil(wl.oc / (v * lanes)), v * lanes) for v in (1, 2, 3, 4)
                                                     if v == 1 or (v - 1) * lanes < wl.oc])
@@ -201,14 +202,26 @@ def config_space(wl: Conv2dWorkload, target: Target) -> ConfigSpace:
 
 
 def gemm_applies(wl: Conv2dWorkload) -> bool:
-    """The gemm formulation reads OIHW weights as matmul rows and writes NCHW output rows: one group."""
-    return wl.layout == "NCHW" and wl.groups == 1
+    """The gemm formulation, one group: in NCHW, OIHW weights are the matmul's rows and the im2col'd input its
+    columns (NCHW output rows); in NHWC, for an unpadded 1x1 convolution, the input pixels (channels-last rows)
+    are the rows and the transposed weights the columns (NHWC output rows): a plain matmul, no im2col."""
+    return wl.groups == 1 and (wl.layout == "NCHW" or pixel_rows(wl))
+
+
+def pixel_rows(wl: Conv2dWorkload) -> bool:
+    """An NHWC pointwise convolution without padding: out[n, pixel, :] = in[n, strided pixel, :] @ W.T."""
+    return wl.layout == "NHWC" and wl.kh == wl.kw == 1 and not any(wl.pads)
 
 
 def depthwise_applies(wl: Conv2dWorkload) -> bool:
-    """Each output channel reads one input channel (MobileNet's 3x3 convolutions), in NCHW: the rows of a
-    channel plane are the vectors."""
-    return wl.layout == "NCHW" and wl.depthwise
+    """Each output channel reads one input channel (MobileNet's 3x3 convolutions): in NCHW the rows of a
+    channel plane are the vectors; in NHWC, with one output channel per input channel, the channels are."""
+    return wl.depthwise and (wl.layout == "NCHW" or wl.ocg == 1)
+
+
+def row_vectors(wl: Conv2dWorkload) -> bool:
+    """The depthwise algorithm vectorizes along output rows (NCHW): its tile may be several vectors wide."""
+    return depthwise_applies(wl) and wl.layout == "NCHW"
 
 
 def default_config(wl: Conv2dWorkload, target: Target) -> Config:
@@ -218,7 +231,7 @@ def default_config(wl: Conv2dWorkload, target: Target) -> Config:
     symbolic, wl = wl, at_rep(wl)
     cfg = default_tile(wl, target)
     if cfg.algorithm == "gemm":
-        mm = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
+        mm = topi_matmul.default_tile(*_gemm_shape(wl), wl.itemsize, target)
         space = config_space(symbolic, target)
         lanes = target.lanes(wl.itemsize)
         whole = [lanes, 2 * lanes, 4 * lanes]  # 1, 2 or 4 vectors: a 3-vector tile of 40 channels ran at 0.1x
@@ -267,8 +280,9 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     bn = vectors * lanes
     if depthwise_applies(wl):
         # memory bound: read the input once, in place, instead of copying it padded and channels-last first
-        # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512)
-        return Conv2dConfig(mr=_depthwise_width(wl.ow, lanes), bn=bn, ic_unroll=1, algorithm="depthwise")
+        # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512); NHWC: mr pixels x bn channels
+        width = _depthwise_width(wl.ow, lanes) if row_vectors(wl) else mr
+        return Conv2dConfig(mr=width, bn=bn, ic_unroll=1, algorithm="depthwise")
     unroll = max(u for u in range(1, max(1, min(wl.icg, 4)) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)
     # gemm packs the im2col'd input (K x OH*OW) instead of the weights (OC x K): worth it when OC >> OH*OW, and
@@ -278,6 +292,7 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     # and when the register tile's channels do not divide the output channels: direct's partial last tile
     # ran at 20-99 GFLOP/s where gemm (vectors along the output pixels) ran 1.5-8x faster (AVX-512)
     ragged = wl.oc % bn != 0
+    # (an NHWC pointwise convolution is a plain matmul: 1.3-1.8x faster than direct at ResNet-50's 1x1 shapes)
     algorithm = "gemm" if gemm_applies(wl) and (pointwise or ragged or wl.oc > 2 * wl.oh * wl.ow) else "direct"
     return Conv2dConfig(mr=mr, bn=bn, ic_unroll=unroll, oc_outer=True,
                         pack_per_panel=panels >= 4 * target.threads and wl.n == 1, algorithm=algorithm)
@@ -319,14 +334,21 @@ def compute(wl: Conv2dWorkload, config: Config, target: Target, readers: tuple[R
     logical NCHW / OIHW coordinates, whatever the memory layout. A symbolic workload needs `binding`
     ({name: te symbol}); n, h, w may also be te expressions themselves. packed: the weights as `prepack`
     made them, an input of the kernel (then they are not packed on each call)."""
-    return conv2d(*readers, bound(wl, binding), wl.dtype, Conv2dConfig.from_config(config), target, name,
-                  packed[0] if packed else None)
+    return conv2d(*readers, bound(wl, binding), wl.dtype, Conv2dConfig.from_config(config), target, name, packed)
 
 
 def prepack(wl: Conv2dWorkload, config: Config, target: Target, weight: np.ndarray) -> list[np.ndarray]:
     """The direct algorithm's packed weights, [panels, kh, kw, icg, bn] (zero past oc), from constant OIHW
-    weights ([] for the gemm and depthwise algorithms, which read them in place)."""
+    weights; for gemm with pixel rows, the transposed weights as the matmul packs its B; for NHWC depthwise,
+    [kh, kw, oc] (a tap's channels contiguous); [] for the NCHW gemm and depthwise, which read them in place."""
     cfg = Conv2dConfig.from_config(config)
+    if cfg.algorithm == "depthwise" and wl.layout == "NHWC":
+        return [np.ascontiguousarray(weight.reshape(wl.oc, wl.kh, wl.kw).transpose(1, 2, 0))]
+    if cfg.algorithm == "gemm" and pixel_rows(wl):
+        mm = _gemm_tile(wl, cfg, target)
+        m, n, k = _gemm_shape(at_rep(wl))
+        return topi_matmul.prepack(topi_matmul.MatmulWorkload(m, wl.oc, wl.c, wl.dtype), mm.to_config(m, n, k),
+                                   target, weight.reshape(wl.oc, wl.c).T)
     if cfg.algorithm in ("gemm", "depthwise"):
         return []
     bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
@@ -343,7 +365,8 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, confi
     elif isinstance(t, GemmConv):
         if epilogue is not None:
             s[t.out].compute_inline()
-        topi_matmul.schedule_tile(s, t.mm, t.cfg, target, epilogue=epilogue if epilogue is not None else t.out)
+        topi_matmul.schedule_tile(s, t.mm, t.cfg, target, epilogue=epilogue if epilogue is not None else t.out,
+                                  view_rows=pixel_rows(wl))
     else:
         schedule_direct(s, t, wl, Conv2dConfig.from_config(config), target, epilogue)
 
@@ -363,12 +386,16 @@ def build(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[Schedule,
 
 
 def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, cfg: Conv2dConfig, target: Target,
-           name: str = "conv2d", prepacked: te.Tensor | None = None) -> "ConvTensors | GemmConv":
-    """The convolution's stages for a typed config (`prepacked`: the packed weights as an input)."""
+           name: str = "conv2d", prepacked: Sequence[te.Tensor] = ()) -> "ConvTensors | GemmConv":
+    """The convolution's stages for a typed config (`prepacked`: the packed weights as inputs, as `prepack`
+    made them)."""
     if cfg.algorithm == "gemm":
+        if pixel_rows(wl):
+            return _conv2d_pixel_rows(read_input, read_weight, wl, dtype, cfg, target, name, prepacked)
         return _conv2d_gemm(read_input, read_weight, wl, dtype, cfg, target, name)
     if cfg.algorithm == "depthwise":
-        return _conv2d_depthwise(read_input, read_weight, wl, dtype, name)
+        return _conv2d_depthwise(read_input, read_weight, wl, dtype, name, prepacked[0] if prepacked else None)
+    prepacked = prepacked[0] if prepacked else None
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     hp, wp = (_simplified((wl.oh - 1) * sh + (wl.kh - 1) * dh + 1),
               _simplified((wl.ow - 1) * sw + (wl.kw - 1) * dw + 1))
@@ -527,27 +554,62 @@ def _conv2d_gemm(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dt
     return GemmConv(out, mm, cfg)
 
 
+def _conv2d_pixel_rows(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, conv: Conv2dConfig,
+                       target: Target, name: str, prepacked: Sequence[te.Tensor]) -> GemmConv:
+    """An unpadded NHWC 1x1 convolution as C[n, p, oc] = X[n, pixel p (strided), :] @ W[oc, :].T: the input's
+    channels-last pixels are A's rows, read in place; the weights are B, packed once (not per image)."""
+    (sh, sw), area = wl.stride, wl.oh * wl.ow
+
+    def pixel(bi: tuple, p: Expr, ch: Expr) -> Expr:
+        return read_input(bi[0], ch, (p // wl.ow) * sh, (p % wl.ow) * sw)
+
+    def weight(bi: tuple, ch: Expr, oc: Expr) -> Expr:
+        return read_weight(oc, ch, 0, 0)
+    cfg = _gemm_tile(wl, conv, target)
+    mm = topi_matmul.matmul(pixel, weight, (wl.n,), area, wl.oc, wl.c, dtype, cfg, name=f"{name}_gemm", b_batch=(),
+                            b_index=lambda bi: (), prepacked=prepacked)
+    out = te.compute(wl.out_shape, lambda n, y, x, oc: mm.out[n, y * wl.ow + x, oc], name=name)
+    return GemmConv(out, mm, cfg)
+
+
+def _gemm_shape(wl: Conv2dWorkload) -> tuple[Size, Size, Size]:
+    """(rows, columns, reduction) of the gemm algorithm's matmul: (OC, pixels, C*KH*KW) in NCHW, (pixels, OC,
+    C) for an NHWC pointwise convolution."""
+    if pixel_rows(wl):
+        return wl.oh * wl.ow, wl.oc, wl.c
+    return wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw
+
+
 @dataclass(frozen=True)
 class DepthwiseConv:
-    """The one stage of a depthwise convolution: `out` (N, OC, OH, OW), read straight from the input."""
+    """The stages of a depthwise convolution: `out` (in the workload's layout), read straight from the input,
+    and in NHWC the weights as [kh, kw, oc] (`packed`, a stage or the prepacked input; None in NCHW)."""
 
     out: te.Tensor
+    packed: te.Tensor | None = None
 
 
-def _conv2d_depthwise(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, name: str
-                      ) -> DepthwiseConv:
+def _conv2d_depthwise(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, name: str,
+                      prepacked: te.Tensor | None = None) -> DepthwiseConv:
     """out[n, oc, y, x] = sum_{r, s} in[n, oc // ocg, y*sh + r*dh - top, x*sw + s*dw - left] * w[oc, 0, r, s],
     a read outside the input being zero (the condition is evaluated per lane: no padded copy)."""
     (sh, sw), (dh, dw), (top, _, left, _) = wl.stride, wl.dilation, wl.pads
     zero = te.const(0, dtype)
     r = te.reduce_axis((0, wl.kh), "r")
     s = te.reduce_axis((0, wl.kw), "s")
+    packed = None
+    if wl.layout == "NHWC":  # a tap's weights for a vector of channels: one contiguous load
+        packed = prepacked if prepacked is not None else te.compute(
+            (wl.kh, wl.kw, wl.oc), lambda y, x, oc: read_weight(oc, 0, y, x), name=f"{name}_packedW")
 
     def value(n: Expr, oc: Expr, y: Expr, x: Expr) -> Expr:
         yy, xx = y * sh + r.var * dh - top, x * sw + s.var * dw - left
         channel = oc if wl.ocg == 1 else oc // wl.ocg
         p = _where_all(_inside_input(wl, yy, xx), read_input(n, channel, yy, xx), zero)
-        return te.sum(p * read_weight(oc, 0, r.var, s.var), axis=[r, s])
+        weight = read_weight(oc, 0, r.var, s.var) if packed is None else packed[r.var, s.var, oc]
+        return te.sum(p * weight, axis=[r, s])
+    if wl.layout == "NHWC":
+        return DepthwiseConv(te.compute(wl.out_shape, lambda n, y, x, oc: value(n, oc, y, x), name=name), packed)
     return DepthwiseConv(te.compute(wl.out_shape, value, name=name))
 
 
@@ -561,6 +623,9 @@ def schedule_depthwise(s: Schedule, t: DepthwiseConv, wl: Conv2dWorkload, cfg: C
     if epilogue is not None:
         s[t.out].compute_inline()
     stage = s[epilogue if epilogue is not None else t.out]
+    if wl.layout == "NHWC":
+        _schedule_depthwise_nhwc(s, stage, s[cache], t.packed, cfg, lanes, target.threads)
+        return
     n, oc, oh, ow = stage.op.axis
     owo, owi = stage.split(ow, factor=cfg.mr)
     stage.vectorize(owi)  # at most MAX_DEPTHWISE_VECTORS vectors wide: one vector instruction per register
@@ -578,11 +643,35 @@ def schedule_depthwise(s: Schedule, t: DepthwiseConv, wl: Conv2dWorkload, cfg: C
     stage.parallel(_parallel_loop(stage, (n, oc, oh), target.threads))
 
 
+def _schedule_depthwise_nhwc(s: Schedule, stage, cs, packed: te.Tensor, cfg: Conv2dConfig, lanes: int,
+                             threads: int) -> None:
+    """NHWC: a register tile of cfg.mr output pixels of a row x cfg.bn channels (vectors), summed over the
+    unrolled taps: a tap's weight vectors serve the tile's pixels; output rows in parallel."""
+    n, oh, ow, oc = stage.op.axis
+    owo, owi = stage.split(ow, factor=cfg.mr)
+    oco, oci = stage.split(oc, factor=cfg.bn)
+    stage.reorder(n, oh, owo, oco, owi, oci)
+    stage.vectorize(oci)
+    cs.compute_at(stage, oco)
+    _, _, x, c = cs.op.axis
+    r, s_ = cs.op.reduce_axis
+    cv, cl = cs.split(c, factor=min(lanes, cfg.bn))
+    cs.reorder(r, s_, x, cv, cl)
+    cs.unroll(r)
+    cs.unroll(s_)
+    cs.unroll(x)
+    cs.unroll(cv)
+    cs.vectorize(cl)
+    stage.parallel(_parallel_loop(stage, (n, oh), threads))
+    if not isinstance(packed.op, PlaceholderOp):  # packed on each call: kh*kw*oc values, vectorized
+        s[packed].vectorize(s[packed].op.axis[-1])
+
+
 def _gemm_tile(wl: Conv2dWorkload, conv: Conv2dConfig, target: Target) -> topi_matmul.MatmulConfig:
     """The matmul config of the gemm algorithm: the register tile from the conv2d config's tile knobs, the
     loop order and packing as matmul's default for (OC, OH*OW, C*KH*KW) (at the representative size)."""
     wl = at_rep(wl)
-    base = topi_matmul.default_tile(wl.oc, wl.oh * wl.ow, wl.c * wl.kh * wl.kw, wl.itemsize, target)
+    base = topi_matmul.default_tile(*_gemm_shape(wl), wl.itemsize, target)
     panel_outer = not conv.oc_outer
     return dataclasses.replace(base, mr=conv.mr, bn=conv.bn, k_unroll=conv.ic_unroll, panel_outer=panel_outer,
                                pack_per_panel=base.pack_b and panel_outer and conv.pack_per_panel)
@@ -592,8 +681,9 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     """How many times the schedule evaluates each element of the input and of the weights. Direct: the
     input once (into the padded copy), the weights once per batch image when packed per panel, else
     once. Gemm: each input element once per kernel tap (im2col), times the row blocks if not packed; the
-    weights (matmul's A) once per pixel panel and image. Depthwise: each input element once per tap that
-    reaches it from each of its output channels, a weight once per register tile.
+    weights (matmul's A) once per pixel panel and image; NHWC 1x1 (pixel rows): the input once per panel of
+    output channels (at least IN_KERNEL_READS), the weights once. Depthwise: each input element once per tap
+    that reaches it from each of its output channels, a weight once per register tile (NHWC: once, packed).
 
     >>> wl = Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1, 1, 1))
     >>> operand_reads(wl, default_config(wl, Target.from_string("haswell")), Target.from_string("haswell"))
@@ -603,10 +693,16 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     wl = at_rep(wl)
     if conv.algorithm == "depthwise":
         taps = math.ceil(wl.kh * wl.kw * wl.ocg / (wl.stride[0] * wl.stride[1]))
-        return taps, wl.n * wl.oh * math.ceil(wl.ow / conv.mr)
+        return taps, 1 if wl.layout == "NHWC" else wl.n * wl.oh * math.ceil(wl.ow / conv.mr)
     if conv.algorithm != "gemm":
         return 1, wl.n if conv.pack_per_panel and conv.oc_outer else 1
     cfg = _gemm_tile(wl, conv, target)
+    if pixel_rows(wl):  # the input is A (once per panel of output channels), the weights B (packed once)
+        # A's scalars feed the register tile straight from memory: a producer's arithmetic evaluated there costs
+        # as much as rereading the element several times (a bias + relu fused there ran the 1x1 convs of
+        # ResNet's first stage 2.4x slower than computing it once, on the previous convolution's tile)
+        reads = max(math.ceil(wl.oc / cfg.bn), IN_KERNEL_READS)
+        return reads, 1 if cfg.pack_b else wl.n * math.ceil(wl.oh * wl.ow / cfg.mr)
     row_blocks = 1 if cfg.pack_b else math.ceil(wl.oc / cfg.mr)
     return wl.kh * wl.kw * row_blocks, wl.n * math.ceil(wl.oh * wl.ow / cfg.bn)
 

@@ -363,12 +363,13 @@ def _chunk(a: Reader, b: Reader, batch: tuple[int, ...], b_batch: tuple[int, ...
 
 
 def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Target,
-                  epilogue: te.Tensor | None = None) -> None:
+                  epilogue: te.Tensor | None = None, view_rows: bool = False) -> None:
     """Register-tiled schedule: each chunk's C tile in registers, packing and the outer loop parallel.
 
     With `epilogue` (an elementwise consumer of C of the same shape, e.g. bias + activation), the
     epilogue is computed straight from the register tile: C never goes to memory. The epilogue may view
-    C's last axis as several (a convolution's output rows x columns): they are fused back into one.
+    C's last axis as several (an NCHW convolution's output rows x columns), or with `view_rows` C's rows
+    (an NHWC convolution's pixels): they are fused back into one.
     """
     flops = _flops(t)
     serial = flops is not None and flops < SERIAL_FLOPS  # a symbolic product: the kernel decides at run time
@@ -380,7 +381,7 @@ def schedule_tile(s: Schedule, t: MatmulTensors, cfg: MatmulConfig, target: Targ
             s[part.acc].compute_inline()
         if part.core is not dest:
             s[part.core].compute_inline()
-        outer = _tile(s, s[dest], s[cache], t.out.ndim, cfg, target.threads, serial)
+        outer = _tile(s, s[dest], s[cache], t.out.ndim, cfg, target.threads, serial, view_rows)
         if part.packed is None or isinstance(part.packed.op, PlaceholderOp):  # in place, or prepacked
             continue
         if serial:
@@ -405,11 +406,16 @@ def _flops(t: MatmulTensors) -> int | None:
     return 2 * math.prod(t.out.shape) * k
 
 
-def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, threads: int, serial: bool = False):
+def _tile(s: Schedule, stage, cs, ndim: int, cfg: MatmulConfig, threads: int, serial: bool = False,
+          view_rows: bool = False):
     """Tile `stage` around the register tile `cs`; returns the parallel loop if it holds one panel per
-    iteration (where a panel can be packed), else None."""
+    iteration (where a panel can be packed), else None. A stage with more axes than C views C's last axis
+    as several (or with `view_rows` its rows): they are fused back into one."""
     axes = list(stage.op.axis)
-    if len(axes) > ndim:
+    extra = len(axes) - ndim
+    if extra > 0 and view_rows:
+        axes = axes[:ndim - 2] + [stage.fuse(*axes[ndim - 2:ndim - 1 + extra])] + axes[-1:]
+    elif extra > 0:
         axes = axes[:ndim - 1] + [stage.fuse(*axes[ndim - 1:])]
     *batch, i, j = axes
     io, jo, ii, ji = stage.tile(i, j, cfg.mr, cfg.bn)

@@ -16,6 +16,7 @@ from jitop.graph import schedule_rules
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import ConstData, Node, node, toposort
+from jitop.graph.layout import channels_last
 from jitop.graph.tasks import binding as task_binding
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
@@ -61,8 +62,9 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call;
     `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
-    # every returned array is its own buffer, even if two results are the same expression
-    outputs = distinct_outputs(results)
+    # every returned array is its own buffer, even if two results are the same expression; dense convolutions
+    # run channels-last
+    outputs = distinct_outputs(channels_last(results))
     unique = list(dict.fromkeys(outputs))
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)
     why = materialize(unique)
@@ -156,7 +158,7 @@ def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dic
 def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]:
     """The tasks (matmul/conv2d workloads) compiling `results` would pick configs for, in graph order, one
     per templated node (a task used twice is listed twice: it runs twice per call)."""
-    unique = list(dict.fromkeys(distinct_outputs(results)))
+    unique = list(dict.fromkeys(distinct_outputs(channels_last(results))))
     return list(extract_tasks(materialize(unique), target or default_target()).values())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from jitop.graph.ir import Node, toposort
+from jitop.graph.layout import channels_last
 
 
 def _node_line(n: Node, names: dict[Node, str]) -> str:
@@ -47,6 +48,12 @@ def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, 
     lines = [f"jitop.kernel '{name}' — {'in-memory cache hit' if cached else 'compiled for this call (cache miss)'}",
              "", "traced graph:"]
     lines += [_node_line(n, names) for n in order if n not in trace.inputs]
+    rewritten = [n for n in toposort(channels_last(trace.results)) if n not in names]
+    if rewritten:  # the nodes the compiled graph has in place of the traced ones, numbered after them
+        names.update((n, f"%{k}") for k, n in enumerate(rewritten, start=len(order)))
+        lines += ["", "compiled graph (convolutions channels-last, transposes pushed through elementwise ops and "
+                  "poolings):"]
+        lines += [_node_line(n, names) for n in rewritten]
     if shapes:
         lines += ["", *shapes]
     lines += ["", "fusion groups (one loop nest each; inlined nodes run inside it):"]

@@ -88,6 +88,8 @@ CASES = {
                                         dilation=(2, 1)), _sizes("nhw", NHW), (("algorithm", "gemm"),), False),
     "gemm_1x1_stride2_default": (W("n~4", 16, "h~56", "w~56", 32, 1, 1, stride=(2, 2)), _sizes("nhw", NHW), (),
                                  False),
+    "gemm_nhwc_1x1_stride2_default": (W("n~4", 16, "h~56", "w~56", 32, 1, 1, stride=(2, 2), layout="NHWC"),
+                                      _sizes("nhw", NHW), (), False),
     "nhwc_groups2": (W("n~4", 6, "h~32", "w~32", 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
                        layout="NHWC"), _sizes("nhw", NHW), (), True),
     "nchw_depthwise_f64": (W("n~4", 6, "h~32", "w~32", 12, 3, 3, pads=(1, 1, 1, 1), groups=6, dtype="float64"),
@@ -127,8 +129,10 @@ def test_symbolic_conv2d_at_every_size(case):
     else:
         # gemm: the output's (row, column) split of a flat pixel index by the symbolic width is checked (and
         # with a stride, the im2col read of the input); the packed pixels too, since a te.size_var width may be
-        # 0 here, where a split by it is not undone (@jitop.kernel's symbols are >= 2, and there it is)
-        assert all(c.startswith(("write to conv2d[", "read of conv2d_gemm_packedB[", "read of conv2d_gemm_full.local[")) or
+        # 0 here, where a split by it is not undone (@jitop.kernel's symbols are >= 2, and there it is); NHWC 1x1
+        # (pixels as rows): the register tile read back at that split pixel index
+        assert all(c.startswith(("write to conv2d[", "read of conv2d_gemm_packedB[", "read of conv2d_gemm_full.local[",
+                                 "read of conv2d_gemm.local[")) or
                    c.startswith("read of X[") and wl.stride != (1, 1) for c in checked), checked
 
 

@@ -149,6 +149,8 @@ CONV = {  # name: Workload
     "nchw_gemm_oc24_on_3x3": tc.Conv2dWorkload(1, 5, 3, 3, 24, 3, 3, pads=(1, 1, 1, 1)),
     "nhwc_groups2_oc20_asym": tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
                                           layout="NHWC"),
+    # unpadded NHWC 1x1: gemm with the pixels as rows (9x8 / 2 -> 5x4 = 20 pixels), 20 channels
+    "nhwc_1x1_stride2_oc20": tc.Conv2dWorkload(2, 7, 9, 8, 20, 1, 1, stride=(2, 2), layout="NHWC"),
 }
 
 
@@ -298,16 +300,21 @@ def test_conv2d_gemm_default_is_the_matmul_default(cpu):
 
 @pytest.mark.parametrize("cpu", list(CPUS))
 def test_conv2d_default_is_gemm_for_every_1x1_nchw_convolution(cpu):
-    """A 1x1 convolution is a plain matmul: the default takes the gemm algorithm whatever the output size
-    (3x3 ones on a large output stay direct; grouped and NHWC ones cannot use gemm)."""
+    """A 1x1 convolution is a plain matmul: the default takes the gemm algorithm whatever the output size, in
+    NCHW and, unpadded, in NHWC (3x3 ones on a large output stay direct; grouped and padded NHWC ones cannot
+    use gemm)."""
     target = CPUS[cpu]
     for c, oc, hw, stride in ((64, 256, 56, 1), (256, 64, 56, 1), (64, 128, 56, 2), (3, 5, 7, 1)):
         wl = tc.Conv2dWorkload(1, c, hw, hw, oc, 1, 1, stride=(stride, stride))
         assert tc.Conv2dConfig.from_config(tc.default_config(wl, target)).algorithm == "gemm", (c, oc, hw)
     big_3x3 = tc.Conv2dWorkload(1, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))
     assert tc.Conv2dConfig.from_config(tc.default_config(big_3x3, target)).algorithm == "direct"
-    nhwc = tc.Conv2dWorkload(1, 64, 56, 56, 256, 1, 1, layout="NHWC")
-    assert tc.Conv2dConfig.from_config(tc.default_config(nhwc, target)).algorithm == "direct"
+    for stride in (1, 2):
+        nhwc = tc.Conv2dWorkload(1, 64, 56, 56, 256, 1, 1, stride=(stride, stride), layout="NHWC")
+        assert tc.Conv2dConfig.from_config(tc.default_config(nhwc, target)).algorithm == "gemm"
+    for kernel, pads in ((1, (1, 1, 1, 1)), (3, (1, 1, 1, 1))):
+        nhwc = tc.Conv2dWorkload(1, 64, 56, 56, 256, kernel, kernel, pads=pads, layout="NHWC")
+        assert tc.Conv2dConfig.from_config(tc.default_config(nhwc, target)).algorithm == "direct"
 
 
 @pytest.mark.parametrize("cpu", list(CPUS))
