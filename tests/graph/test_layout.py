@@ -159,3 +159,23 @@ def test_pooling_and_depthwise_run_channels_last_and_match_numpy(shape):
     transposed = [re.search(r"= transpose\(([%\w]+)", ln).group(1) for ln in lines if "= transpose(" in ln]
     computed = [t for t in transposed if t != "x" and not re.search(rf"^\s+{t} = (array_const|reshape)", text, re.M)]
     assert len(computed) <= 1, lines
+
+
+def test_a_global_pooling_reduces_channels_last_and_a_batch_reduction_does_not():
+    w = weights(32, 16, 3)
+
+    @jitop.kernel
+    def f(x):
+        y = np.maximum(jitop.conv2d(x, w, padding=1), 0)
+        return y.mean(axis=(2, 3)), y.max(axis=0)
+    x = rng.standard_normal((3, 16, 5, 6)).astype(np.float32)
+    ref = np.maximum(conv_ref(x, w, pad=1), 0)
+    mag = conv_ref(np.abs(x), np.abs(w), pad=1)
+    pooled, top = f(x)
+    assert (np.abs(pooled - ref.mean(axis=(2, 3))) <= (16 * 9 + 30) * EPS * mag.mean(axis=(2, 3))).all()
+    assert (np.abs(top - ref.max(axis=0)) <= 16 * 9 * EPS * mag.max(axis=0)).all()
+    lines = _compiled_graph(jitop.explain(f, x))
+    reductions = [ln for ln in lines if "= reduce(" in ln]
+    # over H, W of the channels-last value: its axes 1, 2; over N it reads the logical (transposed) value
+    assert any("axes=(1, 2)" in ln for ln in reductions), lines
+    assert any("axes=(0,)" in ln and "= reduce(%" in ln for ln in reductions), lines
