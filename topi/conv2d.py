@@ -41,6 +41,9 @@ Reader = Callable[[Expr, Expr, Expr, Expr], Expr]
 MAX_MR = 16  # widest register tile along the output row
 GEMM_MR = 12  # the gemm algorithm's register tile rows are output channels: up to 12 whatever the width
 MAX_DEPTHWISE_VECTORS = 4  # the depthwise algorithm's register tile: up to 4 vectors of one output row
+# the NHWC depthwise tile's output pixels: each is kh*kw unrolled taps per vector of channels, so 14 pixels
+# (the dense tile's width) made MobileNet-V2's first call 2x slower to compile, for no speed (memory bound)
+NHWC_DEPTHWISE_PIXELS = 4
 IN_KERNEL_READS = 4  # how many reads an operand read in place by the micro-kernel counts as, at least
 
 
@@ -281,7 +284,7 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     if depthwise_applies(wl):
         # memory bound: read the input once, in place, instead of copying it padded and channels-last first
         # (MobileNet-V2's 3x3 depthwise layers ran 2-4x faster so, AVX-512); NHWC: mr pixels x bn channels
-        width = _depthwise_width(wl.ow, lanes) if row_vectors(wl) else mr
+        width = _depthwise_width(wl.ow, lanes) if row_vectors(wl) else min(mr, NHWC_DEPTHWISE_PIXELS)
         return Conv2dConfig(mr=width, bn=bn, ic_unroll=1, algorithm="depthwise")
     unroll = max(u for u in range(1, max(1, min(wl.icg, 4)) + 1) if wl.icg % u == 0)
     panels = math.ceil(wl.oc / bn)

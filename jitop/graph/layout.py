@@ -7,7 +7,9 @@ do, each dense (and each depthwise) NCHW conv2d becomes an NHWC one between two 
 transposes are pushed through the elementwise operations after it (bias, activation, residual add) and
 through a max pooling's padding and strided windows, until they meet the next convolution, where they
 cancel, or a global pooling, which reduces channels-last. What is left are transposes at the edges (the
-network input, a flatten), free index changes that fuse into their consumer. ResNet-50 ran 1.15x faster so, MobileNet-V2 1.3x (AVX-512).
+network input, a flatten), free index changes that fuse into their consumer. ResNet-50 ran 1.2x faster so,
+MobileNet-V2 1.5x (2-core AVX-512, benchmarks/RESULTS.md). A convolution with no other one joined to it
+stays NCHW: the two transposes would cost more than they save.
 
 Values are tracked as (node, held): `held` is True when the node holds the logical NCHW value transposed to
 NHWC. Only graph nodes are rebuilt: the result computes exactly what the traced graph computes.
@@ -22,15 +24,46 @@ TO_NCHW = (0, 3, 1, 2)
 
 
 def channels_last(results: list[Node]) -> list[Node]:
-    """`results` computed with the NCHW conv2d nodes that gain from it (`_converts`) in NHWC; the nodes
-    themselves when the graph has none."""
+    """`results` computed with the NCHW conv2d nodes that gain from it in NHWC (`_converts`, and joined to
+    another such convolution); the nodes themselves when the graph has none."""
     order = toposort(results)
-    if not any(_converts(n) for n in order):
+    convert = _chained(order)
+    if not convert:
         return results
     held: dict[Node, tuple[Node, bool]] = {}
     for n in order:
-        held[n] = _rewrite(n, held)
+        held[n] = _rewrite(n, held, convert)
     return [_logical(*held[r]) for r in results]
+
+
+def _chained(order: list[Node]) -> set[Node]:
+    """The convolutions to convert: those `_converts` accepts that are joined to another one through the
+    operations the transposes pass (a lone NCHW convolution would pay a transpose on each side: a depthwise
+    one ran 3x slower so)."""
+    parent: dict[Node, Node] = {}
+
+    def root(n: Node) -> Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+    for n in order:
+        if not (_converts(n) or _passes(n)):
+            continue
+        parent[n] = n
+        for s in n.src:
+            if s in parent:
+                parent[root(s)] = root(n)
+    convs = [n for n in parent if _converts(n)]
+    per_region: dict[Node, int] = {}
+    for n in convs:
+        per_region[root(n)] = per_region.get(root(n), 0) + 1
+    return {n for n in convs if per_region[root(n)] >= 2}
+
+
+def _passes(n: Node) -> bool:
+    """A 4-d operation a transpose is pushed through (see `_rewrite`)."""
+    return n.ndim == 4 and (prims.get(n.prim).elementwise or n.prim == "concat" or n.prim == "index" and _keeps_axes(n))
 
 
 WHOLE_VECTORS = 16  # output channels a multiple of this fill every register tile of channels (AVX-512 float32)
@@ -51,9 +84,9 @@ def _converts(n: Node) -> bool:
     return whole and groups == oc == x.shape[1]
 
 
-def _rewrite(n: Node, held: dict[Node, tuple[Node, bool]]) -> tuple[Node, bool]:
+def _rewrite(n: Node, held: dict[Node, tuple[Node, bool]], convert: set[Node]) -> tuple[Node, bool]:
     """The new node for `n` and whether it holds n's value channels-last."""
-    if _converts(n):
+    if n in convert:
         x, w = n.src
         params = dict(n.params, layout="NHWC")
         shape = _permuted(n.shape, TO_NHWC)
