@@ -350,8 +350,8 @@ def prepack(wl: Conv2dWorkload, config: Config, target: Target, weight: np.ndarr
     if cfg.algorithm == "gemm" and pixel_rows(wl):
         mm = _gemm_tile(wl, cfg, target)
         m, n, k = _gemm_shape(at_rep(wl))
-        return topi_matmul.prepack(topi_matmul.MatmulWorkload(m, wl.oc, wl.c, wl.dtype), mm.to_config(m, n, k),
-                                   target, weight.reshape(wl.oc, wl.c).T)
+        return topi_matmul.prepack(topi_matmul.MatmulWorkload(m, n, k, wl.dtype), mm.to_config(m, n, k), target,
+                                   weight.reshape(wl.oc, wl.c).T)
     if cfg.algorithm in ("gemm", "depthwise"):
         return []
     bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)

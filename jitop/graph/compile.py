@@ -62,8 +62,8 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call;
     `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
-    # every returned array is its own buffer, even if two results are the same expression; dense convolutions
-    # run channels-last
+    # every returned array is its own buffer, even if two results are the same expression; convolutions run
+    # channels-last (jitop.graph.layout)
     outputs = distinct_outputs(channels_last(results))
     unique = list(dict.fromkeys(outputs))
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)

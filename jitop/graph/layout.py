@@ -62,8 +62,20 @@ def _chained(order: list[Node]) -> set[Node]:
 
 
 def _passes(n: Node) -> bool:
-    """A 4-d operation a transpose is pushed through (see `_rewrite`)."""
+    """A 4-d operation a transpose is pushed through: per-element arithmetic (operands broadcast as numpy's),
+    a max pooling's padding (concat) and its strided windows (an index keeping every axis)."""
     return n.ndim == 4 and (prims.get(n.prim).elementwise or n.prim == "concat" or n.prim == "index" and _keeps_axes(n))
+
+
+def _channels_last_params(n: Node) -> dict:
+    """The params of `_passes` node `n` computed channels-last: a concat's axis and an index's slices move."""
+    params = dict(n.params)
+    if n.prim == "concat":
+        params["axis"] = TO_NHWC.index(n.param("axis"))
+    elif n.prim == "index":
+        spec = n.param("spec")
+        params["spec"] = tuple(spec[a][:3] + (TO_NHWC.index(spec[a][3]),) for a in TO_NHWC)
+    return params
 
 
 WHOLE_VECTORS = 16  # output channels a multiple of this fill every register tile of channels (AVX-512 float32)
@@ -91,19 +103,9 @@ def _rewrite(n: Node, held: dict[Node, tuple[Node, bool]], convert: set[Node]) -
         params = dict(n.params, layout="NHWC")
         shape = _permuted(n.shape, TO_NHWC)
         return node("conv2d", shape, n.dtype, (_channels_last(*held[x]), _logical(*held[w])), n.weak, **params), True
-    # per-element arithmetic (operands broadcast as numpy's): computed channels-last in the same order
-    if prims.get(n.prim).elementwise and n.ndim == 4 and any(held[s][1] and s.ndim == 4 for s in n.src):
+    if _passes(n) and any(held[s][1] and s.ndim == 4 for s in n.src):
         src = tuple(_operand(s, held[s]) for s in n.src)
-        return node(n.prim, _permuted(n.shape, TO_NHWC), n.dtype, src, n.weak, **dict(n.params)), True
-    if n.prim == "concat" and n.ndim == 4 and any(held[s][1] for s in n.src):  # a padding (pooling)
-        src = tuple(_operand(s, held[s]) for s in n.src)
-        axis = TO_NHWC.index(n.param("axis"))
-        return node("concat", _permuted(n.shape, TO_NHWC), n.dtype, src, n.weak, **dict(n.params, axis=axis)), True
-    if n.prim == "index" and held[n.src[0]][1] and _keeps_axes(n):  # a strided window (pooling)
-        spec = n.param("spec")
-        moved = tuple(spec[a][:3] + (TO_NHWC.index(spec[a][3]),) for a in TO_NHWC)
-        shape = _permuted(n.shape, TO_NHWC)
-        return node("index", shape, n.dtype, (held[n.src[0]][0],), n.weak, **dict(n.params, spec=moved)), True
+        return node(n.prim, _permuted(n.shape, TO_NHWC), n.dtype, src, n.weak, **_channels_last_params(n)), True
     if n.prim == "reduce" and held[n.src[0]][1] and (axes := _held_axes(n.param("axes"))) is not None:
         # a global pooling: reduced channels-last, the rest comes out in the logical order already
         return node("reduce", n.shape, n.dtype, (held[n.src[0]][0],), n.weak, **dict(n.params, axes=axes)), False

@@ -16,8 +16,8 @@ EPS = np.finfo(np.float32).eps
 rng = np.random.default_rng(7)
 
 
-def conv_ref(x: np.ndarray, w: np.ndarray, stride: int = 1, pad: int = 0) -> np.ndarray:
-    """float64 NCHW cross-correlation, one einsum per kernel tap."""
+def conv_ref(x: np.ndarray, w: np.ndarray, stride: int = 1, pad: int = 0, depthwise: bool = False) -> np.ndarray:
+    """float64 NCHW cross-correlation, one einsum per kernel tap (depthwise: channel c reads input channel c)."""
     x = np.pad(np.asarray(x, np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oc, _, kh, kw = w.shape
     oh, ow = (x.shape[2] - kh) // stride + 1, (x.shape[3] - kw) // stride + 1
@@ -25,7 +25,8 @@ def conv_ref(x: np.ndarray, w: np.ndarray, stride: int = 1, pad: int = 0) -> np.
     for r in range(kh):
         for s in range(kw):
             window = x[:, :, r:r + stride * (oh - 1) + 1:stride, s:s + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,oc->nohw", window, np.asarray(w[:, :, r, s], np.float64))
+            tap = np.asarray(w[:, :, r, s], np.float64)
+            out += window * tap[None, :, 0, None, None] if depthwise else np.einsum("nchw,oc->nohw", window, tap)
     return out
 
 
@@ -127,17 +128,6 @@ def _max_pool_ref(x):
     return np.max([xp[:, :, r:r + h, s:s + w] for r in range(3) for s in range(3)], axis=0)
 
 
-def _depthwise_ref(e, w, stride):
-    ep = np.pad(e, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    oh, ow = (e.shape[2] - 1) // stride + 1, (e.shape[3] - 1) // stride + 1
-    out = np.zeros(e.shape[:2] + (oh, ow))
-    for r in range(3):
-        for s in range(3):
-            window = ep[:, :, r:r + stride * (oh - 1) + 1:stride, s:s + stride * (ow - 1) + 1:stride]
-            out += window * np.asarray(w[:, 0, r, s], np.float64)[None, :, None, None]
-    return out
-
-
 @pytest.mark.parametrize("shape", [(1, 16, 9, 7), (2, 16, 2, 5)])
 def test_pooling_and_depthwise_run_channels_last_and_match_numpy(shape):
     x = rng.standard_normal(shape).astype(np.float32)
@@ -146,8 +136,8 @@ def test_pooling_and_depthwise_run_channels_last_and_match_numpy(shape):
     p, p_mag = _max_pool_ref(stem), _max_pool_ref(stem_mag)
     e = np.maximum(conv_ref(p, EXPAND), 0)
     e_mag = conv_ref(p_mag, np.abs(EXPAND))
-    ref = np.clip(_depthwise_ref(e, DW, 2), 0, 6)
-    bound = (16 * 9 + 16 + 9 + 2) * EPS * _depthwise_ref(e_mag, np.abs(DW), 2)
+    ref = np.clip(conv_ref(e, DW, 2, 1, depthwise=True), 0, 6)
+    bound = (16 * 9 + 16 + 9 + 2) * EPS * conv_ref(e_mag, np.abs(DW), 2, 1, depthwise=True)
     got = pooled_mobile_block(x)
     assert got.dtype == np.float32 and got.shape == ref.shape
     assert (np.abs(got - ref) <= bound + 1e-30).all()
@@ -189,5 +179,5 @@ def test_a_lone_convolution_stays_nchw():
         return np.clip(jitop.conv2d(x, DW, None, padding=1, groups=32), 0, 6)
     x = rng.standard_normal((1, 32, 6, 5)).astype(np.float32)
     assert "compiled graph" not in jitop.explain(f, x)
-    ref = np.clip(_depthwise_ref(x, DW, 1), 0, 6)
-    assert (np.abs(f(x) - ref) <= 9 * EPS * _depthwise_ref(np.abs(x), np.abs(DW), 1)).all()
+    ref = np.clip(conv_ref(x, DW, 1, 1, depthwise=True), 0, 6)
+    assert (np.abs(f(x) - ref) <= 9 * EPS * conv_ref(np.abs(x), np.abs(DW), 1, 1, depthwise=True)).all()
