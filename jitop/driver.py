@@ -16,9 +16,11 @@ from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr, Op
 from jitop.te.printer import expr_str
 from jitop.te.tensor import Tensor
-from jitop.target import Target
+from jitop.codegen.nvptx import build_ptx
+from jitop.runtime.cuda.function import GpuFunction, function_meta
+from jitop.target import CudaTarget, Target
 from jitop.tir.lower import lower as _lower
-from jitop.tir.nodes import PrimFunc
+from jitop.tir.nodes import Allocate, Barrier, For, PrimFunc, walk_stmts
 
 
 def lower(s: Schedule, args: Sequence[Tensor], name: str = "main", simple_mode: bool = True) -> PrimFunc:
@@ -32,13 +34,14 @@ def lower(s: Schedule, args: Sequence[Tensor], name: str = "main", simple_mode: 
     return _lower(s, args, name)
 
 
-def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: str | Target | None = None,
-          name: str = "main") -> Module:
+def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None,
+          target: str | Target | CudaTarget | None = None, name: str = "main") -> "Module | GpuFunction":
     """Compile a schedule (or lowered function) and load it if this machine can run it.
 
     target: a `jitop.Target`, a string ("llvm", "llvm -mcpu=haswell -mattr=+avx2,-avx512f") or None for
     `default_target()` (the host, or JITOP_CPU). Code for a CPU this machine does not cover can be built,
-    inspected and saved, but calling it raises `jitop.TargetMismatchError`.
+    inspected and saved, but calling it raises `jitop.TargetMismatchError`. target="cuda" (this machine's GPU,
+    else an H100's sm_90) or "cuda -arch=sm_80" builds a GPU function (loops bound with `Stage.bind`).
 
     >>> f = jitop.build(s, [A, B])   # doctest: +SKIP
     >>> f(a, b)                       # doctest: +SKIP
@@ -52,6 +55,9 @@ def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None, target: 
         func = s
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"build: name {name!r} must be an identifier")
+    if isinstance(target, CudaTarget):
+        return compile_gpu_func(func, target)
+    _check_cpu_function(func)
     return compile_func(func, target)
 
 
@@ -61,15 +67,54 @@ def default_target() -> Target:
     return Target.current().replace(threads=get_num_threads())
 
 
-def resolve_target(target: str | Target | None) -> Target:
+def resolve_target(target: str | Target | CudaTarget | None) -> Target | CudaTarget:
     """A Target from build()'s `target` argument: a Target, a string, or None for `default_target()`."""
-    if target is None or isinstance(target, Target):
+    if target is None or isinstance(target, (Target, CudaTarget)):
         return target or default_target()
+    if isinstance(target, str) and target.strip() == "cuda":
+        return cuda_target()
+    if isinstance(target, str) and target.split()[:1] == ["cuda"]:
+        return Target.from_string(target)
     if not isinstance(target, str) or not target.split()[:1] == ["llvm"]:
-        raise ValueError(f"target {target!r} is not supported; jitop generates x86-64 code: give 'llvm', "
-                         "'llvm -mcpu=NAME -mattr=+a,-b' or a jitop.Target")
+        raise ValueError(f"target {target!r} is not supported: give 'llvm', 'llvm -mcpu=NAME -mattr=+a,-b', "
+                         "'cuda', 'cuda -arch=sm_90', or a jitop.Target")
     chosen = Target.current() if target.strip() == "llvm" else Target.from_string(target)
     return chosen.replace(threads=get_num_threads())
+
+
+def cuda_target() -> CudaTarget:
+    """This machine's GPU as a build target (its architecture and limits from the driver); an H100's (sm_90)
+    where no GPU is at hand, so GPU code can be built and checked anywhere.
+
+    >>> cuda_target().kind
+    'cuda'
+    """
+    from jitop.runtime.cuda import driver
+    if driver.available():
+        return CudaTarget.from_attributes(driver.device_attributes())
+    return Target.from_string("cuda")
+
+
+def compile_gpu_func(func: PrimFunc, target: CudaTarget) -> GpuFunction:
+    """PTX for a function whose loops are bound to GPU blocks and threads, as a callable GpuFunction."""
+    digest = hashlib.sha256(f"{func}|{target.key}".encode()).hexdigest()[:16]
+    params, symbols = _signature(func)
+    built = build_ptx(func, f"jitop_{_identifier(func.name)}_{digest}", target)
+    return GpuFunction(function_meta(func.name, params, symbols, target), built)
+
+
+def _check_cpu_function(func: PrimFunc) -> None:
+    """A function with GPU-bound loops or shared memory cannot run on a CPU: say which target it needs."""
+    for s in walk_stmts(func.body):
+        gpu = (isinstance(s, For) and s.kind.is_gpu_index) or isinstance(s, Barrier) or \
+            (isinstance(s, Allocate) and s.buffer.scope == "shared")
+        if gpu:
+            raise ValueError(f"function '{func.name}' binds loops to GPU blocks/threads or uses shared memory; build "
+                             "it with target='cuda' (a CPU schedule uses parallel/vectorize instead)")
+
+
+def _identifier(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 def compile_func(func: PrimFunc, target: Target) -> Module:

@@ -30,6 +30,8 @@ from jitop import config
 from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
+from jitop.driver import resolve_target
+from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache
@@ -152,8 +154,15 @@ class KernelFunction:
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
                  fallback: bool = True, autotune: str | None = None,
-                 dynamic: bool | Mapping[str, Sequence[int]] | None = None):
+                 dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None):
         self.fn = fn
+        # a GPU target: traced graphs compile to GPU functions, one per shape (jitop.graph.gpu)
+        self.gpu = resolve_target(target) if target is not None else None
+        if self.gpu is not None and not isinstance(self.gpu, CudaTarget):
+            raise ValueError(f"jitop.kernel(target={target!r}): a CPU kernel is built for the host (JITOP_CPU picks "
+                             "another); target= is for 'cuda'")
+        if self.gpu is not None:
+            dynamic = False
         self.autotune = autotune_mode(autotune)
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "kernel")
@@ -376,6 +385,11 @@ class KernelFunction:
         return [p for name, d in zip(self.signature.parameters, tree[1]) for p in pytree.paths(d, name)]
 
     def _build_trace(self, tr: Trace) -> Overload:
+        if self.gpu is not None:
+            from jitop.graph.gpu import compile_graph_gpu
+            exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu)
+            exe.set_result(tr.result)
+            return Overload(exe.call, exe, tr, native=False)
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        reps=tr.reps)
@@ -736,7 +750,7 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
            fallback: bool = True, autotune: str | None = None,
-           dynamic: bool | Mapping[str, Sequence[int]] | None = None) -> Any:
+           dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None) -> Any:
     """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
 
     >>> @jitop.kernel
@@ -757,6 +771,8 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     (default): a dim that differs between two calls becomes symbolic at the next compile; True: every dim from
     the first call; {"x": (0,)}: those dims of those parameters; False: a kernel per shape. Sizes 0 and 1
     are always compiled as constants (they broadcast).
+    target="cuda": run it on this machine's NVIDIA GPU (jitop.graph.gpu): numpy arguments are copied to the GPU
+    and the results back; a kernel per shape (no symbolic shapes, tuning or disk cache there yet).
 
     >>> @jitop.kernel
     ... def double(x):
@@ -765,7 +781,7 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     ([(3,), (4,), (5,)], 2)
     """
     def wrap(f: Callable) -> KernelFunction:
-        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic)
+        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -174,12 +174,15 @@ class Target:
         return Target.from_string(override) if override else Target.host()
 
     @staticmethod
-    def from_string(text: str) -> "Target":
-        """Parse "llvm -mcpu=NAME -mattr=+a,-b" (or just "NAME"); -mcpu=native is this machine.
+    def from_string(text: str) -> "Target | CudaTarget":
+        """Parse "llvm -mcpu=NAME -mattr=+a,-b" (or just "NAME"); -mcpu=native is this machine. "cuda" or
+        "cuda -arch=sm_90" gives a CudaTarget.
 
         >>> Target.from_string("haswell").isa
         'avx2'
         """
+        if text.split()[:1] == ["cuda"]:
+            return _cuda_from_string(text)
         cpu, mattr = _parse(text)
         native, native_features = _native_cpu()
         if cpu in ("", "native", native):  # this machine, by any of its names
@@ -190,6 +193,97 @@ class Target:
             raise ValueError(f"target {text!r}: unknown CPU {cpu!r}; known: native ({native}), "
                              f"{', '.join(KNOWN_CPUS)}")
         return _with_build_options(_make(_process_triple(), cpu, _merge_features(base, mattr)))
+
+
+CUDA_TRIPLE = "nvptx64-nvidia-cuda"
+# the PTX ISA version LLVM writes for a GPU architecture (the lowest that has it; the CUDA 12+ drivers load it)
+_PTX_FOR_ARCH = {"sm_70": "+ptx60", "sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_89": "+ptx78",
+                 "sm_90": "+ptx80", "sm_90a": "+ptx80", "sm_100": "+ptx86", "sm_120": "+ptx87"}
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """An NVIDIA GPU to build for: its architecture and the limits schedules respect. `jitop.cuda.target()` reads
+    them from this machine's GPU; `Target.from_string("cuda -arch=sm_90")` (an H100's defaults) builds without one.
+
+    >>> t = Target.from_string("cuda -arch=sm_80")
+    >>> (t.arch, t.ptx_features, t.kind)
+    ('sm_80', '+ptx70', 'cuda')
+    >>> CudaTarget.from_json(t.to_json()) == t
+    True
+    """
+
+    arch: str = "sm_90"
+    sm_count: int = 132
+    max_threads_per_block: int = 1024
+    shared_per_block: int = 48 << 10        # static shared memory of one block (more needs dynamic opt-in)
+    shared_per_block_optin: int = 227 << 10
+    registers_per_block: int = 65536
+    warp_size: int = 32
+    l2_bytes: int = 50 << 20
+    opt_level: int = 3
+
+    kind = "cuda"
+    triple = CUDA_TRIPLE
+
+    @property
+    def ptx_features(self) -> str:
+        """The LLVM feature string: the PTX ISA version to write (sm_90 needs PTX 8.0)."""
+        return _PTX_FOR_ARCH.get(self.arch, "+ptx80")
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Everything compiled GPU code depends on, as one string (part of every GPU cache key)."""
+        return f"cuda-{self.arch}-{hashlib.sha256(self.to_json().encode()).hexdigest()[:16]}"
+
+    def describe(self) -> str:
+        """One line for benchmark headers and `explain`."""
+        return (f"cuda {self.arch}: {self.sm_count} SMs, {self.max_threads_per_block} threads and "
+                f"{self.shared_per_block >> 10} KiB shared memory per block, L2 {self.l2_bytes >> 20} MiB")
+
+    def to_json(self) -> str:
+        """Every field as canonical JSON."""
+        return json.dumps({"kind": "cuda", **dataclasses.asdict(self)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | dict) -> "CudaTarget":
+        """A CudaTarget from `to_json`'s text; ValueError for anything else."""
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        if data.pop("kind", None) != "cuda":
+            raise ValueError("not a jitop CUDA target description (kind must be 'cuda')")
+        names = {f.name: f.type for f in dataclasses.fields(CudaTarget)}
+        for k, v in data.items():
+            if k not in names or (type(v) is not int if names[k] == "int" else not isinstance(v, str)):
+                raise ValueError(f"not a jitop CUDA target description: field {k}={v!r}")
+        return CudaTarget(**data)
+
+    @staticmethod
+    def from_attributes(attrs: dict) -> "CudaTarget":
+        """The target of a GPU from its driver attributes (jitop.runtime.cuda.driver.device_attributes)."""
+        return CudaTarget(arch=attrs["arch"], sm_count=attrs["sm_count"],
+                          max_threads_per_block=attrs["max_threads_per_block"],
+                          shared_per_block=min(attrs["shared_per_block"], 48 << 10),
+                          shared_per_block_optin=attrs["shared_per_block_optin"],
+                          registers_per_block=attrs["registers_per_block"], warp_size=attrs["warp_size"],
+                          l2_bytes=attrs["l2_bytes"], opt_level=config.opt_level())
+
+    def check_runs_on(self, device_arch: str, what: str = "this code") -> None:
+        """TargetMismatchError unless code built for this target runs on a GPU of `device_arch`."""
+        if device_arch.rstrip("a") != self.arch.rstrip("a"):
+            raise TargetMismatchError(f"{what} was built for {self.arch}, but this GPU is {device_arch}; it was "
+                                      f"not loaded. Rebuild it for this GPU (target='cuda').")
+
+
+def _cuda_from_string(text: str) -> CudaTarget:
+    arch = "sm_90"
+    for w in shlex.split(text.strip())[1:]:
+        if w.startswith("-arch="):
+            arch = w.split("=", 1)[1]
+        else:
+            raise ValueError(f"target {text!r}: unknown option {w!r}; expected 'cuda' or 'cuda -arch=sm_90'")
+    if not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
+        raise ValueError(f"target {text!r}: -arch must name a compute capability such as sm_80 or sm_90")
+    return CudaTarget(arch=arch, opt_level=config.opt_level())
 
 
 def _parse(text: str) -> tuple[str, str]:

@@ -29,6 +29,7 @@ class Lowerer(Protocol):
     """What a rule asks of the lowering of a graph (jitop.graph.to_te.ToTE)."""
 
     st: Any  # to_te.Stages: the rules record their stages' kinds and a reduction's partial stages
+    vector_partials: bool  # row reductions keep per-lane partials (a CPU); False: plain (threads split them)
 
     def at(self, n: Node, idx: Index) -> Expr: ...
     def fresh_name(self, base: str) -> str: ...
@@ -61,7 +62,7 @@ def build_reduce(c: Lowerer, n: Node) -> te.Tensor:
     op = n.param("op")
     last = src.ndim - 1
     # heuristics on a symbolic width decide at its representative size
-    if axes and axes[-1] == last and rep(src.shape[last]) >= 2 * c.lanes(n) and op in REDUCERS:
+    if c.vector_partials and axes and axes[-1] == last and rep(src.shape[last]) >= 2 * c.lanes(n) and op in REDUCERS:
         return _rfactor(c, n, src, axes, op)
     rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 

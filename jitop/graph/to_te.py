@@ -34,6 +34,8 @@ class ToTE:
     """Builds te tensors for the materialized nodes of a graph; templated nodes (matmul, conv2d) with the
     config picked for their task."""
 
+    vector_partials = True  # a row reduction keeps one partial per SIMD lane (te_rules.build_reduce)
+
     def __init__(self, materialized: dict[Node, str], target: Target, choices: dict[Node, tuple[Task, Choice]]):
         self.materialized, self.target, self.choices = materialized, target, choices
         self.st = Stages()

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from jitop.errors import ScheduleError, axis_already_transformed, axis_not_in_stage
 from jitop.te.expr import Expr, Op, binary, rewrite, substitute
-from jitop.te.tensor import ComputeOp, Dim, IterVar, Operation, PlaceholderOp, Tensor, compute, read_tensors
+from jitop.te.tensor import (ComputeOp, Dim, IterVar, Operation, PlaceholderOp, Tensor, ThreadAxis, compute,
+                             read_tensors)
 
 
 def ceildiv(a: Dim, b: Dim) -> Dim:
@@ -38,6 +39,23 @@ class ForKind(enum.Enum):
     PARALLEL = "parallel"
     VECTORIZED = "vectorized"
     UNROLLED = "unrolled"
+    # bound to a GPU index (Stage.bind): the loop is the grid's or the block's dimension, one iteration per thread
+    BLOCK_X = "blockIdx.x"
+    BLOCK_Y = "blockIdx.y"
+    BLOCK_Z = "blockIdx.z"
+    THREAD_X = "threadIdx.x"
+    THREAD_Y = "threadIdx.y"
+    THREAD_Z = "threadIdx.z"
+
+    @property
+    def is_gpu_index(self) -> bool:
+        """Whether the loop is bound to a block or thread index (it runs across GPU threads, not in a loop)."""
+        return self.value.startswith(("blockIdx", "threadIdx"))
+
+    @property
+    def is_thread(self) -> bool:
+        """Whether the loop is bound to a thread index within a block (threadIdx.*)."""
+        return self.value.startswith("threadIdx")
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,30 @@ class Stage:
     def parallel(self, iv: IterVar) -> None:
         """Run loop `iv`'s iterations on all threads."""
         self._annotate(iv, ForKind.PARALLEL, "parallel")
+
+    def bind(self, iv: IterVar, thread: ThreadAxis) -> None:
+        """Run loop `iv` across GPU blocks or threads: `s[C].bind(bx, te.thread_axis("blockIdx.x"))`. The loop's
+        extent becomes that grid or block dimension (a kernel built for target="cuda").
+
+        >>> from jitop import te
+        >>> A = te.placeholder((1024,), name="A")
+        >>> B = te.compute((1024,), lambda i: A[i] + 1.0, name="B")
+        >>> s = create_schedule(B)
+        >>> bx, tx = s[B].split(B.op.axis[0], factor=128)
+        >>> s[B].bind(bx, te.thread_axis("blockIdx.x")); s[B].bind(tx, te.thread_axis("threadIdx.x"))
+        """
+        if not isinstance(thread, ThreadAxis):
+            raise TypeError(f"bind on stage '{self.name}': the second argument is te.thread_axis(\"threadIdx.x\") "
+                            f"or alike, got {thread!r}")
+        kind = ForKind(thread.tag)
+        if iv.kind == "reduce" and not kind.is_thread:
+            raise ScheduleError(f"bind on stage '{self.name}': '{iv.name}' is a reduction axis; only threadIdx.* can "
+                                "share a reduction (blocks cannot combine their partial results)")
+        taken = [v.name for v, k in self.iter_kind.items() if k is kind and v is not iv]
+        if taken:
+            raise ScheduleError(f"bind on stage '{self.name}': {thread.tag} is already bound to loop '{taken[0]}'; "
+                                f"fuse the two loops first (s[T].fuse) and bind the fused loop once")
+        self._annotate(iv, kind, "bind")
 
     def unroll(self, iv: IterVar) -> None:
         """Fully unroll loop `iv` (its extent must be a small constant)."""

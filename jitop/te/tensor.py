@@ -71,6 +71,31 @@ class IterVar:
         return f"IterVar({self.name}, extent={self.extent}, {self.kind})"
 
 
+THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+@dataclass(frozen=True)
+class ThreadAxis:
+    """A GPU thread index a loop can be bound to (`Stage.bind`): blockIdx.x/y/z or threadIdx.x/y/z.
+
+    >>> thread_axis("threadIdx.x")
+    ThreadAxis(tag='threadIdx.x')
+    """
+
+    tag: str
+
+
+def thread_axis(tag: str) -> ThreadAxis:
+    """The GPU index named `tag` ("blockIdx.x" ... "threadIdx.z"), for `s[T].bind(axis, thread_axis(tag))`.
+
+    >>> thread_axis("blockIdx.y").tag
+    'blockIdx.y'
+    """
+    if tag not in THREAD_TAGS:
+        raise ValueError(f"thread_axis({tag!r}): unknown tag; expected one of {', '.join(THREAD_TAGS)}")
+    return ThreadAxis(tag)
+
+
 def _forward(name: str) -> Callable:
     def method(self: IterVar, *args: Any) -> Any:
         return getattr(self.var, name)(*(a.var if isinstance(a, IterVar) else a for a in args))

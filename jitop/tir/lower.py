@@ -18,7 +18,8 @@ from jitop.errors import LoweringError
 from jitop.schedule.schedule import Schedule, Split, Stage, ceildiv
 from jitop.te.expr import Expr, Op, as_expr, const, free_vars, rewrite, substitute, walk, size_var_min
 from jitop.te.tensor import Dim, IterVar, PlaceholderOp, Tensor, tensor_loads
-from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
+from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, ThreadReduce,
+                             seq)
 from jitop.tir.passes import partition_loops, simplify_stmt
 from jitop.tir.simplify import SYMBOL_MAX, Lin, Ranges, atom_bounds, from_lin, prove, simplify, to_lin
 
@@ -164,6 +165,8 @@ class Lowering:
     def region(self, stage: Stage) -> tuple[tuple[Expr, ...], list[int]]:
         parent, ivar = stage.attach_stage, stage.attach_ivar
         keep = self._outer_vars(parent, ivar)
+        if stage.scope == "shared":  # one copy per block: it holds what every thread of the block reads
+            keep -= self._outer_vars(parent, ivar, threads_only=True)
         reads = self._reads_of(stage, parent, ivar)
         mins, extents = [], []
         for d, iv in enumerate(stage.axis):
@@ -172,12 +175,14 @@ class Lowering:
             extents.append(n)
         return tuple(mins), extents
 
-    def _outer_vars(self, parent: Stage, ivar: IterVar) -> set[Expr]:
-        """Loop vars whose value is fixed where a stage attached at (parent, ivar) runs."""
+    def _outer_vars(self, parent: Stage, ivar: IterVar, threads_only: bool = False) -> set[Expr]:
+        """Loop vars whose value is fixed where a stage attached at (parent, ivar) runs (with `threads_only`:
+        those of them bound to GPU thread indices)."""
         leaves = parent.leaf_iter_vars
-        keep = {iv.var for iv in leaves[:leaves.index(ivar) + 1]}
+        keep = {iv.var for iv in leaves[:leaves.index(ivar) + 1]
+                if not threads_only or parent.iter_kind.get(iv, ForKind.SERIAL).is_thread}
         if parent.attach_type == "scope":
-            keep |= self._outer_vars(parent.attach_stage, parent.attach_ivar)
+            keep |= self._outer_vars(parent.attach_stage, parent.attach_ivar, threads_only)
         return keep
 
     def _reads_of(self, stage: Stage, parent: Stage, ivar: IterVar) -> list[tuple[Expr, ...]]:
@@ -285,7 +290,7 @@ class Lowering:
                                             f"add it to the args list")
                     continue
                 shape = tuple(self.loops[stage].extent[iv] for iv in stage.axis)
-                scope = "local" if stage.attach_type == "scope" else "global"
+                scope = _buffer_scope(stage)
                 self.buffers[t] = Buffer(t.name, t.dtype, shape, scope)
         return tuple(params)
 
@@ -300,7 +305,7 @@ class Lowering:
             return None
         buf = self.buffers[n.arg]
         producer = self.sch[n.arg]
-        if buf.scope == "local":
+        if buf.scope in REGION_SCOPES:
             mins = self.loops[producer].region_min
             return buf.load(tuple(i - m for i, m in zip(n.src, mins)))
         return buf.load(n.src)
@@ -315,6 +320,8 @@ class Lowering:
         # init the accumulator just outside the first reduction loop, then update inside all loops
         first = next(k for k, iv in enumerate(leaves) if iv.kind == "reduce")
         common, rest = leaves[:first], leaves[first:]
+        if any(stage.iter_kind.get(iv, ForKind.SERIAL).is_thread for iv in rest if iv.kind == "reduce"):
+            return self._cross_thread_reduction(stage, store_idx, common, rest)
         rest_vars = {iv.var for iv in rest}
         reduce_vars = {iv.var for iv in rest if iv.kind == "reduce"}
         inner_guards = [g for g in sl.guards if free_vars(g) & rest_vars]
@@ -325,12 +332,44 @@ class Lowering:
         outer_guards = [g for g in sl.guards if not free_vars(g) & rest_vars]
         return self._nest(stage, common, inner, outer_guards, attach=True)
 
+    def _cross_thread_reduction(self, stage: Stage, idx: tuple[Expr, ...], common: list[IterVar],
+                                rest: list[IterVar]) -> Stmt:
+        """A reduction whose axis is split over GPU threads: each thread accumulates its share in a register,
+        the threads combine their partial results (ThreadReduce), and the total is stored."""
+        bound = [iv for iv in rest if stage.iter_kind.get(iv, ForKind.SERIAL).is_thread]
+        sl = self.loops[stage]
+        extent = sl.extent[bound[0]]
+        kind = stage.iter_kind[bound[0]]
+        problem = ("it has several outputs" if len(stage.outputs) != 1 else
+                   "data loops are inside its reduction loops (reorder them outside)" if any(iv.kind != "reduce" for iv in rest) else
+                   "two reduction loops are bound to threads" if len(bound) != 1 else
+                   f"it is bound to {kind.value}; bind threadIdx.x" if kind is not ForKind.THREAD_X else
+                   f"{extent} threads is not a power of two up to 1024" if not isinstance(extent, int) or extent & (extent - 1) or extent > 1024 else "")
+        if problem:
+            raise LoweringError(f"stage '{stage.name}' reduces across GPU threads (loop '{bound[0].name}'), but {problem}")
+        t, body = stage.outputs[0], stage.body[0]
+        red = body.arg.reducer
+        acc = Buffer(f"{t.name}.acc", t.dtype, (1,), "local")
+        at = (const(0),)
+        src, cond = (self.lower_expr(x, stage) for x in body.src)
+        update: Stmt = Store(acc, at, red.combine(acc.load(at), src))
+        if not (cond.op is Op.CONST and cond.value):
+            update = IfThenElse(cond, update)
+        rest_vars = {iv.var for iv in rest}
+        inner_guards = [g for g in sl.guards if free_vars(g) & rest_vars]
+        outer_guards = [g for g in sl.guards if not free_vars(g) & rest_vars]
+        inner = seq(Store(acc, at, red.identity(t.dtype)),
+                    self._nest(stage, rest, update, inner_guards, attach=True),
+                    ThreadReduce(acc, red, kind, extent),
+                    Store(self.buffers[t], self._store_index(stage, t, idx), acc.load(at)))
+        return self._nest(stage, common, Allocate(acc, inner), outer_guards, attach=True)
+
     def _stores(self, stage: Stage, idx: tuple[Expr, ...]) -> Stmt:
         return seq(*(Store(self.buffers[t], self._store_index(stage, t, idx), self.lower_expr(b, stage))
                      for t, b in zip(stage.outputs, stage.body)))
 
     def _store_index(self, stage: Stage, t: Tensor, idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
-        if self.buffers[t].scope == "local":
+        if self.buffers[t].scope in REGION_SCOPES:
             return idx  # region-sized buffer: relative index
         return tuple(m + i for m, i in zip(self.loops[stage].region_min, idx))
 
@@ -369,7 +408,17 @@ class Lowering:
                     and s.attach_ivar is iv]
         if not attached:
             return body
-        out = seq(*(self.stage_stmt(s) for s in attached), body)
+        fills: list[Stmt] = []
+        for k, st in enumerate(attached):
+            # the block's threads fill shared memory together: before a run of fills, wait until all have
+            # stopped reading the last fill; after it, until all have written before anyone reads
+            shared = st.scope == "shared"
+            if shared and (k == 0 or attached[k - 1].scope != "shared"):
+                fills.append(Barrier())
+            fills.append(self.stage_stmt(st))
+            if shared and (k + 1 == len(attached) or attached[k + 1].scope != "shared"):
+                fills.append(Barrier())
+        out = seq(*fills, body)
         for s in reversed(attached):
             for t in s.outputs:
                 if self.buffers[t].scope != "param":  # an argument lives in the caller's array
@@ -385,6 +434,19 @@ class Lowering:
                 body = Allocate(buf, body)
         outputs = tuple(k for k, t in enumerate(self.args) if not isinstance(t.op, PlaceholderOp))
         return PrimFunc(name, params, body, outputs, symbols=self.symbols)
+
+
+REGION_SCOPES = ("local", "shared")  # buffers that hold a region of their tensor, indexed relative to it
+
+
+def _buffer_scope(stage: Stage) -> str:
+    """Where a stage's buffer lives: shared memory if scheduled so, else per attach point (local) or whole."""
+    if stage.scope == "shared":
+        if stage.attach_type != "scope":
+            raise LoweringError(f"stage '{stage.name}' is in shared memory, which exists only inside a GPU block: "
+                                f"compute_at it inside the consumer's loop bound to blockIdx (or an inner one)")
+        return "shared"
+    return "local" if stage.attach_type == "scope" else "global"
 
 
 def _outer_extent(rel: Split, parent: Dim) -> Dim:

@@ -17,7 +17,9 @@ class Buffer:
     name: str
     dtype: DType
     shape: tuple[int | Expr, ...]  # a dim is an int, or an int64 Expr over the function's symbols
-    scope: str = "global"  # "param" (argument), "global" (allocated), "local" (allocated at an attach point)
+    # "param" (argument), "global" (allocated), "local" (allocated at an attach point: per thread on a GPU),
+    # "shared" (GPU: one copy per block, in on-chip shared memory)
+    scope: str = "global"
 
     @property
     def symbolic(self) -> bool:
@@ -71,6 +73,24 @@ class IfThenElse(Stmt):
     cond: Expr
     then: Stmt
     else_: Stmt | None = None
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Barrier(Stmt):
+    """Every thread of a GPU block waits here until all have arrived (`__syncthreads()`), so what some threads
+    wrote to shared memory is visible to the others."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ThreadReduce(Stmt):
+    """GPU: combine `buffer[0]` of the `extent` threads along `kind` (threadIdx.x) with `reducer` (a te Reducer);
+    afterwards every one of those threads holds the result in its `buffer[0]` (warp shuffles, then shared
+    memory across warps). Every thread of the block must reach it, as a barrier."""
+
+    buffer: Buffer
+    reducer: object
+    kind: ForKind
+    extent: int
 
 
 @dataclass(frozen=True, eq=False, repr=False)

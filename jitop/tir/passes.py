@@ -6,7 +6,8 @@ from typing import Callable
 
 from jitop import dtypes
 from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, var
-from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, Seq, Stmt, Store, seq, walk_stmts
+from jitop.tir.nodes import (Allocate, Barrier, For, ForKind, IfThenElse, Seq, Stmt, Store, ThreadReduce, seq,
+                              walk_stmts)
 from jitop.tir.simplify import Ranges, from_lin, is_symbol, lin_bounds, max_over, prove, simplify, to_lin, Lin
 
 
@@ -306,3 +307,52 @@ def _hoist_vector_guard(loop: For, ranges: Ranges) -> Stmt | None:
         return None
     fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges))
     return IfThenElse(last, fast, loop)
+
+
+# ** GPU: no barrier under a condition some threads of a block may fail **
+
+def guards_off_barriers(s: Stmt) -> Stmt:
+    """Move each guard that encloses a barrier down to the stores it protects, so every thread of a block
+    reaches every barrier (`__syncthreads()` in divergent code hangs or is undefined). A guard does not move
+    onto stores to shared memory: those are the block's cooperative fills, which must be complete for every
+    thread, and which carry their own bounds guards.
+
+    >>> from jitop.tir.nodes import Barrier, Buffer
+    >>> from jitop import dtypes
+    >>> x, buf = var("x"), Buffer("B", dtypes.float32, (4,))
+    >>> print(guards_off_barriers(IfThenElse(x < 4, seq(Barrier(), Store(buf, (x,), const(1.0, "float32"))))))
+    barrier()
+    if x < 4:
+        B[x] = 1.0f
+    """
+    if isinstance(s, IfThenElse) and s.else_ is None and _has_barrier(s.then):
+        return _guard_stores(guards_off_barriers(s.then), s.cond)
+    if isinstance(s, (For, Allocate)):
+        return replace(s, body=guards_off_barriers(s.body))
+    if isinstance(s, Seq):
+        return seq(*(guards_off_barriers(x) for x in s.stmts))
+    if isinstance(s, IfThenElse):
+        other = guards_off_barriers(s.else_) if s.else_ is not None else None
+        return IfThenElse(s.cond, guards_off_barriers(s.then), other)
+    return s
+
+
+def _has_barrier(s: Stmt) -> bool:
+    """Whether `s` holds a statement every thread of the block must reach (a barrier, a cross-thread reduction)."""
+    return any(isinstance(x, (Barrier, ThreadReduce)) for x in walk_stmts(s))
+
+
+def _guard_stores(s: Stmt, cond: Expr) -> Stmt:
+    """`s` with `cond` guarding each of its statements that holds no barrier, except fills of shared memory."""
+    if not _has_barrier(s):
+        if all(x.buffer.scope == "shared" for x in walk_stmts(s) if isinstance(x, Store)):
+            return s
+        return IfThenElse(cond, s)
+    if isinstance(s, (For, Allocate)):
+        return replace(s, body=_guard_stores(s.body, cond))
+    if isinstance(s, Seq):
+        return seq(*(_guard_stores(x, cond) for x in s.stmts))
+    if isinstance(s, IfThenElse):
+        other = _guard_stores(s.else_, cond) if s.else_ is not None else None
+        return IfThenElse(s.cond, _guard_stores(s.then, cond), other)
+    return s  # the barrier itself: every thread reaches it

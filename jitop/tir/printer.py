@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from jitop.te.printer import expr_str
-from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store
+from jitop.tir.nodes import Allocate, Barrier, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, ThreadReduce
 
 def _lines(s: Stmt, depth: int) -> list[str]:
     pad = "    " * depth
@@ -16,6 +16,11 @@ def _lines(s: Stmt, depth: int) -> list[str]:
     if isinstance(s, IfThenElse):
         out = [f"{pad}if {expr_str(s.cond)}:"] + _lines(s.then, depth + 1)
         return out + ([f"{pad}else:"] + _lines(s.else_, depth + 1) if s.else_ is not None else [])
+    if isinstance(s, Barrier):
+        return [f"{pad}barrier()"]
+    if isinstance(s, ThreadReduce):
+        acc = f"{s.buffer.name}[0]"
+        return [f"{pad}{acc} = thread_reduce({s.reducer.name}, {acc}, {s.kind.value}({s.extent}))"]
     if isinstance(s, Allocate):
         b = s.buffer
         return [f"{pad}{b.name} = allocate({b.dtype.name}[{', '.join(map(str, b.shape))}], {b.scope!r})"] + \

@@ -1,0 +1,539 @@
+"""jitop on an NVIDIA GPU next to torch, in one run (issue 25's targets).
+
+  (a) an elementwise chain, exp(a) * b + c over 4096 x 4096 float32: jitop (schedule_injective) vs torch eager vs
+      torch.compile (in a child process with a timeout), in GB/s and % of the device-to-device copy bandwidth
+      (torch clone of the same array, the reference);
+  (b) softmax and layer norm over the rows of 4096 x 4096 float32 (schedule_row_reduce) vs torch;
+  (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
+      FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
+  (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call.
+
+GPU time is measured with CUDA events (jitop's own driver.Event for jitop, torch.cuda.Event for torch; both on
+the legacy default stream of the same primary context), after warm-up; every jitop result is checked against
+torch / a float64 reference before it is timed. Device arrays are made once (jitop.runtime.cuda.memory), so no
+host copies are timed. Every section is independent: an error is printed and recorded, and the run goes on.
+The markdown report is printed and written to --out after every section (a killed run keeps what it had).
+
+    python benchmarks/bench_gpu.py --out bench_gpu.md        # about 2 minutes on an H100
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)
+N_EW = 4096           # elementwise / row operators: N_EW x N_EW float32
+GEMM_SIZES = (1024, 2048, 4096, 8192)
+SWEEP = [             # SGEMM tile configs measured at the sweep sizes (the first is the 4096 default)
+    {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 64, "bk": 8, "tm": 8, "tn": 4},
+    {"bm": 64, "bn": 128, "bk": 8, "tm": 4, "tn": 8},
+    {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 8},
+    {"bm": 64, "bn": 64, "bk": 8, "tm": 8, "tn": 8},
+    {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4},
+    {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 4},
+]
+
+
+# ** the report **
+
+class Report:
+    def __init__(self, out: str | None):
+        self.out, self.parts = out, []
+
+    def add(self, text: str) -> None:
+        print(text, flush=True)
+        self.parts.append(text)
+        self.flush()
+
+    def table(self, title: str, head: list[str], rows: list[list[Any]], note: str = "") -> None:
+        lines = [f"\n### {title}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows]
+        if note:
+            lines.append(f"\n{note}")
+        self.add("\n".join(lines))
+
+    def flush(self) -> None:
+        if self.out:
+            try:
+                with open(self.out, "w") as f:
+                    f.write("\n".join(self.parts) + "\n")
+            except OSError as err:
+                print(f"(could not write {self.out}: {err})", file=sys.stderr)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        if x != x:
+            return "n/a"
+        return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+    return str(x)
+
+
+# ** timing **
+
+class Ctx:
+    """What every section shares: torch (or None), jitop's driver and memory modules, the GPU target."""
+
+    def __init__(self) -> None:
+        self.torch = None
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.zeros(1, device="cuda")  # the primary context exists before jitop retains it
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = False
+                self.torch = torch
+            else:
+                print("torch has no CUDA here: jitop only", flush=True)
+        except Exception as err:  # noqa: BLE001 - torch is optional
+            print(f"torch unavailable ({type(err).__name__}: {err}): jitop only", flush=True)
+        import jitop
+        from jitop.runtime.cuda import driver, memory
+        from jitop.topi import cuda as topi_cuda
+        self.jitop, self.driver, self.memory, self.topi = jitop, driver, memory, topi_cuda
+        driver.context()
+        try:
+            from jitop.driver import cuda_target
+            self.target = cuda_target()
+        except Exception:  # noqa: BLE001 - schedules fall back to an H100's numbers
+            self.target = None
+        self.copy_gbs = float("nan")
+
+    def sync(self) -> None:
+        self.driver.synchronize()
+        if self.torch is not None:
+            self.torch.cuda.synchronize()
+
+    def time_ms(self, fn: Callable[[], Any], who: str = "jitop", budget_ms: float = 200.0, reps: int = 5) -> float:
+        """Median GPU milliseconds of one call of `fn` (CUDA events around a batch of calls, after warm-up)."""
+        if who == "torch" or not hasattr(self.driver, "Event"):
+            torch = self.torch
+            make = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+            elapsed = lambda s, e: (e.synchronize(), s.elapsed_time(e))[1]  # noqa: E731
+        else:
+            Event = self.driver.Event
+            make = lambda: Event()  # noqa: E731
+            elapsed = Event.elapsed_ms
+        fn()
+        fn()
+        self.sync()
+        start, end = make(), make()
+        start.record()
+        fn()
+        end.record()
+        one = max(elapsed(start, end), 1e-3)
+        n = int(max(2, min(2000, budget_ms / reps / one)))
+        times = []
+        for _ in range(reps):
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            times.append(elapsed(start, end) / n)
+        return statistics.median(times)
+
+    def build(self, s, args):
+        t0 = time.perf_counter()
+        f = self.jitop.build(s, args, target="cuda")
+        return f, time.perf_counter() - t0
+
+    def rand(self, shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return ((rng.random(shape, dtype=np.float32) - 0.5) * (2 * scale)).astype(np.float32)
+
+
+def raw_launcher(f, arrays) -> Callable[[], None] | None:
+    """A closure that launches f's single kernel on `arrays` straight through the driver (no argument checks, no
+    Python wrapper): the kernel's own time even where the wrapper's per-call cost would leave the GPU idle
+    between calls. None when f has several kernels, workspaces or symbols (or the internals changed)."""
+    try:
+        if len(f.built.kernels) != 1 or f.built.workspaces or getattr(f, "symbols", None):
+            return None
+        (launch,) = f.built.kernels
+        if not all(isinstance(d, int) for d in (*launch.grid, *launch.block)):
+            return None
+        _, (fn,) = f._load()
+        ptrs = [int(a.ptr) for a in arrays]
+        kinds = ["ptr"] * len(ptrs)
+        return lambda: fn.launch(launch.grid, launch.block, ptrs, kinds, shared_bytes=0)
+    except Exception as err:  # noqa: BLE001 - an optional measurement
+        print(f"(no raw launch: {type(err).__name__}: {err})", flush=True)
+        return None
+
+
+# ** sections **
+
+def section_env(ctx: Ctx, rep: Report) -> None:
+    import platform
+    attrs = ctx.driver.device_attributes()
+    name = attrs.get("name", "?")
+    if ctx.torch is not None:
+        name = ctx.torch.cuda.get_device_name(0)
+    import llvmlite
+    rows = [["GPU", name], ["arch / SMs", f"{attrs.get('arch')} / {attrs.get('sm_count')}"],
+            ["jitop target", ctx.target.describe() if ctx.target is not None else "n/a"],
+            ["python", platform.python_version()], ["numpy", np.__version__], ["llvmlite", llvmlite.__version__],
+            ["torch", ctx.torch.__version__ if ctx.torch is not None else "not available"]]
+    try:
+        rows.append(["CUDA driver", str(ctx.driver.driver_version())])
+    except Exception:  # noqa: BLE001
+        pass
+    rep.add(f"# jitop GPU benchmark ({name})\n\n{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    rep.table("Environment", ["", ""], rows)
+
+
+def section_copy(ctx: Ctx, rep: Report) -> None:
+    torch = ctx.torch
+    if torch is None:
+        rep.add("\n(copy bandwidth: torch not available, no reference)")
+        return
+    x = torch.rand(N_EW, N_EW, device="cuda")
+    y = torch.empty_like(x)
+    nbytes = 2 * x.numel() * 4
+    clone_ms = ctx.time_ms(lambda: x.clone(), "torch")
+    copy_ms = ctx.time_ms(lambda: y.copy_(x), "torch")
+    ctx.copy_gbs = nbytes / clone_ms / 1e6
+    rep.table(f"Device-to-device copy, {N_EW}x{N_EW} float32 (the bandwidth reference)",
+              ["op", "time (us)", "GB/s"],
+              [["torch clone", clone_ms * 1e3, ctx.copy_gbs], ["torch copy_", copy_ms * 1e3, nbytes / copy_ms / 1e6]])
+
+
+def _pct(gbs: float, ctx: Ctx) -> str:
+    return f"{100 * gbs / ctx.copy_gbs:.0f} %" if ctx.copy_gbs == ctx.copy_gbs else "n/a"
+
+
+def section_elementwise(ctx: Ctx, rep: Report) -> None:
+    te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
+    shape = (N_EW, N_EW)
+    A, B, Cc = (te.placeholder(shape, name=n) for n in "ABC")
+    Y = te.compute(shape, lambda i, j: te.exp(A[i, j]) * B[i, j] + Cc[i, j], name="Y")
+    a, b, c = ctx.rand(shape, 0, 2.0), ctx.rand(shape, 1), ctx.rand(shape, 2)
+    da, db, dc, dy = mem.to_device(a), mem.to_device(b), mem.to_device(c), mem.empty(shape, np.float32)
+    nbytes = 4 * a.nbytes
+    want = np.exp(a.astype(np.float64)) * b + c
+    rows = []
+    for label, kw in (("jitop schedule_injective (default)", {}), ("jitop per_thread=1", {"per_thread": 1}),
+                      ("jitop per_thread=4", {"per_thread": 4})):
+        try:
+            f, secs = ctx.build(topi.schedule_injective(Y, target=ctx.target, **kw), [A, B, Cc, Y])
+            f(da, db, dc, dy)
+            err = float(np.abs(dy.get() - want).max())
+            ms = ctx.time_ms(lambda: f(da, db, dc, dy))
+            gbs = nbytes / ms / 1e6
+            rows.append([label, ms * 1e3, gbs, _pct(gbs, ctx), f"{err:.1e}", f"{secs:.2f}"])
+            raw = raw_launcher(f, [da, db, dc, dy]) if not kw else None
+            if raw is not None:
+                ms = ctx.time_ms(raw)
+                gbs = nbytes / ms / 1e6
+                rows.append(["jitop, the same kernel by raw driver launches", ms * 1e3, gbs, _pct(gbs, ctx), "", ""])
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append([label, "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+    eager = None
+    if ctx.torch is not None:
+        torch = ctx.torch
+        ta, tb, tc = (torch.from_numpy(x).cuda() for x in (a, b, c))
+        got = (torch.exp(ta) * tb + tc).cpu().numpy()
+        ms = ctx.time_ms(lambda: torch.exp(ta) * tb + tc, "torch")
+        eager = ms
+        gbs = nbytes / ms / 1e6
+        rows.append(["torch eager", ms * 1e3, gbs, _pct(gbs, ctx), f"{np.abs(got - want).max():.1e}", ""])
+        # jitop reading torch's tensors in place (__cuda_array_interface__)
+        try:
+            ty = torch.empty_like(ta)
+            f, _ = ctx.build(topi.schedule_injective(Y, target=ctx.target), [A, B, Cc, Y])
+            ms = ctx.time_ms(lambda: f(ta, tb, tc, ty))
+            gbs = nbytes / ms / 1e6
+            rows.append(["jitop on torch tensors", ms * 1e3, gbs, _pct(gbs, ctx),
+                         f"{np.abs(ty.cpu().numpy() - want).max():.1e}", ""])
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append(["jitop on torch tensors", "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+    ratio = ""
+    if eager is not None and rows and isinstance(rows[0][1], float):
+        ratio = f"jitop (default) is {eager * 1e3 / rows[0][1]:.2f}x torch eager."
+    rep.table(f"(a) elementwise exp(a) * b + c, {N_EW}x{N_EW} float32 (16 bytes per element)",
+              ["kernel", "time (us)", "GB/s", "% of copy", "max error", "build (s)"], rows, ratio)
+
+
+COMPILE_CHILD = r"""
+import json, sys, time, torch
+n = int(sys.argv[1])
+torch.backends.cuda.matmul.allow_tf32 = False
+a, b, c = (torch.rand(n, n, device="cuda") for _ in range(3))
+fn = torch.compile(lambda a, b, c: torch.exp(a) * b + c)
+t0 = time.perf_counter(); y = fn(a, b, c); torch.cuda.synchronize(); first = time.perf_counter() - t0
+err = float((y - (torch.exp(a) * b + c)).abs().max())
+for _ in range(3): fn(a, b, c)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+times = []
+for _ in range(5):
+    s.record()
+    for _ in range(20): fn(a, b, c)
+    e.record(); e.synchronize(); times.append(s.elapsed_time(e) / 20)
+times.sort()
+print(json.dumps({"ms": times[2], "first_call_s": first, "err": err}))
+"""
+
+
+def section_torch_compile(ctx: Ctx, rep: Report, timeout: float) -> None:
+    if ctx.torch is None:
+        return
+    done = subprocess.run([sys.executable, "-c", COMPILE_CHILD, str(N_EW)], capture_output=True, text=True,
+                          timeout=timeout)
+    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        rep.add(f"\n(torch.compile failed: exit {done.returncode}; {done.stderr.strip()[-600:]})")
+        return
+    r = json.loads(line)
+    gbs = 4 * N_EW * N_EW * 4 / r["ms"] / 1e6
+    rep.table("(a') torch.compile of the same chain (child process)", ["kernel", "time (us)", "GB/s", "% of copy",
+                                                                      "first call (s)", "max error vs eager"],
+              [["torch.compile", r["ms"] * 1e3, gbs, _pct(gbs, ctx), r["first_call_s"], f"{r['err']:.1e}"]])
+
+
+def section_rows(ctx: Ctx, rep: Report) -> None:
+    te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
+    shape = (N_EW, N_EW)
+    x = ctx.rand(shape, 3, 4.0)
+    g, bb = ctx.rand(N_EW, 4) + 1, ctx.rand(N_EW, 5)
+    dx, dg, dbb, dy = mem.to_device(x), mem.to_device(g), mem.to_device(bb), mem.empty(shape, np.float32)
+    nbytes = 2 * x.nbytes
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    want_sm = e / e.sum(axis=1, keepdims=True)
+    mean = x64.mean(axis=1, keepdims=True)
+    want_ln = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5) * g + bb
+    rows = []
+    torch = ctx.torch
+    for name in ("softmax", "layer_norm"):
+        X = te.placeholder(shape, name="X")
+        if name == "softmax":
+            Y = topi.softmax(X)
+            args, dev, want = [X, Y], [dx, dy], want_sm
+        else:
+            G, Bt = te.placeholder((N_EW,), name="g"), te.placeholder((N_EW,), name="b")
+            Y = topi.layer_norm(X, G, Bt, 1e-5)
+            args, dev, want = [X, G, Bt, Y], [dx, dg, dbb, dy], want_ln
+        try:
+            s = topi.schedule_row_reduce(Y, target=ctx.target)
+            f, secs = ctx.build(s, args)
+            f(*dev)
+            err = float(np.abs(dy.get() - want).max())
+            ms = ctx.time_ms(lambda: f(*dev))
+            gbs = nbytes / ms / 1e6
+            block = f.built.kernels[0].block
+            rows.append([f"jitop {name} (block {block[0]}x{block[1]})", ms * 1e3, gbs, _pct(gbs, ctx), f"{err:.1e}",
+                         f"{secs:.2f}"])
+            raw = raw_launcher(f, dev)
+            if raw is not None:
+                ms = ctx.time_ms(raw)
+                gbs = nbytes / ms / 1e6
+                rows.append(["jitop, the same kernel by raw driver launches", ms * 1e3, gbs, _pct(gbs, ctx), "", ""])
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append([f"jitop {name}", "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+        if torch is not None:
+            tx = torch.from_numpy(x).cuda()
+            if name == "softmax":
+                op = lambda: torch.softmax(tx, dim=1)  # noqa: E731
+            else:
+                tg, tb = torch.from_numpy(g).cuda(), torch.from_numpy(bb).cuda()
+                op = lambda: torch.nn.functional.layer_norm(tx, (N_EW,), tg, tb, 1e-5)  # noqa: E731
+            terr = float(np.abs(op().cpu().numpy() - want).max())
+            ms = ctx.time_ms(op, "torch")
+            gbs = nbytes / ms / 1e6
+            rows.append([f"torch {name}", ms * 1e3, gbs, _pct(gbs, ctx), f"{terr:.1e}", ""])
+    rep.table(f"(b) softmax and layer norm over rows, {N_EW}x{N_EW} float32 (8 bytes per element)",
+              ["kernel", "time (us)", "GB/s", "% of copy", "max error vs float64", "build (s)"], rows)
+
+
+def _gemm_error_ratio(ctx: Ctx, got: np.ndarray | Any, ta, tb) -> float:
+    """max |C - C64| / (K eps sum_k |a||b|): at most 1 for a correct float32 product (computed with torch)."""
+    torch = ctx.torch
+    k = ta.shape[1]
+    c64 = ta.double() @ tb.double()
+    bound = (k * EPS32) * (ta.abs().double() @ tb.abs().double()) + 1e-30
+    g = got if isinstance(got, torch.Tensor) else torch.from_numpy(np.asarray(got)).cuda()
+    return float(((g.double() - c64).abs() / bound).max())
+
+
+def section_sgemm(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
+    te, topi, mem, torch = ctx.jitop.te, ctx.topi, ctx.memory, ctx.torch
+    rows = []
+    for n in sizes:
+        if time.time() > deadline:
+            rows.append([n, "skipped (time budget)", "", "", "", "", "", ""])
+            continue
+        a, b = ctx.rand((n, n), 6), ctx.rand((n, n), 7)
+        da, db, dc = mem.to_device(a), mem.to_device(b), mem.empty((n, n), np.float32)
+        flops = 2.0 * n ** 3
+        row: list[Any] = [n]
+        try:
+            A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+            C = topi.matmul(A, B)
+            cfg = topi.default_matmul_config(n, n, n, ctx.target)
+            f, secs = ctx.build(topi.schedule_matmul(C, cfg, target=ctx.target), [A, B, C])
+            f(da, db, dc)
+            ms = ctx.time_ms(lambda: f(da, db, dc))
+            jt = flops / ms / 1e9
+            row += [f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}", jt]
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            row += [f"error: {type(err).__name__}: {err}"[:120], float("nan")]
+            jt = float("nan")
+        if torch is not None:
+            ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+            torch.backends.cuda.matmul.allow_tf32 = False
+            fp32 = flops / ctx.time_ms(lambda: torch.mm(ta, tb), "torch") / 1e9
+            torch.backends.cuda.matmul.allow_tf32 = True
+            tf32 = flops / ctx.time_ms(lambda: torch.mm(ta, tb), "torch") / 1e9
+            torch.backends.cuda.matmul.allow_tf32 = False
+            ratio = _gemm_error_ratio(ctx, dc.get(), ta, tb) if jt == jt else float("nan")
+            row += [fp32, f"{100 * jt / fp32:.0f} %", tf32, f"{100 * jt / tf32:.0f} %", f"{ratio:.2g}",
+                    f"{secs:.2f}" if jt == jt else ""]
+        else:
+            row += ["", "", "", "", "", ""]
+        rows.append(row)
+        del da, db, dc
+    rep.table("(c) SGEMM float32, square (TFLOP/s)",
+              ["n", "jitop tiles (bm x bn x bk / tm x tn)", "jitop", "cuBLAS FP32", "jitop / FP32", "cuBLAS TF32",
+               "jitop / TF32", "error / bound", "build (s)"], rows,
+              "error / bound: max |C - C_float64| / (K eps sum|a||b|), at most 1 when correct.")
+
+
+def section_sgemm_sweep(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
+    te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
+    rows = []
+    for n in sizes:
+        a, b = ctx.rand((n, n), 8), ctx.rand((n, n), 9)
+        da, db, dc = mem.to_device(a), mem.to_device(b), mem.empty((n, n), np.float32)
+        if ctx.torch is not None:
+            ta, tb = ctx.torch.from_numpy(a).cuda(), ctx.torch.from_numpy(b).cuda()
+        for cfg in SWEEP:
+            label = f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}"
+            if time.time() > deadline:
+                rows.append([n, label, "skipped (time budget)", "", ""])
+                continue
+            try:
+                A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+                C = topi.matmul(A, B)
+                f, _ = ctx.build(topi.schedule_matmul(C, cfg, target=ctx.target), [A, B, C])
+            except Exception as err:  # noqa: BLE001
+                rows.append([n, label, f"error: {type(err).__name__}: {err}"[:120], "", ""])
+                continue
+            try:
+                f(da, db, dc)
+                ratio = _gemm_error_ratio(ctx, dc.get(), ta, tb) if ctx.torch is not None else float("nan")
+                ms = ctx.time_ms(lambda: f(da, db, dc), budget_ms=100, reps=3)
+                rows.append([n, label, 2.0 * n ** 3 / ms / 1e9, f"{ratio:.2g}", f.built.kernels[0].block])
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                rows.append([n, label, f"error: {type(err).__name__}: {err}"[:120], "", ""])
+        del da, db, dc
+    rep.table("(c') SGEMM tile configs (TFLOP/s)", ["n", "bm x bn x bk / tm x tn", "jitop", "error / bound", "block"],
+              rows)
+
+
+def section_launch(ctx: Ctx, rep: Report) -> None:
+    te, topi, mem, driver = ctx.jitop.te, ctx.topi, ctx.memory, ctx.driver
+    n = 256
+    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    Y = te.compute((n,), lambda i: A[i] * B[i] + 1.0, name="Y")
+    f, _ = ctx.build(topi.schedule_injective(Y, target=ctx.target), [A, B, Y])
+    a, b = ctx.rand(n, 10), ctx.rand(n, 11)
+    da, db, dy = mem.to_device(a), mem.to_device(b), mem.empty((n,), np.float32)
+    f(da, db, dy)
+    assert np.allclose(dy.get(), a * b + 1, rtol=1e-6, atol=1e-6), "tiny kernel: wrong result"
+    rows = []
+
+    def per_call_us(fn, calls: int = 3000) -> float:
+        for _ in range(50):
+            fn()
+        ctx.sync()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            ctx.sync()
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        return best
+
+    rows.append(["jitop f(da, db, out) with device arrays", per_call_us(lambda: f(da, db, dy))])
+    raw = raw_launcher(f, [da, db, dy])
+    if raw is not None:
+        rows.append(["the same kernel, raw driver launches (no wrapper)", per_call_us(raw)])
+    rows.append(["jitop f(da, db): output allocated per call", per_call_us(lambda: f(da, db), 1000)])
+    if ctx.torch is not None:
+        torch = ctx.torch
+        ta, tb, ty = (torch.from_numpy(x).cuda() for x in (a, b, np.empty(n, np.float32)))
+        rows.append(["jitop f(ta, tb, out) with torch tensors", per_call_us(lambda: f(ta, tb, ty))])
+        rows.append(["torch.mul(ta, tb, out=ty) (reference)",
+                     per_call_us(lambda: torch.mul(ta, tb, out=ty))])
+    rows.append(["jitop f(a, b) numpy in/out (copies)", per_call_us(lambda: f(a, b), 300)])
+    rep.table(f"(d) launch overhead from Python: a {n}-element kernel", ["call", "us per call"], rows,
+              "Wall time per call over thousands of back-to-back calls, then one synchronize.")
+
+
+# ** main **
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="write the markdown report here (also printed)")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds after which remaining sections are skipped")
+    p.add_argument("--sizes", type=int, nargs="*", default=list(GEMM_SIZES), help="SGEMM sizes")
+    p.add_argument("--sweep", type=int, nargs="*", default=[4096, 2048], help="SGEMM sizes of the config sweep")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    deadline = t0 + args.budget
+    rep = Report(args.out)
+    failures = 0
+    try:
+        ctx = Ctx()
+    except Exception:  # noqa: BLE001
+        rep.add("# jitop GPU benchmark\n\nno usable GPU / jitop runtime:\n\n```\n" + traceback.format_exc() + "```")
+        return 1
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("environment", lambda: section_env(ctx, rep)),
+        ("copy bandwidth", lambda: section_copy(ctx, rep)),
+        ("elementwise", lambda: section_elementwise(ctx, rep)),
+        ("softmax / layer norm", lambda: section_rows(ctx, rep)),
+        ("SGEMM", lambda: section_sgemm(ctx, rep, args.sizes, deadline)),
+        ("launch overhead", lambda: section_launch(ctx, rep)),
+        ("SGEMM configs", lambda: section_sgemm_sweep(ctx, rep, args.sweep, deadline - 30)),
+    ]
+    if not args.no_compile:
+        sections.append(("torch.compile", lambda: section_torch_compile(
+            ctx, rep, timeout=max(10.0, min(120.0, deadline - time.time())))))
+    for name, run in sections:
+        if time.time() > deadline:
+            rep.add(f"\n({name}: skipped, the {args.budget:.0f} s budget is spent)")
+            continue
+        t = time.time()
+        try:
+            run()
+        except Exception as err:  # noqa: BLE001 - one section's failure must not stop the others
+            failures += 1
+            tb = traceback.format_exc()
+            print(tb, file=sys.stderr, flush=True)
+            rep.add(f"\n### {name}: FAILED\n\n```\n{type(err).__name__}: {err}\n{tb[-1500:]}```")
+        print(f"[{name}: {time.time() - t:.1f} s]", file=sys.stderr, flush=True)
+    rep.add(f"\n(total {time.time() - t0:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,620 @@
+"""Loop IR -> PTX for NVIDIA GPUs (llvmlite's NVPTX backend).
+
+A lowered function becomes one GPU kernel per top-level loop nest. Loops bound to blockIdx.* / threadIdx.*
+(`Stage.bind`) are not loops here: their variable is the block's or thread's index, and their extents make the
+launch's grid and block. Shared-memory buffers are `addrspace(3)` globals of the kernel, per-thread (local)
+buffers are allocas that LLVM keeps in registers when their indices are constant, `barrier()` is
+`__syncthreads()`. The other loops run serially in each thread (unrolled and vectorized ones are unrolled).
+Global intermediates of the function are workspaces the runtime allocates and passes like arguments.
+
+Every access is proved in bounds or checked: a checked access that fails sets the module's error flag (read
+by the runtime after the launches) instead of touching memory.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from jitop.codegen import ops
+from jitop.codegen.kernel import RAISE_IF, _is_accumulation, top_level_nests
+from jitop.dtypes import DType
+from jitop.errors import ScheduleError
+from jitop.te.expr import Expr, Op, const, var, walk
+from jitop.te.printer import expr_str
+from jitop.target import CUDA_TRIPLE, CudaTarget
+from jitop.tir.bounds import BoundsCheck
+from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store,
+                             ThreadReduce, walk_stmts)
+from jitop.tir.passes import guards_off_barriers, substitute_stmt
+from jitop.tir.simplify import prove, simplify
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+GLOBAL, SHARED = 1, 3  # NVPTX address spaces
+MAX_UNROLL = 64        # unrolled/vectorized loops longer than this run as loops
+MAX_SERIAL_WORK = 1 << 12
+ALLOC_ALIGN = 16       # bytes every array given to a GPU kernel is aligned to (cuMemAlloc gives 256; checked)  # a kernel with no bound loop may run this many iterations on one thread
+AXES = ("x", "y", "z")
+_SREG = {"blockIdx": "ctaid", "threadIdx": "tid"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel of a GPU function: its PTX entry name and launch shape. Dims are ints, or the printed
+    expressions of the function's symbols (`(n + 255) // 256`) the runtime evaluates per call."""
+
+    name: str
+    grid: tuple[int | str, int | str, int | str]
+    block: tuple[int | str, int | str, int | str]
+    shared_bytes: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "grid": list(self.grid), "block": list(self.block), "shared_bytes": self.shared_bytes}
+
+    @staticmethod
+    def from_json(d: dict) -> "Launch":
+        return Launch(d["name"], tuple(d["grid"]), tuple(d["block"]), int(d["shared_bytes"]))
+
+
+@dataclass(frozen=True)
+class GpuBuild:
+    """What the GPU runtime needs of a compiled function: the PTX, its kernels in launch order, the workspace
+    buffers (name, dtype, shape) passed after the parameters, and the accesses checked at run time."""
+
+    ptx: str
+    ll: str
+    kernels: tuple[Launch, ...]
+    workspaces: tuple[tuple[str, str, tuple[int | str, ...]], ...]
+    checked: tuple[str, ...] = ()
+    error_symbol: str = ""
+
+
+def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
+    """Compile a lowered function with GPU-bound loops to PTX for `target`.
+
+    >>> from jitop import te
+    >>> import jitop
+    >>> A = te.placeholder((1000,), name="A")
+    >>> B = te.compute((1000,), lambda i: A[i] * 2.0, name="B")
+    >>> s = jitop.create_schedule(B)
+    >>> bx, tx = s[B].split(B.op.axis[0], factor=128)
+    >>> s[B].bind(bx, te.thread_axis("blockIdx.x")); s[B].bind(tx, te.thread_axis("threadIdx.x"))
+    >>> out = build_ptx(jitop.lower(s, [A, B]), "k", CudaTarget())
+    >>> out.kernels[0].grid, out.kernels[0].block, ".target sm_90" in out.ptx
+    ((8, 1, 1), (128, 1, 1), True)
+    """
+    body, workspaces = _peel_workspaces(func.body)
+    buffers = list(func.params) + workspaces
+    module = ir.Module(name=symbol)
+    module.triple = CUDA_TRIPLE
+    ranges = func.attrs.get("ranges", {})
+    emitter = _Emitter(module, symbol, buffers, func.symbols, ranges, target)
+    launches = []
+    for k, nest in enumerate(top_level_nests(body)):
+        if isinstance(nest, Seq) and not nest.stmts:
+            continue
+        nest = guards_off_barriers(nest)
+        launches.append(emitter.kernel(f"{symbol}_k{k}", nest))
+    ll = str(module)
+    ptx = _emit_ptx(ll, target)
+    shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in workspaces)
+    return GpuBuild(ptx, ll, tuple(launches), shapes, tuple(emitter.checked),
+                    emitter.error.name if emitter.error is not None else "")
+
+
+def _peel_workspaces(body: Stmt) -> tuple[Stmt, list[Buffer]]:
+    """The function's body without its global allocations (the runtime allocates them), and those buffers."""
+    found = []
+    while isinstance(body, Allocate) and body.buffer.scope == "global":
+        found.append(body.buffer)
+        body = body.body
+    return body, found
+
+
+def _printed(d: int | Expr) -> int | str:
+    if isinstance(d, int):
+        return d
+    return int(d.value) if d.op is Op.CONST else expr_str(d)
+
+
+# ** launch shape: the extents of the bound loops **
+
+def launch_dims(nest: Stmt, ranges: dict) -> dict[ForKind, Expr]:
+    """Each bound GPU index of a kernel -> its launch extent (the largest loop bound to it). ScheduleError for
+    a kernel that binds nothing yet loops a lot, or binds one index to extents no launch can cover."""
+    extents: dict[ForKind, list[Expr]] = {}
+    for s in walk_stmts(nest):
+        if isinstance(s, For) and s.kind.is_gpu_index:
+            extents.setdefault(s.kind, []).append(s.extent)
+    out = {}
+    for kind, found in extents.items():
+        consts = [int(e.value) for e in found if e.op is Op.CONST]
+        symbolic = list(dict.fromkeys(e for e in found if e.op is not Op.CONST))
+        if len(symbolic) > 1 or (symbolic and consts and prove(symbolic[0] >= max(consts), ranges) is not True):
+            raise ScheduleError(f"loops bound to {kind.value} have extents {', '.join(map(expr_str, found))}; a "
+                                f"kernel launches one {kind.value} range, so bind it to loops of one extent")
+        out[kind] = symbolic[0] if symbolic else const(max(consts))
+    if not out:
+        work = _serial_work(nest)
+        if work is None or work > MAX_SERIAL_WORK:
+            what = "a symbolic number of" if work is None else f"{work}"
+            raise ScheduleError(f"a loop nest of this GPU function binds no loop to blockIdx/threadIdx, so one GPU "
+                                f"thread would run {what} iterations alone; split its outer loop and bind the "
+                                "parts: s[T].bind(outer, te.thread_axis('blockIdx.x')), s[T].bind(inner, "
+                                "te.thread_axis('threadIdx.x'))")
+    return out
+
+
+def _serial_work(s: Stmt) -> int | None:
+    if isinstance(s, For):
+        inner = _serial_work(s.body)
+        return None if inner is None or s.extent.op is not Op.CONST else int(s.extent.value) * inner
+    if isinstance(s, Seq):
+        parts = [_serial_work(x) for x in s.stmts]
+        return None if None in parts else sum(parts)
+    if isinstance(s, IfThenElse):
+        return _serial_work(s.then)
+    if isinstance(s, Allocate):
+        return _serial_work(s.body)
+    return 1
+
+
+def _check_block(dims: dict[ForKind, Expr], target: CudaTarget) -> None:
+    threads = 1
+    for kind in (ForKind.THREAD_X, ForKind.THREAD_Y, ForKind.THREAD_Z):
+        e = dims.get(kind)
+        if e is None:
+            continue
+        if e.op is not Op.CONST:
+            raise ScheduleError(f"the loop bound to {kind.value} has the symbolic extent {expr_str(e)}; a block's "
+                                "size must be a constant: split the loop by a constant factor and bind the inner part")
+        threads *= int(e.value)
+    if threads > target.max_threads_per_block:
+        raise ScheduleError(f"a block of {threads} threads exceeds the {target.max_threads_per_block} threads per "
+                            f"block of {target.arch}; bind smaller loops to threadIdx (split by a smaller factor)")
+
+
+# ** code generation **
+
+@dataclass
+class _Kernel:
+    fn: ir.Function
+    builder: ir.IRBuilder
+    entry: ir.Block
+    env: dict = field(default_factory=dict)
+    ptrs: dict = field(default_factory=dict)
+    dims: dict = field(default_factory=dict)
+    shared_bytes: int = 0
+
+
+class _Emitter:
+    """Builds kernels into one module; each kernel takes every buffer (global pointers) and every symbol."""
+
+    def __init__(self, module: ir.Module, symbol: str, buffers: list[Buffer], symbols: tuple[Expr, ...],
+                 ranges: dict, target: CudaTarget):
+        self.module, self.symbol, self.buffers, self.symbols = module, symbol, buffers, symbols
+        self.ranges, self.target = ranges, target
+        self.bounds = BoundsCheck(ranges)
+        self.checked: list[str] = []
+        self.error: ir.GlobalVariable | None = None
+        self.k: _Kernel | None = None
+        self._memo: dict = {}
+        self.contract = False
+
+    @property
+    def b(self) -> ir.IRBuilder:
+        return self.k.builder
+
+    def kernel(self, name: str, nest: Stmt) -> Launch:
+        dims = launch_dims(nest, self.ranges)
+        _check_block(dims, self.target)
+        params = [ir.PointerType(addrspace=GLOBAL)] * len(self.buffers) + [I64] * len(self.symbols)
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name)
+        fn.calling_convention = "ptx_kernel"
+        entry = fn.append_basic_block("entry")
+        body = fn.append_basic_block("body")
+        self.k = _Kernel(fn, ir.IRBuilder(body), entry, dims=dims)
+        for buf, arg in zip(self.buffers, fn.args):
+            arg.name = _ident(buf.name)
+            arg.add_attribute("noalias")  # with LLVM's inferred readonly: loads through the read-only data cache
+            arg.attributes.align = ALLOC_ALIGN  # so adjacent accesses can merge into vector loads and stores
+            self.k.ptrs[buf] = arg
+        for v, arg in zip(self.symbols, fn.args[len(self.buffers):]):
+            arg.name = _ident(v.name)
+            self.k.env[v] = arg
+        self.stmt(nest)
+        self.b.ret_void()
+        ir.IRBuilder(entry).branch(body)
+        if self.k.shared_bytes > self.target.shared_per_block:
+            raise ScheduleError(f"kernel {name} needs {self.k.shared_bytes} bytes of shared memory, more than the "
+                                f"{self.target.shared_per_block} a block of {self.target.arch} may use; make the "
+                                "shared tiles smaller (a smaller split factor at the compute_at loop)")
+        grid = tuple(_printed(dims.get(ForKind(f"blockIdx.{a}"), const(1))) for a in AXES)
+        block = tuple(_printed(dims.get(ForKind(f"threadIdx.{a}"), const(1))) for a in AXES)
+        return Launch(name, grid, block, self.k.shared_bytes)
+
+    # ** statements **
+    def stmt(self, s: Stmt) -> None:
+        self._memo = {}  # values are reused only within one statement: they must dominate their uses
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, Store):
+            self.store(s)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, IfThenElse):
+            self.if_then_else(s)
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        elif isinstance(s, Barrier):
+            self._barrier()
+        elif isinstance(s, ThreadReduce):
+            self.thread_reduce(s)
+        else:
+            raise TypeError(f"cannot generate GPU code for {type(s).__name__}")
+
+    def _barrier(self) -> None:
+        fn = ops.declare_intrinsic(self.module, "llvm.nvvm.barrier0", [], ir.FunctionType(ir.VoidType(), []))
+        self.b.call(fn, [])
+
+    # ** cross-thread reduction: butterfly shuffles within a warp, then the warps' results through shared memory **
+    def thread_reduce(self, s: ThreadReduce) -> None:
+        block = [self.k.dims.get(ForKind(f"threadIdx.{a}"), const(1)) for a in AXES]
+        if block[0] != const(s.extent):
+            raise ScheduleError(f"'{s.buffer.name}' is reduced across {s.extent} threads of threadIdx.x, but the "
+                                f"block has {expr_str(block[0])} along x: bind loops of equal extents")
+        threads = 1
+        for d in block:
+            threads *= int(d.value)
+        mask = 0xFFFFFFFF if threads >= 32 else (1 << threads) - 1
+        b, dt = self.b, s.buffer.dtype
+        at = (const(0),)
+        self._memo = {}
+        value = self.expr(s.buffer.load(at))
+        offset = min(s.extent, 32) // 2
+        while offset:
+            value = self._combine(s.reducer, dt, value, self._shuffle(value, dt, offset, mask))
+            offset //= 2
+        if s.extent > 32:
+            value = self._across_warps(s, dt, value, threads, block)
+        b.store(ops.to_memory(b, dt, value), self._address(s.buffer, at))
+        self._memo = {}
+
+    def _across_warps(self, s: ThreadReduce, dt: DType, value: ir.Value, threads: int, block: list[Expr]) -> ir.Value:
+        """Lane 0 of each warp writes its warp's result to shared memory; each thread combines its row's warps."""
+        b, elem = self.b, ops.memory_type(dt)
+        scratch = ir.GlobalVariable(self.module, ir.ArrayType(elem, threads // 32),
+                                    f"{self.k.fn.name}.reduce.{len(self.module.globals)}", addrspace=SHARED)
+        scratch.linkage, scratch.align = "internal", 16
+        scratch.type = ir.PointerType(addrspace=SHARED)
+        self.k.shared_bytes += threads // 32 * dt.itemsize
+        tid = [b.zext(self._sreg("tid", a), I64) for a in AXES]
+        linear = b.add(tid[0], b.mul(ir.Constant(I64, int(block[0].value)),
+                                     b.add(tid[1], b.mul(ir.Constant(I64, int(block[1].value)), tid[2]))))
+        warp, lane = b.lshr(linear, ir.Constant(I64, 5)), b.and_(linear, ir.Constant(I64, 31))
+        with b.if_then(b.icmp_unsigned("==", lane, ir.Constant(I64, 0))):
+            b.store(ops.to_memory(b, dt, value), b.gep(scratch, [warp], source_etype=elem))
+        self._barrier()
+        warps = s.extent // 32
+        first = b.mul(b.udiv(linear, ir.Constant(I64, s.extent)), ir.Constant(I64, warps))
+        total = None
+        for w in range(warps):
+            ptr = b.gep(scratch, [b.add(first, ir.Constant(I64, w))], source_etype=elem)
+            part = ops.from_memory(b, dt, b.load(ptr, typ=elem))
+            total = part if total is None else self._combine(s.reducer, dt, total, part)
+        self._barrier()  # the scratch is free again for the next reduction
+        return total
+
+    def _combine(self, reducer, dt: DType, x: ir.Value, y: ir.Value) -> ir.Value:
+        a, c = var("a", dt), var("b", dt)
+        self.k.env[a], self.k.env[c] = x, y
+        out = self.expr(reducer.combine(a, c))
+        del self.k.env[a], self.k.env[c]
+        return out
+
+    def _sreg(self, prefix: str, axis: str) -> ir.Value:
+        name = f"llvm.nvvm.read.ptx.sreg.{prefix}.{axis}"
+        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(I32, []), name)
+        return self.b.call(fn, [])
+
+    def _shuffle(self, value: ir.Value, dt: DType, offset: int, mask: int) -> ir.Value:
+        """The value of the lane `offset` apart (lane ^ offset), through 32-bit shuffles."""
+        b = self.b
+        if dt.bits == 64:
+            bits = b.bitcast(value, I64) if dt.is_float else value
+            lo = self._shuffle32(b.trunc(bits, I32), offset, mask)
+            hi = self._shuffle32(b.trunc(b.lshr(bits, ir.Constant(I64, 32)), I32), offset, mask)
+            out = b.or_(b.zext(lo, I64), b.shl(b.zext(hi, I64), ir.Constant(I64, 32)))
+            return b.bitcast(out, value.type) if dt.is_float else out
+        if dt.is_float:
+            as_int = b.bitcast(value, ir.IntType(dt.bits))
+            return b.bitcast(self._narrow(self._shuffle32(self._widen(as_int), offset, mask), dt.bits), value.type)
+        width = value.type.width
+        return self._narrow(self._shuffle32(self._widen(value), offset, mask), width)
+
+    def _widen(self, v: ir.Value) -> ir.Value:
+        return v if v.type.width == 32 else self.b.zext(v, I32)
+
+    def _narrow(self, v: ir.Value, width: int) -> ir.Value:
+        return v if width == 32 else self.b.trunc(v, ir.IntType(width))
+
+    def _shuffle32(self, v: ir.Value, offset: int, mask: int) -> ir.Value:
+        fn = ops.declare_intrinsic(self.module, "llvm.nvvm.shfl.sync.bfly.i32", [],
+                                   ir.FunctionType(I32, [I32, I32, I32, I32]))
+        return self.b.call(fn, [ir.Constant(I32, mask), v, ir.Constant(I32, offset), ir.Constant(I32, 0x1F)])
+
+    def allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        if buf.symbolic:
+            raise ScheduleError(f"buffer '{buf.name}' ({buf.scope}) has the symbolic shape {list(buf.shape)}; GPU "
+                                "tiles must have constant sizes: compute_at an inner loop of constant extent")
+        elem = ops.memory_type(buf.dtype)
+        if buf.scope == "shared" and buf in self.k.ptrs:
+            pass  # a copy of the same tile in a partitioned loop's tail: they never live at once, so they share
+        elif buf.scope == "shared":
+            g = ir.GlobalVariable(self.module, ir.ArrayType(elem, max(buf.size, 1)),
+                                  f"{self.k.fn.name}.{_ident(buf.name)}.{len(self.module.globals)}", addrspace=SHARED)
+            g.linkage = "internal"
+            g.align = 16
+            g.type = ir.PointerType(addrspace=SHARED)  # an opaque pointer like every other buffer's
+            self.k.shared_bytes += max(buf.size, 1) * buf.dtype.itemsize
+            self.k.ptrs[buf] = g
+        elif buf.scope == "local":
+            ptr = ir.IRBuilder(self.k.entry).alloca(ir.ArrayType(elem, max(buf.size, 1)), name=_ident(buf.name))
+            ptr.align = 16
+            ptr.type = ir.PointerType()
+            self.k.ptrs[buf] = ptr
+        else:
+            raise ScheduleError(f"buffer '{buf.name}' is allocated ({buf.scope}) inside a GPU kernel; compute its "
+                                "stage at root (a workspace) or give it a 'local'/'shared' scope")
+        self.stmt(s.body)
+
+    def if_then_else(self, s: IfThenElse) -> None:
+        cond = self.expr(s.cond)
+        with self.b.if_else(cond) as (then, other):
+            with then:
+                self._under(s.cond, True, lambda: self.stmt(s.then))
+            with other:
+                if s.else_ is not None:
+                    self._under(s.cond, False, lambda: self.stmt(s.else_))
+
+    def _under(self, cond: Expr, holds: bool, emit):
+        n = self.bounds.push(cond, holds)
+        try:
+            return emit()
+        finally:
+            self.bounds.pop(n)
+
+    def loop(self, s: For) -> None:
+        if s.kind.is_gpu_index:
+            return self._bound(s)
+        if s.kind is ForKind.PARALLEL:
+            raise ScheduleError(f"loop '{s.var.name}' is marked parallel, a CPU annotation; on a GPU bind it to "
+                                "blockIdx/threadIdx instead")
+        if s.kind in (ForKind.UNROLLED, ForKind.VECTORIZED) and s.extent.op is Op.CONST \
+                and int(s.extent.value) <= MAX_UNROLL:
+            for k in range(int(s.extent.value)):
+                self.stmt(substitute_stmt(s.body, {s.var: const(k)}))
+            return
+        self._serial(s)
+
+    def _bound(self, s: For) -> None:
+        """A loop bound to a GPU index: its variable is that index; iterations past its extent do nothing."""
+        prefix, axis = s.kind.value.split(".")
+        index = self.b.zext(self._sreg(_SREG[prefix], axis), I64, name=_ident(s.var.name))
+        self.k.env[s.var] = index
+        launched = self.k.dims[s.kind]
+        if s.extent is launched or s.extent == launched:
+            self.stmt(s.body)
+        else:
+            if any(isinstance(x, Barrier) for x in walk_stmts(s.body)):
+                raise ScheduleError(f"loop '{s.var.name}' is bound to {s.kind.value} over {expr_str(s.extent)} "
+                                    f"threads, but the kernel launches {expr_str(launched)}; a barrier inside it "
+                                    "would wait for threads that never arrive: bind loops of equal extents")
+            guard = s.var < s.extent
+            with self.b.if_then(self.expr(guard)):
+                self._under(guard, True, lambda: self.stmt(s.body))
+        del self.k.env[s.var]
+
+    def _serial(self, s: For) -> None:
+        b = self.b
+        end = self.expr(s.extent)
+        pre = b.block
+        head, done = b.append_basic_block("loop"), b.append_basic_block("loop.end")
+        b.cbranch(b.icmp_signed("<", ir.Constant(I64, 0), end), head, done)
+        b.position_at_end(head)
+        i = b.phi(I64, name=_ident(s.var.name))
+        i.add_incoming(ir.Constant(I64, 0), pre)
+        self.k.env[s.var] = i
+        self.stmt(s.body)
+        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw", "nuw"))
+        i.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, end), head, done)
+        b.position_at_end(done)
+        del self.k.env[s.var]
+
+    # ** memory **
+    def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
+        flat: Expr = const(0)
+        for dim, idx in zip(buf.shape, indices):
+            flat = flat * dim + idx
+        return self.b.gep(self.k.ptrs[buf], [self.expr(simplify(flat))], source_etype=ops.memory_type(buf.dtype))
+
+    def _check(self, buf: Buffer, indices: tuple[Expr, ...], what: str) -> ir.Value | None:
+        """None when the access is proved in bounds; else i1 'in bounds', with the error flag set when not."""
+        if self.bounds.proves(buf, indices):
+            return None
+        b, ok = self.b, ir.Constant(ir.IntType(1), 1)
+        for idx, dim in zip(indices, buf.shape):
+            v = self.expr(idx)
+            d = ir.Constant(I64, dim) if isinstance(dim, int) else self.expr(dim)
+            ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, ir.Constant(I64, 0)), b.icmp_signed("<", v, d)))
+        self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
+        with b.if_then(b.not_(ok), likely=False):
+            b.store(ir.Constant(I32, len(self.checked)), self._error_flag())
+        return ok
+
+    def _error_flag(self) -> ir.GlobalVariable:
+        if self.error is None:
+            self.error = ir.GlobalVariable(self.module, I32, f"{self.symbol}_error", addrspace=GLOBAL)
+            self.error.initializer = ir.Constant(I32, 0)
+        return self.error
+
+    def load(self, e: Expr) -> ir.Value:
+        buf, b = e.arg, self.b
+        elem = ops.memory_type(buf.dtype)
+        ok = self._check(buf, e.src, "read of")
+        if ok is None:
+            return ops.from_memory(b, buf.dtype, b.load(self._address(buf, e.src), typ=elem))
+        with b.if_else(ok) as (then, other):
+            with then:
+                val, then_block = b.load(self._address(buf, e.src), typ=elem), b.block
+            with other:
+                other_block = b.block
+        phi = b.phi(elem)
+        phi.add_incoming(val, then_block)
+        phi.add_incoming(ir.Constant(elem, 0), other_block)
+        self._memo = {}  # values made inside the branches do not dominate what follows
+        return ops.from_memory(b, buf.dtype, phi)
+
+    def store(self, s: Store) -> None:
+        self.contract = _is_accumulation(s)  # as on the CPU: FMA only in a reduction's update
+        value = self.expr(s.value)
+        self.contract = False
+        ok = self._check(s.buffer, s.indices, "write to")
+        if ok is None:
+            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
+            return
+        with self.b.if_then(ok):
+            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
+
+    # ** expressions (scalar: one thread computes one element) **
+    def expr(self, e: Expr) -> ir.Value:
+        if e not in self._memo:
+            self._memo[e] = self._expr(e)
+        return self._memo[e]
+
+    def _expr(self, e: Expr) -> ir.Value:
+        op, b = e.op, self.b
+        if op is Op.CONST:
+            return ops.constant(e.dtype, e.value)
+        if op is Op.VAR:
+            if e not in self.k.env:
+                raise ScheduleError(f"variable '{e.name}' has no value in this GPU kernel (a loop of another kernel?)")
+            return self.k.env[e]
+        if op is Op.LOAD:
+            return self.load(e)
+        if op is Op.SELECT:
+            return self._select(e)
+        if op is Op.CALL:
+            return self._call(e)
+        args = [self.expr(x) for x in e.src]
+        if op is Op.CAST:
+            return ops.cast(b, e.src[0].dtype, e.dtype, args[0])
+        if len(args) == 1:
+            return ops.unary(b, op, e.dtype, args[0])
+        return ops.binary(b, op, e.src[0].dtype, args[0], args[1], self.contract)
+
+    def _select(self, e: Expr) -> ir.Value:
+        cond = self.expr(e.src[0])
+        if not any(n.op is Op.LOAD for x in e.src[1:] for n in walk(x)):
+            return ops.select(self.b, cond, self.expr(e.src[1]), self.expr(e.src[2]))
+        saved = dict(self._memo)  # only the taken side's loads may run (the other may be out of bounds)
+        with self.b.if_else(cond) as (then, other):
+            with then:
+                yes, yes_block = self._under(e.src[0], True, lambda: self.expr(e.src[1])), self.b.block
+            self._memo = dict(saved)
+            with other:
+                no, no_block = self._under(e.src[0], False, lambda: self.expr(e.src[2])), self.b.block
+        self._memo = saved
+        phi = self.b.phi(ops.llvm_type(e.dtype))
+        phi.add_incoming(yes, yes_block)
+        phi.add_incoming(no, no_block)
+        return phi
+
+    def _call(self, e: Expr) -> ir.Value:
+        from jitop.codegen.math import emit_call
+        if e.arg.startswith(RAISE_IF) or (e.arg == "ipow" and e.src[1].dtype.is_signed):
+            raise NotImplementedError(f"'{e.arg.split(':')[0]}' (an operation that can raise at run time) has no "
+                                      "GPU code generator yet; compute it on the CPU target")
+        args = [self.expr(x) for x in e.src]
+        return emit_call(self.b, e.arg, e.src[0].dtype, args, avx512=False)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
+
+
+# ** PTX **
+
+@functools.cache
+def _machine(arch: str, features: str, opt: int):
+    import llvmlite.binding as llvm
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    return llvm.Target.from_triple(CUDA_TRIPLE).create_target_machine(cpu=arch, features=features,
+                                                                     opt=min(max(opt, 0), 3))
+
+
+def _emit_ptx(ll: str, target: CudaTarget) -> str:
+    """Parse, verify and optimise the module for `target`, then print its PTX. A call to a function no GPU
+    library defines (a C math routine) is a NotImplementedError naming it, before ptxas would fail on it."""
+    import llvmlite.binding as llvm
+    from jitop.codegen.target import _llvm_lock
+    tm = _machine(target.arch, target.ptx_features, target.opt_level)
+    with _llvm_lock:
+        mod = llvm.parse_assembly(ll)
+        mod.verify()
+        mod.data_layout = str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=min(max(target.opt_level, 0), 3))
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        missing = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
+        if missing:
+            raise NotImplementedError(f"GPU code would call {', '.join(missing)}, which no GPU library here "
+                                      "defines; this operation has no GPU code generator yet")
+        return tm.emit_assembly(mod)
+
+
+# ** offline check: NVIDIA's assembler, where installed (the `nvidia-cuda-nvcc` wheel: jitop[cuda-test]) **
+
+def ptxas_path() -> str | None:
+    """Where `ptxas` is: on PATH, or in the `nvidia-cuda-nvcc` wheel's folder; None when neither has it."""
+    import os
+    import shutil
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cu12", "cuda_nvcc"):
+            path = os.path.join(base, sub, "bin", "ptxas")
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
+def check_ptx(ptx: str, arch: str = "sm_90") -> str:
+    """Assemble `ptx` for `arch` with ptxas (no GPU needed) and return its report (registers, spills, shared
+    memory per kernel); RuntimeError with ptxas's messages when it refuses the code, FileNotFoundError when
+    ptxas is not installed (`pip install nvidia-cuda-nvcc`)."""
+    import os
+    import subprocess
+    import tempfile
+    exe = ptxas_path()
+    if exe is None:
+        raise FileNotFoundError("ptxas not found: pip install nvidia-cuda-nvcc (or jitop[cuda-test])")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([exe, f"-arch={arch}", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
+                              capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas -arch={arch} refused the PTX:\n{done.stderr.strip()}")
+    return done.stderr

@@ -1,0 +1,188 @@
+"""Traced graphs on an NVIDIA GPU: the same fusion decisions as on a CPU, a GPU schedule per stage, one kernel
+per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
+
+- injective stages: every axis fused, split over blocks of threads (consecutive threads, consecutive elements);
+- reductions: one block per output element (or row), the reduced axis split over the block's threads, which
+  combine their partial results with warp shuffles (a cross-thread reduction);
+- matmul: shared-memory tiles of A and B, one output per thread (no tuning yet);
+- conv2d and other complex stages: one thread per output element.
+
+Intermediates are workspaces the GPU function allocates on the device; numpy arguments are copied in and the
+results copied back.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitop import te
+from jitop.driver import compile_gpu_func, lower
+from jitop.graph.compile import constant_array, distinct_outputs
+from jitop.graph.fusion import materialize
+from jitop.graph.ir import Node, toposort
+from jitop.graph.to_te import ToTE
+from jitop.runtime.executable import rebuild
+from jitop.schedule.schedule import Stage, create_schedule
+from jitop.target import CudaTarget
+from jitop.te.tensor import Tensor
+
+BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+BY, BZ, TY = te.thread_axis("blockIdx.y"), te.thread_axis("blockIdx.z"), te.thread_axis("threadIdx.y")
+THREADS = 256          # threads per block of an injective stage
+REDUCE_THREADS = 256   # most threads sharing one reduction
+MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs
+
+
+class GpuToTE(ToTE):
+    """Tensor expressions for the GPU: plain reductions (threads split them, not SIMD partials) and plain
+    matmul / conv2d computes in place of the CPU templates."""
+
+    vector_partials = False
+
+    def template(self, n: Node, readers: tuple) -> Tensor:
+        if n.prim != "matmul":
+            raise NotImplementedError(f"'{n.prim}' has no GPU schedule yet; run this function on the CPU")
+        read_a, read_b = readers
+        a, b = n.src
+        k = te.reduce_axis((0, a.shape[-1]), "k")
+        a_batch, b_batch = a.shape[:-2], b.shape[:-2]
+
+        def body(*i: Any) -> Any:
+            batch = i[:-2]
+            x = read_a(_broadcast(batch, a_batch), i[-2], k)
+            y = read_b(_broadcast(batch, b_batch), k, i[-1])
+            return te.sum(x.astype(n.dtype.name) * y.astype(n.dtype.name), axis=k)
+        t = te.compute(n.shape, body, name=self.fresh_name("matmul"))
+        self.st.kind[t] = "matmul"
+        return t
+
+
+def _broadcast(batch: tuple, shape: tuple) -> tuple:
+    """The index into an operand's batch dims (right-aligned, size-1 dims broadcast) for the output's."""
+    own = batch[len(batch) - len(shape):] if shape else ()
+    return tuple(0 if d == 1 else i for i, d in zip(own, shape))
+
+
+class GpuExecutable:
+    """A traced function compiled for a GPU: `call(values)` takes the traced function's argument values."""
+
+    def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int], n_outputs: int):
+        self.function, self.inputs, self.result_slots = function, inputs, result_slots
+        self.n_outputs = n_outputs
+        self.result: Any = None
+        self._constants: dict[int, Any] = {}
+
+    def set_result(self, tree: Any) -> None:
+        self.result = tree
+
+    def call(self, values: Sequence[Any]) -> Any:
+        arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
+        outs = self.function(*arrays)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        flat = [outs[k] for k in self.result_slots]
+        return rebuild(self.result, flat) if self.result is not None else (flat[0] if len(flat) == 1 else flat)
+
+    def _argument(self, k: int, kind: str, what: Any, values: Sequence[Any]) -> Any:
+        if kind == "arg":
+            return values[what]
+        if kind == "arg_swapped":
+            pos, dtype = what
+            return np.asarray(values[pos]).astype(dtype)
+        if kind == "scalar":
+            return np.asarray(values[what[0]], dtype=what[1])
+        if k not in self._constants:  # a constant goes to the device once
+            from jitop.runtime.cuda import memory
+            self._constants[k] = memory.to_device(np.ascontiguousarray(what))
+        return self._constants[k]
+
+
+def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
+                      results: list[Node], target: CudaTarget) -> GpuExecutable:
+    """The graph computing `results` as a GPU function (see the module's docstring)."""
+    outputs = distinct_outputs(results)
+    unique = list(dict.fromkeys(outputs))
+    why = materialize(unique)
+    lowering = GpuToTE(why, target, {})
+    placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
+    consts = read_constants_of(unique)
+    placeholders += [lowering.placeholder(n, f"const{len(placeholders) + k}") for k, n in enumerate(consts)]
+    for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):
+        if n in why:
+            lowering.tensor(n)
+    tensors = [lowering.tensor(n) for n in unique]
+    s = create_schedule([t.op for t in tensors])
+    for t, kind in lowering.st.kind.items():
+        if t.op in s.stage_map:
+            schedule_stage(s[t], kind)
+    func = lower(s, placeholders + tensors, name=name)
+    function = compile_gpu_func(func, target)
+    plan = input_plan + [("const", constant_array(n)) for n in consts]
+    return GpuExecutable(function, plan, [unique.index(o) for o in outputs], len(unique))
+
+
+def read_constants_of(unique: list[Node]) -> list[Node]:
+    """The graph's array constants, in argument order (nothing is prepacked on the GPU)."""
+    return [n for n in toposort(unique) if n.prim == "array_const"]
+
+
+# ** schedules **
+
+def schedule_stage(stage: Stage, kind: str) -> None:
+    """The GPU schedule of one materialized stage, by its kind."""
+    if kind == "matmul":
+        return schedule_matmul(stage)
+    if kind == "reduce" and stage.op.reduce_axis:
+        return schedule_reduce(stage)
+    schedule_elementwise(stage)
+
+
+def schedule_elementwise(stage: Stage) -> None:
+    """All data axes fused and split over blocks of THREADS threads (a reduction inside runs per thread)."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return  # a 0-d result: one thread
+    fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+    block, thread = stage.split(fused, factor=THREADS)
+    stage.bind(block, BX)
+    stage.bind(thread, TX)
+
+
+def schedule_reduce(stage: Stage) -> None:
+    """One block per output element; the last reduce axis split over the block's threads (a power of two)."""
+    axes = list(stage.op.axis)
+    last = stage.op.reduce_axis[-1]
+    width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
+    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
+    outer, inner = stage.split(last, factor=threads)
+    if axes:
+        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+        stage.bind(fused, BX)
+    stage.bind(inner, TX)
+
+
+def schedule_matmul(stage: Stage) -> None:
+    """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z."""
+    s, t = stage.schedule, stage.outputs[0]
+    axes = list(stage.op.axis)
+    (k,) = stage.op.reduce_axis
+    reads = list(dict.fromkeys(x for x in stage.input_tensors()))
+    shared = [s.cache_read(x, "shared", [t]) for x in reads] if len(reads) == 2 else []
+    bi, ti = stage.split(axes[-2], factor=MATMUL_TILE)
+    bj, tj = stage.split(axes[-1], factor=MATMUL_TILE)
+    ko, ki = stage.split(k, factor=MATMUL_TILE)
+    batch = axes[:-2]
+    if batch:
+        fused = stage.fuse(*batch) if len(batch) > 1 else batch[0]
+        stage.reorder(fused, bi, bj, ti, tj, ko, ki)
+        stage.bind(fused, BZ)
+    else:
+        stage.reorder(bi, bj, ti, tj, ko, ki)
+    for iv, tag in ((bi, BY), (bj, BX), (ti, TY), (tj, TX)):
+        stage.bind(iv, tag)
+    for x in shared:
+        copy = s[x]
+        copy.compute_at(stage, ko)
+        *lead, rows, cols = copy.op.axis
+        copy.bind(rows, TY)
+        copy.bind(cols, TX)

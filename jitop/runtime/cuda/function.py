@@ -1,0 +1,234 @@
+"""A compiled GPU function: its PTX, kernels and parameter signature, called like a CPU Module.
+
+numpy arrays given to it are copied to the GPU and its results copied back (results are numpy arrays, as JAX
+does); device arrays (`jitop.cuda.DeviceArray`, or anything with `__cuda_array_interface__`: CuPy, torch,
+numba) are used in place, and then the results are device arrays. The PTX is linked to a cubin for this GPU
+on the first call (`cubin` keeps it, so a cache can store it and a warm process skip the PTX JIT).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
+from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
+from jitop.target import CudaTarget
+
+MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+
+
+class GpuFunction:
+    """A GPU function built by `jitop.build(..., target="cuda")`: call it with inputs (outputs are allocated and
+    returned) or with inputs and outputs.
+
+    >>> f = jitop.build(s, [A, B], target="cuda")   # doctest: +SKIP
+    >>> b = f(a)                                    # doctest: +SKIP
+    """
+
+    def __init__(self, meta: dict, built: GpuBuild, cubin: bytes | None = None):
+        self.meta, self.built, self.cubin = meta, built, cubin
+        self.target = CudaTarget.from_json(meta["target"])
+        self.params = [ParamSpec.from_json(p) for p in meta["params"]]
+        self.symbols = [SymbolSpec.from_json(s) for s in meta.get("symbols", [])]
+        self.binder = ShapeBinder(self.params, self.symbols)
+        self.n_inputs = sum(not p.is_output for p in self.params)
+        self._dims = {d: compile_dim(d) for k in built.kernels for d in (*k.grid, *k.block) if isinstance(d, str)}
+        self._loaded: tuple[Any, list[Any]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    def get_source(self, fmt: str = "ptx") -> str:
+        """The generated code: "ptx" (what the driver loads) or "ll" (the LLVM IR before optimisation)."""
+        if fmt == "ptx":
+            return self.built.ptx
+        if fmt == "ll":
+            return self.built.ll
+        raise ValueError(f"get_source(fmt={fmt!r}): a GPU function has 'ptx' and 'll'")
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.name}: {p.dtype.name}{shape_str(p.shape)}" for p in self.params)
+        return f"<jitop GPU function {self.name}({sig}) for {self.target.arch}, {len(self.built.kernels)} kernel(s)>"
+
+    # ** loading **
+    def _load(self) -> tuple[Any, list[Any]]:
+        if self._loaded is None:
+            from jitop.runtime.cuda import driver
+            driver.context()
+            attrs = driver.device_attributes()
+            self.target.check_runs_on(attrs["arch"], f"GPU function '{self.name}'")
+            if self.cubin is None:
+                self.cubin = driver.link_ptx(self.built.ptx, self.target.arch)
+            module = driver.Module.load(self.cubin)
+            self._loaded = module, [module.function(k.name) for k in self.built.kernels]
+        return self._loaded
+
+    # ** calling **
+    def __call__(self, *args: Any) -> Any:
+        from jitop.runtime.cuda import driver, memory
+        if len(args) not in (self.n_inputs, len(self.params)):
+            raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
+                            f"(inputs then outputs); got {len(args)}")
+        module, functions = self._load()
+        on_device = any(memory.as_device_array(a) is not None for a in args)
+        arrays = [self._argument(k, a) for k, a in enumerate(args)]
+        values = self.binder.bind(arrays)
+        if len(args) == self.n_inputs:
+            arrays += [None] * (len(self.params) - self.n_inputs)
+        device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
+        workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
+        pointers = [d.ptr for d in device] + [w.ptr for w in workspaces]
+        kinds = ["ptr"] * len(pointers) + ["i64"] * len(values)
+        env = dict(zip((s.name for s in self.symbols), values))
+        for launch, fn in zip(self.built.kernels, functions):
+            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
+            if 0 in grid:
+                continue  # an empty output: nothing to run
+            self._check_grid(launch, grid)
+            fn.launch(grid, block, pointers + list(values), kinds, shared_bytes=0)
+        if self.built.error_symbol:
+            self._raise_if_flagged(module)
+        return self._results(args, arrays, device, on_device)
+
+    def _argument(self, k: int, a: Any) -> Any:
+        """Argument k, checked against its parameter: a device array (used in place) or a numpy array."""
+        from jitop.runtime.cuda import memory
+        spec = self.params[k]
+        dev = memory.as_device_array(a)
+        if dev is None:
+            if not isinstance(a, np.ndarray):
+                a = np.asarray(a) if not spec.is_output else a
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"argument '{spec.name}' (position {k}) must be a numpy array or a device array "
+                                f"({spec.describe()}), got {type(a).__name__}")
+            dev = a
+        if np.dtype(dev.dtype) != spec.dtype:
+            raise TypeError(f"argument '{spec.name}' (position {k}) must have dtype {spec.dtype.name}, got "
+                            f"{np.dtype(dev.dtype).name}")
+        if len(dev.shape) != len(spec.shape) or any(type(d) is int and d != g for d, g in zip(spec.shape, dev.shape)):
+            raise ValueError(f"argument '{spec.name}' (position {k}) must have shape {shape_str(spec.shape)}, got "
+                             f"{tuple(dev.shape)}")
+        if not isinstance(dev, np.ndarray) and dev.ptr % ALLOC_ALIGN:
+            raise ValueError(f"argument '{spec.name}' (position {k}) starts at a device address that is not a "
+                             f"multiple of {ALLOC_ALIGN} bytes (a slice of another array?); GPU kernels load whole "
+                             "vectors: pass a copy")
+        return dev
+
+    def _to_device(self, k: int, a: Any, values: list[int]) -> Any:
+        from jitop.runtime.cuda import memory
+        spec = self.params[k]
+        if a is None:
+            return memory.empty(self.binder.shape(k, values), spec.dtype)
+        if isinstance(a, np.ndarray):
+            return memory.to_device(a) if not spec.is_output else memory.empty(a.shape, a.dtype)
+        return a
+
+    def _results(self, args: Sequence[Any], arrays: list[Any], device: list[Any], on_device: bool) -> Any:
+        outs = []
+        for k, (spec, given) in enumerate(zip(self.params, arrays)):
+            if not spec.is_output:
+                continue
+            if isinstance(given, np.ndarray):
+                given[...] = device[k].get()  # a numpy output given: filled in place
+                outs.append(given)
+            else:
+                outs.append(device[k] if on_device or given is not None else device[k].get())
+        if len(args) == len(self.params):
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _extent(self, dims: Sequence[int | str], env: dict[str, int]) -> tuple[int, int, int]:
+        return tuple(d if isinstance(d, int) else max(0, self._dims[d](env)) for d in dims)
+
+    @staticmethod
+    def _shape(shape: Sequence[int | str], values: list[int]) -> tuple[int, ...]:
+        if any(isinstance(d, str) for d in shape):
+            raise NotImplementedError("a workspace with a symbolic shape")
+        return tuple(shape)
+
+    @staticmethod
+    def _check_grid(launch: Launch, grid: tuple[int, int, int]) -> None:
+        for axis, (n, limit) in enumerate(zip(grid, MAX_GRID)):
+            if n > limit:
+                raise ValueError(f"kernel {launch.name} needs {n} blocks along {'xyz'[axis]}, more than a GPU "
+                                 f"launches ({limit}); bind a larger factor to threadIdx or use blockIdx.x")
+
+    def _raise_if_flagged(self, module: Any) -> None:
+        flag = module.read_global_i32(self.built.error_symbol)
+        if flag:
+            module.write_global_i32(self.built.error_symbol, 0)
+            raise IndexError(f"{self.name}: {self.built.checked[flag - 1]} was out of bounds; nothing was read or "
+                             "written outside the arrays, but the results are incomplete")
+
+
+    # ** saving: one file (header JSON + PTX + cubin), checksummed, no pickle **
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this function to `path` (its PTX, and its cubin once it was linked on a GPU, so a process that
+        loads it skips the PTX JIT). `load_gpu_function(path)` reads it back.
+
+        >>> f.save("scale.jitopgpu")   # doctest: +SKIP
+        """
+        ptx, cubin = self.built.ptx.encode(), self.cubin or b""
+        header = {"schema": FILE_SCHEMA, "meta": self.meta, "ll": self.built.ll,
+                  "kernels": [k.to_json() for k in self.built.kernels],
+                  "workspaces": [[n, dt, list(shape)] for n, dt, shape in self.built.workspaces],
+                  "checked": list(self.built.checked), "error_symbol": self.built.error_symbol,
+                  "ptx": [len(ptx), hashlib.sha256(ptx).hexdigest()],
+                  "cubin": [len(cubin), hashlib.sha256(cubin).hexdigest()]}
+        data = FILE_MAGIC + json.dumps(header).encode() + b"\n" + ptx + cubin
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+
+
+def load_gpu_function(path: str | os.PathLike) -> GpuFunction:
+    """A GpuFunction saved by `GpuFunction.save`; ValueError for a file that is not one, is damaged (its
+    checksums), or was written by another version of this format.
+
+    >>> f = load_gpu_function("scale.jitopgpu")   # doctest: +SKIP
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(FILE_MAGIC):
+        raise ValueError(f"{path}: not a saved jitop GPU function")
+    head, _, body = data[len(FILE_MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(head)
+        if header.get("schema") != FILE_SCHEMA:
+            raise ValueError(f"schema {header.get('schema')!r}, this jitop reads {FILE_SCHEMA}")
+        (n_ptx, ptx_sum), (n_cubin, cubin_sum) = header["ptx"], header["cubin"]
+        ptx, cubin = body[:n_ptx], body[n_ptx:]
+        if len(cubin) != n_cubin or hashlib.sha256(ptx).hexdigest() != ptx_sum \
+                or hashlib.sha256(cubin).hexdigest() != cubin_sum:
+            raise ValueError("checksum mismatch: the file is damaged")
+        built = GpuBuild(ptx.decode(), header["ll"], tuple(Launch.from_json(k) for k in header["kernels"]),
+                         tuple((n, dt, tuple(shape)) for n, dt, shape in header["workspaces"]),
+                         tuple(header["checked"]), header["error_symbol"])
+        return GpuFunction(header["meta"], built, cubin or None)
+    except (KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: a damaged jitop GPU function file ({type(err).__name__}: {err})") from None
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+FILE_MAGIC = b"JITOPGPU\n"
+FILE_SCHEMA = 1
+
+
+def function_meta(name: str, params: list[dict], symbols: list[dict], target: CudaTarget) -> dict:
+    """The metadata a GpuFunction is made from (JSON-ready)."""
+    meta = {"name": name, "params": params, "target": target.to_json()}
+    if symbols:
+        meta["symbols"] = symbols
+    return meta
+
+
+def ptx_digest(ptx: str, target: CudaTarget) -> str:
+    """A key for the cubin of `ptx` on `target`'s GPU."""
+    return hashlib.sha256(f"{target.key}|{ptx}".encode()).hexdigest()[:32]

@@ -1,0 +1,231 @@
+"""Arrays in GPU memory: `DeviceArray` (owning its allocation, or a zero-copy view of another library's array),
+host <-> device copies, and the interop protocols (__cuda_array_interface__ both ways, DLPack in).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitop.runtime.cuda import driver
+
+_LEGACY_STREAM, _PER_THREAD_STREAM = 1, 2  # __cuda_array_interface__ v3 / DLPack stream numbers
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _is_c_contiguous(shape: tuple[int, ...], strides: Sequence[int] | None, itemsize: int) -> bool:
+    """numpy's rule: strides of extent-1 axes do not matter, and an empty array is contiguous."""
+    if strides is None or 0 in shape:
+        return True
+    expected = _c_strides(shape, itemsize)
+    return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected))
+
+
+class DeviceArray:
+    """An n-dimensional, C-contiguous array in GPU memory.
+
+    It owns its allocation (`empty`, `to_device`; freed when the array is collected) or is a view of memory that
+    `owner` keeps alive (`as_device_array` of a torch or CuPy array, `from_dlpack`).
+
+    >>> d = to_device(np.arange(6, dtype=np.float32).reshape(2, 3))   # doctest: +SKIP
+    >>> d.get().sum()                                                 # doctest: +SKIP
+    15.0
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: Any, ptr: int, owner: Any = None):
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        if any(n < 0 for n in self.shape) or self.dtype.hasobject:
+            raise ValueError(f"a device array needs a shape of sizes >= 0 and a numeric dtype, got "
+                             f"{self.shape} {self.dtype}")
+        self.size = math.prod(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        self.ptr = int(ptr)
+        self.owner = owner
+
+    @classmethod
+    def allocate(cls, shape: Sequence[int], dtype: Any) -> "DeviceArray":
+        """A new array whose memory it owns (uninitialized; no allocation at all when it is empty)."""
+        arr = cls(shape, dtype, 0)
+        if arr.nbytes:
+            arr.ptr = driver.mem_alloc(arr.nbytes)
+            weakref.finalize(arr, driver._release, driver.mem_free_function(), arr.ptr).atexit = False
+        return arr
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Byte strides (always C order)."""
+        return _c_strides(self.shape, self.dtype.itemsize)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d device array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype.name}, device='cuda')"
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        # an implicit copy hidden in np.asarray would be a silent, slow transfer
+        raise TypeError("a DeviceArray lives in GPU memory: call .get() for a numpy copy")
+
+    def get(self) -> np.ndarray:
+        """A C-contiguous numpy copy (after the GPU work queued on the default stream before this call)."""
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            driver.copy_dtoh(out.ctypes.data, self.ptr, self.nbytes)
+        return out
+
+    def copy_from_host(self, arr: Any) -> None:
+        """Overwrite this array with a host array of the same shape and dtype."""
+        a = np.asarray(arr)
+        if a.shape != self.shape or a.dtype != self.dtype:
+            raise ValueError(f"copy_from_host: expected an array of shape {self.shape} and dtype {self.dtype.name}, "
+                             f"got shape {a.shape} and dtype {a.dtype.name}")
+        if self.nbytes:
+            a = np.ascontiguousarray(a)
+            driver.copy_htod(self.ptr, a.ctypes.data, self.nbytes)
+
+    def fill_zeros(self) -> "DeviceArray":
+        """Set every byte to zero; returns self."""
+        if self.nbytes:
+            driver.memset_d8(self.ptr, 0, self.nbytes)
+        return self
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of Numba's protocol: CuPy, torch and numba read this array in place. Its data is written by
+        work on the legacy default stream, so consumers on other streams are told to wait for that one."""
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "strides": None,
+                "version": 3, "stream": _LEGACY_STREAM}
+
+
+def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
+    """An uninitialized device array."""
+    return DeviceArray.allocate((shape,) if isinstance(shape, int) else shape, dtype)
+
+
+def zeros(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
+    """A device array of zeros."""
+    return empty(shape, dtype).fill_zeros()
+
+
+def to_device(arr: Any, dtype: Any = None) -> DeviceArray:
+    """A device copy of a host array (converted to `dtype` first if given)."""
+    a = np.asarray(arr, dtype=dtype, order="C")
+    if a.dtype.hasobject:
+        raise TypeError(f"to_device needs a numeric array, got dtype {a.dtype}")
+    d = DeviceArray.allocate(a.shape, a.dtype)
+    d.copy_from_host(a)
+    return d
+
+
+def as_device_array(obj: Any) -> DeviceArray | None:
+    """A DeviceArray for `obj` without copying: itself if it is one, a view if it has __cuda_array_interface__
+    (torch CUDA tensors, CuPy, numba); None for anything else (numpy arrays included)."""
+    if isinstance(obj, DeviceArray):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return None
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    return None if cai is None else _from_interface(obj, cai)
+
+
+def _from_interface(obj: Any, cai: dict[str, Any]) -> DeviceArray:
+    what = f"the __cuda_array_interface__ of {type(obj).__name__}"
+    if cai.get("mask") is not None:
+        raise ValueError(f"{what} has a mask; masked arrays are not supported")
+    shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    if not _is_c_contiguous(shape, cai.get("strides"), dtype.itemsize):
+        raise ValueError(f"{what} has strides {tuple(cai['strides'])} (shape {shape}, {dtype.itemsize}-byte items); "
+                         f"GPU kernels need C-contiguous data (strides {_c_strides(shape, dtype.itemsize)}): pass a "
+                         "contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)")
+    stream = cai.get("stream")
+    if stream == 0:
+        raise ValueError(f"{what} names stream 0, which the protocol forbids (ambiguous)")
+    if isinstance(stream, int) and stream > _PER_THREAD_STREAM:
+        driver.stream_synchronize(stream)  # the producer's own stream: its writes must land before ours read
+    return DeviceArray(shape, dtype, cai["data"][0] or 0, owner=obj)
+
+
+# ** DLPack **
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)  # PYFUNCTYPE: called with the GIL held, as numpy's needs
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
+_DL_CODES = {0: "i", 1: "u", 2: "f", 6: "b"}  # kDLInt, kDLUInt, kDLFloat, kDLBool
+_capsule_api = ctypes.pythonapi
+_capsule_api.PyCapsule_IsValid.restype, _capsule_api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object,
+                                                                                                 ctypes.c_char_p]
+_capsule_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_capsule_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_api.PyCapsule_SetName.restype, _capsule_api.PyCapsule_SetName.argtypes = ctypes.c_int, [ctypes.py_object,
+                                                                                                 ctypes.c_char_p]
+
+
+def read_dlpack_capsule(capsule: Any) -> tuple[int, tuple[int, int], tuple[int, ...], np.dtype, tuple[int, ...] | None]:
+    """(data address, (device type, device id), shape, dtype, byte strides or None) of an unconsumed DLPack
+    capsule, which stays unconsumed."""
+    if not _capsule_api.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise ValueError("not an unconsumed DLPack capsule (named 'dltensor'); was it used already?")
+    t = _DLManagedTensor.from_address(_capsule_api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+    if t.code not in _DL_CODES or t.lanes != 1:
+        raise ValueError(f"DLPack dtype (code {t.code}, {t.bits} bits, {t.lanes} lanes) has no numpy equivalent here")
+    dtype = np.dtype(f"{_DL_CODES[t.code]}{t.bits // 8}") if t.code != 6 else np.dtype(bool)
+    shape = tuple(t.shape[k] for k in range(t.ndim))
+    strides = tuple(t.strides[k] * dtype.itemsize for k in range(t.ndim)) if t.strides else None  # elements -> bytes
+    return (t.data or 0) + t.byte_offset, (t.device_type, t.device_id), shape, dtype, strides
+
+
+def from_dlpack(obj: Any) -> DeviceArray:
+    """A zero-copy DeviceArray of a CUDA array that speaks DLPack (`__dlpack__`, or a legacy capsule)."""
+    if hasattr(obj, "__dlpack__"):
+        device = tuple(obj.__dlpack_device__()) if hasattr(obj, "__dlpack_device__") else None
+        if device is not None and device[0] not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+            raise ValueError(f"from_dlpack: {type(obj).__name__} lives on DLPack device {device}, not a CUDA GPU "
+                             "(device type 2); use to_device for host arrays")
+        capsule = obj.__dlpack__(stream=_LEGACY_STREAM)  # the producer orders its writes before our stream's work
+    else:
+        capsule = obj
+    ptr, device, shape, dtype, strides = read_dlpack_capsule(capsule)
+    if device[0] not in (_KDL_CUDA, _KDL_CUDA_MANAGED) or device[1] != 0:
+        raise ValueError(f"from_dlpack: the array lives on DLPack device {device}; jitop uses CUDA GPU 0 (2, 0)")
+    if not _is_c_contiguous(shape, strides, dtype.itemsize):
+        raise ValueError(f"from_dlpack: strides {strides} (shape {shape}) are not C-contiguous; pass a contiguous copy")
+    return _consume(capsule, DeviceArray(shape, dtype, ptr, owner=obj))
+
+
+def _consume(capsule: Any, view: DeviceArray) -> DeviceArray:
+    """Take over the capsule as DLPack says: rename it, then call its deleter when the view dies."""
+    address = _capsule_api.PyCapsule_GetPointer(capsule, b"dltensor")
+    _capsule_api.PyCapsule_SetName(capsule, b"used_dltensor")
+    deleter = _DLManagedTensor.from_address(address).deleter
+    if deleter:
+        weakref.finalize(view, _DELETER(deleter), address)
+    return view

@@ -1,0 +1,101 @@
+"""`@jitop.kernel(target="cuda")`: traced numpy functions as GPU kernels. Without a GPU: the graph compiles to
+PTX that ptxas accepts, with the stages scheduled as the GPU rules say. With one: results equal numpy's."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop.codegen.nvptx import check_ptx, ptxas_path
+from jitop.graph.gpu import compile_graph_gpu
+
+needs_ptxas = pytest.mark.skipif(ptxas_path() is None and os.environ.get("JITOP_REQUIRE_PTXAS") != "1",
+                                 reason="ptxas not installed (pip install nvidia-cuda-nvcc, or jitop[cuda-test])")
+EPS32 = np.finfo(np.float32).eps
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def mlp(x, w, b):
+    return np.maximum(x @ w + b, 0)
+
+
+def layer_norm(x, g, b):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * g + b
+
+
+def chain(a, b, c):
+    return np.tanh(a * b) + np.exp(-c), (a + 1).sum()
+
+
+def batched(a, b):
+    return a @ b
+
+
+def args_of(name, seed=0):
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    return {"softmax": (f32(7, 300),), "mlp": (f32(5, 33), f32(33, 17), f32(17)),
+            "layer_norm": (f32(9, 129), f32(129), f32(129)), "chain": (f32(1000), f32(1000), f32(1000)),
+            "batched": (f32(3, 20, 7), f32(7, 11))}[name]
+
+
+FUNCTIONS = {"softmax": softmax, "mlp": mlp, "layer_norm": layer_norm, "chain": chain, "batched": batched}
+
+
+def gpu_build(name):
+    kf = jitop.kernel(FUNCTIONS[name], target="cuda -arch=sm_90")
+    tr = kf.trace(list(args_of(name)))
+    return compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_compiles_to_gpu_kernels(name):
+    exe = gpu_build(name)
+    assert len(exe.function.built.kernels) >= 1
+    if ptxas_path() is not None or os.environ.get("JITOP_REQUIRE_PTXAS") == "1":
+        check_ptx(exe.function.built.ptx)
+
+
+def test_reductions_are_split_over_threads():
+    exe = gpu_build("softmax")
+    func = exe.function
+    assert len(func.built.kernels) == 4  # max, exp (read twice), sum, divide
+    assert "shfl.sync.bfly" in func.built.ptx  # the threads of a row combine their partial results
+
+
+def test_matmul_uses_shared_tiles():
+    exe = gpu_build("mlp")
+    assert any(k.shared_bytes > 0 for k in exe.function.built.kernels)
+
+
+def test_cpu_targets_are_refused():
+    with pytest.raises(ValueError, match="target= is for 'cuda'"):
+        jitop.kernel(mlp, target="llvm")
+
+
+try:
+    from jitop.runtime.cuda import driver as _driver
+    _gpu = _driver.available()
+except ImportError:
+    _gpu = False
+
+
+@pytest.mark.skipif(not _gpu, reason="no NVIDIA GPU here")
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_results_equal_numpy(name):
+    args = args_of(name, seed=1)
+    kf = jitop.kernel(FUNCTIONS[name], target="cuda")
+    got, want = kf(*args), FUNCTIONS[name](*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        g = np.asarray(g)
+        assert g.shape == np.shape(w) and g.dtype == np.asarray(w).dtype
+        scale = np.abs(np.asarray(w)).max() + 1
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2000 * EPS32 * scale)

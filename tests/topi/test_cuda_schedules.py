@@ -1,0 +1,493 @@
+"""The GPU schedules of jitop.topi.cuda (injective, SGEMM, softmax / layer norm): for several shapes (1, primes,
+tiles that do not divide, the benchmark sizes) each is lowered (the loop IR has the expected bound loops, shared
+tiles, register tiles, cross-thread reductions and guards), compiled to PTX for sm_90, and assembled by ptxas
+where it is installed (no spills for the default SGEMM tiles). Without ptxas those checks skip, unless
+JITOP_REQUIRE_PTXAS=1 (CI), where they fail.
+
+The tests marked `requires_gpu` run the built functions on a GPU against numpy (float64 references, tolerances
+from the accumulation length); they skip where there is no CUDA driver (benchmarks/gpu_check.sh runs them on a
+GPU machine)."""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import jitop
+from jitop import te
+from jitop.tir.nodes import Allocate, Barrier, For, ForKind, IfThenElse, ThreadReduce, walk_stmts
+from jitop.topi import cuda
+
+SM90 = "cuda -arch=sm_90"
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+# ** helpers: the loop IR, PTX and ptxas **
+
+@functools.cache
+def ptxas() -> str | None:
+    """ptxas on PATH, else the one in the `nvidia-cuda-nvcc` wheel (the `nvidia` namespace package)."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cu12", "cuda_nvcc"):
+            path = os.path.join(base, sub, "bin", "ptxas")
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
+def assemble(ptx: str, arch: str = "sm_90") -> dict[str, int]:
+    """ptxas -v on `ptx`: {'registers', 'spill_stores', 'spill_loads', 'smem'} of its (last) kernel. Skips the
+    test when ptxas is absent, unless JITOP_REQUIRE_PTXAS=1."""
+    exe = ptxas()
+    if exe is None:
+        if os.environ.get("JITOP_REQUIRE_PTXAS") == "1":
+            pytest.fail("JITOP_REQUIRE_PTXAS=1 but ptxas is not installed (pip install nvidia-cuda-nvcc)")
+        pytest.skip("ptxas not installed (pip install nvidia-cuda-nvcc)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([exe, f"-arch={arch}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"ptxas refused the PTX:\n{done.stderr}"
+    return parse_ptxas(done.stderr)
+
+
+def parse_ptxas(report: str) -> dict[str, int]:
+    import re
+    out = {"registers": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0}
+    for key, pattern in (("registers", r"Used (\d+) registers"), ("spill_stores", r"(\d+) bytes spill stores"),
+                         ("spill_loads", r"(\d+) bytes spill loads"), ("smem", r"(\d+) bytes smem")):
+        found = [int(x) for x in re.findall(pattern, report)]
+        out[key] = max(found) if found else 0
+    return out
+
+
+def test_parse_ptxas():
+    report = ("ptxas info    : Function properties for k\n    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill "
+              "loads\nptxas info    : Used 119 registers, used 1 barriers, 8192 bytes smem\n")
+    assert parse_ptxas(report) == {"registers": 119, "spill_stores": 8, "spill_loads": 4, "smem": 8192}
+
+
+def bound(func) -> dict[str, list]:
+    """{'blockIdx.x': [extents...], ...}: the loops bound to GPU indices, in IR order (ints, or printed exprs)."""
+    out: dict[str, list] = {}
+    for s in walk_stmts(func.body):
+        if isinstance(s, For) and s.kind.is_gpu_index:
+            e = s.extent
+            out.setdefault(s.kind.value, []).append(int(e.value) if e.op.name == "CONST" else str(e))
+    return out
+
+
+def allocations(func, scope: str) -> dict[str, tuple]:
+    return {s.buffer.name: tuple(s.buffer.shape) for s in walk_stmts(func.body)
+            if isinstance(s, Allocate) and s.buffer.scope == scope}
+
+
+def count(func, kind: type) -> int:
+    return sum(isinstance(s, kind) for s in walk_stmts(func.body))
+
+
+def loops_of_kind(func, kind: ForKind) -> list[For]:
+    return [s for s in walk_stmts(func.body) if isinstance(s, For) and s.kind is kind]
+
+
+def build(s, args):
+    f = jitop.build(s, args, target=SM90)
+    assert ".target sm_90" in f.get_source("ptx")
+    return f
+
+
+def sym_or_int(d):
+    return te.size_var(d) if isinstance(d, str) else d
+
+
+# ** the computations the tests build **
+
+def chain(shape):
+    """C = exp(A) * B + c (c broadcast along the last axis), with exp as a separate (inlined) stage."""
+    shape = tuple(sym_or_int(d) for d in shape)
+    A, B = te.placeholder(shape, name="A"), te.placeholder(shape, name="B")
+    c = te.placeholder(shape[-1:], name="c")
+    E = te.compute(shape, lambda *i: te.exp(A[i]), name="E")
+    C = te.compute(shape, lambda *i: E[i] * B[i] + c[i[-1]], name="C")
+    return [A, B, c, C], lambda a, b, cc: np.exp(a.astype(np.float64)) * b + cc
+
+
+def mm(m, n, k):
+    m, n, k = (sym_or_int(d) for d in (m, n, k))
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    return A, B, cuda.matmul(A, B)
+
+
+def rows_op(kind: str, m, n):
+    X = te.placeholder((m, n), name="X")
+    if kind == "softmax":
+        return [X, cuda.softmax(X)]
+    g, b = te.placeholder((n,), name="g"), te.placeholder((n,), name="b")
+    return [X, g, b, cuda.layer_norm(X, g, b, eps=1e-5)]
+
+
+# ** injective **
+
+@pytest.mark.parametrize("shape,blocks,threads,inner", [
+    ((1,), None, 32, None),                      # one warp, guarded
+    ((7, 3), None, 32, None),
+    ((1000, 37), 145, 256, None),                # 37000 elements: one per thread
+    ((4099, 4099), 16409, 256, "unrolled"),      # large, not a multiple of 4: 4 per thread, strided (coalesced)
+    ((4096, 4096), 16384, 256, "vectorized"),    # large, a multiple of 4: 4 contiguous per thread (vector access)
+    (("n",), "(n + 255) // 256", 256, None),     # symbolic
+])
+def test_injective(shape, blocks, threads, inner):
+    args, _ = chain(shape)
+    s = cuda.schedule_injective(args[-1])
+    func = jitop.lower(s, args)
+    text = str(func)
+    b = bound(func)
+    assert b.get("threadIdx.x") == [threads]
+    if blocks is None:
+        assert "blockIdx.x" not in b or b["blockIdx.x"] == [1]
+    else:
+        assert b["blockIdx.x"] == [blocks]
+    assert "E[" not in text and "exp(A[" in text  # the producer is inlined
+    total = np.prod([d if isinstance(d, int) else 2 for d in shape])
+    if total % 256 or isinstance(shape[0], str):
+        assert count(func, IfThenElse) >= 1  # the tail is guarded
+    if inner == "vectorized":
+        (v,) = loops_of_kind(func, ForKind.VECTORIZED)
+        assert int(v.extent.value) == 4
+    elif inner == "unrolled":
+        (u,) = loops_of_kind(func, ForKind.UNROLLED)
+        assert int(u.extent.value) == 4 and u.body.kind is ForKind.THREAD_X  # threadIdx.x innermost: coalesced
+    f = build(s, args)
+    (launch,) = f.built.kernels
+    assert launch.block == (threads, 1, 1)
+    ptx = f.get_source("ptx")
+    if inner == "vectorized":
+        assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx
+    assemble(ptx)
+
+
+def test_injective_knobs_and_several_outputs():
+    A = te.placeholder((100_000,), name="A")
+    B = te.compute((100_000,), lambda i: A[i] * 2.0, name="B")
+    C = te.compute((100_000,), lambda i: A[i] + 1.0, name="C")
+    s = cuda.schedule_injective([B, C], threads=128, per_thread=2)
+    func = jitop.lower(s, [A, B, C])
+    assert bound(func)["threadIdx.x"] == [128, 128]
+    assert bound(func)["blockIdx.x"] == [391, 391]  # ceil(100000 / 256): 2 per thread
+    f = build(s, [A, B, C])
+    assert len(f.built.kernels) == 2
+    with pytest.raises(ValueError, match="1 to 1024"):
+        cuda.schedule_injective(B, threads=2048)
+
+
+def test_injective_with_a_reduction_producer():
+    """A reduction feeding an injective output cannot be inlined: it gets a kernel of its own, one thread a row."""
+    X = te.placeholder((300, 50), name="X")
+    k = te.reduce_axis((0, 50), "k")
+    S = te.compute((300,), lambda i: te.sum(X[i, k], axis=k), name="S")
+    Y = te.compute((300, 50), lambda i, j: X[i, j] - S[i] * 0.02, name="Y")
+    s = cuda.schedule_injective(Y)
+    f = build(s, [X, Y])
+    assert len(f.built.kernels) == 2 and f.built.workspaces[0][0] == "S"
+    assemble(f.get_source("ptx"))
+
+
+# ** SGEMM **
+
+def check_matmul_ir(func, m, n, k, cfg):
+    bm, bn, bk, tm, tn = (cfg[x] for x in cuda.MATMUL_KEYS)
+    b = bound(func)
+    nty, ntx = bm // tm, bn // tn
+    if isinstance(m, int) and isinstance(n, int):
+        assert b.get("blockIdx.y") == [-(-m // bm)] or (m <= bm and "blockIdx.y" not in b)
+        assert b.get("blockIdx.x") == [-(-n // bn)] or (n <= bn and "blockIdx.x" not in b)
+    assert set(b["threadIdx.y"]) == {nty} and set(b["threadIdx.x"]) == {ntx}
+    shared = allocations(func, "shared")
+    assert set(shared) == {"A.T.shared", "B.shared"}
+    if all(isinstance(d, int) and d >= 128 for d in (m, n, k)):
+        assert shared["A.T.shared"] == (bk, bm) and shared["B.shared"] == (bk, bn)  # k-major tiles
+    local = allocations(func, "local")
+    if all(isinstance(d, int) and d >= 128 for d in (m, n)):
+        assert local["matmul.local"] == (tm, tn)
+    assert count(func, Barrier) >= 2 and count(func, Barrier) % 2 == 0
+    text = str(func)
+    for d, tile in ((m, bm), (n, bn), (k, bk)):
+        if isinstance(d, int) and d % tile:
+            assert f"< {d}" in text, f"no guard against the size {d} in\n{text}"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 13, 5), (1000, 999, 77), (64, 64, 64), (129, 257, 131),
+                                   (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)])
+def test_matmul_default_config(m, n, k):
+    A, B, C = mm(m, n, k)
+    cfg = cuda.default_matmul_config(m, n, k)
+    s = cuda.schedule_matmul(C)
+    func = jitop.lower(s, [A, B, C])
+    check_matmul_ir(func, m, n, k, cfg)
+    f = build(s, [A, B, C])
+    (launch,) = f.built.kernels
+    assert launch.block == (cfg["bn"] // cfg["tn"], cfg["bm"] // cfg["tm"], 1)
+    ptx = f.get_source("ptx")
+    if m % cfg["bm"] == 0 and n % cfg["bn"] == 0 and k % cfg["bk"] == 0 and k % 4 == 0 and n % 4 == 0:
+        assert ptx.count("ld.shared.v4") >= (cfg["tm"] + cfg["tn"]) // 4 * cfg["bk"]  # register fragments
+        assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx
+    report = assemble(ptx)
+    if min(m, n, k) >= 1024:
+        # the benchmark sizes: no spills, and few enough registers for two blocks of 256 threads per SM
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+        assert report["registers"] <= 65536 // (2 * 256), report
+
+
+@pytest.mark.parametrize("cfg", [
+    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 64, "bk": 8, "tm": 8, "tn": 4},
+    {"bm": 64, "bn": 128, "bk": 8, "tm": 4, "tn": 8},
+    {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2},
+    {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4},
+])
+@pytest.mark.parametrize("shape", [(512, 512, 512), (300, 200, 100)])
+def test_matmul_configs(cfg, shape):
+    A, B, C = mm(*shape)
+    s = cuda.schedule_matmul(C, cfg)
+    func = jitop.lower(s, [A, B, C])
+    check_matmul_ir(func, *shape, cfg)
+    f = build(s, [A, B, C])
+    report = assemble(f.get_source("ptx"))
+    assert report["spill_stores"] == 0 or shape != (512, 512, 512), report
+
+
+def test_matmul_symbolic():
+    A, B, C = mm("m", "n", "k")
+    s = cuda.schedule_matmul(C, {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4})
+    func = jitop.lower(s, [A, B, C])
+    check_matmul_ir(func, "m", "n", "k", {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4})
+    f = build(s, [A, B, C])
+    (launch,) = f.built.kernels
+    assert launch.grid == ("(n + 63) // 64", "(m + 63) // 64", 1) and launch.block == (16, 16, 1)
+    assemble(f.get_source("ptx"))
+
+
+def test_matmul_of_a_plain_compute():
+    """A matmul written directly (A read row-major, no transposed view) gets the same schedule, A's tile bm x bk."""
+    A, B = te.placeholder((200, 64), name="A"), te.placeholder((64, 300), name="B")
+    r = te.reduce_axis((0, 64), "r")
+    C = te.compute((200, 300), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    s = cuda.schedule_matmul(C, {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4})
+    func = jitop.lower(s, [A, B, C])
+    assert allocations(func, "shared") == {"A.shared": (64, 8), "B.shared": (8, 64)}
+    assemble(build(s, [A, B, C]).get_source("ptx"))
+
+
+def test_matmul_config_errors():
+    A, B, C = mm(256, 256, 256)
+    with pytest.raises(ValueError, match="multiples of tm"):
+        cuda.schedule_matmul(C, {"tm": 3})
+    with pytest.raises(ValueError, match="threads per block"):
+        cuda.schedule_matmul(C, {"bm": 256, "bn": 256, "tm": 4, "tn": 4})
+    with pytest.raises(ValueError, match="unknown config keys"):
+        cuda.schedule_matmul(C, {"block": 64})
+    with pytest.raises(ValueError, match="shared memory|bytes"):
+        cuda.schedule_matmul(C, {"bm": 256, "bn": 256, "bk": 32, "tm": 16, "tn": 8})
+    with pytest.raises(ValueError, match="A's columns"):
+        cuda.matmul(te.placeholder((4, 5), name="A"), te.placeholder((6, 4), name="B"))
+
+
+def test_default_matmul_config_fills_the_gpu():
+    for size in (1024, 2048, 4096, 8192):
+        cfg = cuda.default_matmul_config(size, size, size)
+        blocks = -(-size // cfg["bm"]) * -(-size // cfg["bn"])
+        assert blocks >= 2 * 132 or (cfg["bm"], cfg["bn"]) == (64, 64), (size, cfg)
+        assert (cfg["bm"] // cfg["tm"]) * (cfg["bn"] // cfg["tn"]) >= 64
+
+
+# ** softmax and layer norm **
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm"])
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (33, 100), (5, 4099), (64, 4096), (4096, 4096), (3, 20000)])
+def test_row_reduce(kind, m, n):
+    args = rows_op(kind, m, n)
+    s = cuda.schedule_row_reduce(args[-1])
+    func = jitop.lower(s, args)
+    text = str(func)
+    threads = cuda.default_row_threads(n, 4 if n % 4 == 0 else 1)
+    b = bound(func)
+    assert set(b["threadIdx.x"]) == {threads}
+    reduces = [x for x in walk_stmts(func.body) if isinstance(x, ThreadReduce)]
+    assert len(reduces) == 2 and {r.extent for r in reduces} == {threads}
+    assert ("thread_reduce(max" in text) == (kind == "softmax")
+    shared = allocations(func, "shared")
+    cached = n * 4 <= 40 << 10
+    if cached:
+        (rows, length), = shared.values()
+        assert length == n and set(shared) == {"X.shared"}
+        # a barrier before the fill and one after it, before the reductions read the row
+        first_reduce = text.index("thread_reduce")
+        assert text.count("barrier()", 0, first_reduce) == 2
+    else:
+        assert shared == {}
+    rows = b.get("threadIdx.y", [1])[0]
+    assert b.get("blockIdx.x") == [-(-m // rows)] or (m <= rows and "blockIdx.x" not in b)
+    f = build(s, args)
+    (launch,) = f.built.kernels
+    assert launch.block == (threads, rows, 1)
+    report = assemble(f.get_source("ptx"))
+    assert report["spill_stores"] == 0, report
+
+
+def test_row_reduce_knobs():
+    X, Y = rows_op("softmax", 64, 1024)
+    s = cuda.schedule_row_reduce(Y, threads=128, rows=2, vec=1, cache_row=False)
+    func = jitop.lower(s, [X, Y])
+    assert bound(func)["threadIdx.x"][0] == 128 and bound(func)["threadIdx.y"][0] == 2
+    assert allocations(func, "shared") == {} and not loops_of_kind(func, ForKind.VECTORIZED)
+    assemble(build(s, [X, Y]).get_source("ptx"))
+    with pytest.raises(ValueError, match="power of two"):
+        cuda.schedule_row_reduce(Y, threads=96)
+    with pytest.raises(ValueError, match="not a block"):
+        cuda.schedule_row_reduce(Y, threads=512, rows=4)
+    with pytest.raises(ValueError, match="do not fit"):
+        cuda.schedule_row_reduce(rows_op("softmax", 4, 40000)[1], cache_row=True)
+    with pytest.raises(ValueError, match="2-D"):
+        cuda.softmax(te.placeholder((4,), name="v"))
+
+
+# ** on a GPU: results against numpy **
+
+def _gpu() -> bool:
+    try:
+        from jitop.runtime.cuda import driver
+    except ImportError:
+        return False
+    try:
+        return bool(driver.available())
+    except Exception:  # a driver that fails to initialise is no GPU to test on
+        return False
+
+
+requires_gpu = pytest.mark.skipif(not _gpu(), reason="no NVIDIA GPU here (jitop.runtime.cuda.driver unavailable)")
+
+
+def rand(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(1,), (7, 3), (1000, 37), (4099, 4099), (4096, 4096)])
+def test_gpu_injective(shape):
+    args, ref = chain(shape)
+    f = jitop.build(cuda.schedule_injective(args[-1]), args, target="cuda")
+    a, b, c = rand(shape), rand(shape, 1), rand(shape[-1:], 2)
+    got = f(a, b, c)
+    want = ref(a, b, c)
+    np.testing.assert_allclose(got, want, rtol=8 * EPS32, atol=8 * EPS32)
+
+
+@requires_gpu
+@pytest.mark.parametrize("n", [0, 1, 1000, 100_003])
+def test_gpu_injective_symbolic(n):
+    args, ref = chain(("n",))
+    f = jitop.build(cuda.schedule_injective(args[-1]), args, target="cuda")
+    a, b, c = rand(n), rand(n, 1), rand(n, 2)
+    np.testing.assert_allclose(f(a, b, c), ref(a, b, c), rtol=8 * EPS32, atol=8 * EPS32)
+
+
+def matmul_bound(a, b):
+    """|error| <= K * eps * sum_k |a_ik| |b_kj| (plus a tiny absolute term)."""
+    k = a.shape[1]
+    return (k + 2) * EPS32 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
+
+
+@requires_gpu
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 13, 5), (1000, 999, 77), (64, 64, 64), (129, 257, 131),
+                                   (1024, 1024, 1024)])
+def test_gpu_matmul(m, n, k):
+    A, B, C = mm(m, n, k)
+    f = jitop.build(cuda.schedule_matmul(C), [A, B, C], target="cuda")
+    a, b = rand((m, k)), rand((k, n), 1)
+    got = f(a, b)
+    err = np.abs(got - a.astype(np.float64) @ b)
+    assert np.all(err <= matmul_bound(a, b)), err.max()
+
+
+@requires_gpu
+@pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+                                 {"bm": 128, "bn": 64, "bk": 8, "tm": 8, "tn": 4},
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+def test_gpu_matmul_configs(cfg):
+    A, B, C = mm(300, 200, 100)
+    f = jitop.build(cuda.schedule_matmul(C, cfg), [A, B, C], target="cuda")
+    a, b = rand((300, 100)), rand((100, 200), 1)
+    assert np.all(np.abs(f(a, b) - a.astype(np.float64) @ b) <= matmul_bound(a, b))
+
+
+@requires_gpu
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (100, 70, 33), (2000, 3000, 500)])
+def test_gpu_matmul_symbolic(m, n, k):
+    A, B, C = mm("m", "n", "k")
+    f = jitop.build(cuda.schedule_matmul(C, {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4}), [A, B, C],
+                    target="cuda")
+    a, b = rand((m, k)), rand((k, n), 1)
+    assert np.all(np.abs(f(a, b) - a.astype(np.float64) @ b) <= matmul_bound(a, b))
+
+
+@requires_gpu
+def test_gpu_matmul_device_arrays():
+    from jitop.runtime.cuda import memory
+    A, B, C = mm(512, 256, 128)
+    f = jitop.build(cuda.schedule_matmul(C), [A, B, C], target="cuda")
+    a, b = rand((512, 128)), rand((128, 256), 1)
+    out = f(memory.to_device(a), memory.to_device(b))
+    assert np.all(np.abs(out.get() - a.astype(np.float64) @ b) <= matmul_bound(a, b))
+
+
+def softmax_ref(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def layer_norm_ref(x, g, b, eps=1e-5):
+    x = x.astype(np.float64)
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * g + b
+
+
+@requires_gpu
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (33, 100), (5, 4099), (64, 4096), (3, 20000)])
+def test_gpu_softmax(m, n):
+    X, Y = rows_op("softmax", m, n)
+    f = jitop.build(cuda.schedule_row_reduce(Y), [X, Y], target="cuda")
+    x = rand((m, n)) * 3
+    want = softmax_ref(x)
+    # the sum has n terms (n eps relative error), each exp a few ulps
+    assert np.all(np.abs(f(x) - want) <= (n + 16) * EPS32 * want + 1e-30)
+
+
+@requires_gpu
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (33, 100), (5, 4099), (64, 4096), (3, 20000)])
+def test_gpu_layer_norm(m, n):
+    X, g, b, Y = rows_op("layer_norm", m, n)
+    f = jitop.build(cuda.schedule_row_reduce(Y), [X, g, b, Y], target="cuda")
+    x, gv, bv = rand((m, n)) + 2, rand(n, 1), rand(n, 2)
+    want = layer_norm_ref(x, gv, bv)
+    xhat = layer_norm_ref(x, np.ones(n), np.zeros(n))
+    # mean and variance are sums of n terms: n eps relative to the row's scale, through 1/std to x-hat
+    scale = np.abs(x).max(axis=1, keepdims=True) / np.sqrt(x.astype(np.float64).var(axis=1, keepdims=True) + 1e-5)
+    bound = 4 * (n + 16) * EPS32 * (np.abs(xhat) + scale) * np.abs(gv) + 4 * EPS32 * np.abs(bv)
+    assert np.all(np.abs(f(x, gv, bv) - want) <= bound + 1e-6)

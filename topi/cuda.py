@@ -1,0 +1,543 @@
+"""GPU schedules for NVIDIA GPUs (TVM's topi.cuda style): plain functions that take the output tensors of a
+computation and return a Schedule whose loops are bound to blockIdx/threadIdx, ready for
+`jitop.build(s, args, target="cuda")`.
+
+- `schedule_injective(outs)`: elementwise / broadcast outputs, every injective producer inlined, the output's
+  axes fused and spread over blocks of `threads` threads (with `per_thread` elements per thread for large
+  sizes: contiguous, so they load and store as one vector, when the size allows it; else strided, so each
+  step of every warp touches consecutive addresses).
+- `matmul(A, B)` + `schedule_matmul(C, cfg)`: the classic SGEMM. A block computes a `bm` x `bn` tile of C, each
+  of its (bm/tm) x (bn/tn) threads a `tm` x `tn` register tile (cache_write "local", unrolled); the K loop runs
+  in steps of `bk` with A and B tiles staged in shared memory (all threads fetch them together, with vector
+  loads) and each k step's A column / B row fragments copied to registers. `matmul` reads A through a transposed
+  view that the schedule inlines into A's shared tile, so the tile is stored k-major and a thread's `tm` values
+  of A at one k are contiguous (vector loads from shared memory, as for B).
+- `softmax(X)`, `layer_norm(X, gamma, beta, eps)` + `schedule_row_reduce(Y)`: row-wise operators over the last
+  axis of a 2-D input: one block per row (or a few short rows per block along threadIdx.y), the row split over
+  threadIdx.x, each row reduction (max, sum, mean, variance) a cross-thread reduction (warp shuffles) computed
+  at the row, the row itself staged once in shared memory when it fits, so the input is read from global
+  memory once.
+
+Every schedule is correct for any size (tails are guarded by the lowering); the tiles are chosen for an H100.
+This module only schedules: it imports te and schedule, never the compiler (examples use `jitop.lower` /
+`jitop.build` to show the result).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from jitop import te
+from jitop.errors import ScheduleError
+from jitop.schedule.schedule import Schedule, Stage, create_schedule
+from jitop.target import CudaTarget
+from jitop.te.tensor import ComputeOp, IterVar, PlaceholderOp, Tensor
+
+BLOCK_X, BLOCK_Y = te.thread_axis("blockIdx.x"), te.thread_axis("blockIdx.y")
+THREAD_X, THREAD_Y = te.thread_axis("threadIdx.x"), te.thread_axis("threadIdx.y")
+
+TRANSPOSED_A = "cuda.matmul.transposed_a"  # the tag of matmul's transposed view of A (inlined by the schedule)
+DEFAULT_TARGET = CudaTarget()              # an H100 (sm_90): SM count and shared memory limits
+
+
+# ** helpers **
+
+def _as_tensors(outs: Tensor | Sequence[Tensor]) -> list[Tensor]:
+    items = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for t in items:
+        if not isinstance(t, Tensor) or not isinstance(t.op, ComputeOp):
+            raise TypeError(f"a GPU schedule takes the computed output tensors (te.compute results), got {t!r}")
+    return items
+
+
+def _const_size(shape: Sequence[Any]) -> int | None:
+    """The number of elements of `shape`, or None when a dimension is symbolic."""
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    return math.prod(shape)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _compute_stages(s: Schedule) -> list[Stage]:
+    return [st for st in s.stages if not st.is_placeholder]
+
+
+def _is_output(s: Schedule, stage: Stage) -> bool:
+    return any(op is stage.op for op in s.outputs)
+
+
+def inline_injective(s: Schedule) -> list[Stage]:
+    """Inline every injective (elementwise, broadcast, transpose) stage that is not an output; the stages left
+    at root that are not outputs (reductions) are returned, in producer-first order.
+
+    >>> A = te.placeholder((8, 8), name="A")
+    >>> B = te.compute((8, 8), lambda i, j: A[j, i] * 2.0, name="B")
+    >>> C = te.compute((8, 8), lambda i, j: B[i, j] + 1.0, name="C")
+    >>> s = jitop.create_schedule(C)
+    >>> inline_injective(s), s[B].attach_type
+    ([], 'inline')
+    """
+    left = []
+    for st in _compute_stages(s):
+        if _is_output(s, st) or st.attach_type != "root" or st.scope != "global":
+            continue
+        if st.reduce_axis:
+            left.append(st)
+        else:
+            st.compute_inline()
+    return left
+
+
+def _fuse_all(stage: Stage, axes: Sequence[IterVar]) -> IterVar:
+    return stage.fuse(*axes) if len(axes) > 1 else axes[0]
+
+
+# ** injective **
+
+def _bind_flat(stage: Stage, threads: int, per_thread: int, total: int | None) -> None:
+    """Fuse the stage's data axes and spread them over blocks of `threads` threads, `per_thread` each."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return  # a 0-d output: one thread computes it
+    fused = _fuse_all(stage, axes)
+    if total is not None:
+        threads = min(threads, max(32, -(-total // 32) * 32))  # a tiny output needs no block of 256
+        if total < threads * per_thread * 4:
+            per_thread = 1
+    if per_thread <= 1:
+        bx, tx = stage.split(fused, factor=threads)
+    elif total is not None and total % per_thread == 0:
+        # contiguous per thread: thread t owns [per_thread*t, per_thread*t + per_thread), one vector access; a warp
+        # covers 32 x per_thread consecutive elements, so each of its vector loads is still fully coalesced
+        bx, rest = stage.split(fused, factor=threads * per_thread)
+        tx, v = stage.split(rest, factor=per_thread)
+        stage.vectorize(v)
+    else:
+        # strided: the per-thread loop is outside threadIdx.x (unrolled), each of its steps a coalesced warp access
+        bx, rest = stage.split(fused, factor=threads * per_thread)
+        p, tx = stage.split(rest, factor=threads)
+        stage.unroll(p)
+    stage.bind(bx, BLOCK_X)
+    stage.bind(tx, THREAD_X)
+
+
+def schedule_injective(outs: Tensor | Sequence[Tensor], threads: int = 256, per_thread: int | None = None,
+                       target: CudaTarget | None = None) -> Schedule:
+    """A GPU schedule for elementwise / broadcast outputs: injective producers inlined, each output's axes fused
+    and split over blocks of `threads` threads (blockIdx.x, threadIdx.x).
+
+    `per_thread` elements per thread (default: 4 for outputs of at least threads x 4 x SMs x 4 elements, else 1):
+    when the size is a multiple of it a thread's elements are contiguous and move as one vector load/store,
+    otherwise they are `threads` apart (an unrolled loop around threadIdx.x), so every warp access is coalesced
+    either way. Producers that cannot be inlined (reductions) become kernels of their own, one thread per output
+    element; give them a schedule of their own (schedule_row_reduce) when they matter.
+
+    >>> A = te.placeholder((1000, 37), name="A")
+    >>> b = te.placeholder((37,), name="b")
+    >>> E = te.compute((1000, 37), lambda i, j: te.exp(A[i, j]), name="E")
+    >>> C = te.compute((1000, 37), lambda i, j: E[i, j] * b[j] + 1.0, name="C")
+    >>> s = schedule_injective(C)
+    >>> text = str(jitop.lower(s, [A, b, C]))
+    >>> "in blockIdx.x(145)" in text and "in threadIdx.x(256)" in text and "E[" not in text
+    True
+    >>> f = jitop.build(s, [A, b, C], target="cuda -arch=sm_90")
+    >>> f.built.kernels[0].grid, f.built.kernels[0].block
+    ((145, 1, 1), (256, 1, 1))
+    """
+    if threads < 1 or threads > 1024:
+        raise ValueError(f"schedule_injective: threads={threads}; a block has 1 to 1024 threads")
+    target = target or DEFAULT_TARGET
+    tensors = _as_tensors(outs)
+    s = create_schedule([t.op for t in tensors])
+    left = inline_injective(s)
+    for st in left:  # reductions feeding the outputs: one thread per output element
+        _bind_flat(st, threads, 1, _const_size([iv.extent for iv in st.op.axis]))
+    for t in tensors:
+        total = _const_size(t.shape)
+        pt = per_thread
+        if pt is None:
+            pt = 4 if total is not None and total >= threads * 4 * target.sm_count * 4 else 1
+        _bind_flat(s[t], threads, max(1, pt), total)
+    return s
+
+
+# ** matmul (SGEMM) **
+
+def matmul(A: Tensor, B: Tensor, name: str = "matmul") -> Tensor:
+    """C[i, j] = sum_k A[i, k] * B[k, j] for 2-D A (M x K) and B (K x N) of one float dtype.
+
+    A is read through a transposed view (A.T[k, i], tagged TRANSPOSED_A) that schedule_matmul inlines into the
+    shared-memory tile of A; any other schedule can inline it too (`s[C.op.input_tensors[0]].compute_inline()`).
+
+    >>> A, B = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
+    >>> C = matmul(A, B)
+    >>> C.shape, C.dtype.name
+    ((64, 48), 'float32')
+    """
+    if len(A.shape) != 2 or len(B.shape) != 2:
+        raise ValueError(f"matmul takes 2-D A and B, got shapes {A.shape} and {B.shape}")
+    (m, k), (k2, n) = A.shape, B.shape
+    if not (k is k2 or (isinstance(k, int) and isinstance(k2, int) and k == k2)):
+        raise ValueError(f"matmul: A is {A.shape} and B is {B.shape}; A's columns must equal B's rows")
+    if A.dtype is not B.dtype or not A.dtype.is_float:
+        raise TypeError(f"matmul takes A and B of one float dtype, got {A.dtype.name} and {B.dtype.name}")
+    at = te.compute((k, m), lambda kk, i: A[i, kk], name=f"{A.name}.T", tag=TRANSPOSED_A)
+    r = te.reduce_axis((0, k), "k")
+    return te.compute((m, n), lambda i, j: te.sum(at[r, i] * B[r, j], axis=r), name=name, tag="matmul")
+
+
+MATMUL_KEYS = ("bm", "bn", "bk", "tm", "tn")
+
+
+def default_matmul_config(m: Any, n: Any, k: Any, target: CudaTarget | None = None) -> dict[str, int]:
+    """The default SGEMM tiles for an M x N x K product: 128 x 128 blocks of 8 x 8 thread tiles (256 threads,
+    about 120 registers: two blocks per SM) and bk = 8, with smaller blocks (128 x 64, then 64 x 64) while the
+    grid would not give every SM two blocks. Symbolic sizes count as 4096.
+
+    >>> default_matmul_config(4096, 4096, 4096)
+    {'bm': 128, 'bn': 128, 'bk': 8, 'tm': 8, 'tn': 8}
+    >>> default_matmul_config(1024, 1024, 1024)
+    {'bm': 64, 'bn': 64, 'bk': 8, 'tm': 8, 'tn': 8}
+    """
+    target = target or DEFAULT_TARGET
+    mm = m if isinstance(m, int) else 4096
+    nn = n if isinstance(n, int) else 4096
+    bm, bn = 128, 128
+    while -(-mm // bm) * -(-nn // bn) < 2 * target.sm_count and bm > 64:
+        if bn >= bm and bn > 64:
+            bn //= 2
+        else:
+            bm //= 2
+    return {"bm": bm, "bn": bn, "bk": 8, "tm": 8, "tn": 8}
+
+
+def _check_matmul_config(cfg: dict[str, int], target: CudaTarget) -> tuple[int, int, int, int, int]:
+    unknown = set(cfg) - set(MATMUL_KEYS)
+    if unknown:
+        raise ValueError(f"schedule_matmul: unknown config keys {sorted(unknown)}; the keys are {list(MATMUL_KEYS)}")
+    bm, bn, bk, tm, tn = (int(cfg[x]) for x in MATMUL_KEYS)
+    problems = []
+    if bm % tm or bn % tn:
+        problems.append(f"bm={bm} and bn={bn} must be multiples of tm={tm} and tn={tn}")
+    if bk % 4 or bn % 4:
+        problems.append(f"bk={bk} and bn={bn} must be multiples of 4 (the shared tiles are fetched as 4-vectors)")
+    threads = (bm // max(tm, 1)) * (bn // max(tn, 1))
+    if not 1 <= threads <= target.max_threads_per_block:
+        problems.append(f"(bm/tm) x (bn/tn) = {threads} threads per block, but a block has 1 to "
+                        f"{target.max_threads_per_block}")
+    shared = (bm + bn) * bk * 4
+    if shared > target.shared_per_block:
+        problems.append(f"the shared tiles take {shared} bytes, more than the {target.shared_per_block} of a block")
+    if tm * tn > 128:
+        problems.append(f"a {tm} x {tn} register tile does not fit in a thread's registers")
+    if problems:
+        raise ValueError(f"schedule_matmul config {cfg}: " + "; ".join(problems))
+    return bm, bn, bk, tm, tn
+
+
+def _cooperative_fetch(s: Schedule, stage: Stage, rows: IterVar, cols: IterVar, ty_extent: int, tx_extent: int,
+                       vec: int) -> None:
+    """All threads of the (ty_extent x tx_extent) block copy a shared tile together: `cols` is the axis contiguous in
+    global memory; it is split into `vec`-vectors, the vectors are numbered row-major and dealt out to the threads
+    (consecutive threads take consecutive vectors: coalesced loads)."""
+    stage.reorder(rows, cols)
+    co, v = stage.split(cols, factor=vec)
+    fused = stage.fuse(rows, co)
+    rest, t = stage.split(fused, factor=ty_extent * tx_extent)
+    ty, tx = stage.split(t, factor=tx_extent)
+    stage.reorder(rest, ty, tx, v)
+    stage.bind(ty, THREAD_Y)
+    stage.bind(tx, THREAD_X)
+    stage.unroll(rest)
+    stage.vectorize(v)
+
+
+def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTarget | None = None) -> Schedule:
+    """The SGEMM schedule of a matmul C (made by `matmul`, or any `te.sum(A[i, k] * B[k, j])` over 2-D inputs).
+
+    cfg keys (defaults: `default_matmul_config`): bm, bn (the block's tile of C, blockIdx.y/x), tm, tn (each
+    thread's register tile; (bm/tm) x (bn/tn) threads along threadIdx.y/x), bk (the K step of the shared tiles).
+    A block loads a bk x bm tile of A and a bk x bn tile of B into shared memory, every thread fetching 4-vectors
+    of them, then each of the bk steps copies the thread's tm values of A and tn values of B to registers and
+    does tm x tn multiply-adds into its accumulators. Sizes that are not multiples of the tiles are guarded.
+
+    >>> A, B = te.placeholder((1000, 77), name="A"), te.placeholder((77, 999), name="B")
+    >>> C = matmul(A, B)
+    >>> s = schedule_matmul(C, {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4})
+    >>> text = str(jitop.lower(s, [A, B, C]))
+    >>> "A.T.shared = allocate(float32[8, 64], 'shared')" in text, "< 1000" in text, "< 999" in text
+    (True, True, True)
+    >>> f = jitop.build(s, [A, B, C], target="cuda -arch=sm_90")
+    >>> f.built.kernels[0].grid, f.built.kernels[0].block, f.built.kernels[0].shared_bytes
+    ((16, 16, 1), (16, 16, 1), 4096)
+    """
+    (C,) = _as_tensors(C)
+    op = C.op
+    if len(op.axis) != 2 or len(op.reduce_axis) != 1 or len(op.input_tensors) != 2:
+        raise ValueError(f"schedule_matmul: '{op.name}' is not a 2-D matmul C[i, j] = sum_k A[i, k] * B[k, j]")
+    target = target or DEFAULT_TARGET
+    m, n = C.shape
+    k = op.reduce_axis[0].extent
+    cfg = {**default_matmul_config(m, n, k, target), **(cfg or {})}
+    bm, bn, bk, tm, tn = _check_matmul_config(cfg, target)
+    nty, ntx = bm // tm, bn // tn
+
+    a_in, b_in = op.input_tensors
+    transposed = isinstance(a_in.op, ComputeOp) and a_in.op.tag == TRANSPOSED_A
+    s = create_schedule(C)
+    CL = s.cache_write(C, "local")
+    AA = s.cache_read(a_in, "shared", [CL])
+    BB = s.cache_read(b_in, "shared", [CL])
+    if transposed:
+        s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
+    inline_injective(s)
+    AL = s.cache_read(AA, "local", [CL])
+    BL = s.cache_read(BB, "local", [CL])
+
+    # the output: blocks of bm x bn, threads of tm x tn, each thread writing its tile from registers
+    i, j = op.axis
+    by, yi = s[C].split(i, factor=bm)
+    bx, xi = s[C].split(j, factor=bn)
+    ty, yi = s[C].split(yi, factor=tm)
+    tx, xi = s[C].split(xi, factor=tn)
+    s[C].reorder(by, bx, ty, tx, yi, xi)
+    s[C].bind(by, BLOCK_Y)
+    s[C].bind(bx, BLOCK_X)
+    s[C].bind(ty, THREAD_Y)
+    s[C].bind(tx, THREAD_X)
+    s[C].unroll(yi)
+    s[C].vectorize(xi)
+
+    # the accumulators: tm x tn registers per thread, the K loop in bk steps
+    s[CL].compute_at(s[C], tx)
+    yc, xc = s[CL].op.axis
+    (kc,) = s[CL].op.reduce_axis
+    ko, ki = s[CL].split(kc, factor=bk)
+    s[CL].reorder(ko, ki, yc, xc)
+    s[CL].unroll(ki)
+    s[CL].unroll(yc)
+    s[CL].unroll(xc)
+
+    # shared tiles, fetched by all threads at each K step
+    s[AA].compute_at(s[CL], ko)
+    s[BB].compute_at(s[CL], ko)
+    a0, a1 = s[AA].op.axis
+    if transposed:      # AA[k, i] = A[i, k]: k is contiguous in global memory
+        _cooperative_fetch(s, s[AA], a1, a0, nty, ntx, 4 if bk % 4 == 0 else 1)
+    else:               # AA[i, k]
+        _cooperative_fetch(s, s[AA], a0, a1, nty, ntx, 4 if bk % 4 == 0 else 1)
+    b0, b1 = s[BB].op.axis
+    _cooperative_fetch(s, s[BB], b0, b1, nty, ntx, 4)
+
+    # register fragments of each k step
+    s[AL].compute_at(s[CL], ki)
+    s[BL].compute_at(s[CL], ki)
+    for X in (AL, BL):
+        for ax in s[X].op.axis:
+            s[X].unroll(ax)
+    return s
+
+
+# ** row-wise operators: softmax, layer norm **
+
+def _check_rows(X: Tensor, what: str) -> None:
+    if len(X.shape) != 2:
+        raise ValueError(f"{what} works over the last axis of a 2-D input, got shape {X.shape}")
+    if not X.dtype.is_float:
+        raise TypeError(f"{what} takes a float input, got {X.dtype.name}")
+
+
+def softmax(X: Tensor, name: str = "softmax") -> Tensor:
+    """softmax over the last axis of a 2-D X: exp(X - max) / sum(exp(X - max)), row by row.
+
+    >>> X = te.placeholder((4, 10), name="X")
+    >>> Y = softmax(X)
+    >>> Y.shape, [t.op.name for t in Y.op.input_tensors]
+    ((4, 10), ['softmax.exp', 'softmax.sum'])
+    """
+    _check_rows(X, "softmax")
+    m, n = X.shape
+    k1 = te.reduce_axis((0, n), "k")
+    mx = te.compute((m,), lambda i: te.max(X[i, k1], axis=k1), name=f"{name}.max")
+    e = te.compute((m, n), lambda i, j: te.exp(X[i, j] - mx[i]), name=f"{name}.exp")
+    k2 = te.reduce_axis((0, n), "k")
+    total = te.compute((m,), lambda i: te.sum(e[i, k2], axis=k2), name=f"{name}.sum")
+    return te.compute((m, n), lambda i, j: e[i, j] / total[i], name=name, tag="softmax")
+
+
+def layer_norm(X: Tensor, gamma: Tensor, beta: Tensor, eps: float = 1e-5, name: str = "layer_norm") -> Tensor:
+    """Layer normalisation over the last axis of a 2-D X: (X - mean) / sqrt(var + eps) * gamma + beta, with the
+    mean and the (biased) variance of each row; gamma and beta have X's row length. Two passes over the row
+    (mean, then the centred variance), as numpy computes it.
+
+    >>> X, g, b = te.placeholder((4, 10), name="X"), te.placeholder((10,), name="g"), te.placeholder((10,), name="b")
+    >>> layer_norm(X, g, b).shape
+    (4, 10)
+    """
+    _check_rows(X, "layer_norm")
+    m, n = X.shape
+    if len(gamma.shape) != 1 or len(beta.shape) != 1:
+        raise ValueError(f"layer_norm: gamma and beta are 1-D (the row length {n}), got {gamma.shape}, {beta.shape}")
+    dt = X.dtype
+    inv_n = 1.0 / n if isinstance(n, int) else None
+    scale = (lambda v: v * te.const(inv_n, dt)) if inv_n is not None else (lambda v: v / te.cast(n, dt))
+    k1 = te.reduce_axis((0, n), "k")
+    total = te.compute((m,), lambda i: te.sum(X[i, k1], axis=k1), name=f"{name}.sum")
+    mean = te.compute((m,), lambda i: scale(total[i]), name=f"{name}.mean")
+    k2 = te.reduce_axis((0, n), "k")
+    sq = te.compute((m,), lambda i: te.sum((X[i, k2] - mean[i]) * (X[i, k2] - mean[i]), axis=k2),
+                    name=f"{name}.sqdev")
+    rstd = te.compute((m,), lambda i: te.rsqrt(scale(sq[i]) + te.const(eps, dt)), name=f"{name}.rstd")
+    return te.compute((m, n), lambda i, j: (X[i, j] - mean[i]) * rstd[i] * gamma[j] + beta[j], name=name,
+                      tag="layer_norm")
+
+
+def default_row_threads(n: Any, vec: int = 4) -> int:
+    """Threads along a row of n elements: a power of two giving each thread about 4 vectors of `vec`, from 32
+    (a warp) to 512 (symbolic n: 256).
+
+    >>> default_row_threads(4096), default_row_threads(1000), default_row_threads(17), default_row_threads(1 << 20)
+    (256, 64, 32, 512)
+    """
+    if not isinstance(n, int):
+        return 256
+    return min(512, max(32, _pow2_at_least(-(-n // (4 * vec)))))
+
+
+def schedule_row_reduce(outs: Tensor | Sequence[Tensor], threads: int | None = None, rows: int | None = None,
+                        vec: int | None = None, cache_row: bool | None = None,
+                        target: CudaTarget | None = None) -> Schedule:
+    """The GPU schedule of row-wise operators over the last axis of 2-D inputs (softmax, layer_norm, or any output
+    Y[i, j] built from row reductions R[i] of its inputs and injective steps).
+
+    A block takes `rows` rows (threadIdx.y; default: 1, more for rows shorter than 256 threads' worth), its
+    `threads` threads (threadIdx.x, a power of two; default `default_row_threads`) stride over a row with `vec`
+    contiguous elements each (default 4 when the row length is a multiple of 4, else 1). Every row reduction is
+    computed at the row: each thread accumulates its share, then the threads combine theirs (warp shuffles, and
+    shared memory across warps), so every thread holds the row's result for the next stage. Injective steps
+    are inlined. With `cache_row` (default: when the block's rows fit in shared memory) the 2-D inputs of the
+    reductions are copied to shared memory once per block, so global memory is read once and written once.
+
+    >>> X = te.placeholder((1000, 4096), name="X")
+    >>> Y = softmax(X)
+    >>> text = str(jitop.lower(schedule_row_reduce(Y), [X, Y]))
+    >>> "in blockIdx.x(1000)" in text, "thread_reduce(max" in text, "thread_reduce(sum" in text
+    (True, True, True)
+    >>> "X.shared = allocate(float32[1, 4096], 'shared')" in text
+    True
+    >>> f = jitop.build(schedule_row_reduce(Y), [X, Y], target="cuda -arch=sm_90")
+    >>> f.built.kernels[0].grid, f.built.kernels[0].block
+    ((1000, 1, 1), (256, 1, 1))
+    """
+    target = target or DEFAULT_TARGET
+    tensors = _as_tensors(outs)
+    shapes = {tuple(map(_shape_key, t.shape)) for t in tensors}
+    if len(shapes) != 1 or len(tensors[0].shape) != 2:
+        raise ValueError("schedule_row_reduce: the outputs must be 2-D and of one shape (rows x row length)")
+    m, n = tensors[0].shape
+    if vec is None:
+        vec = 4 if isinstance(n, int) and n % 4 == 0 else 1
+    if threads is None:
+        threads = default_row_threads(n, vec)
+    if threads & (threads - 1) or not 1 <= threads <= 1024:
+        raise ValueError(f"schedule_row_reduce: threads={threads}; the threads of a cross-thread reduction are a "
+                         "power of two up to 1024")
+    if rows is None:
+        rows = 1
+        if isinstance(n, int):
+            while threads * rows < 256 and rows * n < 16384 and (not isinstance(m, int) or rows * 2 <= m):
+                rows *= 2
+    if rows < 1 or threads * rows > target.max_threads_per_block:
+        raise ValueError(f"schedule_row_reduce: {threads} threads x {rows} rows is not a block (at most "
+                         f"{target.max_threads_per_block} threads)")
+
+    s = create_schedule([t.op for t in tensors])
+    reductions = [st for st in _compute_stages(s) if st.reduce_axis and not _is_output(s, st)]
+    for st in reductions:
+        if len(st.op.axis) != 1 or len(st.op.reduce_axis) != 1:
+            raise ScheduleError(f"schedule_row_reduce: '{st.name}' is not a reduction of a row (R[i] over one axis)")
+
+    # the row inputs, staged in shared memory: what the reductions read (2-D inputs of the rows' shape)
+    row_inputs: list[Tensor] = []
+    for st in _compute_stages(s):
+        for t in st.input_tensors():
+            if isinstance(t.op, PlaceholderOp) and len(t.shape) == 2 and t not in row_inputs \
+                    and tuple(map(_shape_key, t.shape)) == tuple(map(_shape_key, (m, n))):
+                row_inputs.append(t)
+    fits = isinstance(n, int) and rows * n * sum(t.dtype.itemsize for t in row_inputs) \
+        + 2 * 1024 <= target.shared_per_block
+    if cache_row is None:
+        cache_row = fits and bool(reductions)
+    if cache_row and not fits:
+        raise ValueError(f"schedule_row_reduce: {rows} row(s) of {n} elements of {[t.name for t in row_inputs]} do "
+                         f"not fit in {target.shared_per_block} bytes of shared memory; cache_row=False")
+    shared = []
+    if cache_row:
+        for t in row_inputs:
+            readers = [st.op for st in _compute_stages(s) if t in st.input_tensors()]
+            shared.append(s.cache_read(t, "shared", readers))
+    inline_injective(s)
+
+    # the output(s): a block per `rows` rows, the row split into [outer, threadIdx.x, vec]
+    for t in tensors:
+        st = s[t]
+        i, j = st.op.axis
+        bi, ri = st.split(i, factor=rows)
+        jo, jt, jv = _row_split(st, j, threads, vec)
+        st.reorder(bi, ri, jo, jt, jv)
+        st.bind(bi, BLOCK_X)
+        st.bind(ri, THREAD_Y)
+        st.bind(jt, THREAD_X)
+        _unroll_if_small(st, jo, n, threads * vec)
+        if vec > 1:
+            st.vectorize(jv)
+    main = s[tensors[0]]
+    bi_main, ri_main = main.leaf_iter_vars[0], main.leaf_iter_vars[1]
+
+    # the row inputs in shared memory: filled by the whole block at the block loop (a barrier on each side)
+    for X in shared:
+        st = s[X]
+        st.compute_at(main, bi_main)
+        a0, a1 = st.op.axis
+        co, v = st.split(a1, factor=vec)
+        if rows > 1:
+            st.bind(a0, THREAD_Y)
+        rest, t = st.split(co, factor=threads)
+        st.bind(t, THREAD_X)
+        if vec > 1:
+            st.vectorize(v)
+
+    # each reduction at the row (threadIdx.y): a cross-thread reduction over threadIdx.x. The row loop is a
+    # different loop from the shared fill's (the block loop): a stage attached beside a shared fill would read
+    # it before the barrier that ends the fill
+    for st in reductions:
+        st.compute_at(main, ri_main)
+        (kr,) = st.op.reduce_axis
+        ko, kt, kv = _row_split(st, kr, threads, vec)
+        st.bind(kt, THREAD_X)
+        if vec > 1:
+            st.unroll(kv)
+    return s
+
+
+def _shape_key(d: Any) -> Any:
+    return d if isinstance(d, int) else id(d)
+
+
+def _row_split(stage: Stage, axis: IterVar, threads: int, vec: int) -> tuple[IterVar, IterVar, IterVar]:
+    """axis -> (outer, thread, vec): thread t takes `vec` contiguous elements, the block `threads x vec` per step."""
+    outer, inner = stage.split(axis, factor=threads * vec)
+    t, v = stage.split(inner, factor=vec)
+    return outer, t, v
+
+
+def _unroll_if_small(stage: Stage, iv: IterVar, n: Any, step: int) -> None:
+    if isinstance(n, int) and -(-n // step) <= 8:
+        stage.unroll(iv)
+
+
+__all__ = ["schedule_injective", "matmul", "schedule_matmul", "default_matmul_config", "softmax", "layer_norm",
+           "schedule_row_reduce", "default_row_threads", "inline_injective", "MATMUL_KEYS", "TRANSPOSED_A"]
