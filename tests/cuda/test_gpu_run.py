@@ -136,3 +136,17 @@ def test_out_of_bounds_gather_raises_and_touches_nothing():
         f(x, idx)
     idx[5] = 3
     np.testing.assert_array_equal(f(x, idx), ref(x, idx))  # the flag was reset
+
+
+def test_fast_path_serves_device_arrays_and_falls_back_for_the_rest():
+    f, ref = build(gpu_cases.elementwise, 1000)
+    a, b = rand(1000), rand(1000, seed=5)
+    da, db, dc = memory.to_device(a), memory.to_device(b), memory.empty((1000,), np.float32)
+    for _ in range(3):  # the first call builds the fast path, the others take it
+        assert f(da, db, dc) is None
+    np.testing.assert_allclose(dc.get(), ref(a, b), rtol=4 * EPS32, atol=4 * EPS32)
+    with pytest.raises(ValueError, match="shape"):  # not the compiled shape: the checked path says why
+        f(da, db, memory.empty((999,), np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        f(da, db, memory.empty((1000,), np.float64))
+    np.testing.assert_allclose(f(a, b), ref(a, b), rtol=4 * EPS32, atol=4 * EPS32)  # numpy: copies

@@ -38,6 +38,7 @@ class GpuFunction:
         self.n_inputs = sum(not p.is_output for p in self.params)
         self._dims = {d: compile_dim(d) for k in built.kernels for d in (*k.grid, *k.block) if isinstance(d, str)}
         self._loaded: tuple[Any, list[Any]] | None = None
+        self._fast: tuple | None = None  # see _fast_path
 
     @property
     def name(self) -> str:
@@ -70,7 +71,41 @@ class GpuFunction:
 
     # ** calling **
     def __call__(self, *args: Any) -> Any:
-        from jitop.runtime.cuda import driver, memory
+        fast = self._fast if self._fast is not None else self._fast_path()
+        if fast and len(args) == len(self.params):
+            pointers = fast[0](args)
+            if pointers is not None:  # device arrays of the compiled shapes: launch, nothing else to do
+                for fn, grid, block in fast[1]:
+                    fn.launch(grid, block, pointers, fast[2])
+                return None
+        return self._call(args)
+
+    def _fast_path(self) -> tuple:
+        """For a function of constant shapes without workspaces or run-time checks: (pointers of the arguments
+        if each is a jitop DeviceArray of its parameter's shape and dtype, else None; the launches; the argument
+        kinds). () for any other function: every call takes `_call`."""
+        from jitop.runtime.cuda.memory import DeviceArray
+        if self.symbols or self.built.workspaces or self.built.error_symbol:
+            self._fast = ()
+            return self._fast
+        _, functions = self._load()
+        launches = [(fn, k.grid, k.block) for k, fn in zip(self.built.kernels, functions) if 0 not in k.grid]
+        for _, grid, _ in launches:
+            self._check_grid(self.built.kernels[0], grid)
+        expected = [(tuple(p.shape), p.dtype) for p in self.params]
+
+        def pointers(args: Sequence[Any]) -> list[int] | None:
+            out = []
+            for a, (shape, dtype) in zip(args, expected):
+                if type(a) is not DeviceArray or a.shape != shape or a.dtype != dtype or a.ptr % ALLOC_ALIGN:
+                    return None
+                out.append(a.ptr)
+            return out
+        self._fast = (pointers, launches, ["ptr"] * len(self.params))
+        return self._fast
+
+    def _call(self, args: Sequence[Any]) -> Any:
+        from jitop.runtime.cuda import memory
         if len(args) not in (self.n_inputs, len(self.params)):
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(args)}")
