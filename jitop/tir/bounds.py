@@ -59,11 +59,9 @@ class BoundsCheck:
             return False
         lo, hi = b
         symbolic = not isinstance(dim, int)
-        for e, bound in self.facts:  # idx = e + (idx - e) <= bound + max(idx - e)
-            if not symbolic and hi >= dim:
-                d = bounds(idx - e, self.ranges)
-                if d is not None:
-                    hi = min(hi, bound + d[1])
+        if not symbolic and hi >= dim:
+            hi = self._upper(idx, hi)
+        for e, bound in self.facts:
             if lo < 0:
                 d = bounds(idx + e, self.ranges)  # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
                 if d is not None:
@@ -71,6 +69,21 @@ class BoundsCheck:
         if symbolic:
             return lo >= 0 and self._below(idx, dim)
         return lo >= 0 and hi < dim
+
+    def _upper(self, idx: Expr, hi: int) -> int:
+        """`hi` (idx's bound from the ranges) tightened by the facts: idx = e + (idx - e) <= bound + max(idx - e).
+        A floor division by a constant c is bounded by its numerator's tightened bound // c (a fused index
+        `f // 37` under `if f < 37000` is below 1000)."""
+        for e, bound in self.facts:
+            d = bounds(idx - e, self.ranges)
+            if d is not None:
+                hi = min(hi, bound + d[1])
+        num, div = idx.src if idx.op is Op.FLOORDIV else (None, None)
+        if num is not None and div.op is Op.CONST and div.value > 0:
+            b = bounds(num, self.ranges)
+            if b is not None:
+                hi = min(hi, self._upper(num, b[1]) // int(div.value))
+        return hi
 
     def _below(self, idx: Expr, dim: Expr) -> bool:
         """idx < dim for a symbolic dim, from the ranges or from a fact e <= bound:

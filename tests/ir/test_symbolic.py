@@ -299,3 +299,17 @@ def test_a_stray_variable_in_a_body_is_an_error():
         jitop.lower(jitop.create_schedule(C.op), [A, C])
     D = te.compute((n,), lambda i: A[i] * n.astype("float32"), name="D")  # a symbol is a value in a body
     assert "D[i] = A[i] * float32(n)" in str(jitop.lower(jitop.create_schedule(D.op), [A, D]))
+
+
+def test_bounds_check_divides_a_guarded_fused_index():
+    """A fused index split over blocks (f = o * 256 + t, guarded by f < 37000) read as (f // 37, f % 37): the
+    row f // 37 is below 1000 under the guard, and not without it."""
+    from jitop.tir.bounds import BoundsCheck
+    o, t = te.var("o"), te.var("t")
+    check = BoundsCheck({o: (0, 144), t: (0, 255)})
+    f = o * 256 + t
+    assert not check.in_bounds(f // 37, 1000)
+    k = check.push(f < 37000)
+    assert check.in_bounds(f // 37, 1000) and not check.in_bounds(f // 37, 999)
+    assert check.in_bounds(f % 37, 37) and not check.in_bounds(f // 36, 1000)
+    check.pop(k)
