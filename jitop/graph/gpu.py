@@ -8,7 +8,8 @@ per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
 - conv2d and other complex stages: one thread per output element.
 
 Intermediates are workspaces the GPU function allocates on the device; numpy arguments are copied in and the
-results copied back.
+results copied back. Compiled kernels go to the persistent cache (kind "gpu": the graph's key, the GPU target's,
+the LLVM version, jitop's code version), with the cubin where the compiling machine has the GPU.
 """
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitop import te
+from jitop.codegen.target import llvm_version
 from jitop.driver import compile_gpu_func, lower
-from jitop.graph.compile import constant_array, distinct_outputs
+from jitop.graph.compile import Prepared, constant_array, distinct_outputs
+from jitop.graph.kernel_cache import ComponentStore, graph_key
 from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
+from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.executable import rebuild
 from jitop.schedule.schedule import Stage, create_schedule
 from jitop.target import CudaTarget
@@ -99,13 +103,51 @@ class GpuExecutable:
 
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                       results: list[Node], target: CudaTarget) -> GpuExecutable:
-    """The graph computing `results` as a GPU function (see the module's docstring)."""
+    """The graph computing `results` as a GPU function (see the module's docstring): from the persistent cache
+    when a process compiled it before (its PTX and, where it was linked on a GPU, its cubin), else compiled,
+    linked for this machine's GPU if it has one, and stored."""
     outputs = distinct_outputs(results)
     unique = list(dict.fromkeys(outputs))
+    consts = read_constants_of(unique)
+    plan = input_plan + [("const", constant_array(n)) for n in consts]
+    slots = [unique.index(o) for o in outputs]
+    content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, target)
+    store = ComponentStore("gpu")
+    blob = store.get(content) if content is not None else None
+    if blob is not None:
+        try:
+            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, len(unique))
+        except ValueError:
+            store.delete(content)  # damaged or foreign: compile it again
+    function = _compile(name, inputs, input_names, unique, consts, target)
+    if content is not None:
+        _link_if_possible(function)
+        store.put(content, function.to_bytes())
+    return GpuExecutable(function, plan, slots, len(unique))
+
+
+def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
+                   outputs: list[Node], unique: list[Node], target: CudaTarget) -> str | None:
+    """The cache's content key of a GPU kernel: the traced graph's key and the GPU target's (None when the graph
+    has no stable key)."""
+    prep = Prepared(name, inputs, input_names, input_plan, outputs, unique, {}, {}, target)
+    graph = graph_key(prep)
+    return None if graph is None else f"{graph}|{target.key}|{llvm_version()}"
+
+
+def _link_if_possible(function: GpuFunction) -> None:
+    """Link the PTX for this machine's GPU now, so the stored entry carries the cubin (a warm process then skips
+    the driver's PTX JIT too); without a GPU, the entry holds the PTX alone."""
+    from jitop.runtime.cuda import driver
+    if driver.available():
+        function.link()
+
+
+def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
+             target: CudaTarget) -> GpuFunction:
     why = materialize(unique)
     lowering = GpuToTE(why, target, {})
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
-    consts = read_constants_of(unique)
     placeholders += [lowering.placeholder(n, f"const{len(placeholders) + k}") for k, n in enumerate(consts)]
     for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):
         if n in why:
@@ -115,10 +157,7 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     for t, kind in lowering.st.kind.items():
         if t.op in s.stage_map:
             schedule_stage(s[t], kind)
-    func = lower(s, placeholders + tensors, name=name)
-    function = compile_gpu_func(func, target)
-    plan = input_plan + [("const", constant_array(n)) for n in consts]
-    return GpuExecutable(function, plan, [unique.index(o) for o in outputs], len(unique))
+    return compile_gpu_func(lower(s, placeholders + tensors, name=name), target)
 
 
 def read_constants_of(unique: list[Node]) -> list[Node]:

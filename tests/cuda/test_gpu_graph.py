@@ -99,3 +99,24 @@ def test_results_equal_numpy(name):
         assert g.shape == np.shape(w) and g.dtype == np.asarray(w).dtype
         scale = np.abs(np.asarray(w)).max() + 1
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=2000 * EPS32 * scale)
+
+
+def test_a_second_compile_comes_from_the_disk_cache(monkeypatch):
+    import jitop.graph.gpu as gpu
+    compiled = []
+    real = gpu.compile_gpu_func
+    monkeypatch.setattr(gpu, "compile_gpu_func", lambda func, target: compiled.append(1) or real(func, target))
+
+    def scaled(x):  # a function no other test compiles: its first compile is a miss
+        return np.sqrt(np.abs(x)) * 3.5 - 1
+
+    first = jitop.kernel(scaled, target="cuda -arch=sm_90")
+    tr = first.trace([np.ones((3, 77), np.float32)])
+    a = compile_graph_gpu("scaled", tr.inputs, tr.names, tr.plan, tr.results, first.gpu)
+    b = compile_graph_gpu("scaled", tr.inputs, tr.names, tr.plan, tr.results, first.gpu)
+    assert len(compiled) == 1  # the second came from the cache
+    assert b.function.built == a.function.built and b.function.meta == a.function.meta
+    other = jitop.kernel(scaled, target="cuda -arch=sm_80")  # another GPU: another entry
+    tr80 = other.trace([np.ones((3, 77), np.float32)])
+    compile_graph_gpu("scaled", tr80.inputs, tr80.names, tr80.plan, tr80.results, other.gpu)
+    assert len(compiled) == 2

@@ -202,12 +202,9 @@ class GpuFunction:
 
 
     # ** saving: one file (header JSON + PTX + cubin), checksummed, no pickle **
-    def save(self, path: str | os.PathLike) -> None:
-        """Write this function to `path` (its PTX, and its cubin once it was linked on a GPU, so a process that
-        loads it skips the PTX JIT). `load_gpu_function(path)` reads it back.
-
-        >>> f.save("scale.jitopgpu")   # doctest: +SKIP
-        """
+    def to_bytes(self) -> bytes:
+        """This function as bytes: its PTX, and its cubin once it was linked on a GPU (so a process that loads
+        it skips the PTX JIT). `from_bytes` reads them back."""
         ptx, cubin = self.built.ptx.encode(), self.cubin or b""
         header = {"schema": FILE_SCHEMA, "meta": self.meta, "ll": self.built.ll,
                   "kernels": [k.to_json() for k in self.built.kernels],
@@ -215,11 +212,47 @@ class GpuFunction:
                   "checked": list(self.built.checked), "error_symbol": self.built.error_symbol,
                   "ptx": [len(ptx), hashlib.sha256(ptx).hexdigest()],
                   "cubin": [len(cubin), hashlib.sha256(cubin).hexdigest()]}
-        data = FILE_MAGIC + json.dumps(header).encode() + b"\n" + ptx + cubin
+        return FILE_MAGIC + json.dumps(header).encode() + b"\n" + ptx + cubin
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write `to_bytes()` to `path` atomically; `load_gpu_function(path)` reads it back.
+
+        >>> f.save("scale.jitopgpu")   # doctest: +SKIP
+        """
         tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+            f.write(self.to_bytes())
+        os.replace(tmp, path)  # a reader sees the old file or the whole new one
+
+    @staticmethod
+    def from_bytes(data: bytes, where: str = "data") -> "GpuFunction":
+        """A GpuFunction from `to_bytes`; ValueError naming `where` for bytes that are not one, are damaged
+        (their checksums), or were written by another version of this format."""
+        if not data.startswith(FILE_MAGIC):
+            raise ValueError(f"{where}: not a saved jitop GPU function")
+        head, _, body = data[len(FILE_MAGIC):].partition(b"\n")
+        try:
+            header = json.loads(head)
+            if header.get("schema") != FILE_SCHEMA:
+                raise ValueError(f"schema {header.get('schema')!r}, this jitop reads {FILE_SCHEMA}")
+            (n_ptx, ptx_sum), (n_cubin, cubin_sum) = header["ptx"], header["cubin"]
+            ptx, cubin = body[:n_ptx], body[n_ptx:]
+            if len(cubin) != n_cubin or hashlib.sha256(ptx).hexdigest() != ptx_sum \
+                    or hashlib.sha256(cubin).hexdigest() != cubin_sum:
+                raise ValueError("checksum mismatch: the data is damaged")
+            built = GpuBuild(ptx.decode(), header["ll"], tuple(Launch.from_json(k) for k in header["kernels"]),
+                             tuple((n, dt, tuple(shape)) for n, dt, shape in header["workspaces"]),
+                             tuple(header["checked"]), header["error_symbol"])
+            return GpuFunction(header["meta"], built, cubin or None)
+        except (KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{where}: damaged jitop GPU function data ({type(err).__name__}: {err})") from None
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
+    def link(self) -> bytes:
+        """Link the PTX for this machine's GPU now (if not done yet) and return the cubin."""
+        self._load()
+        return self.cubin
 
 
 def load_gpu_function(path: str | os.PathLike) -> GpuFunction:
@@ -229,27 +262,7 @@ def load_gpu_function(path: str | os.PathLike) -> GpuFunction:
     >>> f = load_gpu_function("scale.jitopgpu")   # doctest: +SKIP
     """
     with open(path, "rb") as f:
-        data = f.read()
-    if not data.startswith(FILE_MAGIC):
-        raise ValueError(f"{path}: not a saved jitop GPU function")
-    head, _, body = data[len(FILE_MAGIC):].partition(b"\n")
-    try:
-        header = json.loads(head)
-        if header.get("schema") != FILE_SCHEMA:
-            raise ValueError(f"schema {header.get('schema')!r}, this jitop reads {FILE_SCHEMA}")
-        (n_ptx, ptx_sum), (n_cubin, cubin_sum) = header["ptx"], header["cubin"]
-        ptx, cubin = body[:n_ptx], body[n_ptx:]
-        if len(cubin) != n_cubin or hashlib.sha256(ptx).hexdigest() != ptx_sum \
-                or hashlib.sha256(cubin).hexdigest() != cubin_sum:
-            raise ValueError("checksum mismatch: the file is damaged")
-        built = GpuBuild(ptx.decode(), header["ll"], tuple(Launch.from_json(k) for k in header["kernels"]),
-                         tuple((n, dt, tuple(shape)) for n, dt, shape in header["workspaces"]),
-                         tuple(header["checked"]), header["error_symbol"])
-        return GpuFunction(header["meta"], built, cubin or None)
-    except (KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: a damaged jitop GPU function file ({type(err).__name__}: {err})") from None
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        return GpuFunction.from_bytes(f.read(), os.fspath(path))
 
 
 FILE_MAGIC = b"JITOPGPU\n"
