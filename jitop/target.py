@@ -78,6 +78,12 @@ class Target:
     triple: str
     cpu: str
     features: str                  # LLVM feature string, every feature explicit: "+avx2,+fma,-avx512f,..."
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Target | CudaTarget":
+        # Target("cuda") / Target("cuda -arch=sm_80"), as in TVM: a GPU target (not a Target, so no __init__)
+        if len(args) == 1 and not kwargs and isinstance(args[0], str) and args[0].split()[:1] == ["cuda"]:
+            return _cuda_from_string(args[0])
+        return super().__new__(cls)
     vector_bytes: int              # 64 with AVX-512, 32 with AVX/AVX2, 16 otherwise
     vector_registers: int          # 32 with AVX-512 (zmm0-31), else 16
     fma_units: int = 0             # FMA pipes per core (0: unknown)
@@ -209,6 +215,8 @@ class CudaTarget:
     >>> t = Target.from_string("cuda -arch=sm_80")
     >>> (t.arch, t.ptx_features, t.kind)
     ('sm_80', '+ptx70', 'cuda')
+    >>> Target("cuda -arch=sm_80") == t
+    True
     >>> CudaTarget.from_json(t.to_json()) == t
     True
     """
