@@ -137,6 +137,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(driver, "lib", lambda: lib)
     monkeypatch.setattr(driver, "_cache", {})
     monkeypatch.setattr(driver, "_thread", threading.local())
+    monkeypatch.setattr(memory, "POOL", memory.BlockPool())  # fake blocks never reach the process's pool
     return lib
 
 
@@ -310,6 +311,13 @@ def test_round_trip_through_fake_memory(fake, dtype, shape):
     ptr = d.ptr
     del d
     gc.collect()
+    assert fake.freed == []  # a collected array's block goes to the pool
+    if a.size:
+        again = memory.empty(a.shape, a.dtype)
+        assert again.ptr == ptr  # and the next array of its size reuses it
+        del again
+        gc.collect()
+    memory.POOL.drain()
     assert fake.freed == ([ptr] if a.size else [])
 
 
@@ -551,3 +559,16 @@ def test_gpu_torch_interop(kernels):
     np.testing.assert_array_equal(torch.as_tensor(d, device="cuda").cpu().numpy(), d.get())  # ours, read by torch
     with pytest.raises(ValueError, match="C-contiguous"):
         memory.as_device_array(torch.zeros(4, 4, device="cuda").t())
+
+
+def test_pool_keeps_blocks_up_to_its_limit(fake, monkeypatch):
+    monkeypatch.setattr(memory, "POOL", memory.BlockPool(limit=1024))
+    a, b = memory.empty(100, np.float32), memory.empty(100, np.float32)  # 400 bytes: 512-byte blocks
+    pa, pb = a.ptr, b.ptr
+    c = memory.empty(300, np.float32)  # 1200 bytes: a 1536-byte block, over the limit once pooled
+    pc = c.ptr
+    del a, b, c
+    gc.collect()
+    assert fake.freed == [pc] and memory.POOL.held == 1024
+    again = [memory.empty(128, np.float32), memory.empty(101, np.float32)]  # both held: two blocks
+    assert {x.ptr for x in again} == {pa, pb}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import weakref
 from typing import Any, Sequence
 
@@ -55,11 +56,12 @@ class DeviceArray:
 
     @classmethod
     def allocate(cls, shape: Sequence[int], dtype: Any) -> "DeviceArray":
-        """A new array whose memory it owns (uninitialized; no allocation at all when it is empty)."""
+        """A new array whose memory it owns (uninitialized; no allocation at all when it is empty). Its memory
+        comes from, and returns to, the pool of freed blocks (`POOL`)."""
         arr = cls(shape, dtype, 0)
         if arr.nbytes:
-            arr.ptr = driver.mem_alloc(arr.nbytes)
-            weakref.finalize(arr, driver._release, driver.mem_free_function(), arr.ptr).atexit = False
+            arr.ptr, size = POOL.take(arr.nbytes)
+            weakref.finalize(arr, POOL.give, driver.lib(), arr.ptr, size).atexit = False
         return arr
 
     @property
@@ -113,6 +115,68 @@ class DeviceArray:
         work on the legacy default stream, so consumers on other streams are told to wait for that one."""
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "strides": None,
                 "version": 3, "stream": _LEGACY_STREAM}
+
+
+class BlockPool:
+    """Freed device blocks kept for reuse, by size (rounded up to GRANULE bytes), up to `limit` bytes in all.
+    cuMemAlloc costs microseconds and cuMemFree waits for the whole device, so an array's memory comes back here
+    when it is collected and the next array of that size takes it. Reuse is safe in stream order: jitop's work
+    runs on the legacy default stream, after whatever the block's last owner queued. A block is kept per driver
+    library, so a test's stand-in library never hands its blocks to the real one.
+
+    >>> BlockPool.rounded(1), BlockPool.rounded(513)
+    (512, 1024)
+    """
+
+    GRANULE = 512
+
+    def __init__(self, limit: int = 1 << 30):
+        self.limit, self.held = limit, 0
+        self.blocks: dict[tuple[int, int], list[int]] = {}
+        self.libraries: dict[int, Any] = {}  # id -> library, kept alive so its id is never reused
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        return -(-nbytes // BlockPool.GRANULE) * BlockPool.GRANULE
+
+    def take(self, nbytes: int) -> tuple[int, int]:
+        """(address, size) of a block of at least `nbytes`: a pooled one, else a new allocation (after giving
+        the pool's blocks back to the driver if it is out of memory)."""
+        size, lib = self.rounded(nbytes), driver.lib()
+        with self.lock:
+            free = self.blocks.get((id(lib), size))
+            if free:
+                self.held -= size
+                return free.pop(), size
+        try:
+            return driver.mem_alloc(size), size
+        except driver.CudaError as err:
+            if err.name != "CUDA_ERROR_OUT_OF_MEMORY" or not self.held:
+                raise
+        self.drain()
+        return driver.mem_alloc(size), size
+
+    def give(self, lib: Any, ptr: int, size: int) -> None:
+        """A collected array's block: kept if the pool has room, else freed."""
+        with self.lock:
+            if self.held + size <= self.limit:
+                self.libraries.setdefault(id(lib), lib)
+                self.blocks.setdefault((id(lib), size), []).append(ptr)
+                self.held += size
+                return
+        driver._release(lib.cuMemFree_v2, ptr)
+
+    def drain(self) -> None:
+        """Free every pooled block."""
+        with self.lock:
+            blocks, self.blocks, self.held = self.blocks, {}, 0
+        for (lib_id, _), ptrs in blocks.items():
+            for ptr in ptrs:
+                driver._release(self.libraries[lib_id].cuMemFree_v2, ptr)
+
+
+POOL = BlockPool()
 
 
 def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
