@@ -6,7 +6,9 @@
   (b) softmax and layer norm over the rows of 4096 x 4096 float32 (schedule_row_reduce) vs torch;
   (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
       FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
-  (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call.
+  (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call;
+  (e) conv2d float32 on ResNet-50's layers at batch 8 and 32 (topi.cuda.conv2d_nchw + schedule_conv2d, an implicit
+      GEMM) vs torch.nn.functional.conv2d with cuDNN TF32 off, and the geomean ratio per batch (--no-conv skips).
 
 GPU time is measured with CUDA events (jitop's own driver.Event for jitop, torch.cuda.Event for torch; both on
 the legacy default stream of the same primary context), after warm-up; every jitop result is checked against
@@ -413,6 +415,91 @@ def section_sgemm(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
               "error / bound: max |C - C_float64| / (K eps sum|a||b|), at most 1 when correct.")
 
 
+CONV_LAYERS = [       # ResNet-50's conv layers (C, H=W, K, R=S, stride, pad), measured at CONV_BATCHES
+    (64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0), (128, 28, 128, 3, 1, 1),
+    (256, 14, 256, 3, 1, 1), (512, 7, 512, 3, 1, 1), (1024, 14, 256, 1, 1, 0), (3, 224, 64, 7, 2, 3),
+]
+CONV_BATCHES = (8, 32)
+
+
+def _conv_error_ratio(ctx: Ctx, got: Any, tx, tw, stride: int, pad: int) -> float:
+    """max |Y - Y_float64| / (C R S eps conv(|x|, |w|)): at most 1 for a correct float32 convolution."""
+    F = ctx.torch.nn.functional
+    crs = tw.shape[1] * tw.shape[2] * tw.shape[3]
+    y64 = F.conv2d(tx.double(), tw.double(), stride=stride, padding=pad)
+    bound = (crs + 2) * EPS32 * F.conv2d(tx.abs().double(), tw.abs().double(), stride=stride, padding=pad) + 1e-30
+    g = got if isinstance(got, ctx.torch.Tensor) else ctx.torch.from_numpy(np.asarray(got)).cuda()
+    return float(((g.double() - y64).abs() / bound).max())
+
+
+def section_conv(ctx: Ctx, rep: Report, deadline: float) -> None:
+    """(e) ResNet-50 conv layers as implicit GEMMs (schedule_conv2d's default tiles) vs cuDNN FP32 (TF32 off)."""
+    te, topi, mem, torch = ctx.jitop.te, ctx.topi, ctx.memory, ctx.torch
+    deadline = min(deadline, time.time() + 75.0)  # the whole section: about a minute, builds included
+    if torch is not None:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    rows: list[list[Any]] = []
+    for batch in CONV_BATCHES:
+        ratios = []
+        for c, h, k, r, stride, pad in CONV_LAYERS:
+            label = f"{c}x{h}x{h} -> {k}, {r}x{r}/{stride} pad {pad}"
+            if time.time() > deadline:
+                rows.append([batch, label, "skipped (time budget)", "", "", "", "", ""])
+                continue
+            row: list[Any] = [batch, label]
+            jt = float("nan")
+            try:
+                X = te.placeholder((batch, c, h, h), name="X")
+                W = te.placeholder((k, c, r, r), name="W")
+                Y = topi.conv2d_nchw(X, W, stride, pad)
+                g = Y.op.input_tensors[0]
+                cfg = topi.default_conv2d_config(g.shape[0], g.shape[1], g.op.reduce_axis[0].extent, ctx.target)
+                f, secs = ctx.build(topi.schedule_conv2d(Y, cfg, target=ctx.target), [X, W, Y])
+                _, _, p, q = Y.shape
+                flops = 2.0 * batch * k * p * q * c * r * r
+                x, w = ctx.rand((batch, c, h, h), 12), ctx.rand((k, c, r, r), 13)
+                dx, dw, dy = mem.to_device(x), mem.to_device(w), mem.empty(Y.shape, np.float32)
+                f(dx, dw, dy)
+                launch = raw_launcher(f, [dx, dw, dy]) or (lambda: f(dx, dw, dy))
+                ms = ctx.time_ms(launch, budget_ms=100, reps=3)
+                jt = flops / ms / 1e9
+                row += [f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}", jt]
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                row += [f"error: {type(err).__name__}: {err}"[:120], float("nan"), "", "", "", ""]
+                rows.append(row)
+                continue
+            if torch is not None:
+                try:
+                    F = torch.nn.functional
+                    tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+                    for _ in range(3):  # warm-up: cudnn.benchmark picks its algorithm here
+                        F.conv2d(tx, tw, stride=stride, padding=pad)
+                    tt = flops / ctx.time_ms(lambda: F.conv2d(tx, tw, stride=stride, padding=pad), "torch",
+                                             budget_ms=100, reps=3) / 1e9
+                    err = _conv_error_ratio(ctx, dy.get(), tx, tw, stride, pad)
+                    ratios.append(jt / tt)
+                    row += [tt, f"{jt / tt:.2f}", f"{err:.2g}", f"{secs:.2f}"]
+                    del tx, tw
+                except Exception as err:  # noqa: BLE001
+                    traceback.print_exc()
+                    row += [f"error: {type(err).__name__}: {err}"[:120], "", "", f"{secs:.2f}"]
+            else:
+                row += ["", "", "", f"{secs:.2f}"]
+            rows.append(row)
+            del dx, dw, dy
+        if ratios:
+            geo = float(np.exp(np.mean(np.log(ratios))))
+            rows.append([batch, f"**geomean of {len(ratios)} layers**", "", "", "", f"**{geo:.2f}**", "", ""])
+    rep.table("(e) conv2d float32, ResNet-50 layers, NCHW (TFLOP/s): implicit GEMM vs cuDNN FP32",
+              ["batch", "layer (C x H x W -> K, R x S / stride)", "jitop tiles (bm x bn x bk / tm x tn)", "jitop",
+               "cuDNN FP32", "jitop / cuDNN", "error / bound", "build (s)"], rows,
+              "cuDNN: torch.nn.functional.conv2d, cudnn.allow_tf32 = False, cudnn.benchmark = True, after warm-up. "
+              "jitop: kernel time (raw launches). error / bound: max |Y - Y_float64| / (C R S eps conv(|x|, |w|)), "
+              "at most 1 when correct. Target: geomean >= 0.7.")
+
+
 def section_sgemm_sweep(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
     te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
     rows = []
@@ -496,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", default=list(GEMM_SIZES), help="SGEMM sizes")
     p.add_argument("--sweep", type=int, nargs="*", default=[4096, 2048], help="SGEMM sizes of the config sweep")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--no-conv", action="store_true", help="skip the ResNet-50 conv2d section")
     args = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + args.budget
@@ -512,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         ("elementwise", lambda: section_elementwise(ctx, rep)),
         ("softmax / layer norm", lambda: section_rows(ctx, rep)),
         ("SGEMM", lambda: section_sgemm(ctx, rep, args.sizes, deadline)),
+    ]
+    if not args.no_conv:
+        sections.append(("conv2d", lambda: section_conv(ctx, rep, deadline)))
+    sections += [
         ("launch overhead", lambda: section_launch(ctx, rep)),
         ("SGEMM configs", lambda: section_sgemm_sweep(ctx, rep, args.sweep, deadline - 30)),
     ]

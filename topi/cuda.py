@@ -12,6 +12,10 @@ computation and return a Schedule whose loops are bound to blockIdx/threadIdx, r
   loads) and each k step's A column / B row fragments copied to registers. `matmul` reads A through a transposed
   view that the schedule inlines into A's shared tile, so the tile is stored k-major and a thread's `tm` values
   of A at one k are contiguous (vector loads from shared memory, as for B).
+- `conv2d_nchw(X, W, stride, padding, dilation)` + `schedule_conv2d(Y, cfg)`: a convolution as an implicit GEMM
+  (rows = output channels, columns = N*P*Q output pixels, reduction = C*R*S) on the SGEMM's loop nest: the filters
+  read as a [C*R*S, K] view, the input through an im2col view inlined into its shared tile (padding: taps outside
+  the image read 0), the register tiles written straight into Y [N, K, P, Q].
 - `softmax(X)`, `layer_norm(X, gamma, beta, eps)` + `schedule_row_reduce(Y)`: row-wise operators over the last
   axis of a 2-D input: one block per row (or a few short rows per block along threadIdx.y), the row split over
   threadIdx.x, each row reduction (max, sum, mean, variance) a cross-thread reduction (warp shuffles) computed
@@ -285,7 +289,6 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     k = op.reduce_axis[0].extent
     cfg = {**default_matmul_config(m, n, k, target), **(cfg or {})}
     bm, bn, bk, tm, tn = _check_matmul_config(cfg, target)
-    nty, ntx = bm // tm, bn // tn
 
     a_in, b_in = op.input_tensors
     transposed = isinstance(a_in.op, ComputeOp) and a_in.op.tag == TRANSPOSED_A
@@ -296,25 +299,41 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     if transposed:
         s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
     inline_injective(s)
+    i, j = op.axis
+    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, (bm, bn, bk, tm, tn), b_vec=4, out_vec=True)
+    return s
+
+
+def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, AA: Tensor, BB: Tensor,
+                   a_k_major: bool, tiles: tuple[int, int, int, int, int], b_vec: int, out_vec: bool) -> None:
+    """The SGEMM loop nest shared by schedule_matmul and schedule_conv2d. `out` is the stage that writes the
+    result from the registers, its GEMM row axis `i` and column axis `j` (data axes or fused ones); `CL` the
+    local cache of the reduction (`s.cache_write`), `AA` / `BB` its shared copies of A ([bk, bm] when `a_k_major`,
+    else [bm, bk]) and B ([bk, bn]). B's tile is fetched in `b_vec`-vectors of its columns; `out_vec` vectorizes
+    each thread's row of tn results (when consecutive columns are consecutive in memory)."""
+    bm, bn, bk, tm, tn = tiles
+    nty, ntx = bm // tm, bn // tn
     AL = s.cache_read(AA, "local", [CL])
     BL = s.cache_read(BB, "local", [CL])
 
     # the output: blocks of bm x bn, threads of tm x tn, each thread writing its tile from registers
-    i, j = op.axis
-    by, yi = s[C].split(i, factor=bm)
-    bx, xi = s[C].split(j, factor=bn)
-    ty, yi = s[C].split(yi, factor=tm)
-    tx, xi = s[C].split(xi, factor=tn)
-    s[C].reorder(by, bx, ty, tx, yi, xi)
-    s[C].bind(by, BLOCK_Y)
-    s[C].bind(bx, BLOCK_X)
-    s[C].bind(ty, THREAD_Y)
-    s[C].bind(tx, THREAD_X)
-    s[C].unroll(yi)
-    s[C].vectorize(xi)
+    by, yi = out.split(i, factor=bm)
+    bx, xi = out.split(j, factor=bn)
+    ty, yi = out.split(yi, factor=tm)
+    tx, xi = out.split(xi, factor=tn)
+    out.reorder(by, bx, ty, tx, yi, xi)
+    out.bind(by, BLOCK_Y)
+    out.bind(bx, BLOCK_X)
+    out.bind(ty, THREAD_Y)
+    out.bind(tx, THREAD_X)
+    out.unroll(yi)
+    if out_vec:
+        out.vectorize(xi)
+    else:
+        out.unroll(xi)
 
     # the accumulators: tm x tn registers per thread, the K loop in bk steps
-    s[CL].compute_at(s[C], tx)
+    s[CL].compute_at(out, tx)
     yc, xc = s[CL].op.axis
     (kc,) = s[CL].op.reduce_axis
     ko, ki = s[CL].split(kc, factor=bk)
@@ -327,12 +346,12 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     s[AA].compute_at(s[CL], ko)
     s[BB].compute_at(s[CL], ko)
     a0, a1 = s[AA].op.axis
-    if transposed:      # AA[k, i] = A[i, k]: k is contiguous in global memory
+    if a_k_major:       # AA[k, i] = A[i, k]: k is contiguous in global memory
         _cooperative_fetch(s, s[AA], a1, a0, nty, ntx, 4 if bk % 4 == 0 else 1)
     else:               # AA[i, k]
         _cooperative_fetch(s, s[AA], a0, a1, nty, ntx, 4 if bk % 4 == 0 else 1)
     b0, b1 = s[BB].op.axis
-    _cooperative_fetch(s, s[BB], b0, b1, nty, ntx, 4)
+    _cooperative_fetch(s, s[BB], b0, b1, nty, ntx, b_vec)
 
     # register fragments of each k step
     s[AL].compute_at(s[CL], ki)
@@ -340,6 +359,153 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     for X in (AL, BL):
         for ax in s[X].op.axis:
             s[X].unroll(ax)
+
+
+# ** conv2d (implicit GEMM) **
+
+IM2COL = "cuda.conv2d.im2col"          # the tag of conv2d_nchw's im2col view of X (inlined into its shared tile)
+CONV_GEMM = "cuda.conv2d.gemm"         # the tag of conv2d_nchw's GEMM stage (K x N*P*Q, reduced over C*R*S)
+
+
+def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
+    pair = tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+    if len(pair) != 2 or not all(isinstance(x, int) for x in pair):
+        raise ValueError(f"conv2d_nchw: {what} is an int or a pair of ints, got {v!r}")
+    return pair  # type: ignore[return-value]
+
+
+def conv2d_nchw(X: Tensor, W: Tensor, stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                dilation: int | Sequence[int] = 1, name: str = "conv2d") -> Tensor:
+    """A 2-D convolution (cross-correlation, as torch's conv2d) of X [N, C, H, W] with filters W [K, C, R, S]:
+    Y [N, K, P, Q] with P = (H + 2 pad - dil (R - 1) - 1) // stride + 1 (Q alike), groups = 1, no bias.
+
+    It is written as an implicit GEMM for `schedule_conv2d`: a stage (tag CONV_GEMM) of shape [K, N*P*Q] reducing
+    over C*R*S, G[k, npq] = sum_crs W.T[crs, k] * X.col[crs, npq], where W.T (tag TRANSPOSED_A) is W read as a
+    [C*R*S, K] matrix and X.col (tag IM2COL) is the im2col view of X, the padding a guarded select (taps outside
+    the image read 0); both views are meant to be inlined, never stored. Y[n, k, p, q] = G[k, (n P + p) Q + q].
+
+    >>> X, W = te.placeholder((1, 3, 32, 32), name="X"), te.placeholder((16, 3, 3, 3), name="W")
+    >>> Y = conv2d_nchw(X, W, stride=2, padding=1)
+    >>> Y.shape, Y.op.input_tensors[0].shape, Y.op.input_tensors[0].op.tag
+    ((1, 16, 16, 16), (16, 256), 'cuda.conv2d.gemm')
+    """
+    if len(X.shape) != 4 or len(W.shape) != 4:
+        raise ValueError(f"conv2d_nchw takes X [N, C, H, W] and W [K, C, R, S], got shapes {X.shape} and {W.shape}")
+    if not all(isinstance(d, int) for d in (*X.shape, *W.shape)):
+        raise ValueError("conv2d_nchw: the shapes of X and W must be constant")
+    if X.dtype is not W.dtype or not X.dtype.is_float:
+        raise TypeError(f"conv2d_nchw takes X and W of one float dtype, got {X.dtype.name} and {W.dtype.name}")
+    n, c, h, w = X.shape
+    k, c2, r, s = W.shape
+    if c2 != c:
+        raise ValueError(f"conv2d_nchw: X has {c} channels but W {W.shape} expects {c2} (groups=1 only)")
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"conv2d_nchw: stride {stride} and dilation {dilation} must be >= 1, padding {padding} >= 0")
+    p = (h + 2 * ph - dh * (r - 1) - 1) // sh + 1
+    q = (w + 2 * pw - dw * (s - 1) - 1) // sw + 1
+    if p < 1 or q < 1:
+        raise ValueError(f"conv2d_nchw: a {r}x{s} filter (dilation {dilation}) does not fit the padded "
+                         f"{h}x{w} image")
+    rs, pq, crs, npq = r * s, p * q, c * r * s, n * p * q
+    dt = X.dtype
+
+    wt = te.compute((crs, k), lambda t, kk: W[kk, t // rs, t // s % r, t % s], name=f"{W.name}.T", tag=TRANSPOSED_A)
+
+    def col(t: Any, j: Any) -> Any:
+        cc, rr, ss = t // rs, t // s % r, t % s
+        nn, pp, qq = j // pq, j // q % p, j % q
+        hh, ww = pp * sh + rr * dh - ph, qq * sw + ss * dw - pw
+        if ph == 0 and pw == 0:  # every tap is inside the image
+            return X[nn, cc, hh, ww]
+        inside = (hh >= 0) & (hh < h) & (ww >= 0) & (ww < w)
+        return te.if_then_else(inside, X[nn, cc, hh, ww], te.const(0.0, dt))
+
+    xcol = te.compute((crs, npq), col, name=f"{X.name}.col", tag=IM2COL)
+    red = te.reduce_axis((0, crs), "crs")
+    g = te.compute((k, npq), lambda kk, j: te.sum(wt[red, kk] * xcol[red, j], axis=red), name=f"{name}.gemm",
+                   tag=CONV_GEMM)
+    return te.compute((n, k, p, q), lambda nn, kk, pp, qq: g[kk, nn * pq + pp * q + qq], name=name,
+                      tag="conv2d_nchw")
+
+
+def default_conv2d_config(k: int, npq: int, crs: int, target: CudaTarget | None = None) -> dict[str, int]:
+    """The default implicit-GEMM tiles for K output channels, N*P*Q pixels and a C*R*S reduction: the largest of
+    128x128 / 128x64 / 64x128 (8x8 per thread), 64x64, 32x64, 32x32 (4x4 per thread) whose grid has a block for
+    every SM (else the smallest), skipping row tiles of more than K (rounded up to a power of two); bk = 16
+    (8 below 64x64 tiles, and while C*R*S < 16).
+
+    >>> default_conv2d_config(64, 8 * 56 * 56, 576)
+    {'bm': 64, 'bn': 128, 'bk': 16, 'tm': 8, 'tn': 8}
+    >>> default_conv2d_config(256, 32 * 56 * 56, 64)
+    {'bm': 128, 'bn': 128, 'bk': 16, 'tm': 8, 'tn': 8}
+    >>> default_conv2d_config(512, 8 * 7 * 7, 4608)
+    {'bm': 32, 'bn': 32, 'bk': 8, 'tm': 4, 'tn': 4}
+    """
+    target = target or DEFAULT_TARGET
+    candidates = [(128, 128, 8, 8), (128, 64, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 64, 4, 4),
+                  (32, 32, 4, 4)]
+    rows_max = max(32, _pow2_at_least(k))
+    fitting = [cd for cd in candidates if cd[0] <= rows_max]
+    pick = fitting[-1]
+    for cd in fitting:
+        if -(-k // cd[0]) * -(-npq // cd[1]) >= target.sm_count:
+            pick = cd
+            break
+    bm, bn, tm, tn = pick
+    bk = 16 if bm * bn >= 64 * 64 and crs >= 16 else 8
+    return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
+
+
+def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTarget | None = None) -> Schedule:
+    """The implicit-GEMM schedule of a `conv2d_nchw` output: schedule_matmul's SGEMM with GEMM rows = the K
+    output channels (blockIdx.y), columns = the N*P*Q output pixels (blockIdx.x) and reduction = C*R*S.
+
+    cfg keys as schedule_matmul's (defaults: `default_conv2d_config`). Each K step stages a bk x bm tile of the
+    filters (W.T inlined: contiguous along C*R*S, 4-vector fetches) and a bk x bn tile of the im2col matrix
+    (X.col inlined into the fill: every thread computes its taps' (n, c, h, w), out-of-image taps read 0; scalar
+    fetches, consecutive threads taking consecutive output pixels) in shared memory; each thread accumulates a
+    tm x tn register tile and writes it straight into Y [N, K, P, Q] (the column index split into n, p, q).
+
+    >>> X, W = te.placeholder((2, 64, 14, 14), name="X"), te.placeholder((128, 64, 3, 3), name="W")
+    >>> Y = conv2d_nchw(X, W, padding=1)
+    >>> s = schedule_conv2d(Y, {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4})
+    >>> text = str(jitop.lower(s, [X, W, Y]))
+    >>> "X.col.shared = allocate(float32[16, 64], 'shared')" in text
+    True
+    >>> "W.T.shared = allocate(float32[16, 64], 'shared')" in text
+    True
+    >>> f = jitop.build(s, [X, W, Y], target="cuda -arch=sm_90")
+    >>> f.built.kernels[0].grid, f.built.kernels[0].block, f.built.kernels[0].shared_bytes
+    ((7, 2, 1), (16, 16, 1), 8192)
+    """
+    (Y,) = _as_tensors(Y)
+    if Y.op.tag != "conv2d_nchw" or len(Y.op.input_tensors) != 1:
+        raise ValueError(f"schedule_conv2d: '{Y.op.name}' is not a conv2d_nchw output")
+    (g,) = Y.op.input_tensors
+    gop = g.op
+    if not isinstance(gop, ComputeOp) or gop.tag != CONV_GEMM or len(gop.input_tensors) != 2:
+        raise ValueError(f"schedule_conv2d: '{Y.op.name}' does not read a conv2d_nchw GEMM stage")
+    target = target or DEFAULT_TARGET
+    k, npq = g.shape
+    crs = gop.reduce_axis[0].extent
+    cfg = {**default_conv2d_config(k, npq, crs, target), **(cfg or {})}
+    tiles = _check_matmul_config(cfg, target)
+
+    wt, xcol = gop.input_tensors
+    s = create_schedule(Y)
+    CL = s.cache_write(g, "local")        # g becomes a copy of the accumulators, inlined into Y below
+    AA = s.cache_read(wt, "shared", [CL])
+    BB = s.cache_read(xcol, "shared", [CL])
+    s[wt].compute_inline()                # W.T's tile reads W: [bk, bm], k-major
+    s[xcol].compute_inline()              # the im2col tile reads X (zero padding computed in the fill)
+    s[g].compute_inline()                 # Y reads the accumulators directly
+    inline_injective(s)
+    out = s[Y]
+    nn, kk, pp, qq = Y.op.axis
+    out.reorder(kk, nn, pp, qq)
+    cols = out.fuse(nn, pp, qq)           # the GEMM column: (n P + p) Q + q
+    _schedule_gemm(s, out, kk, cols, CL, AA, BB, True, tiles, b_vec=1, out_vec=False)
     return s
 
 
@@ -542,4 +708,5 @@ def _unroll_if_small(stage: Stage, iv: IterVar, n: Any, step: int) -> None:
 
 
 __all__ = ["schedule_injective", "matmul", "schedule_matmul", "default_matmul_config", "softmax", "layer_norm",
-           "schedule_row_reduce", "default_row_threads", "inline_injective", "MATMUL_KEYS", "TRANSPOSED_A"]
+           "schedule_row_reduce", "default_row_threads", "inline_injective", "MATMUL_KEYS", "TRANSPOSED_A",
+           "conv2d_nchw", "schedule_conv2d", "default_conv2d_config", "IM2COL", "CONV_GEMM"]

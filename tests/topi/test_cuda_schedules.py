@@ -1,8 +1,8 @@
-"""The GPU schedules of jitop.topi.cuda (injective, SGEMM, softmax / layer norm): for several shapes (1, primes,
-tiles that do not divide, the benchmark sizes) each is lowered (the loop IR has the expected bound loops, shared
-tiles, register tiles, cross-thread reductions and guards), compiled to PTX for sm_90, and assembled by ptxas
-where it is installed (no spills for the default SGEMM tiles). Without ptxas those checks skip, unless
-JITOP_REQUIRE_PTXAS=1 (CI), where they fail.
+"""The GPU schedules of jitop.topi.cuda (injective, SGEMM, softmax / layer norm, conv2d as an implicit GEMM):
+for several shapes (1, primes, tiles that do not divide, the benchmark sizes) each is lowered (the loop IR has the
+expected bound loops, shared tiles, register tiles, cross-thread reductions and guards), compiled to PTX for
+sm_90, and assembled by ptxas where it is installed (no spills for the default SGEMM and conv2d tiles).
+Without ptxas those checks skip, unless JITOP_REQUIRE_PTXAS=1 (CI), where they fail.
 
 The tests marked `requires_gpu` run the built functions on a GPU against numpy (float64 references, tolerances
 from the accumulation length); they skip where there is no CUDA driver (benchmarks/gpu_check.sh runs them on a
@@ -491,3 +491,186 @@ def test_gpu_layer_norm(m, n):
     scale = np.abs(x).max(axis=1, keepdims=True) / np.sqrt(x.astype(np.float64).var(axis=1, keepdims=True) + 1e-5)
     bound = 4 * (n + 16) * EPS32 * (np.abs(xhat) + scale) * np.abs(gv) + 4 * EPS32 * np.abs(bv)
     assert np.all(np.abs(f(x, gv, bv) - want) <= bound + 1e-6)
+
+
+# ** conv2d as an implicit GEMM **
+
+# ResNet-50's conv layers (C, H, K, R, stride, pad), as benchmarks/bench_gpu.py measures them at batch 8 and 32
+RESNET50_CONVS = [(64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0), (128, 28, 128, 3, 1, 1),
+                  (256, 14, 256, 3, 1, 1), (512, 7, 512, 3, 1, 1), (1024, 14, 256, 1, 1, 0), (3, 224, 64, 7, 2, 3)]
+
+# (N, C, H, W, K, R, S, stride, pad, dilation): odd shapes (1x1, stride 2, padding, a 7x7 stem on C=3, sizes that
+# no tile divides, N=1, a rectangular image and filter, dilation)
+CONV_SHAPES = [
+    (1, 3, 9, 9, 5, 3, 3, 1, 1, 1),
+    (2, 16, 14, 14, 32, 1, 1, 1, 0, 1),
+    (1, 3, 32, 32, 64, 7, 7, 2, 3, 1),
+    (3, 17, 13, 11, 19, 3, 3, 2, 1, 1),
+    (2, 8, 15, 15, 24, 3, 5, 1, (1, 2), 1),
+    (1, 5, 12, 12, 7, 3, 3, 1, 2, 2),
+    (1, 64, 7, 7, 96, 3, 3, 1, 1, 1),
+]
+
+
+def conv(n, c, h, w, k, r, s, stride=1, pad=0, dil=1):
+    X = te.placeholder((n, c, h, w), name="X")
+    W = te.placeholder((k, c, r, s), name="W")
+    return X, W, cuda.conv2d_nchw(X, W, stride, pad, dil)
+
+
+def conv_ref(x, w, stride, pad, dil):
+    """float64 cross-correlation (torch's conv2d), and the bound C*R*S * eps * sum|x||w| of a float32 result."""
+    (sh, sw), (ph, pw), (dh, dw) = ((v, v) if isinstance(v, int) else v for v in (stride, pad, dil))
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    p, q = (h + 2 * ph - dh * (r - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (s - 1) - 1) // sw + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y, mag = np.zeros((n, k, p, q)), np.zeros((n, k, p, q))
+    for i in range(r):
+        for j in range(s):
+            patch = xp[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
+            tap = w[:, :, i, j].astype(np.float64)
+            y += np.einsum("nchw,kc->nkhw", patch, tap)
+            mag += np.einsum("nchw,kc->nkhw", np.abs(patch), np.abs(tap))
+    return y, (c * r * s + 2) * EPS32 * mag + 1e-30
+
+
+def conv_gemm_sizes(Y):
+    g = Y.op.input_tensors[0]
+    return g.shape[0], g.shape[1], g.op.reduce_axis[0].extent
+
+
+def check_conv_ir(func, Y, cfg):
+    k, npq, crs = conv_gemm_sizes(Y)
+    bm, bn, bk, tm, tn = (cfg[x] for x in cuda.MATMUL_KEYS)
+    b = bound(func)
+    assert b.get("blockIdx.y") == [-(-k // bm)] or (k <= bm and "blockIdx.y" not in b)
+    assert b.get("blockIdx.x") == [-(-npq // bn)] or (npq <= bn and "blockIdx.x" not in b)
+    assert set(b["threadIdx.y"]) == {bm // tm} and set(b["threadIdx.x"]) == {bn // tn}
+    shared = allocations(func, "shared")
+    assert set(shared) == {"W.T.shared", "X.col.shared"}  # the views are inlined into the tiles, never stored
+    if k >= bm and npq >= bn and crs >= bk:
+        assert shared["W.T.shared"] == (bk, bm) and shared["X.col.shared"] == (bk, bn)
+    local = allocations(func, "local")
+    assert set(local) >= {"conv2d.gemm.local"}
+    if k >= bm and npq >= bn:
+        assert local["conv2d.gemm.local"] == (tm, tn)
+    assert count(func, Barrier) >= 2 and count(func, Barrier) % 2 == 0
+    text = str(func)
+    assert "conv2d.gemm[" not in text and "X.col[" not in text and "W.T[" not in text  # nothing else in memory
+    for d, tile in ((k, bm), (npq, bn), (crs, bk)):
+        if d % tile:
+            assert f"< {d}" in text, f"no guard against the size {d} in\n{text}"
+
+
+def test_conv2d_nchw_compute():
+    """The computation itself (default CPU schedule) against the float64 reference."""
+    for shape in CONV_SHAPES[:4]:
+        n, c, h, w, k, r, s, stride, pad, dil = shape
+        X, W, Y = conv(*shape)
+        f = jitop.build(jitop.create_schedule(Y), [X, W, Y])
+        x, wt = rand((n, c, h, w)), rand((k, c, r, s), 1)
+        got = np.zeros(Y.shape, np.float32)
+        f(x, wt, got)
+        want, tol = conv_ref(x, wt, stride, pad, dil)
+        assert np.all(np.abs(got - want) <= tol), shape
+
+
+def test_conv2d_nchw_shapes_and_errors():
+    X, W, Y = conv(2, 3, 224, 224, 64, 7, 7, 2, 3)
+    assert Y.shape == (2, 64, 112, 112) and conv_gemm_sizes(Y) == (64, 2 * 112 * 112, 3 * 49)
+    assert conv(1, 4, 10, 12, 8, 3, 5, (2, 1), (0, 2), 2)[2].shape == (1, 8, 3, 8)
+    with pytest.raises(ValueError, match="channels"):
+        cuda.conv2d_nchw(te.placeholder((1, 3, 8, 8), name="X"), te.placeholder((4, 2, 3, 3), name="W"))
+    with pytest.raises(ValueError, match="does not fit"):
+        cuda.conv2d_nchw(te.placeholder((1, 3, 2, 2), name="X"), te.placeholder((4, 3, 3, 3), name="W"))
+    with pytest.raises(ValueError, match="not a conv2d_nchw"):
+        cuda.schedule_conv2d(mm(8, 8, 8)[2])
+    with pytest.raises(ValueError, match="multiples"):
+        cuda.schedule_conv2d(Y, {"bm": 64, "bn": 64, "bk": 8, "tm": 3, "tn": 4})
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES)
+def test_conv2d_odd_shapes(shape):
+    X, W, Y = conv(*shape)
+    cfg = cuda.default_conv2d_config(*conv_gemm_sizes(Y))
+    s = cuda.schedule_conv2d(Y)
+    func = jitop.lower(s, [X, W, Y])
+    check_conv_ir(func, Y, cfg)
+    if shape[8] != 0:
+        assert "select(" in str(func)  # the padding: out-of-image taps read 0
+    f = build(s, [X, W, Y])
+    assert len(f.built.kernels) == 1
+    assemble(f.get_source("ptx"))
+
+
+@pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+                                 {"bm": 32, "bn": 64, "bk": 8, "tm": 4, "tn": 4},
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+def test_conv2d_configs(cfg):
+    X, W, Y = conv(2, 20, 15, 15, 40, 3, 3, 1, 1)
+    s = cuda.schedule_conv2d(Y, cfg)
+    check_conv_ir(jitop.lower(s, [X, W, Y]), Y, cfg)
+    (launch,) = build(s, [X, W, Y]).built.kernels
+    assert launch.block == (cfg["bn"] // cfg["tn"], cfg["bm"] // cfg["tm"], 1)
+
+
+def test_default_conv2d_config_fills_the_gpu():
+    for batch in (8, 32):
+        for c, h, k, r, stride, pad in RESNET50_CONVS:
+            Y = conv(batch, c, h, h, k, r, r, stride, pad)[2]
+            k_, npq, crs = conv_gemm_sizes(Y)
+            cfg = cuda.default_conv2d_config(k_, npq, crs)
+            blocks = -(-k_ // cfg["bm"]) * -(-npq // cfg["bn"])
+            assert blocks >= cuda.DEFAULT_TARGET.sm_count or (cfg["bm"], cfg["bn"]) == (32, 32), (batch, c, cfg)
+            assert cfg["bm"] <= max(32, k_)
+
+
+@pytest.mark.parametrize("batch", [8, 32])
+@pytest.mark.parametrize("layer", RESNET50_CONVS)
+def test_conv2d_resnet50_no_spills(layer, batch):
+    """The default tiles of every benchmarked layer assemble without spills, in at most 128 registers (two
+    blocks of 256 threads, or four of 128, per SM)."""
+    c, h, k, r, stride, pad = layer
+    X, W, Y = conv(batch, c, h, h, k, r, r, stride, pad)
+    s = cuda.schedule_conv2d(Y)
+    f = build(s, [X, W, Y])
+    report = assemble(f.get_source("ptx"))
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+    assert report["registers"] <= 128, report
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", CONV_SHAPES)
+def test_gpu_conv2d(shape):
+    n, c, h, w, k, r, s, stride, pad, dil = shape
+    X, W, Y = conv(*shape)
+    f = jitop.build(cuda.schedule_conv2d(Y), [X, W, Y], target="cuda")
+    x, wt = rand((n, c, h, w)), rand((k, c, r, s), 1)
+    want, tol = conv_ref(x, wt, stride, pad, dil)
+    err = np.abs(f(x, wt) - want)
+    assert np.all(err <= tol), (err.max(), shape)
+
+
+@requires_gpu
+@pytest.mark.parametrize("layer", [RESNET50_CONVS[1], RESNET50_CONVS[5], RESNET50_CONVS[6], RESNET50_CONVS[7]])
+def test_gpu_conv2d_resnet50(layer):
+    c, h, k, r, stride, pad = layer
+    n = 2
+    X, W, Y = conv(n, c, h, h, k, r, r, stride, pad)
+    f = jitop.build(cuda.schedule_conv2d(Y), [X, W, Y], target="cuda")
+    x, wt = rand((n, c, h, h)), rand((k, c, r, r), 1)
+    want, tol = conv_ref(x, wt, stride, pad, 1)
+    err = np.abs(f(x, wt) - want)
+    assert np.all(err <= tol), err.max()
+
+
+@requires_gpu
+@pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+def test_gpu_conv2d_configs(cfg):
+    X, W, Y = conv(2, 20, 15, 15, 40, 3, 3, 2, 1)
+    f = jitop.build(cuda.schedule_conv2d(Y, cfg), [X, W, Y], target="cuda")
+    x, wt = rand((2, 20, 15, 15)), rand((40, 20, 3, 3), 1)
+    want, tol = conv_ref(x, wt, 2, 1, 1)
+    assert np.all(np.abs(f(x, wt) - want) <= tol)
