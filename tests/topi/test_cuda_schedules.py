@@ -29,22 +29,10 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 # ** helpers: the loop IR, PTX and ptxas **
 
-@functools.cache
 def ptxas() -> str | None:
-    """ptxas on PATH, else the one in the `nvidia-cuda-nvcc` wheel (the `nvidia` namespace package)."""
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for base in getattr(nvidia, "__path__", []):
-        for sub in ("cu13", "cu12", "cuda_nvcc"):
-            path = os.path.join(base, sub, "bin", "ptxas")
-            if os.access(path, os.X_OK):
-                return path
-    return None
+    """ptxas on PATH or in the `nvidia-cuda-nvcc` wheel (jitop.codegen.nvptx.ptxas_path)."""
+    from jitop.codegen.nvptx import ptxas_path
+    return ptxas_path()
 
 
 def assemble(ptx: str, arch: str = "sm_90") -> dict[str, int]:
