@@ -215,6 +215,33 @@ def _pct(gbs: float, ctx: Ctx) -> str:
     return f"{100 * gbs / ctx.copy_gbs:.0f} %" if ctx.copy_gbs == ctx.copy_gbs else "n/a"
 
 
+def _bandwidth_row(ctx: Ctx, label: str, ms: float, nbytes: int, err: str = "", secs: str = "") -> list[Any]:
+    """A row of a bandwidth table: kernel, time (us), GB/s, % of copy, max error, build (s)."""
+    gbs = nbytes / ms / 1e6
+    return [label, ms * 1e3, gbs, _pct(gbs, ctx), err, secs]
+
+
+def _jitop_rows(ctx: Ctx, rows: list[list[Any]], label: str, build: Callable[[], tuple[Any, float]], dev: list[Any],
+                want: np.ndarray, nbytes: int, raw: bool = True, show_block: bool = False) -> None:
+    """Append a jitop kernel's rows to a bandwidth table: built, run on `dev` (the output last) and checked
+    against `want`, timed per call and (`raw`) by raw driver launches; an error row where a step fails."""
+    try:
+        f, secs = build()
+        f(*dev)
+        err = float(np.abs(dev[-1].get() - want).max())
+        ms = ctx.time_ms(lambda: f(*dev))
+        block = f.built.kernels[0].block if show_block else None
+        shown = f"{label} (block {block[0]}x{block[1]})" if block else label
+        rows.append(_bandwidth_row(ctx, shown, ms, nbytes, f"{err:.1e}", f"{secs:.2f}"))
+        launch = raw_launcher(f, dev) if raw else None
+        if launch is not None:
+            rows.append(_bandwidth_row(ctx, "jitop, the same kernel by raw driver launches", ctx.time_ms(launch),
+                                       nbytes))
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        rows.append([label, "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+
+
 def section_elementwise(ctx: Ctx, rep: Report) -> None:
     te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
     shape = (N_EW, N_EW)
@@ -224,41 +251,25 @@ def section_elementwise(ctx: Ctx, rep: Report) -> None:
     da, db, dc, dy = mem.to_device(a), mem.to_device(b), mem.to_device(c), mem.empty(shape, np.float32)
     nbytes = 4 * a.nbytes
     want = np.exp(a.astype(np.float64)) * b + c
-    rows = []
+    rows: list[list[Any]] = []
     for label, kw in (("jitop schedule_injective (default)", {}), ("jitop per_thread=1", {"per_thread": 1}),
                       ("jitop per_thread=4", {"per_thread": 4})):
-        try:
-            f, secs = ctx.build(topi.schedule_injective(Y, target=ctx.target, **kw), [A, B, Cc, Y])
-            f(da, db, dc, dy)
-            err = float(np.abs(dy.get() - want).max())
-            ms = ctx.time_ms(lambda: f(da, db, dc, dy))
-            gbs = nbytes / ms / 1e6
-            rows.append([label, ms * 1e3, gbs, _pct(gbs, ctx), f"{err:.1e}", f"{secs:.2f}"])
-            raw = raw_launcher(f, [da, db, dc, dy]) if not kw else None
-            if raw is not None:
-                ms = ctx.time_ms(raw)
-                gbs = nbytes / ms / 1e6
-                rows.append(["jitop, the same kernel by raw driver launches", ms * 1e3, gbs, _pct(gbs, ctx), "", ""])
-        except Exception as err:  # noqa: BLE001
-            traceback.print_exc()
-            rows.append([label, "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+        build = lambda: ctx.build(topi.schedule_injective(Y, target=ctx.target, **kw), [A, B, Cc, Y])  # noqa: E731
+        _jitop_rows(ctx, rows, label, build, [da, db, dc, dy], want, nbytes, raw=not kw)  # raw: the default only
     eager = None
     if ctx.torch is not None:
         torch = ctx.torch
         ta, tb, tc = (torch.from_numpy(x).cuda() for x in (a, b, c))
         got = (torch.exp(ta) * tb + tc).cpu().numpy()
-        ms = ctx.time_ms(lambda: torch.exp(ta) * tb + tc, "torch")
-        eager = ms
-        gbs = nbytes / ms / 1e6
-        rows.append(["torch eager", ms * 1e3, gbs, _pct(gbs, ctx), f"{np.abs(got - want).max():.1e}", ""])
+        eager = ctx.time_ms(lambda: torch.exp(ta) * tb + tc, "torch")
+        rows.append(_bandwidth_row(ctx, "torch eager", eager, nbytes, f"{np.abs(got - want).max():.1e}"))
         # jitop reading torch's tensors in place (__cuda_array_interface__)
         try:
             ty = torch.empty_like(ta)
             f, _ = ctx.build(topi.schedule_injective(Y, target=ctx.target), [A, B, Cc, Y])
             ms = ctx.time_ms(lambda: f(ta, tb, tc, ty))
-            gbs = nbytes / ms / 1e6
-            rows.append(["jitop on torch tensors", ms * 1e3, gbs, _pct(gbs, ctx),
-                         f"{np.abs(ty.cpu().numpy() - want).max():.1e}", ""])
+            rows.append(_bandwidth_row(ctx, "jitop on torch tensors", ms, nbytes,
+                                       f"{np.abs(ty.cpu().numpy() - want).max():.1e}"))
         except Exception as err:  # noqa: BLE001
             traceback.print_exc()
             rows.append(["jitop on torch tensors", "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
@@ -317,7 +328,7 @@ def section_rows(ctx: Ctx, rep: Report) -> None:
     want_sm = e / e.sum(axis=1, keepdims=True)
     mean = x64.mean(axis=1, keepdims=True)
     want_ln = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5) * g + bb
-    rows = []
+    rows: list[list[Any]] = []
     torch = ctx.torch
     for name in ("softmax", "layer_norm"):
         X = te.placeholder(shape, name="X")
@@ -328,24 +339,8 @@ def section_rows(ctx: Ctx, rep: Report) -> None:
             G, Bt = te.placeholder((N_EW,), name="g"), te.placeholder((N_EW,), name="b")
             Y = topi.layer_norm(X, G, Bt, 1e-5)
             args, dev, want = [X, G, Bt, Y], [dx, dg, dbb, dy], want_ln
-        try:
-            s = topi.schedule_row_reduce(Y, target=ctx.target)
-            f, secs = ctx.build(s, args)
-            f(*dev)
-            err = float(np.abs(dy.get() - want).max())
-            ms = ctx.time_ms(lambda: f(*dev))
-            gbs = nbytes / ms / 1e6
-            block = f.built.kernels[0].block
-            rows.append([f"jitop {name} (block {block[0]}x{block[1]})", ms * 1e3, gbs, _pct(gbs, ctx), f"{err:.1e}",
-                         f"{secs:.2f}"])
-            raw = raw_launcher(f, dev)
-            if raw is not None:
-                ms = ctx.time_ms(raw)
-                gbs = nbytes / ms / 1e6
-                rows.append(["jitop, the same kernel by raw driver launches", ms * 1e3, gbs, _pct(gbs, ctx), "", ""])
-        except Exception as err:  # noqa: BLE001
-            traceback.print_exc()
-            rows.append([f"jitop {name}", "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
+        build = lambda: ctx.build(topi.schedule_row_reduce(Y, target=ctx.target), args)  # noqa: E731
+        _jitop_rows(ctx, rows, f"jitop {name}", build, dev, want, nbytes, show_block=True)
         if torch is not None:
             tx = torch.from_numpy(x).cuda()
             if name == "softmax":
@@ -354,9 +349,7 @@ def section_rows(ctx: Ctx, rep: Report) -> None:
                 tg, tb = torch.from_numpy(g).cuda(), torch.from_numpy(bb).cuda()
                 op = lambda: torch.nn.functional.layer_norm(tx, (N_EW,), tg, tb, 1e-5)  # noqa: E731
             terr = float(np.abs(op().cpu().numpy() - want).max())
-            ms = ctx.time_ms(op, "torch")
-            gbs = nbytes / ms / 1e6
-            rows.append([f"torch {name}", ms * 1e3, gbs, _pct(gbs, ctx), f"{terr:.1e}", ""])
+            rows.append(_bandwidth_row(ctx, f"torch {name}", ctx.time_ms(op, "torch"), nbytes, f"{terr:.1e}"))
     rep.table(f"(b) softmax and layer norm over rows, {N_EW}x{N_EW} float32 (8 bytes per element)",
               ["kernel", "time (us)", "GB/s", "% of copy", "max error vs float64", "build (s)"], rows)
 

@@ -9,19 +9,16 @@ that the runtime's thread pool calls with [begin, end) chunks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from llvmlite import ir
 
 from jitop import dtypes
 from jitop.codegen import ops
+from jitop.codegen.emitter import LoopEmitter, flatten, ident
 from jitop.codegen.instances import Shared, find_shared
-from jitop.dtypes import DType
 from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, walk
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
-from jitop.tir.bounds import BoundsCheck
-from jitop.tir.passes import substitute_stmt
-from jitop.te.printer import expr_str
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
 from jitop.target import Target
 
@@ -105,7 +102,7 @@ def _libc(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
 
 
-class KernelCodegen:
+class KernelCodegen(LoopEmitter):
     """Builds one LLVM module with the kernel `func.name`: one pointer argument per buffer, and, when the
     function has symbols, one more pointing to an int64 array of their values (in `func.symbols` order)."""
 
@@ -114,9 +111,9 @@ class KernelCodegen:
         """`signature`: the JSON of the kernel's parameter specs (jitop.runtime.module.signature_json); the
         object code carries it as `<symbol>_signature`, so a loader can check its metadata against the code.
         `split`: this module holds only some of the kernel's parts (jitop.codegen.forked builds the rest)."""
-        self.func, self.symbol, self.target, self.signature = func, symbol, target, signature
+        super().__init__(ir.Module(name=symbol), symbol, func.attrs.get("ranges", {}))
+        self.func, self.target, self.signature = func, target, signature
         self.split = split
-        self.module = ir.Module(name=symbol)
         self.avx512 = "avx512f" in target.required_features  # the math library may use AVX-512 instructions
         self.symbol_sources = func.symbol_sources() if func.symbols else ()  # a symbol read from no input: error
         n_args = len(func.params) + bool(func.symbols)
@@ -125,11 +122,8 @@ class KernelCodegen:
         if self.holds_kernel:
             self.st = self._function_state(ir.Function(self.module, self.fn_type, symbol))
         self.vec: Vec | None = None
-        self.contract = False  # FMA fusion allowed (reduction updates only)
         self.n_outlined = 0
         self.uses_parallel = False
-        self.bounds = BoundsCheck(func.attrs.get("ranges", {}))
-        self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
         self.error_flag: ir.GlobalVariable | None = None
         self.error_base: ir.GlobalVariable | None = None
         self.profile_stages: list[str] | None = None  # a profiling build: what each top-level nest writes
@@ -139,7 +133,7 @@ class KernelCodegen:
         """The state for emitting into `fn`, a function with the kernel's arguments (the kernel or a part)."""
         saved, self.st = self.st, FunctionState(fn)
         for buf, arg in zip(self.func.params, fn.args):
-            arg.name = _ident(buf.name)
+            arg.name = ident(buf.name)
             arg.add_attribute("noalias")
             self.st.ptrs[buf] = arg
         self._bind_symbols()
@@ -155,6 +149,10 @@ class KernelCodegen:
     def b(self) -> ir.IRBuilder:
         return self.st.builder
 
+    @property
+    def env(self) -> dict[Expr, ir.Value]:
+        return self.st.env
+
     def _bind_symbols(self) -> None:
         """Load the symbols' values from the function's last argument in its entry block (each function
         that takes that argument: the kernel and its parts; parallel bodies get them in their closure)."""
@@ -165,7 +163,7 @@ class KernelCodegen:
         entry = ir.IRBuilder(self.st.entry)
         for k, sym in enumerate(self.func.symbols):
             slot = entry.gep(values, [ir.Constant(I64, k)], source_etype=I64, inbounds=True)
-            value = entry.load(slot, typ=I64, name=_ident(sym.name))
+            value = entry.load(slot, typ=I64, name=ident(sym.name))
             want = ops.llvm_type(sym.dtype)
             self.st.env[sym] = value if want == I64 else entry.trunc(value, want)
 
@@ -241,7 +239,7 @@ class KernelCodegen:
         fn.attributes.add("noinline")  # one copy, called per instance
         saved, self.st = self.st, FunctionState(fn)
         for buf, arg in zip(group.slots, fn.args):
-            arg.name = _ident(buf.name)
+            arg.name = ident(buf.name)
             arg.add_attribute("noalias")  # the slots of an instance are distinct parameters of the kernel
             self.st.ptrs[buf] = arg
         self._bind_symbols()
@@ -301,22 +299,6 @@ class KernelCodegen:
         return values
 
     # ** statements **
-    def stmt(self, s: Stmt) -> None:
-        self._memo: dict = {}  # values are reused only within one statement: they must dominate their uses
-        if isinstance(s, Seq):
-            for x in s.stmts:
-                self.stmt(x)
-        elif isinstance(s, Store):
-            self.store(s)
-        elif isinstance(s, For):
-            self.loop(s)
-        elif isinstance(s, IfThenElse):
-            self.if_then_else(s)
-        elif isinstance(s, Allocate):
-            self.allocate(s)
-        else:
-            raise TypeError(f"cannot generate code for {type(s).__name__}")
-
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
         if buf.symbolic:
@@ -325,14 +307,14 @@ class KernelCodegen:
         elem = ops.memory_type(buf.dtype)
         if nbytes <= STACK_LIMIT:
             entry = ir.IRBuilder(self.st.entry)
-            ptr = entry.alloca(ir.ArrayType(elem, max(buf.size, 1)), name=_ident(buf.name))
+            ptr = entry.alloca(ir.ArrayType(elem, max(buf.size, 1)), name=ident(buf.name))
             ptr.align = 64
             ptr.type = PTR  # opaque pointer like every other buffer (llvmlite types allocas)
             self.st.ptrs[buf] = ptr
             self.stmt(s.body)
             return
         malloc = _libc(self.module, "malloc", PTR, [I64])
-        ptr = self.b.call(malloc, [ir.Constant(I64, nbytes)], name=_ident(buf.name))
+        ptr = self.b.call(malloc, [ir.Constant(I64, nbytes)], name=ident(buf.name))
         self.st.ptrs[buf] = ptr
         self.stmt(s.body)
         self.b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
@@ -346,7 +328,7 @@ class KernelCodegen:
         nbytes = b.select(b.icmp_signed("<", nbytes, ir.Constant(I64, 1)), ir.Constant(I64, 1), nbytes)
         too_big = b.icmp_unsigned(">", count, ir.Constant(I64, MAX_ALLOC_BYTES // buf.dtype.itemsize))
         size = b.select(too_big, ir.Constant(I64, 1), nbytes)  # never ask malloc for a wrapped-around size
-        ptr = b.call(_libc(self.module, "malloc", PTR, [I64]), [size], name=_ident(buf.name))
+        ptr = b.call(_libc(self.module, "malloc", PTR, [I64]), [size], name=ident(buf.name))
         failed = b.or_(too_big, b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)))
         self._flag_if(failed, f"MemoryError: cannot allocate {buf.name} ({buf.dtype}{list(buf.shape)}) "
                               "for these sizes")
@@ -355,26 +337,13 @@ class KernelCodegen:
             self.stmt(s.body)
         b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
 
-    def if_then_else(self, s: IfThenElse) -> None:
-        cond = self.expr(s.cond)
+    def _conditional(self, s: IfThenElse, cond: ir.Value) -> None:
         if self.vec is not None and isinstance(cond.type, ir.VectorType):
             return self._masked_if(s, cond)
-        with self.b.if_else(cond) as (then, other):
-            with then:
-                self._under(s.cond, True, lambda: self.stmt(s.then))
-            with other:
-                if s.else_ is not None:
-                    self._under(s.cond, False, lambda: self.stmt(s.else_))
-
-    def _under(self, cond: Expr, holds: bool, emit):
-        """Emit with `cond` (or its negation) known to hold: the bounds prover may use it."""
-        n = self.bounds.push(cond, holds)
-        try:
-            return emit()
-        finally:
-            self.bounds.pop(n)
+        super()._conditional(s, cond)
 
     def _masked_if(self, s: IfThenElse, cond: ir.Value) -> None:
+        """Both sides run, each under the lanes for which it holds (a vector condition has no one branch)."""
         outer = self.vec.mask
         self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
         self._under(s.cond, True, lambda: self.stmt(s.then))
@@ -410,27 +379,6 @@ class KernelCodegen:
         if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None:
             return self._parallel(s, end, _iterations(s))
         self._serial(s.var, ir.Constant(I64, 0), end, lambda: self.stmt(s.body))
-
-    def _serial(self, var: Expr, begin: ir.Value, end: ir.Value, emit_body) -> None:
-        b = self.b
-        pre = b.block
-        head = b.append_basic_block("loop")
-        done = b.append_basic_block("loop.end")
-        b.cbranch(b.icmp_signed("<", begin, end), head, done)
-        b.position_at_end(head)
-        i = b.phi(I64, name=_ident(var.name))
-        i.add_incoming(begin, pre)
-        self.st.env[var] = i
-        emit_body()
-        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw", "nuw"))
-        i.add_incoming(nxt, b.block)
-        b.cbranch(b.icmp_signed("<", nxt, end), head, done)
-        b.position_at_end(done)
-        del self.st.env[var]
-
-    def _unrolled(self, s: For, extent: int) -> None:
-        for k in range(extent):
-            self.stmt(substitute_stmt(s.body, {s.var: const(k)}))
 
     def _vectorized(self, s: For, extent: int) -> None:
         if extent <= MAX_LANES:
@@ -536,7 +484,7 @@ class KernelCodegen:
                  ) -> tuple[ir.Value, ir.Value | str | int | None]:
         """(scalar pointer at lane 0, per-lane pointer vector or None when lanes are contiguous/uniform); with
         `strided`, lanes a small constant stride apart give (pointer at lane 0, the stride)."""
-        flat = simplify(_flatten(buf, indices))
+        flat = simplify(flatten(buf, indices))
         elem = ops.memory_type(buf.dtype)
         base_ptr = self.st.ptrs[buf]
         if self.vec is None:
@@ -613,9 +561,7 @@ class KernelCodegen:
         return self.b.call(fn, args)
 
     def store(self, s: Store) -> None:
-        self.contract = _is_accumulation(s)
-        value = self.expr(s.value)
-        self.contract = False
+        value = self._stored_value(s)
         buf = s.buffer
         if not self.bounds.proves(buf, s.indices):
             return self._checked_store(s, value)
@@ -656,9 +602,9 @@ class KernelCodegen:
             if self.vec.mask is not None:
                 bad = b.and_(bad, self.vec.mask)
             bad = b.icmp_unsigned("!=", b.bitcast(bad, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
-        self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
+        code = self._check_entry(what, buf, indices)
         with b.if_then(bad, likely=False):
-            b.store(self._error_code(len(self.checked)), self._error_flag())
+            b.store(self._error_code(code), self._error_flag())
         return ok
 
     def _dim(self, dim: int | Expr) -> ir.Value:
@@ -697,7 +643,7 @@ class KernelCodegen:
         return self.b.add(self.b.load(self.error_base, typ=i32), ir.Constant(i32, code))
 
     def _lane_pointers(self, buf: Buffer, indices: tuple[Expr, ...], ok: ir.Value) -> ir.Value:
-        flat = self.expr(simplify(_flatten(buf, indices)))
+        flat = self.expr(simplify(flatten(buf, indices)))
         lanes = ops.lanes_of(ok) or self.vec.lanes
         flat = self.b.select(ok, ops.splat(self.b, flat, lanes), ops.splat(self.b, ir.Constant(I64, 0), lanes))
         return _vector_gep(self.b, self.st.ptrs[buf], flat, ops.memory_type(buf.dtype))
@@ -708,16 +654,9 @@ class KernelCodegen:
         elem = ops.memory_type(buf.dtype)
         if self.vec is None:
             # the address is computed before the branch: values the memo keeps must dominate every later use
-            flat = self._scalar(simplify(_flatten(buf, e.src)))
-            with b.if_else(ok) as (then, other):
-                with then:
-                    val, then_block = b.load(self.b.gep(self.st.ptrs[buf], [flat], source_etype=elem), typ=elem), b.block
-                with other:
-                    other_block = b.block
-            phi = b.phi(elem)
-            phi.add_incoming(val, then_block)
-            phi.add_incoming(ir.Constant(elem, 0), other_block)
-            return ops.from_memory(b, buf.dtype, phi)
+            flat = self._scalar(simplify(flatten(buf, e.src)))
+            value = self._load_or_zero(ok, lambda: b.gep(self.st.ptrs[buf], [flat], source_etype=elem), elem)
+            return ops.from_memory(b, buf.dtype, value)
         ok = ops.splat(b, ok, self.vec.lanes)
         mask = ok if self.vec.mask is None else b.and_(ok, self.vec.mask)
         vt = ir.VectorType(elem, self.vec.lanes)
@@ -728,7 +667,7 @@ class KernelCodegen:
         buf, b = s.buffer, self.b
         ok = self._in_bounds(buf, s.indices, "write to")
         if self.vec is None:
-            flat = self._scalar(simplify(_flatten(buf, s.indices)))  # before the branch, as in _checked_load
+            flat = self._scalar(simplify(flatten(buf, s.indices)))  # before the branch, as in _checked_load
             with b.if_then(ok):
                 ptr = b.gep(self.st.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
                 b.store(ops.to_memory(b, buf.dtype, value), ptr)
@@ -752,76 +691,42 @@ class KernelCodegen:
             self.vec = saved
 
     def expr(self, e: Expr) -> ir.Value:
+        # keyed by the lanes too; and unlike the base, the value goes into the memo of before `e`, so a value
+        # made around a guarded select is not reused after it (reusing it would change the generated code)
         memo = self._memo
         key = (e, id(self.vec), id(self.vec.mask) if self.vec else 0)
         if key not in memo:
             memo[key] = self._expr(e)
         return memo[key]
 
-    def _expr(self, e: Expr) -> ir.Value:
-        op, b = e.op, self.b
-        if op is Op.CONST:
-            return ops.constant(e.dtype, e.value)
-        if op is Op.VAR:
-            if self.vec is not None and e is self.vec.var:
-                return self.vec.index
-            return self.st.env[e]
-        if op is Op.LOAD:
-            return self.load(e)
-        if op is Op.SELECT:
-            return self._select(e)
-        if op is Op.CALL:
-            return self._call(e)
-        args = [self.expr(s) for s in e.src]
-        lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
-        args = [ops.splat(b, a, lanes) for a in args]
-        if op is Op.CAST:
-            return ops.cast(b, e.src[0].dtype, e.dtype, args[0])
-        if len(args) == 1:
-            return ops.unary(b, op, e.dtype, args[0])
-        return ops.binary(b, op, e.src[0].dtype, args[0], args[1], self.contract)
+    def _var(self, e: Expr) -> ir.Value:
+        if self.vec is not None and e is self.vec.var:
+            return self.vec.index
+        return self.st.env[e]
 
-    def _select(self, e: Expr) -> ir.Value:
-        cond = self.expr(e.src[0])
-        if not any(n.op is Op.LOAD for s in e.src[1:] for n in walk(s)):
-            return ops.select(self.b, cond, self.expr(e.src[1]), self.expr(e.src[2]))
-        return self._guarded_select(e, cond)
+    def _operands(self, src: tuple[Expr, ...]) -> list[ir.Value]:
+        """Scalars among vector operands are broadcast to the vector's lanes."""
+        args = [self.expr(x) for x in src]
+        lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
+        return [ops.splat(self.b, a, lanes) for a in args]
 
     def _guarded_select(self, e: Expr, cond: ir.Value) -> ir.Value:
-        """if_then_else whose branches read memory: only the taken side's loads may happen."""
-        if self.vec is not None and isinstance(cond.type, ir.VectorType):
-            outer = self.vec.mask
-            self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
-            yes = self._under(e.src[0], True, lambda: self.expr(e.src[1]))
-            notc = self.b.not_(cond)
-            self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
-            no = self._under(e.src[0], False, lambda: self.expr(e.src[2]))
-            self.vec.mask = outer
-            return ops.select(self.b, cond, yes, no)
-        before = dict(self._memo)
-        with self.b.if_else(cond) as (then, other):
-            with then:
-                yes, yes_block = self._under(e.src[0], True, lambda: self.expr(e.src[1])), self.b.block
-            self._memo = dict(before)
-            with other:
-                no, no_block = self._under(e.src[0], False, lambda: self.expr(e.src[2])), self.b.block
-            self._memo = before
-        lanes = ops.lanes_of(yes) or ops.lanes_of(no)
-        if lanes:  # a scalar side is widened in its own block: the value must dominate the phi's edge
-            with self.b.goto_block(yes_block):
-                yes = ops.splat(self.b, yes, lanes)
-            with self.b.goto_block(no_block):
-                no = ops.splat(self.b, no, lanes)
-        phi = self.b.phi(ops.llvm_type(e.dtype) if not lanes else ir.VectorType(ops.llvm_type(e.dtype), lanes))
-        phi.add_incoming(yes, yes_block)
-        phi.add_incoming(no, no_block)
-        return phi
+        """With a vector condition each side's loads run under the lanes it selects, not in a branch."""
+        if self.vec is None or not isinstance(cond.type, ir.VectorType):
+            return super()._guarded_select(e, cond)
+        outer = self.vec.mask
+        self.vec.mask = cond if outer is None else self.b.and_(outer, cond)
+        yes = self._under(e.src[0], True, lambda: self.expr(e.src[1]))
+        notc = self.b.not_(cond)
+        self.vec.mask = notc if outer is None else self.b.and_(outer, notc)
+        no = self._under(e.src[0], False, lambda: self.expr(e.src[2]))
+        self.vec.mask = outer
+        return ops.select(self.b, cond, yes, no)
 
     def _call(self, e: Expr) -> ir.Value:
         from jitop.codegen.math import emit_call
-        args = [self.expr(s) for s in e.src]
-        lanes = max((ops.lanes_of(a) or 0 for a in args), default=0) or None
-        args = [ops.splat(self.b, a, lanes) for a in args]
+        args = self._operands(e.src)
+        lanes = ops.lanes_of(args[0])  # the operands' common lane count
         if e.arg == "ipow" and e.src[1].dtype.is_signed:
             # numpy refuses any negative integer exponent at run time; the call raises its ValueError
             zero = ops.constant(e.src[1].dtype, 0, lanes)
@@ -851,26 +756,8 @@ def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type)
     return ptrs
 
 
-def _is_accumulation(s: Store) -> bool:
-    """buf[idx] = buf[idx] + ...: the update of a sum reduction."""
-    v = s.value
-    return (v.op is Op.ADD and v.dtype.is_float and v.src[0].op is Op.LOAD and v.src[0].arg is s.buffer
-            and all(a is b for a, b in zip(v.src[0].src, s.indices)))
-
-
 def _all_true(lanes: int) -> ir.Value:
     return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
-
-
-def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
-
-
-def _flatten(buf: Buffer, indices: tuple[Expr, ...]) -> Expr:
-    flat: Expr = const(0)
-    for dim, idx in zip(buf.shape, indices):
-        flat = flat * dim + idx
-    return flat
 
 
 def _split_lane(flat: Expr, var: Expr) -> tuple[int | None, Expr]:
@@ -887,7 +774,7 @@ def _vectorizable(s: For) -> bool:
     """Lanes must be independent: no store whose address is the same for all lanes but whose value is not."""
     for node in walk_stmts(s.body):
         if isinstance(node, Store):
-            flat = _flatten(node.buffer, node.indices)
+            flat = flatten(node.buffer, node.indices)
             addr_varies = s.var in free_vars(flat)
             if not addr_varies and s.var in free_vars(node.value):
                 return False

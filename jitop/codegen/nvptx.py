@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from jitop.codegen import ops
-from jitop.codegen.kernel import RAISE_IF, _is_accumulation, top_level_nests
+from jitop.codegen.emitter import LoopEmitter, flatten, ident
+from jitop.codegen.kernel import RAISE_IF, top_level_nests
 from jitop.dtypes import DType
 from jitop.errors import ScheduleError
-from jitop.te.expr import Expr, Op, const, var, walk
+from jitop.te.expr import Expr, Op, const, var
 from jitop.te.printer import expr_str
 from jitop.target import CUDA_TRIPLE, CudaTarget
-from jitop.tir.bounds import BoundsCheck
 from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store,
                              ThreadReduce, walk_stmts)
-from jitop.tir.passes import guards_off_barriers, substitute_stmt
+from jitop.tir.passes import guards_off_barriers
 from jitop.tir.simplify import prove, simplify
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 GLOBAL, SHARED = 1, 3  # NVPTX address spaces
 MAX_UNROLL = 64        # unrolled/vectorized loops longer than this run as loops
-MAX_SERIAL_WORK = 1 << 12
-ALLOC_ALIGN = 16       # bytes every array given to a GPU kernel is aligned to (cuMemAlloc gives 256; checked)  # a kernel with no bound loop may run this many iterations on one thread
+MAX_SERIAL_WORK = 1 << 12  # a kernel with no bound loop may run this many iterations on one thread
+ALLOC_ALIGN = 16       # bytes every array given to a GPU kernel is aligned to (cuMemAlloc gives 256; checked)
 AXES = ("x", "y", "z")
 _SREG = {"blockIdx": "ctaid", "threadIdx": "tid"}
 
@@ -188,23 +188,23 @@ class _Kernel:
     shared_bytes: int = 0
 
 
-class _Emitter:
+class _Emitter(LoopEmitter):
     """Builds kernels into one module; each kernel takes every buffer (global pointers) and every symbol."""
 
     def __init__(self, module: ir.Module, symbol: str, buffers: list[Buffer], symbols: tuple[Expr, ...],
                  ranges: dict, target: CudaTarget):
-        self.module, self.symbol, self.buffers, self.symbols = module, symbol, buffers, symbols
-        self.ranges, self.target = ranges, target
-        self.bounds = BoundsCheck(ranges)
-        self.checked: list[str] = []
+        super().__init__(module, symbol, ranges)
+        self.buffers, self.symbols, self.ranges, self.target = buffers, symbols, ranges, target
         self.error: ir.GlobalVariable | None = None
         self.k: _Kernel | None = None
-        self._memo: dict = {}
-        self.contract = False
 
     @property
     def b(self) -> ir.IRBuilder:
         return self.k.builder
+
+    @property
+    def env(self) -> dict[Expr, ir.Value]:
+        return self.k.env
 
     def kernel(self, name: str, nest: Stmt) -> Launch:
         dims = launch_dims(nest, self.ranges)
@@ -216,12 +216,12 @@ class _Emitter:
         body = fn.append_basic_block("body")
         self.k = _Kernel(fn, ir.IRBuilder(body), entry, dims=dims)
         for buf, arg in zip(self.buffers, fn.args):
-            arg.name = _ident(buf.name)
+            arg.name = ident(buf.name)
             arg.add_attribute("noalias")  # with LLVM's inferred readonly: loads through the read-only data cache
             arg.attributes.align = ALLOC_ALIGN  # so adjacent accesses can merge into vector loads and stores
             self.k.ptrs[buf] = arg
         for v, arg in zip(self.symbols, fn.args[len(self.buffers):]):
-            arg.name = _ident(v.name)
+            arg.name = ident(v.name)
             self.k.env[v] = arg
         self.stmt(nest)
         self.b.ret_void()
@@ -235,20 +235,8 @@ class _Emitter:
         return Launch(name, grid, block, self.k.shared_bytes)
 
     # ** statements **
-    def stmt(self, s: Stmt) -> None:
-        self._memo = {}  # values are reused only within one statement: they must dominate their uses
-        if isinstance(s, Seq):
-            for x in s.stmts:
-                self.stmt(x)
-        elif isinstance(s, Store):
-            self.store(s)
-        elif isinstance(s, For):
-            self.loop(s)
-        elif isinstance(s, IfThenElse):
-            self.if_then_else(s)
-        elif isinstance(s, Allocate):
-            self.allocate(s)
-        elif isinstance(s, Barrier):
+    def backend_stmt(self, s: Stmt) -> None:
+        if isinstance(s, Barrier):
             self._barrier()
         elif isinstance(s, ThreadReduce):
             self.thread_reduce(s)
@@ -355,14 +343,14 @@ class _Emitter:
             pass  # a copy of the same tile in a partitioned loop's tail: they never live at once, so they share
         elif buf.scope == "shared":
             g = ir.GlobalVariable(self.module, ir.ArrayType(elem, max(buf.size, 1)),
-                                  f"{self.k.fn.name}.{_ident(buf.name)}.{len(self.module.globals)}", addrspace=SHARED)
+                                  f"{self.k.fn.name}.{ident(buf.name)}.{len(self.module.globals)}", addrspace=SHARED)
             g.linkage = "internal"
             g.align = 16
             g.type = ir.PointerType(addrspace=SHARED)  # an opaque pointer like every other buffer's
             self.k.shared_bytes += max(buf.size, 1) * buf.dtype.itemsize
             self.k.ptrs[buf] = g
         elif buf.scope == "local":
-            ptr = ir.IRBuilder(self.k.entry).alloca(ir.ArrayType(elem, max(buf.size, 1)), name=_ident(buf.name))
+            ptr = ir.IRBuilder(self.k.entry).alloca(ir.ArrayType(elem, max(buf.size, 1)), name=ident(buf.name))
             ptr.align = 16
             ptr.type = ir.PointerType()
             self.k.ptrs[buf] = ptr
@@ -370,22 +358,6 @@ class _Emitter:
             raise ScheduleError(f"buffer '{buf.name}' is allocated ({buf.scope}) inside a GPU kernel; compute its "
                                 "stage at root (a workspace) or give it a 'local'/'shared' scope")
         self.stmt(s.body)
-
-    def if_then_else(self, s: IfThenElse) -> None:
-        cond = self.expr(s.cond)
-        with self.b.if_else(cond) as (then, other):
-            with then:
-                self._under(s.cond, True, lambda: self.stmt(s.then))
-            with other:
-                if s.else_ is not None:
-                    self._under(s.cond, False, lambda: self.stmt(s.else_))
-
-    def _under(self, cond: Expr, holds: bool, emit):
-        n = self.bounds.push(cond, holds)
-        try:
-            return emit()
-        finally:
-            self.bounds.pop(n)
 
     def loop(self, s: For) -> None:
         if s.kind.is_gpu_index:
@@ -395,15 +367,13 @@ class _Emitter:
                                 "blockIdx/threadIdx instead")
         if s.kind in (ForKind.UNROLLED, ForKind.VECTORIZED) and s.extent.op is Op.CONST \
                 and int(s.extent.value) <= MAX_UNROLL:
-            for k in range(int(s.extent.value)):
-                self.stmt(substitute_stmt(s.body, {s.var: const(k)}))
-            return
-        self._serial(s)
+            return self._unrolled(s, int(s.extent.value))
+        self._serial(s.var, ir.Constant(I64, 0), self.expr(s.extent), lambda: self.stmt(s.body))
 
     def _bound(self, s: For) -> None:
         """A loop bound to a GPU index: its variable is that index; iterations past its extent do nothing."""
         prefix, axis = s.kind.value.split(".")
-        index = self.b.zext(self._sreg(_SREG[prefix], axis), I64, name=_ident(s.var.name))
+        index = self.b.zext(self._sreg(_SREG[prefix], axis), I64, name=ident(s.var.name))
         self.k.env[s.var] = index
         launched = self.k.dims[s.kind]
         if s.extent is launched or s.extent == launched:
@@ -418,29 +388,10 @@ class _Emitter:
                 self._under(guard, True, lambda: self.stmt(s.body))
         del self.k.env[s.var]
 
-    def _serial(self, s: For) -> None:
-        b = self.b
-        end = self.expr(s.extent)
-        pre = b.block
-        head, done = b.append_basic_block("loop"), b.append_basic_block("loop.end")
-        b.cbranch(b.icmp_signed("<", ir.Constant(I64, 0), end), head, done)
-        b.position_at_end(head)
-        i = b.phi(I64, name=_ident(s.var.name))
-        i.add_incoming(ir.Constant(I64, 0), pre)
-        self.k.env[s.var] = i
-        self.stmt(s.body)
-        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw", "nuw"))
-        i.add_incoming(nxt, b.block)
-        b.cbranch(b.icmp_signed("<", nxt, end), head, done)
-        b.position_at_end(done)
-        del self.k.env[s.var]
-
     # ** memory **
     def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
-        flat: Expr = const(0)
-        for dim, idx in zip(buf.shape, indices):
-            flat = flat * dim + idx
-        return self.b.gep(self.k.ptrs[buf], [self.expr(simplify(flat))], source_etype=ops.memory_type(buf.dtype))
+        flat = self.expr(simplify(flatten(buf, indices)))
+        return self.b.gep(self.k.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
 
     def _check(self, buf: Buffer, indices: tuple[Expr, ...], what: str) -> ir.Value | None:
         """None when the access is proved in bounds; else i1 'in bounds', with the error flag set when not."""
@@ -451,9 +402,9 @@ class _Emitter:
             v = self.expr(idx)
             d = ir.Constant(I64, dim) if isinstance(dim, int) else self.expr(dim)
             ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, ir.Constant(I64, 0)), b.icmp_signed("<", v, d)))
-        self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
+        code = self._check_entry(what, buf, indices)
         with b.if_then(b.not_(ok), likely=False):
-            b.store(ir.Constant(I32, len(self.checked)), self._error_flag())
+            b.store(ir.Constant(I32, code), self._error_flag())
         return ok
 
     def _error_flag(self) -> ir.GlobalVariable:
@@ -468,21 +419,12 @@ class _Emitter:
         ok = self._check(buf, e.src, "read of")
         if ok is None:
             return ops.from_memory(b, buf.dtype, b.load(self._address(buf, e.src), typ=elem))
-        with b.if_else(ok) as (then, other):
-            with then:
-                val, then_block = b.load(self._address(buf, e.src), typ=elem), b.block
-            with other:
-                other_block = b.block
-        phi = b.phi(elem)
-        phi.add_incoming(val, then_block)
-        phi.add_incoming(ir.Constant(elem, 0), other_block)
-        self._memo = {}  # values made inside the branches do not dominate what follows
-        return ops.from_memory(b, buf.dtype, phi)
+        value = self._load_or_zero(ok, lambda: self._address(buf, e.src), elem)
+        self._memo = {}  # values made inside the branch (the address) do not dominate what follows
+        return ops.from_memory(b, buf.dtype, value)
 
     def store(self, s: Store) -> None:
-        self.contract = _is_accumulation(s)  # as on the CPU: FMA only in a reduction's update
-        value = self.expr(s.value)
-        self.contract = False
+        value = self._stored_value(s)
         ok = self._check(s.buffer, s.indices, "write to")
         if ok is None:
             self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
@@ -491,60 +433,17 @@ class _Emitter:
             self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
 
     # ** expressions (scalar: one thread computes one element) **
-    def expr(self, e: Expr) -> ir.Value:
-        if e not in self._memo:
-            self._memo[e] = self._expr(e)
-        return self._memo[e]
-
-    def _expr(self, e: Expr) -> ir.Value:
-        op, b = e.op, self.b
-        if op is Op.CONST:
-            return ops.constant(e.dtype, e.value)
-        if op is Op.VAR:
-            if e not in self.k.env:
-                raise ScheduleError(f"variable '{e.name}' has no value in this GPU kernel (a loop of another kernel?)")
-            return self.k.env[e]
-        if op is Op.LOAD:
-            return self.load(e)
-        if op is Op.SELECT:
-            return self._select(e)
-        if op is Op.CALL:
-            return self._call(e)
-        args = [self.expr(x) for x in e.src]
-        if op is Op.CAST:
-            return ops.cast(b, e.src[0].dtype, e.dtype, args[0])
-        if len(args) == 1:
-            return ops.unary(b, op, e.dtype, args[0])
-        return ops.binary(b, op, e.src[0].dtype, args[0], args[1], self.contract)
-
-    def _select(self, e: Expr) -> ir.Value:
-        cond = self.expr(e.src[0])
-        if not any(n.op is Op.LOAD for x in e.src[1:] for n in walk(x)):
-            return ops.select(self.b, cond, self.expr(e.src[1]), self.expr(e.src[2]))
-        saved = dict(self._memo)  # only the taken side's loads may run (the other may be out of bounds)
-        with self.b.if_else(cond) as (then, other):
-            with then:
-                yes, yes_block = self._under(e.src[0], True, lambda: self.expr(e.src[1])), self.b.block
-            self._memo = dict(saved)
-            with other:
-                no, no_block = self._under(e.src[0], False, lambda: self.expr(e.src[2])), self.b.block
-        self._memo = saved
-        phi = self.b.phi(ops.llvm_type(e.dtype))
-        phi.add_incoming(yes, yes_block)
-        phi.add_incoming(no, no_block)
-        return phi
+    def _var(self, e: Expr) -> ir.Value:
+        if e not in self.k.env:
+            raise ScheduleError(f"variable '{e.name}' has no value in this GPU kernel (a loop of another kernel?)")
+        return self.k.env[e]
 
     def _call(self, e: Expr) -> ir.Value:
         from jitop.codegen.math import emit_call
         if e.arg.startswith(RAISE_IF) or (e.arg == "ipow" and e.src[1].dtype.is_signed):
             raise NotImplementedError(f"'{e.arg.split(':')[0]}' (an operation that can raise at run time) has no "
                                       "GPU code generator yet; compute it on the CPU target")
-        args = [self.expr(x) for x in e.src]
-        return emit_call(self.b, e.arg, e.src[0].dtype, args, avx512=False)
-
-
-def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
+        return emit_call(self.b, e.arg, e.src[0].dtype, self._operands(e.src), avx512=False)
 
 
 # ** PTX **

@@ -10,13 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
 from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
 from jitop.target import CudaTarget
+
+if TYPE_CHECKING:
+    from jitop.runtime.cuda.memory import DeviceArray
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
 
@@ -110,8 +113,9 @@ class GpuFunction:
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(args)}")
         module, functions = self._load()
-        on_device = any(memory.as_device_array(a) is not None for a in args)
-        arrays = [self._argument(k, a) for k, a in enumerate(args)]
+        given = [memory.as_device_array(a) for a in args]  # once each: a foreign array's view may synchronize
+        on_device = any(dev is not None for dev in given)
+        arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
         values = self.binder.bind(arrays)
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
@@ -130,11 +134,10 @@ class GpuFunction:
             self._raise_if_flagged(module)
         return self._results(args, arrays, device, on_device)
 
-    def _argument(self, k: int, a: Any) -> Any:
-        """Argument k, checked against its parameter: a device array (used in place) or a numpy array."""
-        from jitop.runtime.cuda import memory
+    def _argument(self, k: int, a: Any, dev: DeviceArray | None) -> Any:
+        """Argument k, checked against its parameter: its device array `dev` (used in place) or, where `dev` is
+        None, a numpy array."""
         spec = self.params[k]
-        dev = memory.as_device_array(a)
         if dev is None:
             if not isinstance(a, np.ndarray):
                 a = np.asarray(a) if not spec.is_output else a
