@@ -374,18 +374,22 @@ def schedule(s: Schedule, t: "ConvTensors | GemmConv", wl: Conv2dWorkload, confi
         schedule_direct(s, t, wl, Conv2dConfig.from_config(config), target, epilogue)
 
 
-def build(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
+def build(wl: Conv2dWorkload, config: Config, target: Target,
+          prepacked: bool = False) -> tuple[Schedule, list[te.Tensor]]:
     """Standalone: placeholders X (in the workload's layout), W (OIHW) and the scheduled output (a symbolic
-    workload gets one te.size_var per symbol, named as in the workload: one kernel for every size)."""
+    workload gets one te.size_var per symbol, named as in the workload: one kernel for every size).
+    prepacked: W's packed arrays as `prepack` makes them take W's place among the inputs (as a graph with
+    constant weights runs it), where the config packs W."""
     nchw = wl.layout == "NCHW"
     bwl = bound(wl, {name: te.size_var(name) for name in symbols(wl)})
     X = te.placeholder((bwl.n, wl.c, bwl.h, bwl.w) if nchw else (bwl.n, bwl.h, bwl.w, wl.c), wl.dtype, name="X")
     W = te.placeholder((wl.oc, wl.icg, wl.kh, wl.kw), wl.dtype, name="W")
     read_x = (lambda b, ch, y, x: X[b, ch, y, x]) if nchw else (lambda b, ch, y, x: X[b, y, x, ch])
-    t = compute(bwl, config, target, (read_x, lambda o, i, r, s_: W[o, i, r, s_]))
+    packed = topi_matmul.packed_inputs(prepack, wl, config, target, W.shape) if prepacked else []
+    t = compute(bwl, config, target, (read_x, lambda o, i, r, s_: W[o, i, r, s_]), packed=packed)
     s = create_schedule(t.out.op)
     schedule(s, t, wl, config, target)
-    return s, [X, W, t.out]
+    return s, [X, *(packed or [W]), t.out]
 
 
 def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, cfg: Conv2dConfig, target: Target,

@@ -286,17 +286,29 @@ def operand_reads(wl: MatmulWorkload, config: Config, target: Target) -> tuple[i
     return max(a, 1), max(b, 1)
 
 
-def build(wl: MatmulWorkload, config: Config, target: Target) -> tuple[Schedule, list[te.Tensor]]:
+def build(wl: MatmulWorkload, config: Config, target: Target,
+          prepacked: bool = False) -> tuple[Schedule, list[te.Tensor]]:
     """Standalone: placeholders A, B and the scheduled product C (a symbolic workload gets one te.size_var per
-    symbol, named as in the workload: one kernel for every size)."""
+    symbol, named as in the workload: one kernel for every size). prepacked: B's panels as `prepack` makes
+    them take B's place among the inputs (as a graph with a constant B runs it), where the config packs B."""
     binding = {name: te.size_var(name) for name in symbols(wl)}
     bwl = bound(wl, binding)
     A = te.placeholder(wl.a_batch + (bwl.m, bwl.k), wl.dtype, name="A")
     B = te.placeholder(wl.b_batch + (bwl.k, bwl.n), wl.dtype, name="B")
-    t = compute(bwl, config, target, (lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)]))
+    packed = packed_inputs(prepack, wl, config, target, B.shape) if prepacked else []
+    t = compute(bwl, config, target, (lambda bi, i, r: A[bi + (i, r)], lambda bi, r, j: B[bi + (r, j)]), packed=packed)
     s = create_schedule(t.out.op)
     schedule(s, t, wl, config, target)
-    return s, [A, B, t.out]
+    return s, [A, *(packed or [B]), t.out]
+
+
+def packed_inputs(prepack_fn: Callable, wl: Any, config: Config, target: Target, shape: tuple) -> list[te.Tensor]:
+    """Placeholders shaped as `prepack_fn` packs a constant operand of `shape` for this config ([] where the
+    config reads that operand in place, or its shape is symbolic: nothing is prepacked then)."""
+    if not all(isinstance(d, int) for d in shape):
+        return []
+    arrays = prepack_fn(wl, config, target, np.zeros(shape, as_dtype(wl.dtype).np))
+    return [te.placeholder(a.shape, wl.dtype, name=f"packed{k}") for k, a in enumerate(arrays)]
 
 
 def matmul(a: Reader, b: Reader, batch: tuple[int, ...], m: Size, n: Size, k: Size, dtype, cfg: MatmulConfig,

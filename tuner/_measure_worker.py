@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from jitop.tuner._operands import ColdCopies, Operands, cold_bytes, shape_at
+
 # ---------------------------------------------------------------------------------------------------------
 # build workers (a ProcessPoolExecutor of spawned processes)
 # ---------------------------------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ def _build(task_json: str, config_json: str | None) -> tuple[dict, bytes]:
     else:
         config = Config.from_json(config_json)
         _check_in_space(task, config)
-    s, tensors = template.build(task.workload, config, task.target)
+    s, tensors = task.build(config)  # constant weights: their packed arrays are inputs (see _operands)
     module = jit_build(s, tensors, target=task.target)
     return module.meta, module.object_code
 
@@ -95,17 +97,17 @@ def _describe(err: BaseException) -> str:
 # schedules, so the error grows with the reduction length; these stay far below a wrong answer's error
 _TOLERANCE = {np.dtype(np.float16): (1e-2, 1e-2), np.dtype(np.float32): (1e-3, 1e-4),
               np.dtype(np.float64): (1e-9, 1e-12)}
-_FLUSH_CAP = 256 << 20   # some VMs report a huge L3: flushing more than this buys nothing but time
 
 
 class _RunnerState:
-    """What the runner keeps between requests: the current task's inputs and reference outputs."""
+    """What the runner keeps between requests: the current task's operands and reference outputs."""
 
     def __init__(self) -> None:
         self.task_key: str | None = None
-        self.inputs: list[np.ndarray] = []
+        self.operands: Operands | None = None
         self.reference: list[np.ndarray] | None = None
         self.flush_buffer: np.ndarray | None = None
+        self.cold = ColdCopies()
 
 
 def runner_main(conn: Any) -> None:
@@ -140,41 +142,23 @@ def _load(meta: dict, object_code: bytes) -> Any:
     return module
 
 
-def _make_inputs(module: Any, task_key: str, sizes: dict[str, int]) -> list[np.ndarray]:
-    """Random but deterministic per task: every config of the task sees the same inputs (a symbolic kernel's
-    at `sizes`, its symbols' representative sizes)."""
-    rng = np.random.default_rng(int(task_key[:16], 16))
-    return [_random_array(rng, _shape(p.shape, sizes), p.dtype) for p in module.params if not p.is_output]
-
-
-def _shape(dims: tuple, sizes: dict[str, int]) -> tuple[int, ...]:
-    """A parameter's shape with its symbolic dims ("s0", "(s0 + 7) // 8") evaluated at `sizes`."""
-    from jitop.runtime.args import compile_dim
-    return tuple(d if isinstance(d, int) else compile_dim(d)(sizes) for d in dims)
-
-
-def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
-    low = 0 if dtype.kind == "u" else -3  # small ints: products and sums of them do not overflow
-    return rng.integers(low, 4, shape).astype(dtype)
-
-
 def _outputs(module: Any, poison: bool, sizes: dict[str, int]) -> list[np.ndarray]:
     """Fresh output arrays; poisoned (NaN, the int maximum) so an element the kernel never writes shows."""
     outs = []
     for p in module.params:
         if p.is_output:
             fill = (np.nan if p.dtype.kind == "f" else np.iinfo(p.dtype).max if p.dtype.kind in "iu" else 0)
-            outs.append(np.full(_shape(p.shape, sizes), fill if poison else 0, p.dtype))
+            outs.append(np.full(shape_at(p.shape, sizes), fill if poison else 0, p.dtype))
     return outs
 
 
-def _use_task(state: _RunnerState, task_key: str, module: Any, sizes: dict[str, int]) -> None:
-    if state.task_key != task_key:
-        state.task_key, state.inputs, state.reference = task_key, _make_inputs(module, task_key, sizes), None
+def _inputs(state: _RunnerState, request: dict, module: Any, sizes: dict[str, int]) -> list[np.ndarray]:
+    """The candidate's input arrays (a symbolic kernel's at `sizes`, its symbols' representative sizes); a new
+    task gets new operands and drops the last task's reference."""
+    if state.task_key != request["task_key"] or state.operands is None:
+        state.task_key, state.reference = request["task_key"], None
+        state.operands = Operands.for_task(request, module, sizes)
+    return state.operands.inputs(module, request)
 
 
 def _reference(state: _RunnerState, request: dict) -> dict:
@@ -182,9 +166,9 @@ def _reference(state: _RunnerState, request: dict) -> dict:
     try:
         module = _load(request["meta"], request["object_code"])
         sizes = request.get("sizes", {})
-        _use_task(state, request["task_key"], module, sizes)
+        inputs = _inputs(state, request, module, sizes)
         outs = _outputs(module, poison=False, sizes=sizes)
-        module(*state.inputs, *outs)
+        module(*inputs, *outs)
     except Exception as err:  # noqa: BLE001 - reported to the parent, the runner survives
         return {"status": "run_error", "msg": _describe(err)}
     state.reference = outs
@@ -196,10 +180,9 @@ def _run(state: _RunnerState, request: dict) -> dict:
     try:
         module = _load(request["meta"], request["object_code"])
         sizes = request.get("sizes", {})
-        _use_task(state, request["task_key"], module, sizes)
+        inputs = _inputs(state, request, module, sizes)
         outs = _outputs(module, poison=True, sizes=sizes)
-        arrays = [*state.inputs, *outs]
-        _first_run(module, arrays, request.get("fault"))
+        _first_run(module, [*inputs, *outs], request.get("fault"))
     except Exception as err:  # noqa: BLE001 - the kernel call raised: RUN_ERROR, the runner survives
         return {"status": "run_error", "msg": _describe(err)}
     if request.get("fault") == "wrong":
@@ -209,7 +192,9 @@ def _run(state: _RunnerState, request: dict) -> dict:
         if wrong:
             return {"status": "wrong_answer", "msg": wrong}
     try:
-        costs = _time(state, module, arrays, request)
+        rotation = (state.cold.rotation(inputs, outs, cold_bytes(module)) if state.operands.constant_weights
+                    else [[*inputs, *outs]])
+        costs = _time(state, module, rotation, request)
     except Exception as err:  # noqa: BLE001
         return {"status": "run_error", "msg": _describe(err)}
     return {"status": "ok", "costs": costs}
@@ -253,18 +238,20 @@ def _compare(outs: list[np.ndarray], reference: list[np.ndarray] | None) -> str:
     return ""
 
 
-def _time(state: _RunnerState, module: Any, arrays: list[np.ndarray], request: dict) -> list[float]:
+def _time(state: _RunnerState, module: Any, rotation: list[list[np.ndarray]], request: dict) -> list[float]:
     """AutoTVM's semantics: `repeat` measurements, each the mean of `number` runs; a measurement shorter
-    than min_repeat_ms is redone with more runs (estimated from it) so timer noise stays small."""
+    than min_repeat_ms is redone with more runs (estimated from it) so timer noise stays small. Run k
+    takes the argument list rotation[k % len(rotation)] (cold weights: another copy each run)."""
     call, number, min_s = module.call_arrays, request["number"], request["min_repeat_ms"] / 1e3
-    costs = []
+    costs, turn = [], 0
     for _ in range(request["repeat"]):
         if request["flush_cache"]:
             _flush(state, module)
         while True:
             start = time.perf_counter()
             for _ in range(number):
-                call(*arrays)
+                call(*rotation[turn % len(rotation)])
+                turn += 1
             elapsed = time.perf_counter() - start
             if elapsed >= min_s:
                 break
@@ -279,6 +266,5 @@ def _time(state: _RunnerState, module: Any, arrays: list[np.ndarray], request: d
 def _flush(state: _RunnerState, module: Any) -> None:
     # writing over a buffer larger than the last-level cache evicts the kernel's operands
     if state.flush_buffer is None:
-        size = min(2 * module.target.l3_bytes, _FLUSH_CAP)
-        state.flush_buffer = np.zeros(size // 8, np.float64)
+        state.flush_buffer = np.zeros(cold_bytes(module) // 8, np.float64)
     state.flush_buffer += 1.0

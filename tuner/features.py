@@ -163,7 +163,7 @@ def _eval(e: Expr, env: dict, memo: dict) -> Any:
 def _lower(task: Task, config: Config) -> tuple[_Skeleton, np.ndarray]:
     """Build and lower (no simplification, no LLVM) one config, and walk its loop IR."""
     # a symbolic task is featurised at its representative sizes (its loops' extents are numbers there)
-    s, args = registry.get(task.template).build(task.concrete(), config, task.target)
+    s, args = task.build(config, concrete=True)
     low = Lowering(s, args)
     low.infer()
     func: PrimFunc = low.function("main")
@@ -461,12 +461,12 @@ class _TaskCache:
     names: list[str] | None = None
 
 
-_CACHES: dict[str, _TaskCache] = {}
+_CACHES: dict[tuple[str, bool], _TaskCache] = {}
 _MAX_TASKS = 32
 
 
 def _cache(task: Task) -> _TaskCache:
-    key = task.key
+    key = (task.key, task.constant_weights)  # the flag changes the measured kernel, not the task's key
     if key not in _CACHES:
         if len(_CACHES) >= _MAX_TASKS:
             _CACHES.pop(next(iter(_CACHES)))

@@ -273,7 +273,7 @@ class LocalMeasurer:
         if runner is None:
             return _failed(ErrorCode.CRASH, trouble, own.seconds)
         if self.options.check and runner.reference_key != key:
-            failure = self._send_reference(runner, key, inp.task.sizes)
+            failure = self._send_reference(runner, inp.task)
             if failure is not None:
                 ref_failures[key] = failure
                 return _failed(failure.error, failure.error_msg, own.seconds)
@@ -288,15 +288,16 @@ class LocalMeasurer:
     def _run_request(self, inp: MeasureInput, own: _Built) -> dict:
         o = self.options
         return {"op": "run", "task_key": inp.task.key, "sizes": inp.task.sizes, "meta": own.meta,
-                "object_code": own.object_code,
+                "object_code": own.object_code, **_operands_request(inp.task, inp.config.to_json()),
                 "number": o.number, "repeat": o.repeat, "min_repeat_ms": o.min_repeat_ms,
                 "flush_cache": o.flush_cache, "check": o.check, "fault": o.fault_for(inp.config)}
 
-    def _send_reference(self, runner: "_Runner", key: str, sizes: dict[str, int]) -> MeasureResult | None:
+    def _send_reference(self, runner: "_Runner", task: Task) -> MeasureResult | None:
         """Have the runner compute the task's reference output; the failure as a result if it cannot."""
+        key = task.key
         ref = self._defaults[key]
-        request = {"op": "reference", "task_key": key, "sizes": sizes, "meta": ref.meta,
-                   "object_code": ref.object_code}
+        request = {"op": "reference", "task_key": key, "sizes": task.sizes, "meta": ref.meta,
+                   "object_code": ref.object_code, **_operands_request(task, None)}
         reply, code, msg = runner.call(request, self.options.timeout_s)
         if reply is None:
             self._drop_runner()
@@ -326,6 +327,12 @@ class LocalMeasurer:
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
+
+
+def _operands_request(task: Task, config_json: str | None) -> dict:
+    """What the runner needs to make a candidate's inputs: for constant weights, the task and the config (None:
+    the default) to pack them for (see jitop.tuner._operands); nothing otherwise."""
+    return {"task": task.to_json(), "config": config_json} if task.constant_weights else {}
 
 
 def _from_reply(reply: dict, build_s: float, run_s: float) -> MeasureResult:

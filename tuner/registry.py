@@ -9,7 +9,8 @@ A template is plain functions over a frozen, JSON-serialisable workload:
   operands read through `readers` (so a graph can fuse cheap producers into them);
 - `schedule(s, stages, workload, config, target, epilogue=None)` applies the config; with `epilogue` (an
   elementwise consumer of `.out`) the epilogue is computed from the register tile;
-- `build(workload, config, target)` -> (Schedule, [input placeholders..., output]) standalone, for tuning;
+- `build(workload, config, target, prepacked=False)` -> (Schedule, [input placeholders..., output]) standalone,
+  for tuning; prepacked: the arrays `prepack` makes of the second operand are inputs in its place;
 - `operand_reads(workload, config, target)` -> how many times the template evaluates each element of each
   operand (a packed operand once, an operand streamed per panel once per panel), so the graph fuses into
   an operand only what is free to recompute that often;

@@ -37,6 +37,10 @@ class Task:
     template: str
     workload: Any
     target: Target
+    # the second operand (weights) is a constant of the program, packed once by the graph (template.prepack)
+    # and cold in the cache at each call: the tuner measures it so. Not part of the key: the same workload
+    # picks the same record either way.
+    constant_weights: bool = dataclasses.field(default=False, compare=False)
 
     @functools.cached_property  # frozen fields: computed once (the search asks for it per config and step)
     def key(self) -> str:
@@ -87,17 +91,31 @@ class Task:
         """The template's space of configs for this workload and Target."""
         return registry.get(self.template).config_space(self.workload, self.target)
 
+    def build(self, config: Config, concrete: bool = False) -> tuple[Any, list]:
+        """The template's standalone build of `config` as the tuner measures it (Schedule, [inputs..., output]):
+        with constant weights, their packed arrays are inputs in their place, as the graph passes them.
+        concrete: at the representative sizes of the symbolic fields (numbers for every loop extent)."""
+        template = registry.get(self.template)
+        workload = self.concrete() if concrete else self.workload
+        if self.constant_weights:
+            return template.build(workload, config, self.target, prepacked=True)
+        return template.build(workload, config, self.target)
+
     def to_json(self) -> str:
         """The task as JSON (template name, workload fields, full Target); `from_json` reads it back."""
-        return json.dumps({"template": self.template, "workload": json.loads(registry.workload_to_json(self.workload)),
-                           "target": json.loads(self.target.to_json())}, sort_keys=True)
+        data = {"template": self.template, "workload": json.loads(registry.workload_to_json(self.workload)),
+                "target": json.loads(self.target.to_json())}
+        if self.constant_weights:  # absent otherwise: a record's line is as it always was
+            data["constant_weights"] = True
+        return json.dumps(data, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Task":
         """A Task from `to_json`'s text."""
         data = json.loads(text)
         template = registry.get(data["template"])
-        return Task(data["template"], template.workload_from_json(data["workload"]), Target.from_json(data["target"]))
+        return Task(data["template"], template.workload_from_json(data["workload"]), Target.from_json(data["target"]),
+                    constant_weights=data.get("constant_weights") is True)
 
     def __str__(self) -> str:
         return f"{self.template}{registry.workload_to_json(self.workload)} on {self.target.cpu}"

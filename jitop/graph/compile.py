@@ -18,7 +18,7 @@ from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import ConstData, Node, node, toposort
 from jitop.graph.layout import channels_last
 from jitop.graph.tasks import binding as task_binding
-from jitop.graph.tasks import extract_tasks
+from jitop.graph.tasks import constant_weights, extract_tasks
 from jitop.graph.to_te import ToTE
 from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
@@ -146,10 +146,9 @@ def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dic
     the kernel reads as it is at each call) -> the arrays its template packs them into."""
     out = {}
     for n, (task, choice) in choices.items():
-        w = n.src[1]
         template = registry.get(task.template)
-        if w.prim == "array_const" and isinstance(w.param("data"), ConstData) and template.prepack is not None:
-            arrays = template.prepack(task.workload, choice.config, target, constant_array(w))
+        if template.prepack is not None and constant_weights(n):
+            arrays = template.prepack(task.workload, choice.config, target, constant_array(n.src[1]))
             if arrays:
                 out[n] = arrays
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from jitop.graph import prims
-from jitop.graph.ir import Node, toposort
+from jitop.graph.ir import ConstData, Node, toposort
 from jitop.graph.shapes import DEFAULT_REP
 from jitop.te.expr import Expr
 from jitop.target import Target
@@ -75,7 +75,15 @@ def task_of(n: Node, target: Target, reps: Mapping[Expr, int] | None = None) -> 
     if prims.get(n.prim).workload is None:
         return None
     template = registry.get(n.prim)
-    return Task(n.prim, template.workload_type(**_named(n, reps)[0]), target)
+    return Task(n.prim, template.workload_type(**_named(n, reps)[0]), target,
+                constant_weights=template.prepack is not None and constant_weights(n))
+
+
+def constant_weights(n: Node) -> bool:
+    """The node's second operand is an array constant the graph owns (prepacked once): a captured array is
+    not, the kernel reads it as it is at each call."""
+    w = n.src[1]
+    return w.prim == "array_const" and isinstance(w.param("data"), ConstData)
 
 
 def extract_tasks(materialized: dict[Node, str], target: Target, reps: Mapping[Expr, int] | None = None) -> dict[Node, Task]:

@@ -27,7 +27,7 @@ def conv_task(layout, c=8, hw=6, oc=16):
 # lowered one by one: their classes fit no monomials), 96 NHWC ones
 @pytest.mark.parametrize("task", [matmul_task(), conv_task("NCHW", 4, 4, 8), conv_task("NHWC", 4, 4, 8)], ids=str)
 def test_whole_small_space_featurises(task):
-    F._CACHES.pop(task.key, None)  # featurised here, not looked up from another test's run
+    F._CACHES.pop((task.key, task.constant_weights), None)  # featurised here, not looked up from another test's run
     configs = list(task.config_space())
     x = F.features(task, configs)
     assert x.shape == (len(configs), len(F.feature_names(task)))

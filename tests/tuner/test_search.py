@@ -141,7 +141,7 @@ def test_a_plan_featurises_at_most_its_budget_of_new_configs() -> None:
     from jitop.tuner import features as F
     from jitop.tuner.search import ModelGuidedSearch
     task = _task(48, 96, 64)
-    F._CACHES.pop(task.key, None)
+    F._CACHES.pop((task.key, task.constant_weights), None)
     search = ModelGuidedSearch(task, seed=0, new_points=20)
     measurer = SyntheticMeasurer()
     for _ in range(3):
