@@ -120,7 +120,8 @@ def _identifier(name: str) -> str:
 def compile_func(func: PrimFunc, target: Target) -> Module:
     """Generate LLVM IR for a PrimFunc, optimise it, emit object code for `target`, load it if it runs here."""
     from jitop.runtime.module import signature_json
-    digest = hashlib.sha256(f"{func}|{target.key}|{bool(func.attrs.get('profile'))}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{func}|{target.key}|{bool(func.attrs.get('profile'))}|{func.attrs.get('arena')}"
+                            .encode()).hexdigest()[:16]
     symbol = f"jitop_{func.name}_{digest}"
     params, symbols = _signature(func)
     # the object code carries its parameter signature: loading checks the metadata against it

@@ -136,9 +136,22 @@ class KernelCodegen(LoopEmitter):
             arg.name = ident(buf.name)
             arg.add_attribute("noalias")
             self.st.ptrs[buf] = arg
+        self._point_into_arena()
         self._bind_symbols()
         state, self.st = self.st, saved
         return state
+
+    def _point_into_arena(self) -> None:
+        """Intermediates planned into the arena parameter (jitop.tir.storage) are pointers into it: derived
+        from one argument, LLVM never takes two of them for distinct memory (two may share bytes)."""
+        arena = self.func.attrs.get("arena")
+        if arena is None:
+            return
+        entry = ir.IRBuilder(self.st.entry)
+        base = self.st.ptrs[self.func.params[arena.param]]
+        for buf, offset in arena.offsets.items():
+            self.st.ptrs[buf] = entry.gep(base, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
+                                          name=ident(buf.name))
 
     @property
     def holds_kernel(self) -> bool:

@@ -24,6 +24,7 @@ from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
+from jitop.tir.storage import plan_arena, storage
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
@@ -96,17 +97,21 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
     func = lower(sch, graph.placeholders + graph.outputs + scratch, name=prep.name)
+    # storage: the intermediates share one arena, a dead one's bytes reused (the activations stay in cache)
+    func = plan_arena(func, len(scratch))
+    scratch_bufs = func.params[len(graph.placeholders) + len(graph.outputs):]
     if profile:
         func.attrs["profile"] = True
     # codegen: LLVM object code for the Target (loaded only if this machine can run it)
     module = compile_func(func, target)
     # plan: how a call's arguments become the kernel's arrays and its outputs the function's results
-    buffers = [(_printed(n.shape), n.dtype.np) for n in unique] + [(_printed(t.shape), t.dtype.np) for t in scratch]
-    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in prep.outputs], n_scratch=len(scratch),
+    buffers = [(_printed(n.shape), n.dtype.np) for n in unique] + [(_printed(b.shape), b.dtype.np) for b in scratch_bufs]
+    plan = Plan(graph.input_plan, buffers, [unique.index(o) for o in prep.outputs], n_scratch=len(scratch_bufs),
                 guards=list(prep.guards))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
-                      decisions=[f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
+                      decisions=[f"storage: {storage(func)}"] + [f"operand fusion: {d}" for d in operand_decisions]
+                      + [f"row fusion: {row_decision}"])
 
 
 def _printed(shape: tuple) -> tuple[int | str, ...]:
