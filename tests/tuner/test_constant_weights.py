@@ -166,3 +166,22 @@ def test_a_models_initializer_weights_make_constant_weight_tasks() -> None:
     (argument,) = jitop.tuner.extract_tasks(lambda a, b: jitop.conv2d(a, b, padding=1), x,
                                             np.ones((8, 4, 3, 3), np.float32))
     assert not argument.task.constant_weights
+
+
+def test_weights_packed_on_several_threads_give_the_serial_result(monkeypatch, tmp_path) -> None:
+    """prepack_all packs big weights on a thread pool: the model computes what it computes packed serially."""
+    import jitop.onnx
+    from jitop.graph import compile as graph_compile
+    x = np.random.default_rng(5).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    serial = jitop.onnx.load(_conv_model())(x)
+    pools = []
+
+    class CountedPool(graph_compile.ThreadPoolExecutor):
+        def __init__(self, workers: int):
+            pools.append(workers)
+            super().__init__(workers)
+    monkeypatch.setattr(graph_compile, "ThreadPoolExecutor", CountedPool)
+    monkeypatch.setattr(graph_compile, "_pack_workers", lambda sizes, target: 2)
+    threaded = jitop.onnx.load(_conv_model())(x)
+    assert pools == [2]
+    np.testing.assert_array_equal(threaded, serial)
