@@ -478,8 +478,15 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         n, oh, ow, oc = stage.op.axis
     oco, oci = stage.split(oc, factor=cfg.bn)
     owo, owi = stage.split(ow, factor=cfg.mr)
+    tile_rows = _tile_rows(wl, cfg, target)
+    ohi = None
+    if tile_rows > 1:
+        oh, ohi = stage.split(oh, factor=tile_rows)
     rows = (n, oco, oh) if cfg.oc_outer else (n, oh, oco)
-    if wl.layout == "NCHW":
+    if ohi is not None:
+        stage.reorder(*rows, owo, ohi, owi, oci)
+        stage.vectorize(oci)
+    elif wl.layout == "NCHW":
         # channel lanes scatter to channel planes: one register (16 planes) at a time along the row,
         # not all bn planes per column, keeps the lines being written few
         ocv, ocl = stage.split(oci, factor=target.lanes(wl.itemsize))
@@ -489,7 +496,7 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         stage.reorder(*rows, owo, owi, oci)
         stage.vectorize(oci)
     s[cache].compute_at(stage, owo)
-    _schedule_tile(s[cache], wl, cfg)
+    _schedule_tile(s[cache], wl, cfg, tile_rows)
     prepacked = isinstance(packed.op, PlaceholderOp)  # an input of the kernel: nothing to schedule
     if cfg.pack_per_panel and cfg.oc_outer:
         outer = _parallel_loop(stage, (n, oco), target.threads)
@@ -714,16 +721,28 @@ def operand_reads(wl: Conv2dWorkload, config: Config, target: Target) -> tuple[i
     return wl.kh * wl.kw * row_blocks, wl.n * math.ceil(wl.oh * wl.ow / cfg.bn)
 
 
-def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig) -> None:
-    _, _, ow, oc = cs.op.axis
+def _tile_rows(wl: Conv2dWorkload, cfg: Conv2dConfig, target: Target) -> int:
+    """Output rows in the direct register tile: 2 where one tile is a whole NHWC output row and two rows'
+    accumulators still fit the registers with their operands. Each weight vector then feeds twice the FMAs:
+    at 7x7 (ResNet's last stage, batch 1) the weights, not the FMAs, bound the convolution."""
+    vectors = cfg.bn // target.lanes(wl.itemsize)
+    whole_row = not is_sym(wl.w) and not is_sym(wl.h) and cfg.mr == wl.ow and wl.oh >= 2
+    fits = 2 * cfg.mr * vectors + vectors + 1 <= target.vector_registers
+    return 2 if wl.layout == "NHWC" and whole_row and fits else 1
+
+
+def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig, tile_rows: int = 1) -> None:
+    _, oy, ow, oc = cs.op.axis
     r, s_, i = cs.op.reduce_axis
     io, ii = cs.split(i, factor=cfg.ic_unroll)
+    pixels = (oy, ow) if tile_rows > 1 else (ow,)
     if cfg.channels_outer:  # each input-channel block visits every kernel tap
-        cs.reorder(io, r, s_, ii, ow, oc)
+        cs.reorder(io, r, s_, ii, *pixels, oc)
     else:
-        cs.reorder(r, s_, io, ii, ow, oc)
+        cs.reorder(r, s_, io, ii, *pixels, oc)
     cs.unroll(ii)
-    cs.unroll(ow)
+    for axis in pixels:
+        cs.unroll(axis)
     cs.vectorize(oc)
 
 

@@ -149,6 +149,8 @@ CONV = {  # name: Workload
     "nchw_gemm_oc24_on_3x3": tc.Conv2dWorkload(1, 5, 3, 3, 24, 3, 3, pads=(1, 1, 1, 1)),
     "nhwc_groups2_oc20_asym": tc.Conv2dWorkload(1, 6, 5, 11, 20, 2, 3, stride=(1, 2), pads=(1, 0, 2, 2), groups=2,
                                           layout="NHWC"),
+    # whole-row tiles (tile_ow (1, 6)) take two output rows where the registers allow: 5 rows, a 1-row tail
+    "nhwc_3x3_two_row_tiles": tc.Conv2dWorkload(1, 8, 5, 6, 32, 3, 3, pads=(1, 1, 1, 1), layout="NHWC"),
     # unpadded NHWC 1x1: gemm with the pixels as rows (9x8 / 2 -> 5x4 = 20 pixels), 20 channels
     "nhwc_1x1_stride2_oc20": tc.Conv2dWorkload(2, 7, 9, 8, 20, 1, 1, stride=(2, 2), layout="NHWC"),
 }
@@ -336,3 +338,19 @@ def test_conv2d_default_is_gemm_when_the_direct_tile_does_not_divide_the_output_
     assert tc.Conv2dConfig.from_config(tc.default_config(whole, target)).algorithm == "direct"
     ragged_nhwc = tc.Conv2dWorkload(1, 37, 61, 61, 53, 3, 3, pads=(1, 1, 1, 1), layout="NHWC")  # no gemm there
     assert tc.Conv2dConfig.from_config(tc.default_config(ragged_nhwc, target)).algorithm == "direct"
+
+
+def test_a_whole_row_direct_tile_takes_two_rows_where_the_registers_allow():
+    """ResNet's 7x7 512-channel 3x3 convolution on AVX-512: the default tile is a whole row (7 pixels x 2
+    vectors); two rows' accumulators and operands fit the 32 registers, so the tile is 2 rows. A 14-wide row
+    does not fit twice; on AVX2 (16 registers) only a 1-vector whole row does; never in NCHW (its lanes
+    scatter to channel planes)."""
+    avx512, avx2 = Target.from_string("skylake-avx512"), Target.from_string("haswell")
+    for h, rows in ((7, 2), (14, 1)):
+        wl = tc.Conv2dWorkload(1, 512, h, h, 512, 3, 3, pads=(1, 1, 1, 1), layout="NHWC")
+        cfg = tc.Conv2dConfig.from_config(tc.default_config(wl, avx512))
+        assert cfg.algorithm == "direct" and tc._tile_rows(wl, cfg, avx512) == rows, (h, cfg)
+    wl = tc.Conv2dWorkload(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1), layout="NHWC")
+    assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=8), avx2) == 2
+    assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=16), avx2) == 1
+    assert tc._tile_rows(dataclasses.replace(wl, layout="NCHW"), tc.Conv2dConfig(mr=7, bn=8), avx2) == 1
