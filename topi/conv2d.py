@@ -503,6 +503,12 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         if not prepacked:
             s[packed].compute_at(stage, outer)
             _schedule_pack(s, packed, parallel=False)
+    elif tile_rows > 1:
+        # the row pairs stay a serial loop, split into whole pairs and the tail: fused into the parallel loop,
+        # the tail's guard would sit inside the tile's reduction (a batch of 8 ran 1.4x slower so)
+        outer = _parallel_loop(stage, (n, oco), target.threads)
+        if not prepacked:
+            _schedule_pack(s, packed, parallel=True)
     else:
         outer = _parallel_loop(stage, rows, target.threads)
         if not prepacked:
@@ -728,7 +734,7 @@ def _tile_rows(wl: Conv2dWorkload, cfg: Conv2dConfig, target: Target) -> int:
     vectors = cfg.bn // target.lanes(wl.itemsize)
     whole_row = not is_sym(wl.w) and not is_sym(wl.h) and cfg.mr == wl.ow and wl.oh >= 2
     fits = 2 * cfg.mr * vectors + vectors + 1 <= target.vector_registers
-    return 2 if wl.layout == "NHWC" and whole_row and fits else 1
+    return 2 if wl.layout == "NHWC" and cfg.oc_outer and whole_row and fits else 1
 
 
 def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig, tile_rows: int = 1) -> None:

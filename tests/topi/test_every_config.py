@@ -354,3 +354,19 @@ def test_a_whole_row_direct_tile_takes_two_rows_where_the_registers_allow():
     assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=8), avx2) == 2
     assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=16), avx2) == 1
     assert tc._tile_rows(dataclasses.replace(wl, layout="NCHW"), tc.Conv2dConfig(mr=7, bn=8), avx2) == 1
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_two_row_tiles_keep_the_tail_guard_out_of_the_reduction(batch):
+    """7 rows in pairs leave a 1-row tail: the pairs are a serial loop split into whole pairs and the tail, so
+    no condition on the parallel loop's index is evaluated inside the tile's reduction (with the pairs fused
+    into the parallel loop it was, at batch 8; the tail's own guard is on an unrolled row: a constant)."""
+    target = Target.from_string("skylake-avx512")
+    wl = tc.Conv2dWorkload(batch, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1), layout="NHWC")
+    config = tc.default_config(wl, target)
+    assert tc._tile_rows(wl, tc.Conv2dConfig.from_config(config), target) == 2
+    s, tensors = tc.build(wl, config, target, prepacked=True)
+    lines = str(jitop.lower(s, tensors)).splitlines()
+    depth = min(len(ln) - len(ln.lstrip()) for ln in lines if ln.strip().startswith("for r in"))
+    reduction = [ln for ln in lines if len(ln) - len(ln.lstrip()) > depth]
+    assert not any(ln.strip().startswith("if ") and "fused" in ln for ln in reduction)
