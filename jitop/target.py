@@ -79,11 +79,6 @@ class Target:
     cpu: str
     features: str                  # LLVM feature string, every feature explicit: "+avx2,+fma,-avx512f,..."
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Target | CudaTarget":
-        # Target("cuda") / Target("cuda -arch=sm_80"), as in TVM: a GPU target (not a Target, so no __init__)
-        if len(args) == 1 and not kwargs and isinstance(args[0], str) and args[0].split()[:1] == ["cuda"]:
-            return _cuda_from_string(args[0])
-        return super().__new__(cls)
     vector_bytes: int              # 64 with AVX-512, 32 with AVX/AVX2, 16 otherwise
     vector_registers: int          # 32 with AVX-512 (zmm0-31), else 16
     fma_units: int = 0             # FMA pipes per core (0: unknown)
@@ -94,6 +89,12 @@ class Target:
     threads: int = 1
     opt_level: int = 3             # build options: they change the code, so they are part of the key
     parallel_min_work: int = 1 << 15
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Target | CudaTarget":
+        # Target("cuda") / Target("cuda -arch=sm_80"), as in TVM: a GPU target (not a Target, so no __init__)
+        if len(args) == 1 and not kwargs and isinstance(args[0], str) and args[0].split()[:1] == ["cuda"]:
+            return _cuda_from_string(args[0])
+        return super().__new__(cls)
 
     # ** derived facts **
     def lanes(self, itemsize: int) -> int:

@@ -271,7 +271,7 @@ def default_tile(wl: Conv2dWorkload, target: Target) -> Conv2dConfig:
     # powers of two only: LLVM splits a 3-register vector badly (a 3-vector NHWC tile ran at a third of the
     # speed of a 2-vector one on AVX2)
     choices = [(mr, v) for v in (1, 2, 4) for mr in range(1, min(wl.ow, MAX_MR) + 1)
-               if mr * v + v + 1 <= target.vector_registers and (v - 1) * lanes < per_group
+               if _fits_registers(mr, v, target) and (v - 1) * lanes < per_group
                and (not grouped or per_group % (v * lanes) == 0 or v == 1)]
 
     def score(choice: tuple[int, int]) -> tuple[float, int]:
@@ -498,21 +498,15 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
     s[cache].compute_at(stage, owo)
     _schedule_tile(s[cache], wl, cfg, tile_rows)
     prepacked = isinstance(packed.op, PlaceholderOp)  # an input of the kernel: nothing to schedule
-    if cfg.pack_per_panel and cfg.oc_outer:
-        outer = _parallel_loop(stage, (n, oco), target.threads)
-        if not prepacked:
-            s[packed].compute_at(stage, outer)
-            _schedule_pack(s, packed, parallel=False)
-    elif tile_rows > 1:
-        # the row pairs stay a serial loop, split into whole pairs and the tail: fused into the parallel loop,
-        # the tail's guard would sit inside the tile's reduction (a batch of 8 ran 1.4x slower so)
-        outer = _parallel_loop(stage, (n, oco), target.threads)
-        if not prepacked:
-            _schedule_pack(s, packed, parallel=True)
-    else:
-        outer = _parallel_loop(stage, rows, target.threads)
-        if not prepacked:
-            _schedule_pack(s, packed, parallel=True)
+    pack_in_panel = cfg.pack_per_panel and cfg.oc_outer
+    # with two-row tiles the row pairs stay a serial loop, split into whole pairs and the tail: fused into the
+    # parallel loop, the tail's guard would sit inside the tile's reduction (a batch of 8 ran 1.4x slower so)
+    outer = _parallel_loop(stage, (n, oco) if pack_in_panel or tile_rows > 1 else rows, target.threads)
+    if pack_in_panel and not prepacked:
+        s[packed].compute_at(stage, outer)
+        _schedule_pack(s, packed, parallel=False)
+    elif not prepacked:
+        _schedule_pack(s, packed, parallel=True)
     stage.parallel(outer)
     ps = s[padded]
     pn, py, _, pc = ps.op.axis
@@ -733,8 +727,14 @@ def _tile_rows(wl: Conv2dWorkload, cfg: Conv2dConfig, target: Target) -> int:
     at 7x7 (ResNet's last stage, batch 1) the weights, not the FMAs, bound the convolution."""
     vectors = cfg.bn // target.lanes(wl.itemsize)
     whole_row = not is_sym(wl.w) and not is_sym(wl.h) and cfg.mr == wl.ow and wl.oh >= 2
-    fits = 2 * cfg.mr * vectors + vectors + 1 <= target.vector_registers
+    fits = _fits_registers(2 * cfg.mr, vectors, target)
     return 2 if wl.layout == "NHWC" and cfg.oc_outer and whole_row and fits else 1
+
+
+def _fits_registers(pixels: int, vectors: int, target: Target) -> bool:
+    """A register tile of `pixels` x `vectors` accumulators fits the vector registers with its operands (the
+    weight vectors and one broadcast input): spilling one costs a third of the speed."""
+    return pixels * vectors + vectors + 1 <= target.vector_registers
 
 
 def _schedule_tile(cs, wl: Conv2dWorkload, cfg: Conv2dConfig, tile_rows: int = 1) -> None:

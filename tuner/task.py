@@ -95,11 +95,8 @@ class Task:
         """The template's standalone build of `config` as the tuner measures it (Schedule, [inputs..., output]):
         with constant weights, their packed arrays are inputs in their place, as the graph passes them.
         concrete: at the representative sizes of the symbolic fields (numbers for every loop extent)."""
-        template = registry.get(self.template)
         workload = self.concrete() if concrete else self.workload
-        if self.constant_weights:
-            return template.build(workload, config, self.target, prepacked=True)
-        return template.build(workload, config, self.target)
+        return registry.get(self.template).build(workload, config, self.target, prepacked=self.constant_weights)
 
     def to_json(self) -> str:
         """The task as JSON (template name, workload fields, full Target); `from_json` reads it back."""

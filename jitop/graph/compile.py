@@ -20,7 +20,7 @@ from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import ConstData, Node, node, toposort
 from jitop.graph.layout import channels_last
 from jitop.graph.tasks import binding as task_binding
-from jitop.graph.tasks import constant_weights, extract_tasks
+from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
 from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
@@ -154,12 +154,12 @@ PARALLEL_PACK_BYTES = 8 << 20  # below this, starting threads costs more than pa
 def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dict[Node, list[np.ndarray]]:
     """Each templated node whose weights (second operand) are a constant array (not a captured array, which
     the kernel reads as it is at each call) -> the arrays its template packs them into."""
-    jobs = {n: (registry.get(task.template).prepack, task, choice) for n, (task, choice) in choices.items()
-            if registry.get(task.template).prepack is not None and constant_weights(n)}
+    # task_of flags exactly these: constant weights of a template that prepacks
+    jobs = {n: (task, choice) for n, (task, choice) in choices.items() if task.constant_weights}
 
     def pack(n: Node) -> list[np.ndarray]:
-        prepack, task, choice = jobs[n]
-        return prepack(task.workload, choice.config, target, constant_array(n.src[1]))
+        task, choice = jobs[n]
+        return registry.get(task.template).prepack(task.workload, choice.config, target, constant_array(n.src[1]))
     # numpy's copies release the GIL: a model's weights (ResNet-50: 98 MB, 0.2 s on one core) pack on every core,
     # on a warm load too
     workers = _pack_workers([constant_array(n.src[1]).nbytes for n in jobs], target)
