@@ -36,6 +36,7 @@ from jitop.errors import ScheduleError
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 from jitop.target import CudaTarget
 from jitop.te.tensor import ComputeOp, IterVar, PlaceholderOp, Tensor
+from jitop.topi.arguments import pair
 
 BLOCK_X, BLOCK_Y = te.thread_axis("blockIdx.x"), te.thread_axis("blockIdx.y")
 THREAD_X, THREAD_Y = te.thread_axis("threadIdx.x"), te.thread_axis("threadIdx.y")
@@ -367,13 +368,6 @@ IM2COL = "cuda.conv2d.im2col"          # the tag of conv2d_nchw's im2col view of
 CONV_GEMM = "cuda.conv2d.gemm"         # the tag of conv2d_nchw's GEMM stage (K x N*P*Q, reduced over C*R*S)
 
 
-def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
-    pair = tuple(v) if isinstance(v, (list, tuple)) else (v, v)
-    if len(pair) != 2 or not all(isinstance(x, int) for x in pair):
-        raise ValueError(f"conv2d_nchw: {what} is an int or a pair of ints, got {v!r}")
-    return pair  # type: ignore[return-value]
-
-
 def conv2d_nchw(X: Tensor, W: Tensor, stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
                 dilation: int | Sequence[int] = 1, name: str = "conv2d") -> Tensor:
     """A 2-D convolution (cross-correlation, as torch's conv2d) of X [N, C, H, W] with filters W [K, C, R, S]:
@@ -399,9 +393,9 @@ def conv2d_nchw(X: Tensor, W: Tensor, stride: int | Sequence[int] = 1, padding: 
     k, c2, r, s = W.shape
     if c2 != c:
         raise ValueError(f"conv2d_nchw: X has {c} channels but W {W.shape} expects {c2} (groups=1 only)")
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
-    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
-        raise ValueError(f"conv2d_nchw: stride {stride} and dilation {dilation} must be >= 1, padding {padding} >= 0")
+    sh, sw = pair(stride, "stride", "conv2d_nchw", minimum=1)
+    ph, pw = pair(padding, "padding", "conv2d_nchw")
+    dh, dw = pair(dilation, "dilation", "conv2d_nchw", minimum=1)
     p = (h + 2 * ph - dh * (r - 1) - 1) // sh + 1
     q = (w + 2 * pw - dw * (s - 1) - 1) // sw + 1
     if p < 1 or q < 1:

@@ -7,6 +7,7 @@ import numpy as np
 
 from jitop.dtypes import DTYPES
 from jitop.graph.tracer import Tracer
+from jitop.topi.arguments import pair  # noqa: F401 - the library's checks, shared with topi.cuda
 
 ArrayLike = Any
 
@@ -49,17 +50,6 @@ def numeric(x: Any, name: str, op: str) -> None:
     if np.dtype(x.dtype).kind not in "iuf":
         raise TypeError(f"{op}: argument '{name}' must be an integer or floating-point array, got {np.dtype(x.dtype)}")
     supported(x, name, op)
-
-
-def pair(v: Any, name: str, op: str, minimum: int = 0) -> tuple[int, int]:
-    """An int or a pair of ints (torch's convention for stride, padding, dilation, kernel_size)."""
-    vals = (v, v) if isinstance(v, (int, np.integer)) else tuple(v) if isinstance(v, (tuple, list)) else None
-    if vals is None or len(vals) != 2 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-                                                  for x in vals):
-        raise TypeError(f"{op}: '{name}' must be an int or a pair of ints, got {v!r}")
-    if any(x < minimum for x in vals):
-        raise ValueError(f"{op}: '{name}' must be >= {minimum}, got {v!r}")
-    return int(vals[0]), int(vals[1])
 
 
 def layout(value: str, op: str) -> str:
