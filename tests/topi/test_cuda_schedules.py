@@ -572,6 +572,13 @@ def test_conv2d_nchw_shapes_and_errors():
         cuda.conv2d_nchw(te.placeholder((1, 3, 8, 8), name="X"), te.placeholder((4, 2, 3, 3), name="W"))
     with pytest.raises(ValueError, match="does not fit"):
         cuda.conv2d_nchw(te.placeholder((1, 3, 2, 2), name="X"), te.placeholder((4, 3, 3, 3), name="W"))
+    x8, w3 = te.placeholder((1, 3, 8, 8), name="X"), te.placeholder((4, 3, 3, 3), name="W")
+    with pytest.raises(TypeError, match="conv2d_nchw: 'stride' must be an int or a pair of ints, got 1.5"):
+        cuda.conv2d_nchw(x8, w3, stride=1.5)
+    with pytest.raises(ValueError, match=r"conv2d_nchw: 'dilation' must be >= 1, got \(1, 0\)"):
+        cuda.conv2d_nchw(x8, w3, dilation=(1, 0))
+    with pytest.raises(ValueError, match="conv2d_nchw: 'padding' must be >= 0, got -1"):
+        cuda.conv2d_nchw(x8, w3, padding=-1)
     with pytest.raises(ValueError, match="not a conv2d_nchw"):
         cuda.schedule_conv2d(mm(8, 8, 8)[2])
     with pytest.raises(ValueError, match="multiples"):
