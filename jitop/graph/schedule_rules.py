@@ -48,10 +48,9 @@ def _lead_and_lanes(stage: Stage, lanes: int) -> tuple[IterVar | None, IterVar |
 
 def _transposed_axis(stage: Stage) -> int | None:
     """The output axis (not the last) that indexes the innermost dimension of a tensor the stage reads while
-    the output's last axis indexes one of its outer dimensions: a transpose (NHWC to NCHW), None if none.
-    Constant extents only."""
+    the output's last axis indexes one of its outer dimensions: a transpose (NHWC to NCHW), None if none."""
     axes = stage.op.axis
-    if len(axes) < 2 or not all(_constant(a.extent) for a in axes):
+    if len(axes) < 2:
         return None
     position = {a.var: k for k, a in enumerate(axes)}
     for load in (n for b in stage.op.body for n in tensor_loads(b) if n.src):
@@ -65,7 +64,8 @@ def _transposed_axis(stage: Stage) -> int | None:
 def _transpose_tiles(stage: Stage, lanes: int, k: int) -> IterVar:
     """Tiles of `lanes` x `lanes` elements: the output's last axis in vector lanes inside a block of `lanes`
     values of axis `k`, so each cache line of the input is read whole while it is in cache (row by row, a
-    large transpose read one element per line: 5.3 ms for a 56x56x256 NHWC to NCHW copy, 0.29 ms tiled)."""
+    large transpose read one element per line: 5.3 ms for a 56x56x256 NHWC to NCHW copy, 0.29 ms tiled). Symbolic
+    extents too: the tails are guarded at run time."""
     axes = list(stage.op.axis)
     ko, ki = stage.split(axes[k], factor=lanes)
     lo, li = stage.split(axes[-1], factor=lanes)
@@ -79,7 +79,7 @@ def schedule_injective(s: Schedule, t: Tensor, target: Target) -> IterVar | None
     stage = s[t]
     lanes = target.lanes(t.dtype.itemsize)
     k = _transposed_axis(stage) if stage.attach_type == "root" else None
-    if k is not None and stage.op.axis[k].extent >= lanes and stage.op.axis[-1].extent >= lanes:
+    if k is not None and rep(stage.op.axis[k].extent) >= lanes and rep(stage.op.axis[-1].extent) >= lanes:
         rows = _transpose_tiles(stage, lanes, k)
         stage.parallel(rows)
         return rows

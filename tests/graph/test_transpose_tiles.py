@@ -74,3 +74,14 @@ def test_a_transpose_fused_with_an_elementwise_sum_matches_numpy() -> None:
     y = rng.standard_normal((2, 37, 19, 23)).astype(np.float32)
     f = jitop.kernel(lambda a, b: np.maximum(np.transpose(a, (0, 3, 1, 2)) + b, 0))
     np.testing.assert_array_equal(f(x, y), np.maximum(np.transpose(x, (0, 3, 1, 2)) + y, 0))
+
+
+def test_a_transpose_with_symbolic_sizes_is_tiled_and_matches_numpy() -> None:
+    """One kernel for every height and width (dynamic dims): tiles with run-time tails on both axes."""
+    f = jitop.kernel(lambda a: np.maximum(np.transpose(a, (0, 3, 1, 2)), np.float32(0)), dynamic={"a": (1, 2)})
+    rng = np.random.default_rng(5)
+    for h, w in ((20, 33), (17, 16), (3, 50), (40, 2)):
+        a = rng.standard_normal((2, h, w, 37)).astype(np.float32)
+        np.testing.assert_array_equal(f(a), np.maximum(np.transpose(a, (0, 3, 1, 2)), 0))
+    loops = jitop.explain(f, a).split("loop IR (schedule applied):")[1]
+    assert "for i0.i2.fused.i1.outer.fused in parallel(" in loops and "i3.inner in vectorized(16)" in loops
