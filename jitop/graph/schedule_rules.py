@@ -64,8 +64,8 @@ def _transposed_axis(stage: Stage) -> int | None:
 def _transpose_tiles(stage: Stage, lanes: int, k: int) -> IterVar:
     """Tiles of `lanes` x `lanes` elements: the output's last axis in vector lanes inside a block of `lanes`
     values of axis `k`, so each cache line of the input is read whole while it is in cache (row by row, a
-    large transpose read one element per line: 5.3 ms for a 56x56x256 NHWC to NCHW copy, 0.29 ms tiled). Symbolic
-    extents too: the tails are guarded at run time."""
+    large transpose read one element per line: 5.3 ms for a 56x56x256 NHWC to NCHW copy, 0.29 ms tiled).
+    Symbolic extents too: the tails are guarded at run time."""
     axes = list(stage.op.axis)
     ko, ki = stage.split(axes[k], factor=lanes)
     lo, li = stage.split(axes[-1], factor=lanes)
