@@ -6,7 +6,9 @@ Cases (float32, each a new contiguous array, as the kernel returns one):
 - `a.T + b` on 4096 x 4096;
 - NHWC activations back to NCHW with a ReLU: `maximum(x.transpose(0, 3, 1, 2), 0)` at (1, 56, 56, 256)
   and (8, 28, 28, 512);
-- attention's K transposed for Q @ K^T, `swapaxes(k, 1, 2) * 0.125` at (96, 128, 64).
+- attention's K transposed for Q @ K^T, `swapaxes(k, 1, 2) * 0.125` at (96, 128, 64);
+- the NHWC -> NCHW case again with the height and width dynamic (`dynamic={"x": (1, 2)}`: one kernel for
+  every size, as a program whose shapes change gets).
 
 GB/s counts each operand read once and the result written once (what a copy at memory speed moves); the
 STREAM triad (jitop.tuner.peak), measured at the start of the run, is printed beside as the machine's
@@ -26,17 +28,20 @@ from common import best_of, machine, table  # noqa: E402
 from jitop.tuner.peak import measure  # noqa: E402
 
 
-def cases(rng: np.random.Generator) -> list[tuple[str, object, object, tuple[np.ndarray, ...]]]:
-    """(name, the numpy function, the same in torch, operands)."""
+def cases(rng: np.random.Generator) -> list[tuple[str, object, object, tuple[np.ndarray, ...], dict]]:
+    """(name, the numpy function, the same in torch, operands, @jitop.kernel's options)."""
     def f32(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32)
     relu_nchw = lambda x: np.maximum(x.transpose(0, 3, 1, 2), np.float32(0))  # noqa: E731
     relu_nchw_torch = lambda x: x.permute(0, 3, 1, 2).clamp_min(0)  # noqa: E731
-    return [("a.T + b, 4096 x 4096", lambda a, b: a.T + b, lambda a, b: a.T + b, (f32(4096, 4096), f32(4096, 4096))),
-            ("relu(NHWC -> NCHW), 1x56x56x256", relu_nchw, relu_nchw_torch, (f32(1, 56, 56, 256),)),
-            ("relu(NHWC -> NCHW), 8x28x28x512", relu_nchw, relu_nchw_torch, (f32(8, 28, 28, 512),)),
+    return [("a.T + b, 4096 x 4096", lambda a, b: a.T + b, lambda a, b: a.T + b, (f32(4096, 4096), f32(4096, 4096)),
+             {}),
+            ("relu(NHWC -> NCHW), 1x56x56x256", relu_nchw, relu_nchw_torch, (f32(1, 56, 56, 256),), {}),
+            ("relu(NHWC -> NCHW), 8x28x28x512", relu_nchw, relu_nchw_torch, (f32(8, 28, 28, 512),), {}),
             ("swapaxes(k, 1, 2) * 0.125, 96x128x64", lambda k: np.swapaxes(k, 1, 2) * np.float32(0.125),
-             lambda k: k.transpose(1, 2) * 0.125, (f32(96, 128, 64),))]
+             lambda k: k.transpose(1, 2) * 0.125, (f32(96, 128, 64),), {}),
+            ("relu(NHWC -> NCHW), 1x56x56x256, h and w dynamic", relu_nchw, relu_nchw_torch, (f32(1, 56, 56, 256),),
+             {"dynamic": {"x": (1, 2)}})]
 
 
 def torch_version(fn, args: tuple[np.ndarray, ...]):
@@ -58,8 +63,8 @@ def main() -> None:
     print(f"STREAM triad: {measure().bandwidth_gbs:.1f} GB/s on {jitop.Target.current().threads} threads")
     rng = np.random.default_rng(0)
     rows = []
-    for name, fn, fn_torch, operands in cases(rng):
-        kernel = jitop.kernel(fn)
+    for name, fn, fn_torch, operands, options in cases(rng):
+        kernel = jitop.kernel(fn, **options)
         want = fn(*operands)
         np.testing.assert_array_equal(kernel(*operands), want)
         moved = sum(a.nbytes for a in operands) + want.nbytes
