@@ -85,3 +85,22 @@ def test_a_transpose_with_symbolic_sizes_is_tiled_and_matches_numpy() -> None:
         np.testing.assert_array_equal(f(a), np.maximum(np.transpose(a, (0, 3, 1, 2)), 0))
     loops = jitop.explain(f, a).split("loop IR (schedule applied):")[1]
     assert "for i0.i2.fused.i1.outer.fused in parallel(" in loops and "i3.inner in vectorized(16)" in loops
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=4), st.randoms(use_true_random=False))
+def test_a_transpose_plus_a_broadcast_operand_matches_numpy(shape, rnd) -> None:
+    """The tiled stage also reads an operand broadcast along some of the output's axes (a bias per channel,
+    a row vector): each element of it is read at the right place inside the tiles."""
+    perm = list(range(len(shape)))
+    rnd.shuffle(perm)
+    out_shape = [shape[p] for p in perm]
+    b_shape = [d if rnd.random() < 0.5 else 1 for d in out_shape][rnd.randrange(len(out_shape)):]
+    rng = np.random.default_rng(len(shape) + len(b_shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    f = jitop.kernel(lambda a, c: np.transpose(a, perm) - c)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jitop.JitopFallbackWarning)
+        got = f(x, b)
+    np.testing.assert_array_equal(got, np.transpose(x, perm) - b)
