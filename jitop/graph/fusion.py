@@ -21,6 +21,9 @@ from jitop.graph.shapes import rep
 
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
 FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
+# a transposed operand read several times is copied once above this size: smaller, its strided passes hit the
+# core's own caches (a 2048x2048 float32 a.T read in place made a.T @ b 2.6x slower than numpy)
+TRANSPOSED_INLINE_BYTES = 1 << 20
 # A consumer reading an inlined node twice (x * x) computes it once (the code generator emits equal
 # subexpressions once), but the passes before it walk the expression as a tree: a chain of such reads
 # doubles the tree at each step. A node read repeatedly is computed once when it costs more than this.
@@ -161,10 +164,25 @@ def fuse_operands(why: dict[Node, str], operand_reads: dict[Node, tuple[int, ...
                 why[src] = (f"operand {k} of a {n.prim}, which reads each element {r} times: recomputing its "
                             f"{cost}-op expression each time costs more than computing it once")
                 decisions.append(f"{what}: computed once, materialized (costly to recompute)")
+            elif r > 1 and _rep_size(src) * src.dtype.itemsize > TRANSPOSED_INLINE_BYTES \
+                    and _moves_last_axis(src, why):
+                # read in place through a transpose, the rows the template walks are columns in memory, one
+                # cache line (and page) per element, on every pass: a.T @ b ran 2.6x slower than numpy so;
+                # copied once (a tiled transpose, at memory speed), the passes read rows
+                why[src] = (f"operand {k} of a {n.prim}, which reads each element {r} times: it is transposed "
+                            f"(its last axis is not its source's), so each pass would stride through memory")
+                decisions.append(f"{what}: copied once, materialized (read transposed)")
             else:
                 done = "inlined (each element is read once)" if r == 1 else "inlined (free to recompute)"
                 decisions.append(f"{what}: {done}")
     return decisions
+
+
+def _moves_last_axis(n: Node, why: dict[Node, str]) -> bool:
+    """Some transpose inlined into `n` (n itself or a producer that is not materialized) moves its source's
+    last axis away from the last place: reading `n` along its last axis strides through that source."""
+    return any(m.prim == "transpose" and m.param("perm")[-1] != len(m.shape) - 1
+               for m in toposort([n], skip=lambda s: s is not n and not _inlined(s, why)))
 
 
 def groups(outputs: list[Node], why: dict[Node, str]) -> list[Group]:

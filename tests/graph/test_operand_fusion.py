@@ -162,3 +162,42 @@ def test_a_cheap_producer_read_many_times_runs_once_on_the_previous_matmuls_tile
     relu = _group_with(exe, "ufunc", "maximum")
     assert "operand 0 of a matmul" in relu.reason
     assert_close(k(h, w1, b1, w2), mlp(h, w1, b1, w2), rtol=1e-5, atol=1e-4)
+
+
+def _matmul_tolerance(a: np.ndarray, b: np.ndarray) -> float:
+    """A @ b in float32 (a: [..., K]): K * eps * max|a| * max|b| bounds the rounding of a sum of K products."""
+    return a.shape[-1] * np.finfo(np.float32).eps * np.abs(a).max() * np.abs(b).max()
+
+
+def test_a_large_operand_read_transposed_many_times_is_copied_once():
+    """a.T as A, read once per column panel: in place, each pass would read a column of a (one cache line per
+    element); above TRANSPOSED_INLINE_BYTES it is copied once (a tiled transpose) and the passes read rows."""
+    a = RNG.standard_normal((600, 500)).astype(np.float32)  # 1.2 MB
+    b = RNG.standard_normal((600, 200)).astype(np.float32)
+
+    def f(a, b):
+        return a.T @ b
+    exe, k = _compiled(f, a, b)
+    copy = _group_with(exe, "transpose")
+    assert copy.root.prim == "transpose" and "transposed" in copy.reason
+    assert any("copied once, materialized (read transposed)" in d for d in exe.decisions)
+    got, want = k(a, b), a.T.astype(np.float64) @ b
+    assert got.dtype == np.float32 and np.abs(got - want).max() <= _matmul_tolerance(a.T, b)
+
+
+def test_a_transposed_operand_read_once_or_keeping_its_last_axis_stays_fused():
+    """B read once (packed: the packing reads it transposed once), or a transpose that keeps the last axis
+    last (rows stay rows): fused, whatever the size."""
+    a = RNG.standard_normal((300, 600)).astype(np.float32)
+    bt = RNG.standard_normal((500, 600)).astype(np.float32)  # 1.2 MB
+    exe, k = _compiled(lambda a, bt: a @ bt.T, a, bt)
+    assert not any("read transposed" in d for d in exe.decisions)
+    assert _group_with(exe, "matmul").root.prim == "matmul"
+    assert np.abs(k(a, bt) - a.astype(np.float64) @ bt.T).max() <= _matmul_tolerance(a, bt.T)
+
+    x = RNG.standard_normal((40, 8, 1000)).astype(np.float32)  # 1.3 MB, batched over its middle axis
+    w = RNG.standard_normal((1000, 70)).astype(np.float32)
+    exe, k = _compiled(lambda x, w: x.transpose(1, 0, 2) @ w, x, w)
+    assert not any("read transposed" in d for d in exe.decisions)
+    want = x.transpose(1, 0, 2).astype(np.float64) @ w
+    assert np.abs(k(x, w) - want).max() <= _matmul_tolerance(x[0], w)
