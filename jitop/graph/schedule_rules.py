@@ -304,6 +304,9 @@ def apply(st: Stages, outputs: list[Node], target: Target, epilogues: dict[Node,
                 or t in epilogues.values():
             continue
         _schedule_stage(s, st, t, target)
+    for t in st.helpers:
+        if t.op in s.stage_map:
+            _schedule_stage(s, st, t, target)
     return s
 
 
@@ -319,4 +322,3 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
             consumer = p
     elif t in st.templates:
         st.templates[t](s)
-    # argreduce's helper stages keep the default (serial) schedule

@@ -7,7 +7,7 @@ this module imports nothing of to_te and the table can sit below it."""
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -58,27 +58,34 @@ def ravel(idx: Index, shape: tuple[int, ...]) -> Expr:
 def build_reduce(c: Lowerer, n: Node) -> te.Tensor:
     """A reduction over `axes`; over the last axis, per-lane partials first (`_rfactor`)."""
     (src,) = n.src
-    axes = n.param("axes")
-    op = n.param("op")
+    return _reduction(c, n.shape, n, src, n.param("axes"), n.param("op"), lambda idx: c.at(src, idx))
+
+
+def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[int, ...], op: str,
+               value: Callable[[Index], Expr], name: str | None = None) -> te.Tensor:
+    """REDUCERS[op] of value(index into src) over `axes` of src, a stage of `shape`; over the last axis,
+    per-lane partials first (`_rfactor`, as many lanes as a vector register holds of `lanes_of`'s dtype)."""
     last = src.ndim - 1
     # heuristics on a symbolic width decide at its representative size
-    if c.vector_partials and axes and axes[-1] == last and rep(src.shape[last]) >= 2 * c.lanes(n) and op in REDUCERS:
-        return _rfactor(c, n, src, axes, op)
+    if c.vector_partials and axes and axes[-1] == last and op in REDUCERS \
+            and rep(src.shape[last]) >= 2 * c.lanes(lanes_of):
+        return _rfactor(c, shape, c.lanes(lanes_of), src, axes, op, value, name or op)
     rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 
     def body(*i: Expr) -> Expr:
-        return REDUCERS[op](c.at(src, _merge(i, rs, axes, src.ndim)), axis=rs)
-    t = te.compute(n.shape, body, name=c.fresh_name(op))
+        return REDUCERS[op](value(_merge(i, rs, axes, src.ndim)), axis=rs)
+    t = te.compute(shape, body, name=c.fresh_name(name or op))
     # reducing leading axes leaves the contiguous last axis as a data axis: vectorize along it
     c.st.kind[t] = "reduce" if last in axes else "reduce_outer"
     return t
 
 
-def _rfactor(c: Lowerer, n: Node, src: Node, axes: tuple[int, ...], op: str) -> te.Tensor:
+def _rfactor(c: Lowerer, shape: tuple, vec: int, src: Node, axes: tuple[int, ...], op: str,
+             value: Callable[[Index], Expr], name: str) -> te.Tensor:
     """reduce = combine over lanes of per-lane partials; the partial loop vectorizes over lanes."""
     width = src.shape[-1]
-    vectors = max(1, min(RFACTOR_VECTORS, rep(width) // (2 * c.lanes(n))))
-    lanes = vectors * c.lanes(n)
+    vectors = max(1, min(RFACTOR_VECTORS, rep(width) // (2 * vec)))
+    lanes = vectors * vec
     outer = te.reduce_axis((0, ceildiv(width, lanes)), "ko")
     others = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes[:-1]]
     tail = isinstance(width, Expr) or width % lanes != 0
@@ -87,37 +94,34 @@ def _rfactor(c: Lowerer, n: Node, src: Node, axes: tuple[int, ...], op: str) -> 
         data, lane = i[:-1], i[-1]
         col = outer * lanes + lane
         idx = _merge(data, others, axes[:-1], src.ndim - 1) + (col,)
-        return REDUCERS[op](c.at(src, idx), axis=others + [outer], where=(col < width) if tail else None)
-    p = te.compute(n.shape + (lanes,), partial, name=c.fresh_name(f"{op}_partial"))
+        return REDUCERS[op](value(idx), axis=others + [outer], where=(col < width) if tail else None)
+    p = te.compute(shape + (lanes,), partial, name=c.fresh_name(f"{name}_partial"))
     # combine the accumulator vectors lane-wise first (vectorized), then the lanes of one vector
-    vec = c.lanes(n)
     j = te.reduce_axis((0, vectors), "j")
-    q = te.compute(n.shape + (vec,), lambda *i: REDUCERS[op](p[i[:-1] + (j * vec + i[-1],)], axis=j),
-                   name=c.fresh_name(f"{op}_lanes"))
+    q = te.compute(shape + (vec,), lambda *i: REDUCERS[op](p[i[:-1] + (j * vec + i[-1],)], axis=j),
+                   name=c.fresh_name(f"{name}_lanes"))
     lane = te.reduce_axis((0, vec), "lane")
-    t = te.compute(n.shape, lambda *i: REDUCERS[op](q[i + (lane,)], axis=lane), name=c.fresh_name(op))
+    t = te.compute(shape, lambda *i: REDUCERS[op](q[i + (lane,)], axis=lane), name=c.fresh_name(name))
     c.st.kind[p], c.st.kind[q], c.st.kind[t] = "partial", "partial", "reduce"
     c.st.partials[t] = [q, p]
     return t
 
 
 def build_argreduce(c: Lowerer, n: Node) -> te.Tensor:
-    """argmax/argmin: the best value along the axis, then the first index holding it (or a NaN)."""
+    """argmax/argmin: the best value along the axis, then the first index holding it (or a NaN): two reductions
+    as `build_reduce` makes them (per-lane partials along the last axis), the first a helper stage
+    (`Stages.helpers`) the scheduler schedules as a node's reduction."""
     (src,) = n.src
     ax, width = n.param("axis"), src.shape[n.param("axis")]
     best_op = "max" if n.param("op") == "argmax" else "min"
-    k1 = te.reduce_axis((0, width), "k")
-    best = te.compute(n.shape, lambda *i: REDUCERS[best_op](c.at(src, _merge(i, [k1], (ax,), src.ndim)), axis=k1),
-                      name=c.fresh_name(best_op))
-    k2 = te.reduce_axis((0, width), "k")
+    best = _reduction(c, n.shape, src, src, (ax,), best_op, lambda idx: c.at(src, idx))
+    c.st.helpers.append(best)
 
-    def first_index(*i: Expr) -> Expr:
-        x = c.at(src, _merge(i, [k2], (ax,), src.ndim))
-        hit = (x == best[i]) | te.isnan(x) if src.dtype.is_float else x == best[i]
-        return te.min(te.select(hit, k2.var, width), axis=k2)
-    t = te.compute(n.shape, first_index, name=c.fresh_name(n.param("op")))
-    c.st.kind[best], c.st.kind[t] = "reduce", "reduce"
-    return t
+    def first_index(idx: Index) -> Expr:
+        x, at = c.at(src, idx), idx[:ax] + idx[ax + 1:]
+        hit = (x == best[at]) | te.isnan(x) if src.dtype.is_float else x == best[at]
+        return te.select(hit, idx[ax], as_expr(width))
+    return _reduction(c, n.shape, n, src, (ax,), "min", first_index, n.param("op"))
 
 
 def build_matmul(c: Lowerer, n: Node) -> te.Tensor:

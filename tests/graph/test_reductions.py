@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import jitop
 from kernel_checks import assert_same, batched  # noqa: E402
@@ -374,4 +375,23 @@ def test_where_and_initial_fall_back_to_numpy() -> None:
     with pytest.warns(jitop.JitopFallbackWarning):
         got = f(x)
     for g, e in zip(got, f.fn(x)):
+        assert_same(g, e)
+
+
+# ** argmax / argmin: two vectorized reductions (the best value, then the first index holding it) **
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 150), st.sampled_from(["float32", "float64", "int32", "int8"]),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_argmax_argmin_along_each_axis_find_numpys_index(rows, width, dtype, seed, nans):
+    """Rows as wide as several vectors and not a multiple of one: ties (few distinct values), a NaN at a
+    random place (the first NaN wins, as numpy's), the first index of the best value on either side of a lane
+    boundary, along the last axis (per-lane partials) and the first (a data axis in lanes)."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 4, (rows, width)).astype(dtype)
+    if nans and np.dtype(dtype).kind == "f":
+        a[rng.integers(0, rows), rng.integers(0, width)] = np.nan
+    f = jitop.kernel(lambda x: (x.argmax(axis=1), x.argmin(axis=-1), x.argmax(axis=0), np.argmin(x, axis=0)))
+    for g, e in zip(jit_call(f, a), numpy_ref(f.fn, a)):
         assert_same(g, e)
