@@ -395,3 +395,21 @@ def test_argmax_argmin_along_each_axis_find_numpys_index(rows, width, dtype, see
     f = jitop.kernel(lambda x: (x.argmax(axis=1), x.argmin(axis=-1), x.argmax(axis=0), np.argmin(x, axis=0)))
     for g, e in zip(jit_call(f, a), numpy_ref(f.fn, a)):
         assert_same(g, e)
+
+
+def test_a_reduction_over_rows_carries_four_vectors_of_columns() -> None:
+    """sum/max over leading axes: 4 vectors of output columns per step (256 contiguous bytes of a row, four
+    accumulator chains) when the columns are wide enough; a column tail that is not a whole vector still
+    matches numpy."""
+    lanes = jitop.Target.current().lanes(4)
+    wide = np.random.default_rng(3).standard_normal((4, 16384)).astype(np.float32)
+    f = jitop.kernel(lambda a: a.sum(axis=0))
+    assert f"vectorized({4 * lanes})" in jitop.explain(f, wide).split("loop IR")[1]
+    for shape in ((7, 1000), (3, 5, 4 * lanes + 3), (200, 17)):
+        a = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+        g = jitop.kernel(lambda a: (a.sum(axis=0), a.max(axis=0), np.min(a, axis=0)))
+        got, want = jit_call(g, a), numpy_ref(g.fn, a)
+        bound = shape[0] * np.finfo(np.float32).eps * np.abs(a).sum(axis=0).max()  # a float32 sum's rounding
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=bound)
+        assert_same(got[1], want[1])
+        assert_same(got[2], want[2])
