@@ -213,3 +213,29 @@ def test_hypothesis_shapes_axes_and_indices(shape, data):
     t = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
     f = kernel(lambda t, ids: np.take(t, ids, axis=axis) * 2)
     same(f(t, ids), np.take(t, ids, axis=axis) * 2)
+
+
+@pytest.mark.parametrize("index_dtype", ["int64", "int32", "uint8"])
+def test_an_integer_array_index_among_full_slices_is_a_gather(index_dtype):
+    """a[rows], a[:, cols], a[..., with a list]: numpy's advanced indexing with one integer array is np.take
+    along its axis (negative indices count from the end; out of range is numpy's IndexError)."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((40, 9, 3)).astype(np.float32)
+    low = 0 if index_dtype == "uint8" else -9
+    rows, cols = rng.integers(low, 9, 13).astype(index_dtype), rng.integers(low, 9, (2, 5)).astype(index_dtype)
+    f = jitop.kernel(lambda a, r, c: (a[r] * 2, a[:, c] + 1, a[:, :, [2, -1]], a[r, :, :]), fallback=False)
+    for got, want in zip(f(a, rows, cols), (a[rows] * 2, a[:, cols] + 1, a[:, :, [2, -1]], a[rows, :, :])):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(IndexError):
+        f(a, np.array([40], index_dtype), cols)
+
+
+def test_other_advanced_indexing_still_runs_as_numpy():
+    """Two index arrays, an array with an integer, or a boolean mask: not gathers along one axis (a fallback)."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    i = np.array([0, 3])
+    for fn in (lambda a, i: a[i, i], lambda a, i: a[i, 2], lambda a, i: a[a > 5]):
+        with pytest.warns(jitop.JitopFallbackWarning):
+            got = jitop.kernel(fn)(a, i)
+        np.testing.assert_array_equal(got, fn(a, i))
