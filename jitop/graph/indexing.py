@@ -39,11 +39,11 @@ def _normalise(key: Any, ndim: int) -> list[Any]:
 def getitem(t: Tracer, key: Any) -> Tracer:
     """t[key] as an 'index' node: each source dimension is fixed (int) or sliced onto an output axis; one
     integer array among full slices (`a[rows]`, `a[:, cols]`) is numpy's gather along that axis (np.take)."""
-    axis = _gather_axis(key)
-    if axis is not None:
+    gather = _gather(key)
+    if gather is not None:
         from jitop.graph.take import take  # take builds on numpy_api, which imports this module
-        items = key if isinstance(key, tuple) else (key,)
-        return take(t, items[axis], axis=axis)
+        axis, index = gather
+        return take(t, index, axis=axis)
     n = t.node
     # numpy: a 0-d result is a scalar unless the key holds an Ellipsis (x[()] is a scalar, x[...] an array)
     array0d = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
@@ -78,19 +78,21 @@ def getitem(t: Tracer, key: Any) -> Tracer:
     return Tracer(node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec)), array0d=array0d, order=t.order)
 
 
-def _gather_axis(key: Any) -> int | None:
-    """The position of the one integer index array of `key` when every other item is a full slice `:` (numpy's
-    advanced indexing is then np.take along that axis), else None."""
+def _gather(key: Any) -> tuple[int, Any] | None:
+    """(position, array) of the one integer index array of `key` when every other item is a full slice `:`
+    (numpy's advanced indexing is then np.take along that axis), else None."""
     items = key if isinstance(key, tuple) else (key,)
     arrays = [k for k, it in enumerate(items) if isinstance(it, (Tracer, np.ndarray, list))]
     if len(arrays) != 1:
         return None
     k = arrays[0]
-    if not all(isinstance(it, slice) and it == slice(None) for j, it in enumerate(items) if j != k):
+    # compared part by part: a symbolic bound must not be asked whether it equals None
+    full = [isinstance(it, slice) and it.start is None and it.stop is None and it.step is None for it in items]
+    if not all(full[:k] + full[k + 1:]):
         return None
     index = items[k]
     kind = np.dtype(index.node.dtype.name).kind if isinstance(index, Tracer) else np.asarray(index).dtype.kind
-    return k if kind in "iu" else None
+    return (k, index) if kind in "iu" else None
 
 
 def _constant(it: slice, size: Any) -> bool:

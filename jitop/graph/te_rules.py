@@ -66,10 +66,11 @@ def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[
     """REDUCERS[op] of value(index into src) over `axes` of src, a stage of `shape`; over the last axis,
     per-lane partials first (`_rfactor`, as many lanes as a vector register holds of `lanes_of`'s dtype)."""
     last = src.ndim - 1
-    # heuristics on a symbolic width decide at its representative size
+    # heuristics on a symbolic width decide at its representative size (lanes only where vectors are kept:
+    # a GPU target has none)
     if c.vector_partials and axes and axes[-1] == last and op in REDUCERS \
-            and rep(src.shape[last]) >= 2 * c.lanes(lanes_of):
-        return _rfactor(c, shape, c.lanes(lanes_of), src, axes, op, value, name or op)
+            and rep(src.shape[last]) >= 2 * (vec := c.lanes(lanes_of)):
+        return _rfactor(c, shape, vec, src, axes, op, value, name or op)
     rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
 
     def body(*i: Expr) -> Expr:
