@@ -12,8 +12,10 @@
 #    (no pip needed). Each is checked by importing jitop.topi.cuda from the tree;
 # 3. versions and `nvidia-smi -L`;
 # 4. pytest on tests/cuda and tests/topi/test_cuda_schedules.py (log: $OUT/gpu_tests.log, junit xml beside);
-# 5. benchmarks/bench_gpu.py --out $OUT/bench_gpu.md (log: $OUT/bench_gpu.log).
-# The benchmark runs even when tests fail; the exit status is the tests' (else the benchmark's).
+# 5. benchmarks/bench_gpu.py --out $OUT/bench_gpu.md (log: $OUT/bench_gpu.log);
+# 6. benchmarks/bench_gpu_tune.py: jitop.tune on SGEMM 2048 for TUNE_BUDGET (60) s, default vs tuned GFLOP/s
+#    (log: $OUT/gpu_tune.log), only while the whole run stays under 8 minutes.
+# The benchmarks run even when tests fail; the exit status is the tests' (else the benchmark's, else the tuning's).
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +25,7 @@ mkdir -p "$out"
 PY="${PYTHON:-$(command -v python || command -v python3)}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-200}"     # seconds for the tests
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-250}"   # seconds for the benchmark (its own budget is 60 s less)
+TUNE_BUDGET="${TUNE_BUDGET:-60}"        # seconds of GPU tuning (step 6; its timeout is 50 s more)
 start=$SECONDS
 
 step() { printf '\n=== %s (%d s) ===\n' "$*" "$((SECONDS - start))"; }
@@ -136,7 +139,22 @@ timeout -k 10 "$BENCH_TIMEOUT" "$PY" benchmarks/bench_gpu.py --out "$out/bench_g
 bench_rc=${PIPESTATUS[0]}
 echo "benchmark: exit $bench_rc"
 
-step "done: tests exit $test_rc, benchmark exit $bench_rc; files in $out"
+# ** 6. tuning on the GPU **
+tune_timeout=$((TUNE_BUDGET + 50))
+if [ $((SECONDS - start + tune_timeout)) -le 480 ]; then
+    step "GPU tuning: SGEMM 2048 for ${TUNE_BUDGET} s"
+    timeout -k 10 "$tune_timeout" "$PY" benchmarks/bench_gpu_tune.py --size 2048 --budget "$TUNE_BUDGET" \
+        --records "$out/gpu_tune.jsonl" 2>&1 | tee "$out/gpu_tune.log"
+    tune_rc=${PIPESTATUS[0]}
+else
+    echo "GPU tuning skipped: $((SECONDS - start)) s spent, ${tune_timeout} s more would pass 8 minutes" \
+        | tee "$out/gpu_tune.log"
+    tune_rc=0
+fi
+echo "tuning: exit $tune_rc"
+
+step "done: tests exit $test_rc, benchmark exit $bench_rc, tuning exit $tune_rc; files in $out"
 ls -l "$out"
 if [ "$test_rc" != 0 ]; then exit "$test_rc"; fi
-exit "$bench_rc"
+if [ "$bench_rc" != 0 ]; then exit "$bench_rc"; fi
+exit "$tune_rc"

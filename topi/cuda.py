@@ -265,8 +265,10 @@ def _cooperative_fetch(s: Schedule, stage: Stage, rows: IterVar, cols: IterVar, 
 def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTarget | None = None) -> Schedule:
     """The SGEMM schedule of a matmul C (made by `matmul`, or any `te.sum(A[i, k] * B[k, j])` over 2-D inputs).
 
-    cfg keys (defaults: `default_matmul_config`): bm, bn (the block's tile of C, blockIdx.y/x), tm, tn (each
-    thread's register tile; (bm/tm) x (bn/tn) threads along threadIdx.y/x), bk (the K step of the shared tiles).
+    cfg keys (without a cfg: the tuned config of this float32 workload on `target` where one was tuned or
+    applied, `topi.cuda_templates.tuned_cfg`; else, and for keys a cfg leaves out, `default_matmul_config`):
+    bm, bn (the block's tile of C, blockIdx.y/x), tm, tn (each thread's register tile; (bm/tm) x (bn/tn)
+    threads along threadIdx.y/x), bk (the K step of the shared tiles).
     A block loads a bk x bm tile of A and a bk x bn tile of B into shared memory, every thread fetching 4-vectors
     of them, then each of the bk steps copies the thread's tm values of A and tn values of B to registers and
     does tm x tn multiply-adds into its accumulators. Sizes that are not multiples of the tiles are guarded.
@@ -288,6 +290,9 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     target = target or DEFAULT_TARGET
     m, n = C.shape
     k = op.reduce_axis[0].extent
+    if cfg is None and C.dtype.name == "float32" and all(isinstance(d, int) for d in (m, n, k)):
+        from jitop.topi.cuda_templates import CudaMatmulWorkload, tuned_cfg  # it imports this module
+        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k), target)
     cfg = {**default_matmul_config(m, n, k, target), **(cfg or {})}
     bm, bn, bk, tm, tn = _check_matmul_config(cfg, target)
 
@@ -419,8 +424,9 @@ def conv2d_nchw(X: Tensor, W: Tensor, stride: int | Sequence[int] = 1, padding: 
     red = te.reduce_axis((0, crs), "crs")
     g = te.compute((k, npq), lambda kk, j: te.sum(wt[red, kk] * xcol[red, j], axis=red), name=f"{name}.gemm",
                    tag=CONV_GEMM)
+    workload = dict(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw))
     return te.compute((n, k, p, q), lambda nn, kk, pp, qq: g[kk, nn * pq + pp * q + qq], name=name,
-                      tag="conv2d_nchw")
+                      tag="conv2d_nchw", attrs={"workload": workload})
 
 
 def default_conv2d_config(k: int, npq: int, crs: int, target: CudaTarget | None = None) -> dict[str, int]:
@@ -455,7 +461,8 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     """The implicit-GEMM schedule of a `conv2d_nchw` output: schedule_matmul's SGEMM with GEMM rows = the K
     output channels (blockIdx.y), columns = the N*P*Q output pixels (blockIdx.x) and reduction = C*R*S.
 
-    cfg keys as schedule_matmul's (defaults: `default_conv2d_config`). Each K step stages a bk x bm tile of the
+    cfg keys as schedule_matmul's (without a cfg: the tuned config of this float32 convolution on `target`, as
+    for schedule_matmul; else `default_conv2d_config`). Each K step stages a bk x bm tile of the
     filters (W.T inlined: contiguous along C*R*S, 4-vector fetches) and a bk x bn tile of the im2col matrix
     (X.col inlined into the fill: every thread computes its taps' (n, c, h, w), out-of-image taps read 0; scalar
     fetches, consecutive threads taking consecutive output pixels) in shared memory; each thread accumulates a
@@ -483,6 +490,9 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     target = target or DEFAULT_TARGET
     k, npq = g.shape
     crs = gop.reduce_axis[0].extent
+    if cfg is None and Y.dtype.name == "float32" and "workload" in Y.op.attrs:
+        from jitop.topi.cuda_templates import CudaConv2dWorkload, tuned_cfg  # it imports this module
+        cfg = tuned_cfg("cuda.conv2d", CudaConv2dWorkload(**Y.op.attrs["workload"]), target)
     cfg = {**default_conv2d_config(k, npq, crs, target), **(cfg or {})}
     tiles = _check_matmul_config(cfg, target)
 

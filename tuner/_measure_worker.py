@@ -185,12 +185,9 @@ def _run(state: _RunnerState, request: dict) -> dict:
         _first_run(module, [*inputs, *outs], request.get("fault"))
     except Exception as err:  # noqa: BLE001 - the kernel call raised: RUN_ERROR, the runner survives
         return {"status": "run_error", "msg": _describe(err)}
-    if request.get("fault") == "wrong":
-        _perturb(outs)
-    if request["check"]:
-        wrong = _compare(outs, state.reference)
-        if wrong:
-            return {"status": "wrong_answer", "msg": wrong}
+    wrong = checked_outputs(outs, request, state.reference)
+    if wrong is not None:
+        return wrong
     try:
         rotation = (state.cold.rotation(inputs, outs, cold_bytes(module)) if state.operands.constant_weights
                     else [[*inputs, *outs]])
@@ -210,6 +207,19 @@ def _first_run(module: Any, arrays: list[np.ndarray], fault: str | None) -> None
     if fault == "raise":
         raise RuntimeError("injected fault: the kernel call raised")
     module(*arrays)  # the checked call (shapes, dtypes, bounds flags), also the timing's warm-up
+
+
+def checked_outputs(outs: list[np.ndarray], request: dict, reference: list[np.ndarray] | None) -> dict | None:
+    """The runner's reply for a candidate whose first run's outputs differ from the default config's (a
+    "wrong_answer"), when the request asks for the check; None when they match. A request's "wrong" fault
+    (tests) perturbs the outputs first."""
+    if request.get("fault") == "wrong":
+        _perturb(outs)
+    if request["check"]:
+        wrong = _compare(outs, reference)
+        if wrong:
+            return {"status": "wrong_answer", "msg": wrong}
+    return None
 
 
 def _perturb(outs: list[np.ndarray]) -> None:

@@ -326,7 +326,18 @@ def _knob_features(space: ConfigSpace, configs: Sequence[Config]) -> _Columns:
             out.add(f"knob_{knob.name}_waste", comps.prod(axis=1) / least if len(configs) else comps[:, 0])
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in knob.candidates):
             out.add(f"knob_{knob.name}_log2_value", np.log2(np.abs(np.array(values, dtype=np.float64)) + 1.0))
+        elif _int_tuples(knob):  # a knob of several sizes at once (the GPU GEMM's tile: bm, bn, tm, tn)
+            comps = np.array(values, dtype=np.float64).reshape(len(configs), -1)
+            for j in range(comps.shape[1]):
+                out.add(f"knob_{knob.name}_log2_v{j}", _log2(comps[:, j]))
     return out
+
+
+def _int_tuples(knob: Knob) -> bool:
+    """Whether every candidate of a (non-split) knob is a tuple of positive ints of one length."""
+    cands = knob.candidates
+    return all(isinstance(c, tuple) and len(c) == len(cands[0]) > 0 and
+               all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in c) for c in cands)
 
 
 # ** per-class monomial fit of the primitives **
@@ -498,7 +509,7 @@ def _featurise_class(task: Task, tc: _TaskCache, key: tuple, members: list[Confi
     if key not in tc.fits and len(members) >= FIT_MIN:
         tc.fits[key] = _fit_class(task, tc.space, members[0], tc.exact)
     fit = tc.fits.get(key)
-    threads = task.target.threads
+    threads = getattr(task.target, "threads", 1)  # a GPU Target's loops are bound to threads, not PARALLEL
     if fit is not None:
         ir = _derive(fit.skeleton, fit.primitives(_log_comps(tc.space, members)), fit.order, threads)
         _store(tc, members, ir)

@@ -169,11 +169,15 @@ class LocalMeasurer:
     [True]
     """
 
+    # what the child processes run: build(task_json, config_json), init_build_worker(), ping(), runner_main(conn)
+    # (jitop.tuner.measure_gpu's measurer swaps in the GPU's)
+    worker_module: Any = worker
+
     def __init__(self, options: MeasureOptions = MeasureOptions()):
         self.options = options
         self.stats: dict[str, float] = {"build": 0.0, "measure": 0.0}
         self._ctx = multiprocessing.get_context("spawn")  # never fork: jitop's thread pool would be copied
-        self._builder = _BuildPool(self._ctx, options.build_workers or os.cpu_count() or 1)
+        self._builder = _BuildPool(self._ctx, options.build_workers or os.cpu_count() or 1, self.worker_module)
         self._runner: _Runner | None = None
         self._defaults: dict[str, _Built] = {}   # task key -> the default config's build (the reference)
 
@@ -280,8 +284,9 @@ class LocalMeasurer:
         start = time.perf_counter()
         reply, code, msg = runner.call(self._run_request(inp, own), self.options.timeout_s)
         run_s = time.perf_counter() - start
-        if reply is None:
+        if reply is None or reply.get("restart"):  # restart: the runner's state is broken (a GPU's sticky error)
             self._drop_runner()
+        if reply is None:
             return _failed(code, msg, own.seconds, run_s)
         return _from_reply(reply, own.seconds, run_s)
 
@@ -303,6 +308,8 @@ class LocalMeasurer:
             self._drop_runner()
             return _failed(code, f"the default config (the reference output) failed: {msg}")
         if reply["status"] != "ok":
+            if reply.get("restart"):
+                self._drop_runner()
             return _failed(ErrorCode.RUN_ERROR, f"the default config (the reference output) failed: {reply['msg']}")
         runner.reference_key = key
         return None
@@ -311,7 +318,7 @@ class LocalMeasurer:
         if self._runner is not None and (not self._runner.alive() or self._runner.count >= _RUNNER_MAX_CANDIDATES):
             self._drop_runner()
         if self._runner is None:
-            self._runner = _Runner(self._ctx)
+            self._runner = _Runner(self._ctx, self.worker_module.runner_main)
 
     def _ready_runner(self) -> tuple["_Runner | None", str]:
         """A runner that said it is ready (started if needed), or None and why not."""
@@ -346,9 +353,9 @@ def _from_reply(reply: dict, build_s: float, run_s: float) -> MeasureResult:
 class _Runner:
     """The parent's handle on the runner process: send a request, wait for its answer or kill it."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, main: Callable[[Any], None] = worker.runner_main):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker.runner_main, args=(child,), daemon=True, name="jitop-measure-runner")
+        self.process = ctx.Process(target=main, args=(child,), daemon=True, name="jitop-measure-runner")
         self.process.start()
         child.close()  # only the child holds its end now, so its death reads as EOF here
         self.ready = False
@@ -405,8 +412,8 @@ class _Runner:
 class _BuildPool:
     """A lazily started, reused pool of spawned build workers with a timeout per build."""
 
-    def __init__(self, ctx: Any, workers: int):
-        self._ctx, self.workers = ctx, workers
+    def __init__(self, ctx: Any, workers: int, module: Any = worker):
+        self._ctx, self.workers, self._module = ctx, workers, module  # module: what the workers run (see LocalMeasurer)
         self._pool: ProcessPoolExecutor | None = None
         self._builds = 0   # builds since the pool started
 
@@ -429,9 +436,10 @@ class _BuildPool:
 
     def _get(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=worker.init_build_worker)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx,
+                                             initializer=self._module.init_build_worker)
             # start every worker now, so no build's timeout includes a process start-up
-            wait([self._pool.submit(worker.ping) for _ in range(self.workers)], timeout=_START_TIMEOUT_S)
+            wait([self._pool.submit(self._module.ping) for _ in range(self.workers)], timeout=_START_TIMEOUT_S)
         return self._pool
 
     def _submit_ready(self, run: "_BuildRun") -> None:
@@ -458,7 +466,7 @@ class _BuildPool:
         # a worker may have died while idle (the pool then refuses work): start a fresh pool, a few times
         for _ in range(3):
             try:
-                return self._get().submit(worker.build, *job)
+                return self._get().submit(self._module.build, *job)
             except BrokenProcessPool:
                 self._kill()
         return None

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
-from jitop.target import Target
+from jitop.target import CudaTarget, Target
 from jitop.tuner.measure import ErrorCode, MeasureResult
 from jitop.tuner.space import Config
 from jitop.tuner.task import Task
@@ -209,16 +209,21 @@ def check_speed(rec: Record, max_gflops: float) -> None:
     """Raise InvalidRecord if a successful record claims more than `max_gflops` (a bound from its Target's
     peak, see jitop.tuner.cached.gflops_bound): no kernel runs faster than the machine's FMA units."""
     if rec.result.ok and rec.gflops > max_gflops:
+        t = rec.task.target
+        where = t.arch if getattr(t, "kind", "") == "cuda" else f"{t.cpu}, {t.threads} threads"
         raise InvalidRecord(f'"costs": a mean of {rec.result.cost:.3g} s per run is {rec.gflops:.3g} GFLOP/s; '
-                            f"expected at most {max_gflops:.3g} GFLOP/s, the bound from its Target's peak "
-                            f"({rec.task.target.cpu}, {rec.task.target.threads} threads)")
+                            f"expected at most {max_gflops:.3g} GFLOP/s, the bound from its Target's peak ({where})")
 
 
-def theoretical_gflops(target: Target) -> float:
+def theoretical_gflops(target: Target | CudaTarget) -> float:
     """A generous upper bound of a Target's FP32 GFLOP/s, for when no peak was measured: float32 vector lanes x
     FMA units (at least 2, at most 4) x 2 flops per FMA x 6 GHz (above any CPU's turbo clock) x threads.
     Every factor is at or above what a real CPU reaches, so no honest measurement is above it; the Target's
-    own fields are capped too (a record's Target is data: 256-byte vectors, SVE's widest, and 4096 threads)."""
+    own fields are capped too (a record's Target is data: 256-byte vectors, SVE's widest, and 4096 threads).
+    A GPU's (a CudaTarget): its SMs (at most 1024) x 4096 flops per clock (more than any SM's tensor cores
+    do in TF32) x 3 GHz."""
+    if getattr(target, "kind", "") == "cuda":
+        return min(max(target.sm_count, 1), 1024) * 4096 * 3.0
     lanes = min(max(target.vector_bytes, 16), 256) // 4
     units = min(max(target.fma_units, 2), 4)
     return lanes * units * 2 * 6.0 * min(max(target.threads, 1), 4096)
@@ -251,7 +256,7 @@ def _ends_with_newline(fd: int) -> bool:
     return os.pread(fd, 1, os.lseek(fd, 0, os.SEEK_END) - 1) == b"\n"
 
 
-def load(path: str | os.PathLike, target: Target | None = None) -> list[Record]:
+def load(path: str | os.PathLike, target: Target | CudaTarget | None = None) -> list[Record]:
     """Every readable record of a file (of `target` only, if given). Lines of another schema version or
     Target, and unreadable ones (a partial last line, a workload another jitop wrote), are skipped with one
     summary warning; a missing file is an empty list.
@@ -276,7 +281,7 @@ def load(path: str | os.PathLike, target: Target | None = None) -> list[Record]:
             skipped["unreadable"] += 1
             continue
         if target is not None and rec.task.target.key != target.key:
-            skipped[f"for another Target than {target.cpu}"] += 1
+            skipped[f"for another Target than {getattr(target, 'cpu', None) or target.arch}"] += 1
             continue
         records.append(rec)
     if skipped:

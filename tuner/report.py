@@ -25,6 +25,8 @@ def describe_task(task: Task) -> str:
     if task.template == "conv2d":
         return (f"conv2d {wl.n}x{wl.c}x{wl.h}x{wl.w} oc{wl.oc} {wl.kh}x{wl.kw}/{wl.stride[0]} "
                 f"{wl.layout} {wl.dtype}")
+    if callable(getattr(wl, "describe", None)):  # a workload that names itself (the GPU templates')
+        return f"{wl.describe()} on {task.target.arch}" if getattr(task.target, "kind", "") == "cuda" else wl.describe()
     return f"{task.template} {task.key[:8]}"
 
 

@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from jitop.target import Target
+from jitop.target import CudaTarget, Target
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
 
@@ -36,7 +36,7 @@ class Task:
 
     template: str
     workload: Any
-    target: Target
+    target: Target | CudaTarget
     # the second operand (weights) is a constant of the program, packed once by the graph (template.prepack)
     # and cold in the cache at each call: the tuner measures it so. Not part of the key: the same workload
     # picks the same record either way.
@@ -111,11 +111,18 @@ class Task:
         """A Task from `to_json`'s text."""
         data = json.loads(text)
         template = registry.get(data["template"])
-        return Task(data["template"], template.workload_from_json(data["workload"]), Target.from_json(data["target"]),
+        return Task(data["template"], template.workload_from_json(data["workload"]), _target_from_json(data["target"]),
                     constant_weights=data.get("constant_weights") is True)
 
     def __str__(self) -> str:
-        return f"{self.template}{registry.workload_to_json(self.workload)} on {self.target.cpu}"
+        where = self.target.arch if isinstance(self.target, CudaTarget) else self.target.cpu
+        return f"{self.template}{registry.workload_to_json(self.workload)} on {where}"
+
+
+def _target_from_json(data: dict) -> Target | CudaTarget:
+    """A task's Target from its JSON: a GPU's ("kind": "cuda") or a CPU's."""
+    gpu = isinstance(data, dict) and data.get("kind") == "cuda"
+    return CudaTarget.from_json(data) if gpu else Target.from_json(data)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from jitop.target import CudaTarget
 from jitop.tuner import records as rec_io
 from jitop.tuner.apply import apply_records
 from jitop.tuner.cached import save_best, tuned_store
@@ -59,7 +61,8 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
          trials: int | None = None, records: str | os.PathLike | None = "tune.jsonl", tuner: str = "xgb",
          seed: int = 0, batch_size: int = 16, early_stopping: int | None = 400,
          options: MeasureOptions | None = None, progress: bool = True, apply: bool = True,
-         peak_gflops: float | None = None, cache: bool = True, cluster: Any = None) -> TuneReport:
+         peak_gflops: float | None = None, cache: bool = True, cluster: Any = None,
+         target: str | CudaTarget | None = None) -> TuneReport:
     """Tune the tasks `fn(*example_args)` runs (or a list of `WeightedTask`), sharing one budget: `budget`
     wall-clock ("10m", "90s", seconds; 10 minutes if neither is given) and/or `trials`, whichever ends
     first. Every measurement is appended
@@ -67,13 +70,20 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     guided), "random" or "grid". `apply`: later compiles in this process use the best configs found.
     `cache`: save the best record of each task in the persistent cache (JITOP_CACHE_DIR), where every later
     process's `pick` finds it with no code change. `cluster`: a `distributed.Client` to measure on its workers
-    (jitop.tuner.measure_dask) instead of this machine. Returns a TuneReport (print it for the table).
+    (jitop.tuner.measure_dask) instead of this machine. `target`: "cuda" (this machine's GPU) or a CudaTarget
+    tunes the GPU templates ("cuda.matmul", "cuda.conv2d") of the tasks instead, measured on this GPU
+    (jitop.tuner.measure_gpu; CudaUnavailableError without a driver); topi.cuda's schedule_matmul /
+    schedule_conv2d then use the configs found. Returns a TuneReport (print it for the table).
 
-    >>> report = jitop.tune(f, a, b, trials=200)   # doctest: +SKIP
+    >>> report = jitop.tune(f, a, b, trials=200)                  # doctest: +SKIP
+    >>> report = jitop.tune(f, a, b, budget="60s", target="cuda")  # doctest: +SKIP
     """
     weighted = list(fn) if isinstance(fn, (list, tuple)) else extract_tasks(fn, *example_args)
+    if target is not None:
+        weighted = on_gpu(weighted, target)
     if not weighted:
         raise ValueError("tune: the function runs no tunable operator (matmul, conv2d) for these arguments")
+    gpu = _check_gpu(weighted, cluster)
     if trials is None and budget is None:
         budget = DEFAULT_BUDGET
     path = os.fspath(records) if records is not None else None
@@ -81,9 +91,12 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     show = Progress(enabled=progress)
     from jitop.tuner.measure import LocalMeasurer, MeasureOptions  # worker processes: only when tuning
     start = time.perf_counter()
-    if cluster is not None:
+    if gpu:
+        from jitop.tuner.measure_gpu import GPU_OPTIONS, GpuMeasurer
+        chosen: Any = GpuMeasurer(options or GPU_OPTIONS)
+    elif cluster is not None:
         from jitop.tuner.measure_dask import DaskMeasurer
-        chosen: Any = DaskMeasurer(cluster, options or MeasureOptions())
+        chosen = DaskMeasurer(cluster, options or MeasureOptions())
     else:
         chosen = LocalMeasurer(options or MeasureOptions())
     with chosen as measurer:
@@ -106,10 +119,58 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     # % of peak: of the peak measured on this machine (once per Target, kept in the cache), measured again if a
     # tuned kernel beats it (it was measured while other processes used the CPU)
     fastest = max((r.best_gflops for r in report.tasks), default=0.0)
-    report.peak_gflops = peak_gflops or measured_peak_gflops(weighted[0].task.target, at_least=fastest)
+    report.peak_gflops = peak_gflops or (None if gpu else measured_peak_gflops(weighted[0].task.target,
+                                                                            at_least=fastest))
     if apply:
         report.applied = apply_records([r for s in states for r in s.search.records] + earlier)
     return report
+
+
+def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[WeightedTask]:
+    """The GPU tasks of `weighted` for `target` ("cuda": this machine's GPU, "cuda -arch=sm_80", a CudaTarget):
+    each task's template "X" becomes the GPU template "cuda.X" (its workload converted by the GPU workload
+    type's `from_cpu`); a task the GPU template does not take (batched, grouped, NHWC, not float32) is left out
+    with one warning, a GPU task keeps its template and gets `target`.
+
+    >>> import jitop
+    >>> from jitop.tuner.registry import get
+    >>> wl = get("matmul").workload_type(m=64, n=64, k=64)
+    >>> [w.task.template for w in on_gpu([WeightedTask(Task("matmul", wl, jitop.Target.host()), 2)], "cuda")]
+    ['cuda.matmul']
+    """
+    from jitop.driver import resolve_target
+    from jitop.tuner import registry
+    gpu = resolve_target(target) if isinstance(target, str) else target
+    if not isinstance(gpu, CudaTarget):
+        raise ValueError(f"tune(target={target!r}): target= takes a GPU target ('cuda', 'cuda -arch=sm_90'); "
+                         "CPU tasks are tuned for the Target they were compiled for")
+    out, left = [], []
+    for w in weighted:
+        name = w.task.template if w.task.template.startswith("cuda.") else f"cuda.{w.task.template}"
+        wl_type = registry.get(name).workload_type
+        wl = w.task.workload if isinstance(w.task.workload, wl_type) else wl_type.from_cpu(w.task.workload)
+        if wl is None:
+            left.append(str(w.task))
+        else:
+            out.append(WeightedTask(Task(name, wl, gpu), w.count))
+    if left:
+        warnings.warn(f"jitop.tune: {len(left)} task(s) have no GPU template for their workload and are not tuned "
+                      f"for {gpu.arch}: {'; '.join(left[:3])}", RuntimeWarning, stacklevel=3)
+    return out
+
+
+def _check_gpu(weighted: Sequence[WeightedTask], cluster: Any) -> bool:
+    """Whether these are GPU tasks (then checked measurable here: jitop.tuner.measure_gpu.check_gpu_tasks)."""
+    from jitop.tuner.measure_gpu import check_gpu_tasks, is_gpu_task
+    gpu = [w.task for w in weighted if is_gpu_task(w.task)]
+    if not gpu:
+        return False
+    if len(gpu) != len(weighted):
+        raise ValueError("tune: GPU and CPU tasks in one call; tune them in separate calls")
+    if cluster is not None:
+        raise ValueError("tune: GPU tasks are measured on this machine's GPU; cluster= is for CPU tasks")
+    check_gpu_tasks(gpu)
+    return True
 
 
 def _resume(sched: TaskScheduler, earlier: list[Record]) -> None:

@@ -1,6 +1,7 @@
 """The `jitop` command (also `python -m jitop`):
 
-    jitop tune [--budget 10m | --trials N] [--tasks FILTER] [--tuner xgb] [--out FILE] [--script prog.py] [-- ARGS]
+    jitop tune [--budget 10m | --trials N] [--tasks FILTER] [--tuner xgb] [--out FILE] [--target cuda]
+               [--script prog.py] [-- ARGS]
     jitop tune model.onnx [--shape NAME=D0,D1,...] [the same options]
     jitop cache info | list | clear | export FILE | import FILE
     jitop explain prog.py [-- ARGS]

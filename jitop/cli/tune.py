@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", help="comma-separated filters: tune only tasks whose name or key contains one "
                                    "(e.g. 'conv2d', 'matmul 1024', a task key prefix)")
     p.add_argument("--tuner", choices=("xgb", "random", "grid"), default="xgb", help="search strategy (default xgb)")
+    p.add_argument("--target", metavar="cuda", help="'cuda': tune the GPU templates of these workloads on this "
+                                                     "machine's NVIDIA GPU (topi.cuda's matmul/conv2d schedules "
+                                                     "use the configs found) instead of the CPU's")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append every measured record to this file")
     p.add_argument("--top", type=int, default=16, help="at most this many logged workloads, heaviest first (16)")
     p.add_argument("--cluster", metavar="ADDRESS", help="measure on a Dask cluster: tcp://host:8786 (a running "
@@ -48,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Tune the chosen workloads, save the best configs in the cache, print the before/after table."""
     from jitop.cli.cache import _store
+    from jitop.errors import TargetMismatchError
+    from jitop.runtime.cuda.driver import CudaUnavailableError
     from jitop.tuner.tuning import WeightedTask, tune
     _hold_tuning_lock(_store())  # a disabled or refused cache: said before tuning, not after
     if args.trials is not None and args.trials < 1:
@@ -57,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     _check_cluster_address(args.cluster)
     if args.shape and args.model is None:
         raise CommandError("--shape applies to a model: jitop tune model.onnx --shape NAME=D0,D1,...")
+    if args.target is not None and args.target.split()[:1] != ["cuda"]:
+        raise CommandError(f"--target {args.target!r}: only 'cuda' (this machine's GPU) is a tuning target; CPU "
+                           "workloads are tuned for the CPU they ran on")
     if args.model is not None and args.model.endswith(".py"):
         raise CommandError(f"{args.model} is a Python program: jitop tune --script {args.model} tunes what it runs")
     if args.model is not None:  # an ONNX model's tasks, each with its uses per run
@@ -80,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
     client = _client(args.cluster)
     try:
         report = tune(weighted, budget=args.budget, trials=args.trials, records=args.out, tuner=args.tuner,
-                      progress=not args.no_progress, apply=False, cache=True, cluster=client)
+                      progress=not args.no_progress, apply=False, cache=True, cluster=client, target=args.target)
     except ValueError as err:  # a malformed --budget, say
         raise CommandError(str(err)) from None
+    except (CudaUnavailableError, TargetMismatchError) as err:  # --target cuda without a GPU, or not this GPU's
+        raise CommandError(str(err), status=1) from None
     finally:
         if client is not None:
             client.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -133,6 +133,47 @@ class GpuFunction:
         if self.built.error_symbol:
             self._raise_if_flagged(module)
         return self._results(args, arrays, device, on_device)
+
+    def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
+        """A function that only queues this function's kernels on `args` (every argument, inputs then outputs, a
+        device array; checked here, once): no checks per call, no read of the out-of-bounds flag (call
+        `raise_if_flagged()` afterwards), no synchronisation. For timing loops (the GPU tuner's runner), where a
+        call's flag read would wait for each kernel.
+
+        >>> launch = f.launcher([a_dev, b_dev, c_dev])   # doctest: +SKIP
+        >>> launch(); f.raise_if_flagged()                # doctest: +SKIP
+        """
+        from jitop.runtime.cuda import memory
+        if len(args) != len(self.params):
+            raise TypeError(f"{self.name}.launcher() takes all {len(self.params)} arguments (inputs then outputs)")
+        _, functions = self._load()
+        given = [memory.as_device_array(a) for a in args]
+        if any(dev is None for dev in given):
+            raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
+        arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
+        values = self.binder.bind(arrays)
+        workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
+        pointers = [d.ptr for d in arrays] + [w.ptr for w in workspaces] + list(values)
+        kinds = ["ptr"] * (len(arrays) + len(workspaces)) + ["i64"] * len(values)
+        env = dict(zip((s.name for s in self.symbols), values))
+        launches = []
+        for launch, fn in zip(self.built.kernels, functions):
+            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
+            if 0 not in grid:
+                self._check_grid(launch, grid)
+                launches.append((fn, grid, block))
+
+        def queue(keep: list = workspaces) -> None:  # the workspaces live as long as the launcher
+            for fn, grid, block in launches:
+                fn.launch(grid, block, pointers, kinds)
+        return queue
+
+    def raise_if_flagged(self) -> None:
+        """IndexError if a kernel launched since the last check flagged an out-of-bounds access (it waits for
+        them); nothing for a function without run-time checks."""
+        if self.built.error_symbol:
+            module, _ = self._load()
+            self._raise_if_flagged(module)
 
     def _argument(self, k: int, a: Any, dev: DeviceArray | None) -> Any:
         """Argument k, checked against its parameter: its device array `dev` (used in place) or, where `dev` is

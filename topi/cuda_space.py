@@ -1,0 +1,168 @@
+"""The tuning space of the GPU GEMM schedules (topi.cuda's SGEMM `schedule_matmul` and the implicit-GEMM
+`schedule_conv2d`, which share one loop nest and one config: bm, bn, bk, tm, tn).
+
+A point has two knobs: "tile" = (bm, bn, tm, tn), the block's tile of the output and each thread's register
+tile, and "bk", the K step of the shared tiles. The four tile sizes are one knob because they bound one
+another (threads per block, registers); bk only meets them in the shared memory, which `gemm_space` makes
+fit for every bk. So EVERY point of the space, any tile with any bk, is a schedule the template builds and a
+block the Target can launch:
+
+- bm % tm == bn % tn == 0, bn % 4 == 0 and bk % 4 == 0 (`topi.cuda._check_matmul_config`, which every point
+  passes);
+- WARP <= (bm / tm) (bn / tn) <= max_threads_per_block (at least one warp per block);
+- (bm + bn) * max(bk) * 4 bytes <= shared_per_block: the shared tiles of A and B fit at every bk;
+- tm * tn <= MAX_ACCUMULATORS, and threads x `registers_estimate(tm, tn)` <= registers_per_block, so the
+  block launches (a kernel that needs more registers than a block has fails at launch, it does not spill);
+- pruned as hopeless, not invalid: register tiles of fewer than 4 accumulators or more than 4x longer than
+  wide, and tiles much larger than the problem (bm <= max(64, rows rounded up to a power of two); bn, bk
+  alike); the template's default config is always a point.
+
+>>> from jitop.target import Target
+>>> space = gemm_space(1024, 1024, 1024, Target.from_string("cuda -arch=sm_90"))
+>>> space
+ConfigSpace(... points: tile[...], bk[4])
+>>> to_cfg(space.get(0))["bk"]
+4
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from jitop.target import CudaTarget
+from jitop.topi.cuda import MATMUL_KEYS, _check_matmul_config
+from jitop.tuner.space import Config, ConfigSpace
+
+BLOCK_TILES = (16, 32, 64, 128, 256)   # bm, bn: a block's tile of the output
+THREAD_TILES = (1, 2, 4, 8, 16)        # tm, tn: a thread's register tile
+K_STEPS = (4, 8, 16, 32)               # bk: the K step of the shared tiles
+WARP = 32
+MAX_ACCUMULATORS = 64                  # tm x tn: 8 x 8 runs at about 127 registers; more spills
+MIN_ACCUMULATORS = 4                   # tm x tn below this: pruned (little reuse of the shared tiles)
+FLOAT_BYTES = 4                        # the GEMM templates' shared tiles hold float32
+
+
+def registers_estimate(tm: int, tn: int) -> int:
+    """Registers a thread of a tm x tn register tile needs, a little over what ptxas allocates (the tm x tn
+    accumulators, the A and B fragments twice over for the loads in flight, addressing): 8 x 8 -> 136 (ptxas:
+    127), 4 x 4 -> 72 (44)."""
+    return tm * tn + 2 * (tm + tn) + 40
+
+
+def launch_problems(cfg: dict[str, int], target: CudaTarget, max_bk: int | None = None) -> list[str]:
+    """Why a GEMM config is not in the tuning space on `target` beyond `_check_matmul_config`'s checks ([]: it
+    may be). `max_bk`: the shared tiles must fit at this K step too (the space's largest)."""
+    bm, bn, bk, tm, tn = (int(cfg[x]) for x in MATMUL_KEYS)
+    problems = []
+    threads = (bm // tm) * (bn // tn)
+    if threads < WARP:
+        problems.append(f"{threads} threads per block, less than a warp ({WARP})")
+    if tm * tn > MAX_ACCUMULATORS:
+        problems.append(f"a {tm} x {tn} register tile holds more than {MAX_ACCUMULATORS} accumulators (it spills)")
+    registers = threads * registers_estimate(tm, tn)
+    if registers > target.registers_per_block:
+        problems.append(f"{threads} threads x about {registers_estimate(tm, tn)} registers exceed the "
+                        f"{target.registers_per_block} registers of a block (it would not launch)")
+    shared = (bm + bn) * max(bk, max_bk or 0) * FLOAT_BYTES
+    if shared > target.shared_per_block:
+        problems.append(f"the shared tiles take {shared} bytes at bk={max(bk, max_bk or 0)}, more than the "
+                        f"{target.shared_per_block} of a block")
+    return problems
+
+
+def valid_point(cfg: dict[str, int], target: CudaTarget, max_bk: int | None = None) -> bool:
+    """Whether `cfg` passes `_check_matmul_config` and `launch_problems` on `target`."""
+    try:
+        _check_matmul_config(cfg, target)
+    except ValueError:
+        return False
+    return not launch_problems(cfg, target, max_bk)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def _thread_tiles() -> list[tuple[int, int]]:
+    # pruned, not invalid: fewer than 4 accumulators reuse too little of each shared-memory load, and a tile
+    # more than 4x longer than wide loads many fragments for few products
+    return [(tm, tn) for tm in THREAD_TILES for tn in THREAD_TILES
+            if tm * tn >= MIN_ACCUMULATORS and max(tm, tn) <= 4 * min(tm, tn)]
+
+
+def gemm_space(rows: int, cols: int, red: int, target: CudaTarget,
+               default: dict[str, int] | None = None) -> ConfigSpace:
+    """The space of a GEMM of `rows` x `cols` outputs reduced over `red` (a matmul's M, N, K; a convolution's
+    K, N*P*Q, C*R*S) on `target`: see the module docstring. `default` (a cfg dict that `valid_point` accepts,
+    e.g. from `launchable_default`) is always a point: the K steps are those its tile fits in shared memory."""
+    bks = [bk for bk in K_STEPS if bk <= max(8, _pow2_at_least(red))]
+    if default is not None:
+        if not valid_point(default, target):
+            raise ValueError(f"the default GEMM config {default} is not a launchable point on {target.arch}: "
+                             + "; ".join(launch_problems(default, target)))
+        fits = (int(default["bm"]) + int(default["bn"])) * FLOAT_BYTES
+        bks = sorted({*(bk for bk in bks if fits * bk <= target.shared_per_block), int(default["bk"])})
+    top_bk = max(bks)
+    tiles = [(bm, bn, tm, tn) for bm in BLOCK_TILES if bm <= max(64, _pow2_at_least(rows))
+             for bn in BLOCK_TILES if bn <= max(64, _pow2_at_least(cols))
+             for tm, tn in _thread_tiles()
+             if valid_point({"bm": bm, "bn": bn, "bk": top_bk, "tm": tm, "tn": tn}, target)]
+    if default is not None and _tile(default) not in tiles:
+        tiles.append(_tile(default))
+    space = ConfigSpace()
+    space.define_knob("tile", sorted(tiles))
+    space.define_knob("bk", bks)
+    return space
+
+
+def launchable_default(cfg: dict[str, int], target: CudaTarget) -> dict[str, int]:
+    """`cfg` (a template's default tiles) if `target` can launch it, else the largest launchable block tile no
+    larger than it (most outputs, then the squarest, then most threads; its bk, or the largest that fits):
+    topi.cuda's defaults are sized for an H100 and may not fit a smaller GPU.
+
+    >>> small = CudaTarget(arch="sm_80", registers_per_block=16384, shared_per_block=16 << 10)
+    >>> launchable_default({"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8}, small)
+    {'bm': 64, 'bn': 64, 'bk': 16, 'tm': 4, 'tn': 8}
+    """
+    if valid_point(cfg, target):
+        return dict(cfg)
+    best = None
+    for bm in (b for b in BLOCK_TILES if b <= cfg["bm"]):
+        for bn in (b for b in BLOCK_TILES if b <= cfg["bn"]):
+            for tm, tn in _thread_tiles():
+                for bk in sorted((k for k in K_STEPS if k <= cfg["bk"]), reverse=True):
+                    point = {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
+                    if valid_point(point, target):
+                        rank = (bm * bn, min(bm, bn), (bm // tm) * (bn // tn), bk)
+                        if best is None or rank > best[0]:
+                            best = (rank, point)
+                        break
+    if best is None:
+        raise ValueError(f"no GEMM tile of at most {cfg['bm']} x {cfg['bn']} can launch on {target.describe()}")
+    return best[1]
+
+
+def _tile(cfg: dict[str, int]) -> tuple[int, int, int, int]:
+    return tuple(int(cfg[x]) for x in ("bm", "bn", "tm", "tn"))  # type: ignore[return-value]
+
+
+def to_cfg(config: Config) -> dict[str, int]:
+    """A point of `gemm_space` as the cfg dict `schedule_matmul` / `schedule_conv2d` take.
+
+    >>> to_cfg(Config.of(tile=(128, 64, 8, 4), bk=16))
+    {'bm': 128, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 4}
+    """
+    bm, bn, tm, tn = config["tile"]
+    return {"bm": int(bm), "bn": int(bn), "bk": int(config["bk"]), "tm": int(tm), "tn": int(tn)}
+
+
+def to_config(cfg: dict[str, Any]) -> Config:
+    """A cfg dict (keys MATMUL_KEYS) as a point of `gemm_space` (the inverse of `to_cfg`).
+
+    >>> to_config({'bm': 128, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 4}) == Config.of(tile=(128, 64, 8, 4), bk=16)
+    True
+    """
+    return Config.of(tile=tuple(int(cfg[x]) for x in ("bm", "bn", "tm", "tn")), bk=int(cfg["bk"]))
+
+
+__all__ = ["gemm_space", "launchable_default", "to_cfg", "to_config", "launch_problems", "valid_point",
+           "registers_estimate"]

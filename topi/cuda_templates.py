@@ -1,0 +1,213 @@
+"""The GPU GEMM schedules as tuning templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul) and
+"cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered with jitop.tuner.registry like the CPU
+templates, so `jitop.tune` searches their spaces (topi.cuda_space) for a GPU Target and measures them on the
+GPU (jitop.tuner.measure_gpu).
+
+Their tasks are (workload, CudaTarget): a record tuned for one GPU Target (its architecture and limits, the
+Target's key) is never used for another architecture or a CPU. `schedule_matmul(C)` / `schedule_conv2d(Y)`
+without a cfg ask `tuned_cfg`, i.e. `pick`, as a CPU compile does: records applied with jitop.apply_records
+or tuned into the cache answer first, the template's default otherwise.
+
+They are standalone templates (`build`): the traced graph's GPU path (jitop.graph.gpu) schedules its own
+matmuls and does not fuse into these, so `compute` and `schedule` refuse.
+
+>>> from jitop.target import Target
+>>> from jitop.tuner.task import Task
+>>> task = Task("cuda.matmul", CudaMatmulWorkload(1024, 1024, 1024), Target.from_string("cuda -arch=sm_90"))
+>>> len(task.config_space()) > 100, task.workload.describe()
+(True, 'cuda.matmul 1024x1024x1024 float32')
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from jitop import te
+from jitop.schedule.schedule import Schedule
+from jitop.target import CudaTarget
+from jitop.topi import cuda
+from jitop.topi.cuda_space import gemm_space, launchable_default, to_cfg, to_config
+from jitop.tuner import registry
+from jitop.tuner.space import Config, ConfigSpace
+from jitop.tuner.task import Task, pick
+
+DTYPE = "float32"  # the GEMM templates' shared tiles are sized for 4-byte elements
+
+
+@dataclass(frozen=True)
+class CudaMatmulWorkload:
+    """C[m, n] = A[m, k] @ B[k, n] in float32 on a GPU."""
+
+    template: ClassVar[str] = "cuda.matmul"
+    default_cfg: ClassVar[Callable[..., dict[str, int]]] = staticmethod(cuda.default_matmul_config)
+    m: int
+    n: int
+    k: int
+    dtype: str = DTYPE
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """(rows, columns, reduction) of the GEMM."""
+        return self.m, self.n, self.k
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def describe(self) -> str:
+        """"cuda.matmul 1024x1024x1024 float32"."""
+        return f"cuda.matmul {self.m}x{self.n}x{self.k} {self.dtype}"
+
+    @staticmethod
+    def from_cpu(wl: Any) -> "CudaMatmulWorkload | None":
+        """The GPU workload of a CPU "matmul" workload (None: the GPU template does not take it: batched,
+        symbolic, or not float32)."""
+        sizes = (wl.m, wl.n, wl.k)
+        if wl.a_batch or wl.b_batch or wl.dtype != DTYPE or not all(isinstance(d, int) and d > 0 for d in sizes):
+            return None
+        return CudaMatmulWorkload(*sizes)
+
+
+@dataclass(frozen=True)
+class CudaConv2dWorkload:
+    """Y [n, k, p, q] = conv2d(X [n, c, h, w], W [k, c, r, s]) in float32 on a GPU, NCHW, groups = 1."""
+
+    template: ClassVar[str] = "cuda.conv2d"
+    default_cfg: ClassVar[Callable[..., dict[str, int]]] = staticmethod(cuda.default_conv2d_config)
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    dtype: str = DTYPE
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """(P, Q): the output's height and width."""
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
+        p = (self.h + 2 * ph - dh * (self.r - 1) - 1) // sh + 1
+        return p, (self.w + 2 * pw - dw * (self.s - 1) - 1) // sw + 1
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """(rows, columns, reduction) of the implicit GEMM: K, N*P*Q, C*R*S."""
+        p, q = self.out_hw
+        return self.k, self.n * p * q, self.c * self.r * self.s
+
+    @property
+    def flops(self) -> int:
+        return 2 * math.prod(self.gemm)
+
+    def describe(self) -> str:
+        """"cuda.conv2d 8x64x56x56 k64 3x3/1 pad1 float32"."""
+        return (f"cuda.conv2d {self.n}x{self.c}x{self.h}x{self.w} k{self.k} {self.r}x{self.s}/{self.stride[0]} "
+                f"pad{self.padding[0]} {self.dtype}")
+
+    @staticmethod
+    def from_cpu(wl: Any) -> "CudaConv2dWorkload | None":
+        """The GPU workload of a CPU "conv2d" workload (None where the GPU template does not take it: grouped,
+        NHWC, asymmetric padding, symbolic sizes, not float32)."""
+        top, bottom, left, right = wl.pads
+        sizes = (wl.n, wl.c, wl.h, wl.w, wl.oc, wl.kh, wl.kw)
+        if wl.groups != 1 or wl.layout != "NCHW" or wl.dtype != DTYPE or top != bottom or left != right \
+                or not all(isinstance(d, int) for d in sizes):
+            return None
+        return CudaConv2dWorkload(*sizes, stride=tuple(wl.stride), padding=(top, left), dilation=tuple(wl.dilation))
+
+
+def _check_target(template: str, target: Any) -> CudaTarget:
+    if not isinstance(target, CudaTarget):
+        raise TypeError(f"template '{template}' builds for a GPU (a CudaTarget such as "
+                        f"jitop.Target('cuda -arch=sm_90')), got {target!r}")
+    return target
+
+
+# ** the space and default of either GEMM (a workload's `gemm` triple and `default_cfg`) **
+
+def _default_cfg(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: Any) -> dict[str, int]:
+    target = _check_target(wl.template, target)
+    return launchable_default(wl.default_cfg(*wl.gemm, target), target)
+
+
+def gemm_config_space(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> ConfigSpace:
+    """Every launchable config of the workload's GEMM on `target` (topi.cuda_space.gemm_space)."""
+    return gemm_space(*wl.gemm, target, _default_cfg(wl, target))
+
+
+def gemm_default(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> Config:
+    """The template's default (`topi.cuda.default_matmul_config` / `default_conv2d_config`) as a point of the
+    space (a smaller tile where `target` cannot launch it: topi.cuda_space.launchable_default)."""
+    return to_config(_default_cfg(wl, target))
+
+
+# ** cuda.matmul **
+
+def matmul_build(wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
+                 prepacked: bool = False) -> tuple[Schedule, list[te.Tensor]]:
+    """Placeholders A, B and the product C, scheduled with `config`: (Schedule, [A, B, C])."""
+    A = te.placeholder((wl.m, wl.k), wl.dtype, name="A")
+    B = te.placeholder((wl.k, wl.n), wl.dtype, name="B")
+    C = cuda.matmul(A, B)
+    return cuda.schedule_matmul(C, to_cfg(config), _check_target("cuda.matmul", target)), [A, B, C]
+
+
+def matmul_reads(wl: CudaMatmulWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
+    """A is read once per column block of C, B once per row block."""
+    cfg = to_cfg(config)
+    return -(-wl.n // cfg["bn"]), -(-wl.m // cfg["bm"])
+
+
+# ** cuda.conv2d **
+
+def conv2d_build(wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
+                 prepacked: bool = False) -> tuple[Schedule, list[te.Tensor]]:
+    """Placeholders X, W and the convolution Y, scheduled with `config`: (Schedule, [X, W, Y])."""
+    X = te.placeholder((wl.n, wl.c, wl.h, wl.w), wl.dtype, name="X")
+    W = te.placeholder((wl.k, wl.c, wl.r, wl.s), wl.dtype, name="W")
+    Y = cuda.conv2d_nchw(X, W, wl.stride, wl.padding, wl.dilation)
+    return cuda.schedule_conv2d(Y, to_cfg(config), _check_target("cuda.conv2d", target)), [X, W, Y]
+
+
+def conv2d_reads(wl: CudaConv2dWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
+    """The filters are read once per column block of the GEMM, the input (im2col) once per row block and tap."""
+    rows, cols, _ = wl.gemm
+    cfg = to_cfg(config)
+    return -(-rows // cfg["bm"]) * wl.r * wl.s, -(-cols // cfg["bn"])
+
+
+def _standalone(name: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"template '{name}' is a standalone GPU template (build, for tuning and "
+                                  "topi.cuda's schedules); the traced graph's GPU path schedules its own operators")
+    return refuse
+
+
+# ** the tuned config of a workload (schedule_matmul / schedule_conv2d without a cfg) **
+
+def tuned_cfg(template: str, workload: Any, target: CudaTarget) -> dict[str, int] | None:
+    """The cfg `pick` chooses for `workload` on `target` when a source answers (records applied with
+    jitop.apply_records, the cache's tuned / transferred / predicted configs of this very GPU Target); None
+    when none does (the caller then uses the template's default).
+
+    >>> from jitop.target import Target
+    >>> tuned_cfg("cuda.matmul", CudaMatmulWorkload(64, 64, 64), Target.from_string("cuda -arch=sm_90")) is None
+    True
+    """
+    choice = pick(Task(template, workload, target))
+    return None if choice.source == "default" else to_cfg(choice.config)
+
+
+MATMUL = registry.register(registry.Template("cuda.matmul", CudaMatmulWorkload, gemm_config_space, gemm_default,
+                                             _standalone("cuda.matmul"), _standalone("cuda.matmul"), matmul_build,
+                                             matmul_reads, kind_fields=("dtype",)))
+CONV2D = registry.register(registry.Template("cuda.conv2d", CudaConv2dWorkload, gemm_config_space, gemm_default,
+                                             _standalone("cuda.conv2d"), _standalone("cuda.conv2d"), conv2d_build,
+                                             conv2d_reads, kind_fields=("r", "s", "stride", "dilation", "dtype")))
+
+__all__ = ["CudaMatmulWorkload", "CudaConv2dWorkload", "tuned_cfg", "MATMUL", "CONV2D"]
