@@ -11,7 +11,8 @@ computation and return a Schedule whose loops are bound to blockIdx/threadIdx, r
   in steps of `bk` with A and B tiles staged in shared memory (all threads fetch them together, with vector
   loads) and each k step's A column / B row fragments copied to registers. `matmul` reads A through a transposed
   view that the schedule inlines into A's shared tile, so the tile is stored k-major and a thread's `tm` values
-  of A at one k are contiguous (vector loads from shared memory, as for B).
+  of A at one k are contiguous (vector loads from shared memory, as for B). `schedule_matmul_stage(s, C, cfg)`
+  applies the same to a matmul inside a larger schedule (a traced graph's, through the "cuda.matmul" template).
 - `conv2d_nchw(X, W, stride, padding, dilation)` + `schedule_conv2d(Y, cfg)`: a convolution as an implicit GEMM
   (rows = output channels, columns = N*P*Q output pixels, reduction = C*R*S) on the SGEMM's loop nest: the filters
   read as a [C*R*S, K] view, the input through an im2col view inlined into its shared tile (padding: taps outside
@@ -284,30 +285,58 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     ((16, 16, 1), (16, 16, 1), 4096)
     """
     (C,) = _as_tensors(C)
+    s = create_schedule(C)
+    schedule_matmul_stage(s, C, cfg, target)
+    inline_injective(s)  # A's and B's injective producers are computed in the shared tiles' fill
+    return s
+
+
+def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTarget | None = None,
+                  cfg: dict[str, int] | None = None) -> dict[str, int]:
+    """The full config schedule_matmul uses for an M x N x K product: `cfg`'s keys (without a cfg: the tuned
+    config of a float32 workload of constant sizes on `target`, `topi.cuda_templates.tuned_cfg`, where one
+    answers) over `default_matmul_config`.
+
+    >>> matmul_config(1024, 1024, 1024, cfg={"bk": 16})
+    {'bm': 64, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 8}
+    """
+    target = target or DEFAULT_TARGET
+    if cfg is None and dtype == "float32" and all(isinstance(d, int) for d in (m, n, k)):
+        from jitop.topi.cuda_templates import CudaMatmulWorkload, tuned_cfg  # it imports this module
+        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k), target)
+    return {**default_matmul_config(m, n, k, target), **(cfg or {})}
+
+
+def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = None,
+                          target: CudaTarget | None = None) -> None:
+    """schedule_matmul's SGEMM applied to the matmul C inside an existing schedule `s`, which may hold other
+    stages (a traced graph's): C's register tiles, shared tiles and K loop, `matmul`'s transposed view of A
+    inlined. Nothing else is inlined: the caller inlines the producers of A and B that the shared tiles' fill
+    should compute (`s[X].compute_inline()`), as schedule_matmul inlines every injective one.
+
+    >>> A, B = te.placeholder((100, 30), name="A"), te.placeholder((30, 50), name="B")
+    >>> C = matmul(A, B)
+    >>> D = te.compute((100, 50), lambda i, j: C[i, j] + 1.0, name="D")
+    >>> s = jitop.create_schedule([C.op, D.op])
+    >>> schedule_matmul_stage(s, C, {"bm": 32, "bn": 32, "bk": 8, "tm": 4, "tn": 4})
+    >>> [st.name for st in s.stages if st.scope == "shared"]
+    ['A.T.shared', 'B.shared']
+    """
     op = C.op
     if len(op.axis) != 2 or len(op.reduce_axis) != 1 or len(op.input_tensors) != 2:
         raise ValueError(f"schedule_matmul: '{op.name}' is not a 2-D matmul C[i, j] = sum_k A[i, k] * B[k, j]")
     target = target or DEFAULT_TARGET
     m, n = C.shape
-    k = op.reduce_axis[0].extent
-    if cfg is None and C.dtype.name == "float32" and all(isinstance(d, int) for d in (m, n, k)):
-        from jitop.topi.cuda_templates import CudaMatmulWorkload, tuned_cfg  # it imports this module
-        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k), target)
-    cfg = {**default_matmul_config(m, n, k, target), **(cfg or {})}
-    bm, bn, bk, tm, tn = _check_matmul_config(cfg, target)
-
+    tiles = _check_matmul_config(matmul_config(m, n, op.reduce_axis[0].extent, C.dtype.name, target, cfg), target)
     a_in, b_in = op.input_tensors
     transposed = isinstance(a_in.op, ComputeOp) and a_in.op.tag == TRANSPOSED_A
-    s = create_schedule(C)
     CL = s.cache_write(C, "local")
     AA = s.cache_read(a_in, "shared", [CL])
     BB = s.cache_read(b_in, "shared", [CL])
     if transposed:
         s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
-    inline_injective(s)
     i, j = op.axis
-    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, (bm, bn, bk, tm, tn), b_vec=4, out_vec=True)
-    return s
+    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True)
 
 
 def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, AA: Tensor, BB: Tensor,
@@ -711,6 +740,7 @@ def _unroll_if_small(stage: Stage, iv: IterVar, n: Any, step: int) -> None:
         stage.unroll(iv)
 
 
-__all__ = ["schedule_injective", "matmul", "schedule_matmul", "default_matmul_config", "softmax", "layer_norm",
-           "schedule_row_reduce", "default_row_threads", "inline_injective", "MATMUL_KEYS", "TRANSPOSED_A",
-           "conv2d_nchw", "schedule_conv2d", "default_conv2d_config", "IM2COL", "CONV_GEMM"]
+__all__ = ["schedule_injective", "matmul", "schedule_matmul", "schedule_matmul_stage", "matmul_config",
+           "default_matmul_config", "softmax", "layer_norm", "schedule_row_reduce", "default_row_threads",
+           "inline_injective", "MATMUL_KEYS", "TRANSPOSED_A", "conv2d_nchw", "schedule_conv2d", "default_conv2d_config",
+           "IM2COL", "CONV_GEMM"]

@@ -1,4 +1,4 @@
-"""The GPU GEMM schedules as tuning templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul) and
+"""The GPU GEMM schedules as templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul) and
 "cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered with jitop.tuner.registry like the CPU
 templates, so `jitop.tune` searches their spaces (topi.cuda_space) for a GPU Target and measures them on the
 GPU (jitop.tuner.measure_gpu).
@@ -8,8 +8,11 @@ Target's key) is never used for another architecture or a CPU. `schedule_matmul(
 without a cfg ask `tuned_cfg`, i.e. `pick`, as a CPU compile does: records applied with jitop.apply_records
 or tuned into the cache answer first, the template's default otherwise.
 
-They are standalone templates (`build`): the traced graph's GPU path (jitop.graph.gpu) schedules its own
-matmuls and does not fuse into these, so `compute` and `schedule` refuse.
+The traced graph's GPU path (jitop.graph.gpu) computes its 2-D float32 matmuls with "cuda.matmul"'s `compute`
+and `schedule` (so its tuned records apply to `@jitop.kernel(target="cuda")` too): the operands, read through
+the graph's readers (producers fused into them), are computed in the shared tiles' fill; an elementwise
+epilogue is not fused (it runs as its own kernel). "cuda.conv2d" is standalone (`build`): its `compute` and
+`schedule` refuse.
 
 >>> from jitop.target import Target
 >>> from jitop.tuner.task import Task
@@ -157,6 +160,43 @@ def matmul_build(wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
     return cuda.schedule_matmul(C, to_cfg(config), _check_target("cuda.matmul", target)), [A, B, C]
 
 
+@dataclass(frozen=True)
+class MatmulStages:
+    """`matmul_compute`'s stages: the product `out` and the views of A and B that read the graph's operands
+    (inlined by `matmul_schedule` into the shared tiles' fill)."""
+
+    out: te.Tensor
+    operands: tuple[te.Tensor, te.Tensor]
+
+
+def matmul_compute(wl: CudaMatmulWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
+                   name: str = "matmul", binding: Any = None, packed: Any = ()) -> MatmulStages:
+    """C = A @ B (topi.cuda.matmul) with A and B read through `readers` (read_a((), i, k), read_b((), k, j):
+    2-D operands have no batch index). The workload's sizes are constant: `binding` and `packed` are unused.
+
+    >>> A, B = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
+    >>> t = matmul_compute(CudaMatmulWorkload(64, 48, 32), None, None, (lambda b, i, k: A[i, k] * 2.0,
+    ...                                                               lambda b, k, j: B[k, j]))
+    >>> t.out.shape, [x.name for x in t.operands]
+    ((64, 48), ['matmul.A', 'matmul.B'])
+    """
+    read_a, read_b = readers
+    a = te.compute((wl.m, wl.k), lambda i, kk: read_a((), i, kk).astype(wl.dtype), name=f"{name}.A")
+    b = te.compute((wl.k, wl.n), lambda kk, j: read_b((), kk, j).astype(wl.dtype), name=f"{name}.B")
+    return MatmulStages(cuda.matmul(a, b, name=name), (a, b))
+
+
+def matmul_schedule(s: Schedule, t: MatmulStages, wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
+                    epilogue: te.Tensor | None = None) -> None:
+    """topi.cuda's SGEMM with `config` on the stages of `matmul_compute` inside the graph's schedule `s`, the
+    operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
+    if epilogue is not None:
+        raise NotImplementedError("template 'cuda.matmul' fuses no epilogue: schedule it as a stage of its own")
+    cuda.schedule_matmul_stage(s, t.out, to_cfg(config), _check_target("cuda.matmul", target))
+    for view in t.operands:
+        s[view].compute_inline()
+
+
 def matmul_reads(wl: CudaMatmulWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
     """A is read once per column block of C, B once per row block."""
     cfg = to_cfg(config)
@@ -204,7 +244,7 @@ def tuned_cfg(template: str, workload: Any, target: CudaTarget) -> dict[str, int
 
 
 MATMUL = registry.register(registry.Template("cuda.matmul", CudaMatmulWorkload, gemm_config_space, gemm_default,
-                                             _standalone("cuda.matmul"), _standalone("cuda.matmul"), matmul_build,
+                                             matmul_compute, matmul_schedule, matmul_build,
                                              matmul_reads, kind_fields=("dtype",)))
 CONV2D = registry.register(registry.Template("cuda.conv2d", CudaConv2dWorkload, gemm_config_space, gemm_default,
                                              _standalone("cuda.conv2d"), _standalone("cuda.conv2d"), conv2d_build,

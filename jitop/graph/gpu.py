@@ -4,15 +4,25 @@ per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
 - injective stages: every axis fused, split over blocks of threads (consecutive threads, consecutive elements);
 - reductions: one block per output element (or row), the reduced axis split over the block's threads, which
   combine their partial results with warp shuffles (a cross-thread reduction);
-- matmul: shared-memory tiles of A and B, one output per thread (no tuning yet);
+- 2-D float32 matmul of constant sizes: the "cuda.matmul" template (topi.cuda's SGEMM: bm x bn block tiles,
+  tm x tn register tiles per thread, bk-deep shared tiles of A and B fetched by all threads, guarded tails), with
+  the config `pick` chooses for its task on the GPU Target: a record applied with jitop.apply_records or tuned
+  into the cache (`jitop.tune(target="cuda")`), else the template's default. Producers fused into an operand
+  (a transpose, a cast, a scale) are computed in the shared tiles' fill; its elementwise consumers run as a
+  kernel of their own, as after any stage;
+- other matmuls (batched, other dtypes, an empty size): shared-memory tiles of A and B, 16 x 16 outputs per
+  block, one per thread, the batch on blockIdx.z;
 - conv2d and other complex stages: one thread per output element.
 
 Intermediates are workspaces the GPU function allocates on the device; numpy arguments are copied in and the
-results copied back. Compiled kernels go to the persistent cache (kind "gpu": the graph's key, the GPU target's,
-the LLVM version, jitop's code version), with the cubin where the compiling machine has the GPU.
+results copied back. Compiled kernels go to the persistent cache (kind "gpu": the graph's key, the configs of
+its templated stages, the GPU target's, the LLVM version, jitop's code version), with the cubin where the
+compiling machine has the GPU.
 """
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +30,7 @@ import numpy as np
 from jitop import te
 from jitop.codegen.target import llvm_version
 from jitop.driver import compile_gpu_func, lower
+from jitop.graph import prims
 from jitop.graph.compile import Prepared, constant_array, distinct_outputs
 from jitop.graph.kernel_cache import ComponentStore, graph_key
 from jitop.graph.fusion import materialize
@@ -30,21 +41,26 @@ from jitop.runtime.executable import rebuild
 from jitop.schedule.schedule import Stage, create_schedule
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
+from jitop.tuner import registry
+from jitop.tuner.task import Choice, Task, pick
 
 BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
 BY, BZ, TY = te.thread_axis("blockIdx.y"), te.thread_axis("blockIdx.z"), te.thread_axis("threadIdx.y")
 THREADS = 256          # threads per block of an injective stage
 REDUCE_THREADS = 256   # most threads sharing one reduction
-MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs
+MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs (without the SGEMM template)
+SGEMM = "cuda.matmul"  # the template of 2-D float32 matmuls (topi.cuda's SGEMM, found through the registry)
 
 
 class GpuToTE(ToTE):
-    """Tensor expressions for the GPU: plain reductions (threads split them, not SIMD partials) and plain
-    matmul / conv2d computes in place of the CPU templates."""
+    """Tensor expressions for the GPU: plain reductions (threads split them, not SIMD partials); a matmul with a
+    GPU task in `choices` is its GPU template's stages, any other a plain compute (no CPU template)."""
 
     vector_partials = False
 
     def template(self, n: Node, readers: tuple) -> Tensor:
+        if n in self.choices:
+            return super().template(n, readers)
         if n.prim != "matmul":
             raise NotImplementedError(f"'{n.prim}' has no GPU schedule yet; run this function on the CPU")
         read_a, read_b = readers
@@ -111,7 +127,8 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     consts = read_constants_of(unique)
     plan = input_plan + [("const", constant_array(n)) for n in consts]
     slots = [unique.index(o) for o in outputs]
-    content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, target)
+    choices = gpu_choices(unique, target)
+    content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target)
     store = ComponentStore("gpu")
     blob = store.get(content) if content is not None else None
     if blob is not None:
@@ -119,7 +136,7 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
             return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, len(unique))
         except ValueError:
             store.delete(content)  # damaged or foreign: compile it again
-    function = _compile(name, inputs, input_names, unique, consts, target)
+    function = _compile(name, inputs, input_names, unique, consts, choices, target)
     if content is not None:
         _link_if_possible(function)
         store.put(content, function.to_bytes())
@@ -127,12 +144,32 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
 
 
 def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-                   outputs: list[Node], unique: list[Node], target: CudaTarget) -> str | None:
-    """The cache's content key of a GPU kernel: the traced graph's key and the GPU target's (None when the graph
-    has no stable key)."""
-    prep = Prepared(name, inputs, input_names, input_plan, outputs, unique, {}, {}, target)
+                   outputs: list[Node], unique: list[Node], choices: dict[Node, tuple[Task, Choice]],
+                   target: CudaTarget) -> str | None:
+    """The cache's content key of a GPU kernel: the traced graph's key, the configs its templated stages are
+    built with (another record applied is another kernel) and the GPU target's (None when the graph has no
+    stable key)."""
+    prep = Prepared(name, inputs, input_names, input_plan, outputs, unique, {}, choices, target)
     graph = graph_key(prep)
-    return None if graph is None else f"{graph}|{target.key}|{llvm_version()}"
+    configs = json.dumps([[task.key, choice.config.as_dict()] for task, choice in choices.values()])
+    return None if graph is None else f"{graph}|{configs}|{target.key}|{llvm_version()}"
+
+
+def gpu_task(n: Node, target: CudaTarget) -> Task | None:
+    """The "cuda.matmul" task of a 2-D float32 matmul of constant, non-zero sizes; None for any other node (the
+    template's workload type says which matmuls it takes: `from_cpu` of the node's matmul workload)."""
+    if n.prim != "matmul":
+        return None
+    template = registry.get(SGEMM)
+    workload = template.workload_type.from_cpu(SimpleNamespace(**prims.get(n.prim).workload(n)))
+    return None if workload is None else Task(SGEMM, workload, target)
+
+
+def gpu_choices(unique: list[Node], target: CudaTarget) -> dict[Node, tuple[Task, Choice]]:
+    """Each node computed by a GPU template, with its task and the config `pick` chooses for it (a record applied
+    or tuned into the cache for this GPU Target, else the template's default)."""
+    tasks = {n: gpu_task(n, target) for n in toposort(unique)}
+    return {n: (task, pick(task)) for n, task in tasks.items() if task is not None}
 
 
 def _link_if_possible(function: GpuFunction) -> None:
@@ -144,9 +181,9 @@ def _link_if_possible(function: GpuFunction) -> None:
 
 
 def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
-             target: CudaTarget) -> GpuFunction:
+             choices: dict[Node, tuple[Task, Choice]], target: CudaTarget) -> GpuFunction:
     why = materialize(unique)
-    lowering = GpuToTE(why, target, {})
+    lowering = GpuToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
     placeholders += [lowering.placeholder(n, f"const{len(placeholders) + k}") for k, n in enumerate(consts)]
     for n in toposort(unique, skip=lambda n: n in lowering.st.placeholders):
@@ -155,7 +192,9 @@ def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list
     tensors = [lowering.tensor(n) for n in unique]
     s = create_schedule([t.op for t in tensors])
     for t, kind in lowering.st.kind.items():
-        if t.op in s.stage_map:
+        if t in lowering.st.templates:
+            lowering.st.templates[t](s)  # its template's schedule, with the config chosen for it
+        elif t.op in s.stage_map:
             schedule_stage(s[t], kind)
     return compile_gpu_func(lower(s, placeholders + tensors, name=name), target)
 

@@ -109,7 +109,7 @@ def test_gpu_templates_refuse_a_cpu_target_and_are_standalone() -> None:
     with pytest.raises(TypeError, match="builds for a GPU"):
         Task("cuda.matmul", MATMULS[0], Target.host()).config_space()
     with pytest.raises(NotImplementedError, match="standalone GPU template"):
-        registry.get("cuda.matmul").compute(MATMULS[0], None, SM90, None, "C")
+        registry.get("cuda.conv2d").compute(CONVS[0], None, SM90, None, "C")  # cuda.matmul: the graph's GPU path
 
 
 def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:
