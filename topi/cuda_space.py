@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from jitop.target import CudaTarget
-from jitop.topi.cuda import MATMUL_KEYS, _check_matmul_config
+from jitop.topi.cuda import MATMUL_KEYS, _check_matmul_config, _pow2_at_least
 from jitop.tuner.space import Config, ConfigSpace
 
 BLOCK_TILES = (16, 32, 64, 128, 256)   # bm, bn: a block's tile of the output
@@ -76,10 +76,6 @@ def valid_point(cfg: dict[str, int], target: CudaTarget, max_bk: int | None = No
     except ValueError:
         return False
     return not launch_problems(cfg, target, max_bk)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
 def _thread_tiles() -> list[tuple[int, int]]:
@@ -161,7 +157,7 @@ def to_config(cfg: dict[str, Any]) -> Config:
     >>> to_config({'bm': 128, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 4}) == Config.of(tile=(128, 64, 8, 4), bk=16)
     True
     """
-    return Config.of(tile=tuple(int(cfg[x]) for x in ("bm", "bn", "tm", "tn")), bk=int(cfg["bk"]))
+    return Config.of(tile=_tile(cfg), bk=int(cfg["bk"]))
 
 
 __all__ = ["gemm_space", "launchable_default", "to_cfg", "to_config", "launch_problems", "valid_point",

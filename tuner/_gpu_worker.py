@@ -23,24 +23,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jitop.tuner._measure_worker import _describe, _first_run, checked_outputs, exit_with_parent
+from jitop.tuner._measure_worker import (_describe, _first_run, checked_outputs, init_build_worker,  # noqa: F401
+                                        more_runs, ping, serve_requests)
 from jitop.tuner._operands import random_array
 
 WARMUP = 3  # launches before timing: the module is loaded and the GPU's clocks are up
 
 
-# ** build workers **
-
-def init_build_worker() -> None:
-    """Run once per build worker: importing jitop registers the templates."""
-    exit_with_parent()
-    import jitop  # noqa: F401 - registers the templates the tasks name
-
-
-def ping() -> int:
-    """A no-op task that starts a pool's processes before any build is timed."""
-    return os.getpid()
-
+# ** build workers: started with the CPU's init_build_worker and ping (imported above) **
 
 def build(task_json: str, config_json: str | None) -> dict[str, Any]:
     """Build one candidate's PTX (config None: the template's default) into {"status", "meta", "object_code"
@@ -95,18 +85,7 @@ def runner_main(conn: Any) -> None:
         conn.send({"status": "error", "msg": f"no GPU to measure on: {_describe(err)}"})
         return
     conn.send({"status": "ready", "pid": os.getpid()})
-    state = _State()
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return
-        if request.get("op") == "exit":
-            return
-        reply = (_reference if request["op"] == "reference" else _run)(state, request)
-        conn.send(reply)
-        if reply.get("restart"):
-            return  # the context is unusable: the parent starts a fresh runner
+    serve_requests(conn, _State(), _reference, _run)  # until EOF, or a sticky CUDA error's "restart" reply
 
 
 def _failure(err: BaseException) -> dict:
@@ -195,7 +174,6 @@ def gpu_time(launch: Callable[[], None], number: int = 1, repeat: int = 3, min_r
             ms = Event.elapsed_ms(start, end)
             if ms >= min_repeat_ms:
                 break
-            # as the CPU runner (TVM): jump to the estimated count, and at least by the golden ratio
-            number = max(int(min_repeat_ms / max(ms / number, 1e-6)) + 1, int(number * 1.618) + 1)
+            number = more_runs(number, ms / 1e3, min_repeat_ms / 1e3)
         costs.append(ms / 1e3 / number)
     return statistics.median(costs)

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -118,16 +118,26 @@ def runner_main(conn: Any) -> None:
 
     parallel_for_address()  # compile/load the thread pool now, not inside the first candidate's timeout
     conn.send({"status": "ready", "pid": os.getpid()})
-    state = _RunnerState()
+    serve_requests(conn, _RunnerState(), _reference, _run)
+
+
+def serve_requests(conn: Any, state: Any, reference: Callable[[Any, dict], dict],
+                   run: Callable[[Any, dict], dict]) -> None:
+    """A runner's loop: answer the parent's "reference" and "run" requests with `reference(state, request)` /
+    `run(state, request)` until EOF (the parent closed the pipe or died) or an "exit" request. A reply marked
+    "restart" (the GPU runner's, after a sticky CUDA error) ends the loop once it is sent: the parent starts a
+    fresh runner for the next candidate."""
     while True:
         try:
             request = conn.recv()
         except (EOFError, OSError):
-            return  # the parent closed the pipe or died
+            return
         if request.get("op") == "exit":
             return
-        handler = _reference if request["op"] == "reference" else _run
-        conn.send(handler(state, request))
+        reply = (reference if request["op"] == "reference" else run)(state, request)
+        conn.send(reply)
+        if reply.get("restart"):
+            return
 
 
 def _load(meta: dict, object_code: bytes) -> Any:
@@ -265,12 +275,21 @@ def _time(state: _RunnerState, module: Any, rotation: list[list[np.ndarray]], re
             elapsed = time.perf_counter() - start
             if elapsed >= min_s:
                 break
-            # as TVM: jump to the estimated count, and at least by the golden ratio (timer granularity)
-            per_run = max(elapsed / number, 1e-9)
-            number = max(int(min_s / per_run) + 1, int(number * 1.618) + 1)
+            number = more_runs(number, elapsed, min_s)
         costs.append(elapsed / number)
     module.raise_if_error()
     return costs
+
+
+def more_runs(number: int, elapsed: float, min_s: float) -> int:
+    """The run count for the next try of a measurement whose `number` runs took `elapsed` s, under `min_s`: as
+    TVM, the count estimated to last min_s, and at least the golden ratio more (timer granularity).
+
+    >>> more_runs(1, 0.001, 0.1), more_runs(10, 0.09, 0.1)
+    (101, 17)
+    """
+    per_run = max(elapsed / number, 1e-9)
+    return max(int(min_s / per_run) + 1, int(number * 1.618) + 1)
 
 
 def _flush(state: _RunnerState, module: Any) -> None:

@@ -120,16 +120,9 @@ class GpuFunction:
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
-        workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        pointers = [d.ptr for d in device] + [w.ptr for w in workspaces]
-        kinds = ["ptr"] * len(pointers) + ["i64"] * len(values)
-        env = dict(zip((s.name for s in self.symbols), values))
-        for launch, fn in zip(self.built.kernels, functions):
-            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
-            if 0 in grid:
-                continue  # an empty output: nothing to run
-            self._check_grid(launch, grid)
-            fn.launch(grid, block, pointers + list(values), kinds, shared_bytes=0)
+        launches, pointers, kinds, _workspaces = self._launches(functions, device, values)
+        for fn, grid, block in launches:
+            fn.launch(grid, block, pointers, kinds)
         if self.built.error_symbol:
             self._raise_if_flagged(module)
         return self._results(args, arrays, device, on_device)
@@ -151,10 +144,23 @@ class GpuFunction:
         if any(dev is None for dev in given):
             raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
         arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
-        values = self.binder.bind(arrays)
+        launches, pointers, kinds, workspaces = self._launches(functions, arrays, self.binder.bind(arrays))
+
+        def queue(keep: list = workspaces) -> None:  # the workspaces live as long as the launcher
+            for fn, grid, block in launches:
+                fn.launch(grid, block, pointers, kinds)
+        return queue
+
+    def _launches(self, functions: list[Any], device: Sequence[Any],
+                  values: Sequence[int]) -> tuple[list, list, list, list]:
+        """What a call on the device arrays `device` (every parameter's) with symbol `values` launches: [(kernel
+        function, grid, block)] of the kernels with work (an empty output has none), their arguments (the
+        arrays', fresh workspaces', then the values) and argument kinds, and the workspaces, which the caller
+        keeps alive while the kernels run."""
+        from jitop.runtime.cuda import memory
         workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        pointers = [d.ptr for d in arrays] + [w.ptr for w in workspaces] + list(values)
-        kinds = ["ptr"] * (len(arrays) + len(workspaces)) + ["i64"] * len(values)
+        pointers = [d.ptr for d in device] + [w.ptr for w in workspaces] + list(values)
+        kinds = ["ptr"] * (len(device) + len(workspaces)) + ["i64"] * len(values)
         env = dict(zip((s.name for s in self.symbols), values))
         launches = []
         for launch, fn in zip(self.built.kernels, functions):
@@ -162,11 +168,7 @@ class GpuFunction:
             if 0 not in grid:
                 self._check_grid(launch, grid)
                 launches.append((fn, grid, block))
-
-        def queue(keep: list = workspaces) -> None:  # the workspaces live as long as the launcher
-            for fn, grid, block in launches:
-                fn.launch(grid, block, pointers, kinds)
-        return queue
+        return launches, pointers, kinds, workspaces
 
     def raise_if_flagged(self) -> None:
         """IndexError if a kernel launched since the last check flagged an out-of-bounds access (it waits for
