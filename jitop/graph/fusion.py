@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from jitop.graph import prims
 from jitop.graph.ir import Node, consumers, toposort
-from jitop.graph.shapes import rep
+from jitop.graph.shapes import rep, same_dims
 
 MAX_SHARED_COST = 8  # a subtree shared by several consumers is recomputed by each unless it costs more
 FREE_TO_RECOMPUTE = 2  # extra cheap ops per element a consumer that rereads it may recompute
@@ -98,8 +98,49 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
         elif (b := _broadcast_reads(n, users[n])) > 1 and (cost := recompute_cost(n, why, memo)) > FREE_TO_RECOMPUTE:
             why[n] = (f"broadcast: each element is read {b} times by its consumer and costs {cost} ops "
                       "to recompute, so it is computed once")
+    tails_on_tiles(order, users, why)
     bound_depth(order, why)
     return why
+
+
+def tails_on_tiles(order: list[Node], users: dict[Node, list[Node]], why: dict[Node, str]) -> None:
+    """Materialize a matmul/conv's elementwise tail (bias, activation) that would be inlined into a consumer
+    evaluating each of its elements more than once (a max pooling's overlapping windows over a convolution's
+    ReLU): materialized, it is the template's epilogue, computed once on the register tile at no extra pass
+    over memory, and the consumer reads finished values (ResNet's stem: its pooling reran the bias and ReLU
+    2.25 times per element)."""
+    evaluations = _evaluations(order, users, why)
+    for t in reversed(order):  # consumers first: a tail materialized below changes only its producers' counts
+        if prims.get(t.prim).workload is None:
+            continue
+        tail = _elementwise_tail(t, users, why)
+        if tail is not None and (k := evaluations[tail]) > 1:
+            why[tail] = (f"the elementwise tail of a {t.prim}, which its consumer would evaluate on {k} paths: "
+                         "computed once, on the template's register tile")
+            evaluations = _evaluations(order, users, why)
+
+
+def _elementwise_tail(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> Node | None:
+    """The last of the inlined same-shape elementwise nodes following template node `t` one user at a time,
+    when its own user is not one (None where there is no such chain or it already ends materialized)."""
+    n = t
+    while len(users[n]) == 1:
+        u = users[n][0]
+        if u in why or not (prims.get(u.prim).elementwise and same_dims(u.shape, t.shape)):
+            break
+        n = u
+    if n is t or n in why or len(users[n]) != 1 or users[n][0] in why:
+        return None
+    return n
+
+
+def _evaluations(order: list[Node], users: dict[Node, list[Node]], why: dict[Node, str]) -> dict[Node, int]:
+    """Node -> how many times the materialized nodes evaluate each of its elements, summed over the inlined paths
+    to them (a concatenation read by nine window slices counts nine; a reader using it twice, once)."""
+    out: dict[Node, int] = {}
+    for m in reversed(order):
+        out[m] = sum(1 if u in why else out[u] for u in users[m]) or 1
+    return out
 
 
 def _reads(order: list[Node]) -> dict[Node, int]:

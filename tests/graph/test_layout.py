@@ -151,6 +151,42 @@ def test_pooling_and_depthwise_run_channels_last_and_match_numpy(shape):
     assert len(computed) <= 1, lines
 
 
+def _max_pool_s2_ref(x):
+    """3x3 max pooling, stride 2, padding 1 (ResNet's stem), in float64."""
+    xp = np.pad(np.asarray(x, np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    oh, ow = (x.shape[2] - 1) // 2 + 1, (x.shape[3] - 1) // 2 + 1
+    return np.max([xp[:, :, r:r + 2 * oh - 1:2, s:s + 2 * ow - 1:2] for r in range(3) for s in range(3)], axis=0)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 11, 9), (2, 16, 4, 1)])
+def test_a_strided_pooling_reads_the_convolutions_activation_computed_once_on_its_tile(shape):
+    """ResNet's stem: the pooling's overlapping windows would re-evaluate the bias and ReLU per read; they are
+    the convolution's epilogue instead (the ReLU is materialized, the pooling maxes finished values)."""
+    @jitop.kernel
+    def stem(x):
+        return jitop.max_pool2d(np.maximum(jitop.conv2d(x, W1, B1, padding=1), 0), 3, stride=2, padding=1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref = _max_pool_s2_ref(np.maximum(conv_ref(x, W1, pad=1) + B1[:, None, None], 0))
+    mag = _max_pool_s2_ref(conv_ref(np.abs(x), np.abs(W1), pad=1) + np.abs(B1)[:, None, None])
+    got = stem(x)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert (np.abs(got - ref) <= (16 * 9 + 2) * EPS * mag + 1e-30).all()
+    text = jitop.explain(stem, x)
+    tails = [ln for ln in text.splitlines() if "elementwise tail of a conv2d" in ln]
+    assert len(tails) == 1 and "maximum" not in tails[0].split("inlines")[0], tails
+
+
+def test_a_convolutions_activation_read_once_stays_inlined_into_its_reader():
+    """A stride-2 slice of the ReLU reads each element at most once: nothing is materialized for it."""
+    @jitop.kernel
+    def f(x):
+        return np.maximum(jitop.conv2d(x, W1, B1, padding=1), 0)[:, :, ::2, ::2] * 2
+    x = rng.standard_normal((1, 16, 7, 6)).astype(np.float32)
+    ref = np.maximum(conv_ref(x, W1, pad=1) + B1[:, None, None], 0)[:, :, ::2, ::2] * 2
+    np.testing.assert_allclose(f(x), ref, rtol=1e-5, atol=1e-5)
+    assert "elementwise tail" not in jitop.explain(f, x)
+
+
 def test_a_global_pooling_reduces_channels_last_and_a_batch_reduction_does_not():
     w = weights(32, 16, 3)
 

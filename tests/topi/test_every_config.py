@@ -151,6 +151,9 @@ CONV = {  # name: Workload
                                           layout="NHWC"),
     # whole-row tiles (tile_ow (1, 6)) take two output rows where the registers allow: 5 rows, a 1-row tail
     "nhwc_3x3_two_row_tiles": tc.Conv2dWorkload(1, 8, 5, 6, 32, 3, 3, pads=(1, 1, 1, 1), layout="NHWC"),
+    # an image's 3 channels: the direct algorithm's padded copy is planar (n, row, channel, column)
+    "nhwc_stem_3ch_7x7_stride2": tc.Conv2dWorkload(1, 3, 13, 10, 16, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3),
+                                                   layout="NHWC"),
     # unpadded NHWC 1x1: gemm with the pixels as rows (9x8 / 2 -> 5x4 = 20 pixels), 20 channels
     "nhwc_1x1_stride2_oc20": tc.Conv2dWorkload(2, 7, 9, 8, 20, 1, 1, stride=(2, 2), layout="NHWC"),
 }
@@ -354,6 +357,18 @@ def test_a_whole_row_direct_tile_takes_two_rows_where_the_registers_allow():
     assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=8), avx2) == 2
     assert tc._tile_rows(wl, tc.Conv2dConfig(mr=7, bn=16), avx2) == 1
     assert tc._tile_rows(dataclasses.replace(wl, layout="NCHW"), tc.Conv2dConfig(mr=7, bn=8), avx2) == 1
+
+
+def test_fewer_channels_than_a_vector_pad_into_channel_planes():
+    """The stem's padded copy holds channel planes (vectors along each row), a wide input stays channels-last."""
+    target = Target.from_string("skylake-avx512")
+    for c, planar in ((3, True), (16, False)):
+        wl = tc.Conv2dWorkload(1, c, 13, 10, 16, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3), layout="NHWC")
+        cfg = tc.Conv2dConfig(mr=4, bn=16, ic_unroll=1)
+        t = tc.conv2d(lambda n, ch, y, x: te.const(1.0, "float32"), lambda o, i, r, s: te.const(1.0, "float32"),
+                      wl, "float32", cfg, target)
+        assert tc.planar_padding(wl, target) is planar
+        assert tuple(t.padded.shape) == ((1, 19, c, 15) if planar else (1, 19, 15, c)), t.padded.shape
 
 
 @pytest.mark.parametrize("batch", [1, 8])
