@@ -6,6 +6,8 @@
   (b) softmax and layer norm over the rows of 4096 x 4096 float32 (schedule_row_reduce) vs torch;
   (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
       FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
+  (c'') the same SGEMMs on TF32 tensor cores (topi.cuda.matmul(A, B, tc="tf32"): the best of TC_CONFIGS) vs
+      torch.mm with TF32 on (cuBLAS TF32; issue 25's target: >= 60 %), --no-tc skips;
   (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call;
   (e) conv2d float32 on ResNet-50's layers at batch 8 and 32 (topi.cuda.conv2d_nchw + schedule_conv2d, an implicit
       GEMM) vs torch.nn.functional.conv2d with cuDNN TF32 off, and the geomean ratio per batch (--no-conv skips).
@@ -44,6 +46,11 @@ SWEEP = [             # SGEMM tile configs measured at the sweep sizes (the firs
     {"bm": 64, "bn": 64, "bk": 8, "tm": 8, "tn": 8},
     {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4},
     {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 4},
+]
+TC_CONFIGS = [        # tensor-core (TF32 mma.sync) configs of section (c''): the warps of these thread tiles
+    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "tc": "tf32"},
+    {"bm": 128, "bn": 128, "bk": 32, "tm": 8, "tn": 8, "tc": "tf32"},
+    {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 4, "tc": "tf32"},
 ]
 
 
@@ -408,6 +415,58 @@ def section_sgemm(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
               "error / bound: max |C - C_float64| / (K eps sum|a||b|), at most 1 when correct.")
 
 
+def _tf32_error_ratio(ctx: Ctx, got: Any, ta, tb) -> float:
+    """max |C - C64| / (2^-10 sum_k |a||b| + K eps sum_k |a||b|): at most 1 for a correct TF32 product (each operand
+    rounded to 11 significant bits, the sum in float32)."""
+    torch = ctx.torch
+    k = ta.shape[1]
+    c64 = ta.double() @ tb.double()
+    bound = (2.0 ** -10 + k * EPS32) * (ta.abs().double() @ tb.abs().double()) + 1e-30
+    g = got if isinstance(got, torch.Tensor) else torch.from_numpy(np.asarray(got)).cuda()
+    return float(((g.double() - c64).abs() / bound).max())
+
+
+def section_sgemm_tc(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
+    """(c'') SGEMM on TF32 tensor cores: the best of TC_CONFIGS per size vs cuBLAS TF32."""
+    te, topi, mem, torch = ctx.jitop.te, ctx.topi, ctx.memory, ctx.torch
+    rows = []
+    for n in sizes:
+        a, b = ctx.rand((n, n), 6), ctx.rand((n, n), 7)
+        da, db, dc = mem.to_device(a), mem.to_device(b), mem.empty((n, n), np.float32)
+        ta, tb = (torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()) if torch is not None else (None, None)
+        flops, best = 2.0 * n ** 3, None
+        for cfg in TC_CONFIGS:
+            label = f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}"
+            if time.time() > deadline:
+                rows.append([n, label, "skipped (time budget)", "", "", "", ""])
+                continue
+            try:
+                A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+                C = topi.matmul(A, B, tc="tf32")
+                f, _ = ctx.build(topi.schedule_matmul(C, cfg, target=ctx.target), [A, B, C])
+                f(da, db, dc)
+                ratio = _tf32_error_ratio(ctx, dc.get(), ta, tb) if torch is not None else float("nan")
+                jt = flops / ctx.time_ms(lambda: f(da, db, dc), budget_ms=100, reps=3) / 1e9
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                rows.append([n, label, f"error: {type(err).__name__}: {err}"[:120], "", "", "", ""])
+                continue
+            row = [n, label, jt, "", "", f"{ratio:.2g}", f.built.kernels[0].block]
+            rows.append(row)
+            best = row if best is None or jt > best[2] else best
+        if torch is not None and best is not None:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            tf32 = flops / ctx.time_ms(lambda: torch.mm(ta, tb), "torch") / 1e9
+            torch.backends.cuda.matmul.allow_tf32 = False
+            best[3:5] = [tf32, f"{100 * best[2] / tf32:.0f} % (best)"]
+        del da, db, dc
+    rep.table("(c'') SGEMM on TF32 tensor cores (TFLOP/s)",
+              ["n", "tiles (bm x bn x bk / tm x tn), tc=tf32", "jitop", "cuBLAS TF32", "jitop / TF32",
+               "error / TF32 bound", "block"], rows,
+              "error / TF32 bound: max |C - C_float64| / ((2^-10 + K eps) sum|a||b|), at most 1 when correct. "
+              "Target (issue 25): the best config >= 60 % of cuBLAS TF32.")
+
+
 CONV_LAYERS = [       # ResNet-50's conv layers (C, H=W, K, R=S, stride, pad), measured at CONV_BATCHES
     (64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0), (128, 28, 128, 3, 1, 1),
     (256, 14, 256, 3, 1, 1), (512, 7, 512, 3, 1, 1), (1024, 14, 256, 1, 1, 0), (3, 224, 64, 7, 2, 3),
@@ -577,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", type=int, nargs="*", default=[4096, 2048], help="SGEMM sizes of the config sweep")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-conv", action="store_true", help="skip the ResNet-50 conv2d section")
+    p.add_argument("--no-tc", action="store_true", help="skip the TF32 tensor-core SGEMM section")
     args = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + args.budget
@@ -594,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         ("softmax / layer norm", lambda: section_rows(ctx, rep)),
         ("SGEMM", lambda: section_sgemm(ctx, rep, args.sizes, deadline)),
     ]
+    if not args.no_tc:
+        sections.append(("SGEMM TF32", lambda: section_sgemm_tc(ctx, rep, args.sizes, deadline - 60)))
     if not args.no_conv:
         sections.append(("conv2d", lambda: section_conv(ctx, rep, deadline)))
     sections += [

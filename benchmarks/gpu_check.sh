@@ -12,7 +12,8 @@
 #    (no pip needed). Each is checked by importing jitop.topi.cuda from the tree;
 # 3. versions and `nvidia-smi -L`;
 # 4. pytest on tests/cuda and tests/topi/test_cuda_schedules.py (log: $OUT/gpu_tests.log, junit xml beside);
-# 5. benchmarks/bench_gpu.py --out $OUT/bench_gpu.md (log: $OUT/bench_gpu.log);
+# 5. benchmarks/bench_gpu.py --out $OUT/bench_gpu.md (log: $OUT/bench_gpu.log), its SGEMM on TF32 tensor cores
+#    (section c'') included;
 # 6. benchmarks/bench_gpu_tune.py: jitop.tune on SGEMM 2048 for TUNE_BUDGET (60) s, default vs tuned GFLOP/s
 #    (log: $OUT/gpu_tune.log), only while the whole run stays under 8 minutes.
 # The benchmarks run even when tests fail; the exit status is the tests' (else the benchmark's, else the tuning's).

@@ -172,11 +172,13 @@ def schedule_injective(outs: Tensor | Sequence[Tensor], threads: int = 256, per_
 
 # ** matmul (SGEMM) **
 
-def matmul(A: Tensor, B: Tensor, name: str = "matmul") -> Tensor:
+def matmul(A: Tensor, B: Tensor, name: str = "matmul", tc: int | str = 0) -> Tensor:
     """C[i, j] = sum_k A[i, k] * B[k, j] for 2-D A (M x K) and B (K x N) of one float dtype.
 
     A is read through a transposed view (A.T[k, i], tagged TRANSPOSED_A) that schedule_matmul inlines into the
     shared-memory tile of A; any other schedule can inline it too (`s[C.op.input_tensors[0]].compute_inline()`).
+    tc="tf32" computes it on TF32 tensor cores instead (float32 of constant sizes; TF32 numerics, see
+    topi.cuda_mma): the compute of schedule_matmul's tensor-core configs.
 
     >>> A, B = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
     >>> C = matmul(A, B)
@@ -190,6 +192,11 @@ def matmul(A: Tensor, B: Tensor, name: str = "matmul") -> Tensor:
         raise ValueError(f"matmul: A is {A.shape} and B is {B.shape}; A's columns must equal B's rows")
     if A.dtype is not B.dtype or not A.dtype.is_float:
         raise TypeError(f"matmul takes A and B of one float dtype, got {A.dtype.name} and {B.dtype.name}")
+    if tc:
+        from jitop.topi import cuda_mma  # it imports this module
+        if tc != cuda_mma.TF32:
+            raise ValueError(f"matmul: tc={tc!r}; the tensor-core modes are {list(cuda_mma.TC_MODES)}")
+        return cuda_mma.matmul_tc(A, B, name)
     at = te.compute((k, m), lambda kk, i: A[i, kk], name=f"{A.name}.T", tag=TRANSPOSED_A)
     r = te.reduce_axis((0, k), "k")
     return te.compute((m, n), lambda i, j: te.sum(at[r, i] * B[r, j], axis=r), name=name, tag="matmul")
@@ -222,10 +229,11 @@ def default_matmul_config(m: Any, n: Any, k: Any, target: CudaTarget | None = No
     return {"bm": bm, "bn": bn, "bk": 16 if bm == 128 else 8, "tm": 8, "tn": 8}
 
 
-def _check_matmul_config(cfg: dict[str, int], target: CudaTarget) -> tuple[int, int, int, int, int]:
-    unknown = set(cfg) - set(MATMUL_KEYS)
+def _check_matmul_config(cfg: dict[str, Any], target: CudaTarget) -> tuple[int, int, int, int, int]:
+    unknown = set(cfg) - set(MATMUL_KEYS) - {"tc"}
     if unknown:
-        raise ValueError(f"schedule_matmul: unknown config keys {sorted(unknown)}; the keys are {list(MATMUL_KEYS)}")
+        raise ValueError(f"schedule_matmul: unknown config keys {sorted(unknown)}; the keys are {list(MATMUL_KEYS)} "
+                         "and tc (tensor cores)")
     bm, bn, bk, tm, tn = (int(cfg[x]) for x in MATMUL_KEYS)
     problems = []
     if bm % tm or bn % tn:
@@ -241,6 +249,9 @@ def _check_matmul_config(cfg: dict[str, int], target: CudaTarget) -> tuple[int, 
         problems.append(f"the shared tiles take {shared} bytes, more than the {target.shared_per_block} of a block")
     if tm * tn > 128:
         problems.append(f"a {tm} x {tn} register tile does not fit in a thread's registers")
+    if cfg.get("tc", 0):
+        from jitop.topi.cuda_mma import tc_problems  # it imports this module
+        problems += tc_problems(cfg, target)
     if problems:
         raise ValueError(f"schedule_matmul config {cfg}: " + "; ".join(problems))
     return bm, bn, bk, tm, tn
@@ -269,7 +280,9 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     cfg keys (without a cfg: the tuned config of this float32 workload on `target` where one was tuned or
     applied, `topi.cuda_templates.tuned_cfg`; else, and for keys a cfg leaves out, `default_matmul_config`):
     bm, bn (the block's tile of C, blockIdx.y/x), tm, tn (each thread's register tile; (bm/tm) x (bn/tn)
-    threads along threadIdx.y/x), bk (the K step of the shared tiles).
+    threads along threadIdx.y/x), bk (the K step of the shared tiles), tc (0; "tf32" for a C made by
+    `matmul(A, B, tc="tf32")`, which runs the same block tiles and threads as warps of TF32 mma.sync tiles:
+    topi.cuda_mma; its tuned configs are those of the workload allowing TF32). The compute decides the engine.
     A block loads a bk x bm tile of A and a bk x bn tile of B into shared memory, every thread fetching 4-vectors
     of them, then each of the bk steps copies the thread's tm values of A and tn values of B to registers and
     does tm x tn multiply-adds into its accumulators. Sizes that are not multiples of the tiles are guarded.
@@ -292,10 +305,10 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
 
 
 def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTarget | None = None,
-                  cfg: dict[str, int] | None = None) -> dict[str, int]:
+                  cfg: dict[str, int] | None = None, tf32: bool = False) -> dict[str, int]:
     """The full config schedule_matmul uses for an M x N x K product: `cfg`'s keys (without a cfg: the tuned
     config of a float32 workload of constant sizes on `target`, `topi.cuda_templates.tuned_cfg`, where one
-    answers) over `default_matmul_config`.
+    answers; `tf32`: of the workload allowing TF32) over `default_matmul_config`.
 
     >>> matmul_config(1024, 1024, 1024, cfg={"bk": 16})
     {'bm': 64, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 8}
@@ -303,7 +316,7 @@ def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTa
     target = target or DEFAULT_TARGET
     if cfg is None and dtype == "float32" and all(isinstance(d, int) for d in (m, n, k)):
         from jitop.topi.cuda_templates import CudaMatmulWorkload, tuned_cfg  # it imports this module
-        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k), target)
+        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k, "tf32" if tf32 else "float32"), target)
     return {**default_matmul_config(m, n, k, target), **(cfg or {})}
 
 
@@ -323,11 +336,20 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     ['A.T.shared', 'B.shared']
     """
     op = C.op
-    if len(op.axis) != 2 or len(op.reduce_axis) != 1 or len(op.input_tensors) != 2:
-        raise ValueError(f"schedule_matmul: '{op.name}' is not a 2-D matmul C[i, j] = sum_k A[i, k] * B[k, j]")
     target = target or DEFAULT_TARGET
     m, n = C.shape
-    tiles = _check_matmul_config(matmul_config(m, n, op.reduce_axis[0].extent, C.dtype.name, target, cfg), target)
+    from jitop.topi import cuda_mma  # it imports this module
+    if cuda_mma.is_matmul_tc(C):
+        full = {**matmul_config(m, n, C.op.attrs["k"], "float32", target, cfg, tf32=True), "tc": cuda_mma.TF32}
+        cuda_mma.schedule_matmul_tc_stage(s, C, _check_matmul_config(full, target))
+        return
+    if cfg is not None and cfg.get("tc", 0):
+        raise ValueError(f"schedule_matmul: cfg {cfg} asks for tensor cores (tc={cfg['tc']!r}), but '{op.name}' "
+                         "is a float32 matmul; make it with topi.cuda.matmul(A, B, tc='tf32')")
+    if len(op.axis) != 2 or len(op.reduce_axis) != 1 or len(op.input_tensors) != 2:
+        raise ValueError(f"schedule_matmul: '{op.name}' is not a 2-D matmul C[i, j] = sum_k A[i, k] * B[k, j]")
+    full = matmul_config(m, n, op.reduce_axis[0].extent, C.dtype.name, target, cfg)
+    tiles = _check_matmul_config({**full, "tc": 0}, target)
     a_in, b_in = op.input_tensors
     transposed = isinstance(a_in.op, ComputeOp) and a_in.op.tag == TRANSPOSED_A
     CL = s.cache_write(C, "local")
@@ -523,6 +545,8 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
         from jitop.topi.cuda_templates import CudaConv2dWorkload, tuned_cfg  # it imports this module
         cfg = tuned_cfg("cuda.conv2d", CudaConv2dWorkload(**Y.op.attrs["workload"]), target)
     cfg = {**default_conv2d_config(k, npq, crs, target), **(cfg or {})}
+    if cfg.get("tc", 0):
+        raise ValueError(f"schedule_conv2d: tc={cfg['tc']!r}; the implicit GEMM has no tensor-core schedule (tc=0)")
     tiles = _check_matmul_config(cfg, target)
 
     wt, xcol = gop.input_tensors

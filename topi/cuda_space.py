@@ -30,6 +30,7 @@ from typing import Any
 
 from jitop.target import CudaTarget
 from jitop.topi.cuda import MATMUL_KEYS, _check_matmul_config, _pow2_at_least
+from jitop.topi.cuda_mma import TC_MODES
 from jitop.tuner.space import Config, ConfigSpace
 
 BLOCK_TILES = (16, 32, 64, 128, 256)   # bm, bn: a block's tile of the output
@@ -86,10 +87,13 @@ def _thread_tiles() -> list[tuple[int, int]]:
 
 
 def gemm_space(rows: int, cols: int, red: int, target: CudaTarget,
-               default: dict[str, int] | None = None) -> ConfigSpace:
+               default: dict[str, int] | None = None, tensor_cores: bool = False) -> ConfigSpace:
     """The space of a GEMM of `rows` x `cols` outputs reduced over `red` (a matmul's M, N, K; a convolution's
     K, N*P*Q, C*R*S) on `target`: see the module docstring. `default` (a cfg dict that `valid_point` accepts,
-    e.g. from `launchable_default`) is always a point: the K steps are those its tile fits in shared memory."""
+    e.g. from `launchable_default`) is always a point: the K steps are those its tile fits in shared memory.
+    `tensor_cores` (a float32 matmul on sm_80+: topi.cuda_mma.tc_available) adds the knob "tc" = [0, "tf32"]:
+    every tile also runs as TF32 mma.sync warp tiles (the same threads and accumulators per thread; any bk:
+    m16n8k8, or m16n8k4 at bk = 4), so every (tile, bk, tc) is a point."""
     bks = [bk for bk in K_STEPS if bk <= max(8, _pow2_at_least(red))]
     if default is not None:
         if not valid_point(default, target):
@@ -107,6 +111,8 @@ def gemm_space(rows: int, cols: int, red: int, target: CudaTarget,
     space = ConfigSpace()
     space.define_knob("tile", sorted(tiles))
     space.define_knob("bk", bks)
+    if tensor_cores:
+        space.define_knob("tc", list(TC_MODES))
     return space
 
 
@@ -141,22 +147,31 @@ def _tile(cfg: dict[str, int]) -> tuple[int, int, int, int]:
     return tuple(int(cfg[x]) for x in ("bm", "bn", "tm", "tn"))  # type: ignore[return-value]
 
 
-def to_cfg(config: Config) -> dict[str, int]:
-    """A point of `gemm_space` as the cfg dict `schedule_matmul` / `schedule_conv2d` take.
+def to_cfg(config: Config) -> dict[str, Any]:
+    """A point of `gemm_space` as the cfg dict `schedule_matmul` / `schedule_conv2d` take (with "tc" where the
+    space has the tensor-core knob).
 
     >>> to_cfg(Config.of(tile=(128, 64, 8, 4), bk=16))
     {'bm': 128, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 4}
+    >>> to_cfg(Config.of(tile=(128, 64, 8, 4), bk=16, tc="tf32"))["tc"]
+    'tf32'
     """
     bm, bn, tm, tn = config["tile"]
-    return {"bm": int(bm), "bn": int(bn), "bk": int(config["bk"]), "tm": int(tm), "tn": int(tn)}
+    cfg: dict[str, Any] = {"bm": int(bm), "bn": int(bn), "bk": int(config["bk"]), "tm": int(tm), "tn": int(tn)}
+    if "tc" in config.as_dict():
+        cfg["tc"] = config["tc"]
+    return cfg
 
 
-def to_config(cfg: dict[str, Any]) -> Config:
-    """A cfg dict (keys MATMUL_KEYS) as a point of `gemm_space` (the inverse of `to_cfg`).
+def to_config(cfg: dict[str, Any], tensor_cores: bool = False) -> Config:
+    """A cfg dict (keys MATMUL_KEYS, and tc) as a point of `gemm_space` (the inverse of `to_cfg`); a cfg with a
+    "tc" key, or any with `tensor_cores` (a space with the "tc" knob: tc = 0 when the cfg has none), sets it.
 
     >>> to_config({'bm': 128, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 4}) == Config.of(tile=(128, 64, 8, 4), bk=16)
     True
     """
+    if tensor_cores or "tc" in cfg:
+        return Config.of(tile=_tile(cfg), bk=int(cfg["bk"]), tc=cfg.get("tc", 0))
     return Config.of(tile=_tile(cfg), bk=int(cfg["bk"]))
 
 

@@ -30,6 +30,7 @@ from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.target import CudaTarget
 from jitop.topi import cuda
+from jitop.topi.cuda_mma import tc_available, tf32_tolerance
 from jitop.topi.cuda_space import gemm_space, launchable_default, to_cfg, to_config
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
@@ -40,7 +41,9 @@ DTYPE = "float32"  # the GEMM templates' shared tiles are sized for 4-byte eleme
 
 @dataclass(frozen=True)
 class CudaMatmulWorkload:
-    """C[m, n] = A[m, k] @ B[k, n] in float32 on a GPU."""
+    """C[m, n] = A[m, k] @ B[k, n] in float32 on a GPU; precision "tf32" opts into TF32 tensor cores (its space
+    has the "tc" knob on sm_80+, and its records are its own: a "float32" workload's tuning never changes its
+    numerics, as torch leaves TF32 off for matmuls unless asked). A string: records hold ints and strings."""
 
     template: ClassVar[str] = "cuda.matmul"
     default_cfg: ClassVar[Callable[..., dict[str, int]]] = staticmethod(cuda.default_matmul_config)
@@ -48,6 +51,16 @@ class CudaMatmulWorkload:
     n: int
     k: int
     dtype: str = DTYPE
+    precision: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("float32", "tf32"):
+            raise ValueError(f'CudaMatmulWorkload: precision={self.precision!r}; expected "float32" or "tf32"')
+
+    @property
+    def tf32(self) -> bool:
+        """Whether TF32 tensor cores may compute it."""
+        return self.precision == "tf32"
 
     @property
     def gemm(self) -> tuple[int, int, int]:
@@ -58,9 +71,14 @@ class CudaMatmulWorkload:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
+    def tolerance(self, config: Config) -> tuple[float, float] | None:
+        """The (rtol, atol fraction of max|reference|) the tuner checks `config`'s output with against the
+        default's (float32) output: TF32's for a tensor-core point, None (the measurer's float32 one) otherwise."""
+        return tf32_tolerance(self.k) if config.as_dict().get("tc", 0) else None
+
     def describe(self) -> str:
-        """"cuda.matmul 1024x1024x1024 float32"."""
-        return f"cuda.matmul {self.m}x{self.n}x{self.k} {self.dtype}"
+        """"cuda.matmul 1024x1024x1024 float32" (" tf32" added where TF32 is allowed)."""
+        return f"cuda.matmul {self.m}x{self.n}x{self.k} {self.dtype}" + (" tf32" if self.tf32 else "")
 
     @staticmethod
     def from_cpu(wl: Any) -> "CudaMatmulWorkload | None":
@@ -138,15 +156,23 @@ def _default_cfg(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: Any) -> 
     return launchable_default(wl.default_cfg(*wl.gemm, target), target)
 
 
+def _tensor_cores(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> bool:
+    # the tc knob: a matmul that allows TF32 (cuda.conv2d has no tensor-core schedule), on sm_80+ in float32
+    return getattr(wl, "tf32", False) and tc_available(target, wl.dtype)
+
+
 def gemm_config_space(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> ConfigSpace:
-    """Every launchable config of the workload's GEMM on `target` (topi.cuda_space.gemm_space)."""
-    return gemm_space(*wl.gemm, target, _default_cfg(wl, target))
+    """Every launchable config of the workload's GEMM on `target` (topi.cuda_space.gemm_space); a matmul that
+    allows TF32 has the tensor-core knob "tc" on sm_80+ (its TF32 points checked with `tf32_tolerance`)."""
+    return gemm_space(*wl.gemm, target, _default_cfg(wl, target), _tensor_cores(wl, _check_target(wl.template,
+                                                                                                 target)))
 
 
 def gemm_default(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> Config:
     """The template's default (`topi.cuda.default_matmul_config` / `default_conv2d_config`) as a point of the
-    space (a smaller tile where `target` cannot launch it: topi.cuda_space.launchable_default)."""
-    return to_config(_default_cfg(wl, target))
+    space (a smaller tile where `target` cannot launch it: topi.cuda_space.launchable_default); tensor cores
+    off (tc = 0): float32 numerics unless the tuner finds and checks a TF32 point."""
+    return to_config(_default_cfg(wl, target), _tensor_cores(wl, _check_target(wl.template, target)))
 
 
 # ** cuda.matmul **
@@ -156,8 +182,9 @@ def matmul_build(wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
     """Placeholders A, B and the product C, scheduled with `config`: (Schedule, [A, B, C])."""
     A = te.placeholder((wl.m, wl.k), wl.dtype, name="A")
     B = te.placeholder((wl.k, wl.n), wl.dtype, name="B")
-    C = cuda.matmul(A, B)
-    return cuda.schedule_matmul(C, to_cfg(config), _check_target("cuda.matmul", target)), [A, B, C]
+    cfg = to_cfg(config)
+    C = cuda.matmul(A, B, tc=cfg.get("tc", 0))
+    return cuda.schedule_matmul(C, cfg, _check_target("cuda.matmul", target)), [A, B, C]
 
 
 @dataclass(frozen=True)
@@ -189,10 +216,12 @@ def matmul_compute(wl: CudaMatmulWorkload, config: Config, target: CudaTarget, r
 def matmul_schedule(s: Schedule, t: MatmulStages, wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
                     epilogue: te.Tensor | None = None) -> None:
     """topi.cuda's SGEMM with `config` on the stages of `matmul_compute` inside the graph's schedule `s`, the
-    operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
+    operand views inlined into the shared tiles' fill, in float32 (a traced function's workloads do not allow
+    TF32: numpy's numerics). No epilogue is fused (`epilogue` must be None)."""
     if epilogue is not None:
         raise NotImplementedError("template 'cuda.matmul' fuses no epilogue: schedule it as a stage of its own")
-    cuda.schedule_matmul_stage(s, t.out, to_cfg(config), _check_target("cuda.matmul", target))
+    cfg = {**to_cfg(config), "tc": 0}
+    cuda.schedule_matmul_stage(s, t.out, cfg, _check_target("cuda.matmul", target))
     for view in t.operands:
         s[view].compute_inline()
 

@@ -60,7 +60,11 @@ def _build(task_json: str, config_json: str | None) -> tuple[dict, bytes]:
         _check_in_space(task, config)
     s, tensors = task.build(config)
     function = jit_build(s, tensors, target=task.target)
-    return {"gpu": True, "name": function.name, "kernels": len(function.built.kernels)}, function.to_bytes()
+    meta = {"gpu": True, "name": function.name, "kernels": len(function.built.kernels)}
+    tolerance = getattr(task.workload, "tolerance", None)
+    if tolerance is not None and tolerance(config) is not None:
+        meta["tolerance"] = list(tolerance(config))  # a TF32 point: checked with TF32's tolerance
+    return meta, function.to_bytes()
 
 
 # ** the runner **
@@ -140,7 +144,8 @@ def _run(state: _State, request: dict) -> dict:
         outs = [a.get() for a in arrays[len(state.inputs):]]
     except Exception as err:  # noqa: BLE001 - the launch failed: RUN_ERROR
         return _failure(err)
-    wrong = checked_outputs(outs, request, state.reference)
+    tolerance = (request.get("meta") or {}).get("tolerance")
+    wrong = checked_outputs(outs, request, state.reference, tuple(tolerance) if tolerance else None)
     if wrong is not None:
         return wrong
     try:

@@ -219,14 +219,16 @@ def _first_run(module: Any, arrays: list[np.ndarray], fault: str | None) -> None
     module(*arrays)  # the checked call (shapes, dtypes, bounds flags), also the timing's warm-up
 
 
-def checked_outputs(outs: list[np.ndarray], request: dict, reference: list[np.ndarray] | None) -> dict | None:
+def checked_outputs(outs: list[np.ndarray], request: dict, reference: list[np.ndarray] | None,
+                    tolerance: tuple[float, float] | None = None) -> dict | None:
     """The runner's reply for a candidate whose first run's outputs differ from the default config's (a
     "wrong_answer"), when the request asks for the check; None when they match. A request's "wrong" fault
-    (tests) perturbs the outputs first."""
+    (tests) perturbs the outputs first. `tolerance` (rtol, atol as a fraction of max|reference|) replaces the
+    dtype's for float outputs (a TF32 candidate's looser one)."""
     if request.get("fault") == "wrong":
         _perturb(outs)
     if request["check"]:
-        wrong = _compare(outs, reference)
+        wrong = _compare(outs, reference, tolerance)
         if wrong:
             return {"status": "wrong_answer", "msg": wrong}
     return None
@@ -240,7 +242,8 @@ def _perturb(outs: list[np.ndarray]) -> None:
             out += np.ones((), out.dtype)
 
 
-def _compare(outs: list[np.ndarray], reference: list[np.ndarray] | None) -> str:
+def _compare(outs: list[np.ndarray], reference: list[np.ndarray] | None,
+             tolerance: tuple[float, float] | None = None) -> str:
     """'' if every output matches the reference, else what differs."""
     if reference is None:
         return "no reference output for this task (the default config was not run)"
@@ -249,7 +252,7 @@ def _compare(outs: list[np.ndarray], reference: list[np.ndarray] | None) -> str:
             if not np.array_equal(out, ref):
                 return f"output {k}: {int(np.count_nonzero(out != ref))} of {out.size} elements differ (exact)"
             continue
-        rtol, frac = _TOLERANCE.get(out.dtype, _TOLERANCE[np.dtype(np.float32)])
+        rtol, frac = tolerance or _TOLERANCE.get(out.dtype, _TOLERANCE[np.dtype(np.float32)])
         atol = frac * float(np.max(np.abs(ref), initial=0.0))
         if not np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True):
             err = np.abs(out.astype(np.float64) - ref)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from jitop.codegen import ops
+from jitop.codegen import mma, ops
 from jitop.codegen.emitter import LoopEmitter, flatten, ident
 from jitop.codegen.kernel import RAISE_IF, top_level_nests
 from jitop.dtypes import DType
@@ -186,6 +186,7 @@ class _Kernel:
     ptrs: dict = field(default_factory=dict)
     dims: dict = field(default_factory=dict)
     shared_bytes: int = 0
+    lane: Expr | None = None  # the variable of the innermost enclosing loop bound to threadIdx.x
 
 
 class _Emitter(LoopEmitter):
@@ -365,6 +366,8 @@ class _Emitter(LoopEmitter):
         if s.kind is ForKind.PARALLEL:
             raise ScheduleError(f"loop '{s.var.name}' is marked parallel, a CPU annotation; on a GPU bind it to "
                                 "blockIdx/threadIdx instead")
+        if mma.is_marked(s) and self._tensor_core(s):
+            return None
         if s.kind in (ForKind.UNROLLED, ForKind.VECTORIZED) and s.extent.op is Op.CONST \
                 and int(s.extent.value) <= MAX_UNROLL:
             return self._unrolled(s, int(s.extent.value))
@@ -376,7 +379,10 @@ class _Emitter(LoopEmitter):
         index = self.b.zext(self._sreg(_SREG[prefix], axis), I64, name=ident(s.var.name))
         self.k.env[s.var] = index
         launched = self.k.dims[s.kind]
-        if s.extent is launched or s.extent == launched:
+        outer_lane, full = self.k.lane, s.extent is launched or s.extent == launched
+        if s.kind is ForKind.THREAD_X:
+            self.k.lane = s.var if full else None  # a guarded lane loop leaves lanes out: no mma under it
+        if full:
             self.stmt(s.body)
         else:
             if any(isinstance(x, Barrier) for x in walk_stmts(s.body)):
@@ -386,7 +392,39 @@ class _Emitter(LoopEmitter):
             guard = s.var < s.extent
             with self.b.if_then(self.expr(guard)):
                 self._under(guard, True, lambda: self.stmt(s.body))
+        self.k.lane = outer_lane
         del self.k.env[s.var]
+
+    # ** tensor cores: a marked per-lane nest becomes one warp-wide mma.sync (jitop.codegen.mma) **
+    def _tensor_core(self, s: For) -> bool:
+        """Emit `s` as one mma if it is an mma nest (True); False for a loop above one (emitted as usual)."""
+        nest = mma.match_nest(s)
+        if nest is None:
+            if isinstance(s.body, (For, Seq, Allocate, IfThenElse)):
+                return False
+            raise ScheduleError(f"loop '{s.var.name}' combines with {mma.MMA_TF32} but is not an mma nest (k loop "
+                                "of 8 or 4, then the 4 accumulators, then the update): schedule it as topi.cuda_mma")
+        self._check_warp(s)
+        b = self.b
+        a_regs, b_regs, accs = mma.operands(nest, self.k.lane)
+        regs = [b.bitcast(self.expr(simplify(e, self.ranges)), I32) for e in (*a_regs, *b_regs)]
+        acc_ptrs = [self._address(nest.acc, idx) for idx in accs]
+        elem = ops.memory_type(nest.acc.dtype)
+        c = [b.load(p, typ=elem) for p in acc_ptrs]
+        result = ir.LiteralStructType([elem] * mma.C_ELEMS)
+        fn = ops.declare_intrinsic(self.module, mma.intrinsic(nest.k), [],
+                                   ir.FunctionType(result, [I32] * len(regs) + [elem] * mma.C_ELEMS))
+        d = b.call(fn, [*regs, *c])
+        for i, ptr in enumerate(acc_ptrs):
+            b.store(b.extract_value(d, i), ptr)
+        return True
+
+    def _check_warp(self, s: For) -> None:
+        """An mma needs the 32 lanes of a warp along threadIdx.x, all of them present (no guard on a lane)."""
+        x = self.k.dims.get(ForKind.THREAD_X)
+        if self.k.lane is None or x is None or x != const(mma.WARP):
+            raise ScheduleError(f"the mma at loop '{s.var.name}' needs blocks of exactly {mma.WARP} threads along "
+                                "threadIdx.x (a warp's lanes), with the accumulators' loop nest bound to them")
 
     # ** memory **
     def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
@@ -440,6 +478,13 @@ class _Emitter(LoopEmitter):
 
     def _call(self, e: Expr) -> ir.Value:
         from jitop.codegen.math import emit_call
+        if e.arg == mma.TF32_ROUND:
+            fn = ops.declare_intrinsic(self.module, "llvm.nvvm.f2tf32.rna", [],
+                                       ir.FunctionType(I32, [ir.FloatType()]))
+            return self.b.bitcast(self.b.call(fn, [self.expr(e.src[0])]), ir.FloatType())
+        if e.arg == mma.MMA_TF32:
+            raise ScheduleError(f"{mma.MMA_TF32} outside an mma nest: a tensor-core update must be the innermost "
+                                "loops (k, then the 4 accumulators) of a schedule like topi.cuda_mma's")
         if e.arg.startswith(RAISE_IF) or (e.arg == "ipow" and e.src[1].dtype.is_signed):
             raise NotImplementedError(f"'{e.arg.split(':')[0]}' (an operation that can raise at run time) has no "
                                       "GPU code generator yet; compute it on the CPU target")

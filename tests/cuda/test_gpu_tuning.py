@@ -138,7 +138,10 @@ def test_sampled_points_build_ptx_that_ptxas_accepts(wl) -> None:
         s, args = task.build(config)
         f = jitop.build(s, args, target=SM90)
         (kernel,) = f.built.kernels
-        assert kernel.block[:2] == (cfg["bn"] // cfg["tn"], cfg["bm"] // cfg["tm"]), cfg
+        threads = (cfg["bn"] // cfg["tn"]) * (cfg["bm"] // cfg["tm"])
+        # a tensor-core point: the same threads as warps (lanes along x); else the threads' grid of tiles
+        want = (32, threads // 32) if cfg.get("tc") else (cfg["bn"] // cfg["tn"], cfg["bm"] // cfg["tm"])
+        assert kernel.block[:2] == want, cfg
         assert 0 < kernel.shared_bytes <= (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 4, cfg  # tiles past a dim shrink
         report = _ptxas(f.get_source("ptx"))
         assert report is None or "Used" in report, cfg
