@@ -154,6 +154,9 @@ CONV = {  # name: Workload
     # an image's 3 channels: the direct algorithm's padded copy is planar (n, row, channel, column)
     "nhwc_stem_3ch_7x7_stride2": tc.Conv2dWorkload(1, 3, 13, 10, 16, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3),
                                                    layout="NHWC"),
+    # 512 float32 channels (2 KiB pixels): the padded copy's pixels are spaced one cache line further apart
+    "nhwc_512ch_3x3_stride2_pitched": tc.Conv2dWorkload(1, 512, 5, 4, 16, 3, 3, stride=(2, 2), pads=(1, 1, 1, 1),
+                                                        layout="NHWC"),
     # unpadded NHWC 1x1: gemm with the pixels as rows (9x8 / 2 -> 5x4 = 20 pixels), 20 channels
     "nhwc_1x1_stride2_oc20": tc.Conv2dWorkload(2, 7, 9, 8, 20, 1, 1, stride=(2, 2), layout="NHWC"),
 }
@@ -369,6 +372,19 @@ def test_fewer_channels_than_a_vector_pad_into_channel_planes():
                       wl, "float32", cfg, target)
         assert tc.planar_padding(wl, target) is planar
         assert tuple(t.padded.shape) == ((1, 19, c, 15) if planar else (1, 19, 15, c)), t.padded.shape
+
+
+def test_pixels_of_a_multiple_of_2k_bytes_are_padded_a_cache_line_apart():
+    """At 512 float32 (or 256 float64) channels a pixel is 2 KiB: the padded copy holds a cache line more per
+    pixel, so the register tile's pixels do not all fall in one L1 set; other widths stay dense."""
+    target = Target.from_string("skylake-avx512")
+    for c, dtype, pitch in ((512, "float32", 528), (1024, "float32", 1040), (256, "float64", 264),
+                            (256, "float32", 256), (384, "float32", 384)):
+        wl = tc.Conv2dWorkload(1, c, 5, 4, 16, 3, 3, stride=(2, 2), pads=(1, 1, 1, 1), layout="NHWC", dtype=dtype)
+        cfg = tc.Conv2dConfig(mr=2, bn=16 if dtype == "float32" else 8, ic_unroll=4)
+        t = tc.conv2d(lambda n, ch, y, x: te.const(1.0, dtype), lambda o, i, r, s: te.const(1.0, dtype),
+                      wl, dtype, cfg, target)
+        assert tc.channel_pitch(wl) == pitch and t.padded.shape[-1] == pitch, (c, dtype, t.padded.shape)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
