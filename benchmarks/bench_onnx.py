@@ -23,8 +23,10 @@ Per model and batch, the same file and the same inputs (onnx_models.sample_input
   `load`), "jitop.onnx not available" is printed and the other two are still measured.
 
 Columns:
-- `median ms`, `min ms`: of --repeat single runs after one warm-up run, in this process, the garbage collector
-  off; `speed vs ort`: onnxruntime's median / this median (> 1: faster than onnxruntime);
+- `median ms`, `min ms`: of --repeat single runs, in this process, the garbage collector off, taken in 5 rounds
+  that time each implementation in turn (each block after a 50 ms pause and one warm-up run), so a machine
+  whose speed drifts during the run favours none of them; `speed vs ort`: onnxruntime's median / this median
+  (> 1: faster than onnxruntime);
 - `GFLOP/s`, `% of peak`: the model's conv/matmul flops (onnx_models.flops: 2 per multiply-add) / the median,
   and that over the all-thread FP32 peak measured at the start of this run (peak.py);
 - `first run s, cold`: a fresh child process (`python -c`), timed inside it after its imports: load the file
@@ -67,7 +69,7 @@ THREADS = int(os.environ["JITOP_NUM_THREADS"])
 import numpy as np  # noqa: E402
 
 import onnx_models as om  # noqa: E402
-from common import lscpu_model, median_time  # noqa: E402
+from common import interleaved_times, lscpu_model  # noqa: E402
 
 TOL = 1e-3
 DEFAULT_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "jitop-bench-onnx"
@@ -201,57 +203,72 @@ def ort_session(path: str) -> Any:
 
 def run_one(name: str, batch: int, path: str, repeat: int, torch: Any, jo: Any,
             tuned: list[tuple[str, bytes]]) -> list[Row]:
+    """The three implementations loaded and checked first, then timed together (`interleaved_times`)."""
     feed = om.sample_inputs(name, batch)
-    rows = []
+    ort_row, ref, ort_call = onnxruntime_side(name, batch, path, feed)
+    t_row, torch_call = torch_side(name, batch, feed, torch, ref)
+    j_row, jitop_call = jitop_side(name, batch, path, feed, jo, tuned, ref)
+    calls = {row.impl: call for row, call in ((ort_row, ort_call), (t_row, torch_call), (j_row, jitop_call))
+             if call is not None}
+    if calls:
+        grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
+        with grad:
+            times = interleaved_times(calls, repeat)
+        for row in (ort_row, t_row, j_row):
+            row.median, row.best = times.get(row.impl, (None, None))
+    return [ort_row, t_row, j_row]
 
-    # onnxruntime: the reference
-    ort_row = Row(name, batch, "onnxruntime")
-    rows.append(ort_row)
+
+def onnxruntime_side(name: str, batch: int, path: str, feed: dict) -> tuple[Row, Any, Any]:
+    """(its row with the cold first run, its output as the reference, its call) (None for both if it fails)."""
+    row = Row(name, batch, "onnxruntime")
     try:
         first = child_first_run("ort", name, batch, path, dict(os.environ))
-        ort_row.cold = first["load"] + first["first_run"]
+        row.cold = first["load"] + first["first_run"]
         sess = ort_session(path)
         ref = np.asarray(sess.run(None, feed)[0], np.float64)
-        ort_row.median, ort_row.best = median_time(lambda: sess.run(None, feed), repeat)
-        ort_row.err = 0.0
-        del sess
+        row.err = 0.0
+        return row, ref, lambda: sess.run(None, feed)
     except Exception as e:  # noqa: BLE001
-        ort_row.failed = reason(e)
-        ref = None
+        row.failed = reason(e)
+        return row, None, None
 
-    # torch: the module the file was exported from
-    t_row = Row(name, batch, f"torch {torch.__version__}" if torch is not None else "torch")
-    rows.append(t_row)
+
+def torch_side(name: str, batch: int, feed: dict, torch: Any, ref: np.ndarray | None) -> tuple[Row, Any]:
+    """(its row with its error, its call): the module the file was exported from."""
+    row = Row(name, batch, f"torch {torch.__version__}" if torch is not None else "torch")
     if torch is None:
-        t_row.failed = "torch not installed"
-    else:
-        try:
-            module = om.torch_module(name)
-            targs = [torch.from_numpy(v) for v in feed.values()]
-            with torch.no_grad():
-                y = module(*targs).numpy()
-                t_row.median, t_row.best = median_time(lambda: module(*targs), repeat)
-            t_row.err = rel_err(y, ref) if ref is not None else None
-            del module
-        except Exception as e:  # noqa: BLE001
-            t_row.failed = reason(e)
+        row.failed = "torch not installed"
+        return row, None
+    try:
+        module = om.torch_module(name)
+        targs = [torch.from_numpy(v) for v in feed.values()]
+        with torch.no_grad():
+            y = module(*targs).numpy()
+        row.err = rel_err(y, ref) if ref is not None else None
+        return row, lambda: module(*targs)
+    except Exception as e:  # noqa: BLE001
+        row.failed = reason(e)
+        return row, None
 
-    # jitop.onnx
-    j_row = Row(name, batch, "jitop.onnx" + (" (tuned)" if tuned else ""))
-    rows.append(j_row)
+
+def jitop_side(name: str, batch: int, path: str, feed: dict, jo: Any, tuned: list[tuple[str, bytes]],
+               ref: np.ndarray | None) -> tuple[Row, Any]:
+    """(its row with the cold and warm first runs and its error, its call; None when it failed or is WRONG)."""
+    row = Row(name, batch, "jitop.onnx" + (" (tuned)" if tuned else ""))
     if jo is None:
-        j_row.failed = "jitop.onnx not available"
-        return rows
+        row.failed = "jitop.onnx not available"
+        return row, None
     cache = fresh_cache_dir(tuned)
     env = {**os.environ, "JITOP_CACHE_DIR": cache}
     try:
         cold = child_first_run("jitop", name, batch, path, env)
-        j_row.cold = cold["load"] + cold["first_run"]
+        row.cold = cold["load"] + cold["first_run"]
         warm = child_first_run("jitop", name, batch, path, env)
-        j_row.warm, j_row.compiles = warm["load"] + warm["first_run"], warm.get("compiles")
+        row.warm, row.compiles = warm["load"] + warm["first_run"], warm.get("compiles")
     except Exception as e:  # noqa: BLE001
-        j_row.failed = f"child process: {reason(e)}"
-        return rows
+        row.failed = f"child process: {reason(e)}"
+        return row, None
     try:
         with cache_dir(cache):
             m = jo.load(path, shapes={k: v.shape for k, v in feed.items()})
@@ -259,18 +276,17 @@ def run_one(name: str, batch: int, path: str, repeat: int, torch: Any, jo: Any,
             y = first_output(m(*args))
             by_name = first_output(m(**feed))
             listed = m.run(None, feed)
-            if not isinstance(listed, list) or not np.array_equal(np.asarray(listed[0]), y) \
-                    or not np.array_equal(by_name, y):
-                j_row.notes.append("m(**feed) / m.run(None, feed) differ from m(*inputs)")
-            j_row.err = rel_err(y, ref) if ref is not None else None
-            if j_row.err is not None and not j_row.err <= TOL:
-                j_row.failed = f"WRONG: max rel err {j_row.err:.2e} > {TOL:g}"
-            else:
-                j_row.median, j_row.best = median_time(lambda: m(*args), repeat)
-            del m
+        if not isinstance(listed, list) or not np.array_equal(np.asarray(listed[0]), y) \
+                or not np.array_equal(by_name, y):
+            row.notes.append("m(**feed) / m.run(None, feed) differ from m(*inputs)")
+        row.err = rel_err(y, ref) if ref is not None else None
+        if row.err is not None and not row.err <= TOL:
+            row.failed = f"WRONG: max rel err {row.err:.2e} > {TOL:g}"
+            return row, None
+        return row, lambda: m(*args)
     except Exception as e:  # noqa: BLE001
-        j_row.failed = reason(e)
-    return rows
+        row.failed = reason(e)
+        return row, None
 
 
 def fmt_ms(v: float | None) -> str:
@@ -351,9 +367,10 @@ def main() -> None:
         print("**--tuned, but the current cache has no tuned records** (run `jitop tune` first): jitop runs with "
               "the default configs.\n", flush=True)
     peak_text = f"the measured {THREADS}-thread FP32 peak ({peak:.0f} GFLOP/s)" if peak else "(peak not measured)"
-    print(f"Times: median and min of {repeat} runs after one warm-up; speed vs ort = onnxruntime's median / the "
-          f"row's (> 1: faster than onnxruntime); % of peak against {peak_text}; first runs (load + one run) in "
-          "fresh processes; errors: max |y - y_ort| / max |y_ort|.\n", flush=True)
+    print(f"Times: median and min of {repeat} runs in 5 rounds alternating the implementations (a warm-up run per "
+          f"block); speed vs ort = onnxruntime's median / the row's (> 1: faster than onnxruntime); % of peak "
+          f"against {peak_text}; first runs (load + one run) in fresh processes; errors: max |y - y_ort| / "
+          "max |y_ort|.\n", flush=True)
 
     summary, bad = [], []
     for name in names:

@@ -53,6 +53,32 @@ def lscpu_model() -> str:
         return cpu_name()
 
 
+def interleaved_times(calls: dict[str, Callable[[], Any]], repeat: int, rounds: int = 5,
+                      settle_s: float = 0.05) -> dict[str, tuple[float, float]]:
+    """{name: (median, best) seconds} of `repeat` single calls of each, taken in `rounds` rounds that visit
+    every implementation in turn (each block after one warm-up call): a machine whose speed drifts (a
+    shared VM) biases no implementation, as timing one after the other would. Before each block the process
+    sleeps `settle_s`, so the previous implementation's spinning worker threads have gone idle (onnxruntime's
+    spin after a run and would take cores from the next block's first calls)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    per_round = max(1, math.ceil(repeat / rounds))
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, call in calls.items():
+                time.sleep(settle_s)
+                call()
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    call()
+                    samples[name].append(time.perf_counter() - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: (statistics.median(ts), min(ts)) for name, ts in samples.items()}
+
+
 def median_time(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
     """(median, best) seconds of `repeat` single calls after one warm-up call, the garbage collector off."""
     call()
