@@ -354,12 +354,36 @@ def _fast_result(plan: Plan) -> int | tuple[str, int] | Callable[..., Any]:
 REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
 
 
+LINE_BYTES = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """np.empty(shape, dt) whose data starts on a cache line: numpy's large allocations start 16 bytes past one,
+    which put every intermediate of the arena (planned on cache-line offsets inside it) 16 bytes off a line, so
+    each 64-byte vector access straddled two. A view: its `base` is the buffer that owns the memory.
+
+    >>> a = aligned_empty((3, 5), np.dtype(np.float32))
+    >>> a.ctypes.data % LINE_BYTES, a.shape, a.base.dtype
+    (0, (3, 5), dtype('uint8'))
+    """
+    nbytes = math.prod(shape) * dt.itemsize
+    raw = np.empty(nbytes + LINE_BYTES, np.uint8)
+    start = -raw.ctypes.data % LINE_BYTES
+    return raw[start:start + nbytes].view(dt).reshape(shape)
+
+
+def _in_use(a: np.ndarray) -> bool:
+    """Whether someone besides the caller's one reference holds `a` (an `aligned_empty` view) or a view of its
+    memory: every view's `base` is the owning buffer, so a caller's slice of a result counts through it."""
+    return sys.getrefcount(a) > 3 or sys.getrefcount(a.base) > 2
+
+
 def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> Callable[[], np.ndarray]:
     """A fresh output array. A big one reuses the previous call's result if nothing references it any more:
     its pages are already mapped, which saves the page faults that otherwise dominate memory-bound kernels.
     Scratch buffers (intermediates) are always recycled that way."""
     if math.prod(shape) * dt.itemsize < REUSE_BYTES and not scratch:
-        return lambda: np.empty(shape, dt)
+        return lambda: aligned_empty(shape, dt)
     spare: list[np.ndarray] = []
 
     def alloc() -> np.ndarray:
@@ -367,8 +391,8 @@ def _allocator(shape: tuple[int, ...], dt: np.dtype, scratch: bool = False) -> C
             a = spare.pop()  # atomic: two threads never get the same array
         except IndexError:
             a = None
-        if a is None or sys.getrefcount(a) > 2:  # someone still holds it (the local and the call's argument)
-            a = np.empty(shape, dt)
+        if a is None or _in_use(a):
+            a = aligned_empty(shape, dt)
         spare.append(a)
         return a
     return alloc
@@ -383,13 +407,13 @@ def _sized_allocator(dt: np.dtype, scratch: bool = False) -> Callable[[tuple[int
 
     def alloc(shape: tuple[int, ...]) -> np.ndarray:
         if math.prod(shape) * dt.itemsize < REUSE_BYTES:
-            return np.empty(shape, dt)
+            return aligned_empty(shape, dt)
         try:
             a = spare.pop()  # atomic: two threads never get the same array
         except IndexError:
             a = None
-        if a is None or a.shape != shape or sys.getrefcount(a) > 2:
-            a = np.empty(shape, dt)
+        if a is None or a.shape != shape or _in_use(a):
+            a = aligned_empty(shape, dt)
         spare.append(a)
         return a
     return alloc
@@ -407,8 +431,8 @@ def _scratch_allocator(dt: np.dtype) -> Callable[[tuple[int, ...]], np.ndarray]:
             flat = spare.pop()
         except IndexError:
             flat = None
-        if flat is None or flat.size < size or sys.getrefcount(flat) > 2:
-            flat = np.empty(size, dt)
+        if flat is None or flat.size < size or _in_use(flat):
+            flat = aligned_empty((size,), dt)
         spare.append(flat)
         return flat[:size].reshape(shape)
     return alloc

@@ -19,6 +19,7 @@ from jitop.runtime import fastcall
 from jitop.runtime.executable import (
     _HEADER, FORMAT_VERSION, MAGIC, REUSE_BYTES, Executable, Plan, _compile_guard, _entry_guards,
     _plan_to_json, _scratch_allocator, _sized_allocator)
+from jitop.runtime.executable import LINE_BYTES, _allocator
 from jitop.runtime.fastcall import MISS, Table
 from jitop.schedule.schedule import ForKind
 from jitop.te.expr import const
@@ -312,6 +313,26 @@ def test_a_big_output_is_reused_only_at_the_same_shape():
     assert alloc((3,)).shape == (3,)
 
 
+@pytest.mark.parametrize("kind", ["fixed", "sized", "scratch"])
+def test_results_start_on_a_cache_line_and_a_slice_a_caller_keeps_keeps_its_buffer(kind):
+    """Every buffer handed out is cache-line aligned (numpy's own large allocations are 16 bytes past one); a
+    caller that keeps only a slice of a result (its base is the owning buffer, not the result) still holds
+    the memory: the next call gets another buffer, and the same one once the slice is dropped."""
+    n = REUSE_BYTES // 4 + 3
+    fixed = _allocator((n,), F4, scratch=True)
+    alloc = {"fixed": lambda: fixed(), "sized": lambda: _sized((n,)), "scratch": lambda: _scratch((n,))}[kind]
+    _sized, _scratch = _sized_allocator(F4), _scratch_allocator(F4)
+    a = alloc()
+    assert a.ctypes.data % LINE_BYTES == 0 and a.shape == (n,)
+    address, part = a.ctypes.data, a[5:9]
+    del a
+    b = alloc()
+    assert b.ctypes.data != address  # `part` still reads that memory
+    second = b.ctypes.data
+    del part, b
+    assert alloc().ctypes.data == second  # nothing holds it any more: reused
+
+
 def test_scratch_grows_and_never_shrinks():
     alloc = _scratch_allocator(F4)
     big = alloc((100, 10))
@@ -324,5 +345,5 @@ def test_scratch_grows_and_never_shrinks():
     assert other.base.ctypes.data != base  # still in use: never handed out twice
     del held, small, other
     grown = alloc((2000,))
-    assert grown.shape == (2000,) and grown.base.size == 2000
+    assert grown.shape == (2000,) and grown.base.nbytes == 2000 * 4 + LINE_BYTES  # grown to the size asked
     assert alloc((0, 4)).shape == (0, 4) and alloc(()).shape == ()
