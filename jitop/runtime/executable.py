@@ -38,6 +38,7 @@ from jitop.runtime.args import SYMBOL_LIMITS, Dim, DimFn, ParamSpec, compile_dim
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
 from jitop.runtime.module import Module, check_meta
 from jitop.target import Target
+from jitop.tir.storage import ALIGN
 
 MAGIC = b"JITOPEXE"
 FORMAT_VERSION = 1
@@ -354,21 +355,18 @@ def _fast_result(plan: Plan) -> int | tuple[str, int] | Callable[..., Any]:
 REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropped them
 
 
-LINE_BYTES = 64
-
-
 def aligned_empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    """np.empty(shape, dt) whose data starts on a cache line: numpy's large allocations start 16 bytes past one,
-    which put every intermediate of the arena (planned on cache-line offsets inside it) 16 bytes off a line, so
-    each 64-byte vector access straddled two. A view: its `base` is the buffer that owns the memory.
+    """np.empty(shape, dt) whose data starts on a cache line (tir.storage.ALIGN, the alignment the storage planner
+    gives each intermediate's offset in the arena): numpy's large allocations start 16 bytes past one, which put
+    every intermediate 16 bytes off a line, so each 64-byte vector access straddled two. A view: its `base` is the buffer that owns the memory.
 
     >>> a = aligned_empty((3, 5), np.dtype(np.float32))
-    >>> a.ctypes.data % LINE_BYTES, a.shape, a.base.dtype
+    >>> a.ctypes.data % ALIGN, a.shape, a.base.dtype
     (0, (3, 5), dtype('uint8'))
     """
     nbytes = math.prod(shape) * dt.itemsize
-    raw = np.empty(nbytes + LINE_BYTES, np.uint8)
-    start = -raw.ctypes.data % LINE_BYTES
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dt).reshape(shape)
 
 

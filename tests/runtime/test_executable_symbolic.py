@@ -19,7 +19,8 @@ from jitop.runtime import fastcall
 from jitop.runtime.executable import (
     _HEADER, FORMAT_VERSION, MAGIC, REUSE_BYTES, Executable, Plan, _compile_guard, _entry_guards,
     _plan_to_json, _scratch_allocator, _sized_allocator)
-from jitop.runtime.executable import LINE_BYTES, _allocator
+from jitop.runtime.executable import _allocator
+from jitop.tir.storage import ALIGN
 from jitop.runtime.fastcall import MISS, Table
 from jitop.schedule.schedule import ForKind
 from jitop.te.expr import const
@@ -323,7 +324,7 @@ def test_results_start_on_a_cache_line_and_a_slice_a_caller_keeps_keeps_its_buff
     alloc = {"fixed": lambda: fixed(), "sized": lambda: _sized((n,)), "scratch": lambda: _scratch((n,))}[kind]
     _sized, _scratch = _sized_allocator(F4), _scratch_allocator(F4)
     a = alloc()
-    assert a.ctypes.data % LINE_BYTES == 0 and a.shape == (n,)
+    assert a.ctypes.data % ALIGN == 0 and a.shape == (n,)
     address, part = a.ctypes.data, a[5:9]
     del a
     b = alloc()
@@ -345,5 +346,5 @@ def test_scratch_grows_and_never_shrinks():
     assert other.base.ctypes.data != base  # still in use: never handed out twice
     del held, small, other
     grown = alloc((2000,))
-    assert grown.shape == (2000,) and grown.base.nbytes == 2000 * 4 + LINE_BYTES  # grown to the size asked
+    assert grown.shape == (2000,) and grown.base.nbytes == 2000 * 4 + ALIGN  # grown to the size asked
     assert alloc((0, 4)).shape == (0, 4) and alloc(()).shape == ()
