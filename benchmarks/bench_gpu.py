@@ -7,7 +7,9 @@
   (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
       FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
   (c'') the same SGEMMs on TF32 tensor cores (topi.cuda.matmul(A, B, tc="tf32"): the best of TC_CONFIGS) vs
-      torch.mm with TF32 on (cuBLAS TF32; issue 25's target: >= 60 %), --no-tc skips;
+      torch.mm with TF32 on (cuBLAS TF32; issue 25's target: >= 60 %), and on BF16 tensor cores (tc="bf16") vs
+      cuBLAS on bfloat16 copies with float32 accumulation (torch.mm(..., out_dtype=float32) where torch has it,
+      else bfloat16 out; the table says which), --no-tc skips both;
   (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call;
   (e) conv2d float32 on ResNet-50's layers at batch 8 and 32 (topi.cuda.conv2d_nchw + schedule_conv2d, an implicit
       GEMM) vs torch.nn.functional.conv2d with cuDNN TF32 off, and the geomean ratio per batch (--no-conv skips).
@@ -37,9 +39,13 @@ import numpy as np
 EPS32 = float(np.finfo(np.float32).eps)
 N_EW = 4096           # elementwise / row operators: N_EW x N_EW float32
 GEMM_SIZES = (1024, 2048, 4096, 8192)
-SWEEP = [             # SGEMM tile configs measured at the sweep sizes (the first is the 4096 default)
-    {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 8},
+SWEEP = [             # SGEMM tile configs measured at the sweep sizes (the first is the 4096 default);
+    # stages=2 double-buffers the shared tiles (never measured before this table: the first four rows compare)
     {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "stages": 2},
+    {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 8, "stages": 2},
+    {"bm": 64, "bn": 64, "bk": 8, "tm": 8, "tn": 8, "stages": 2},
     {"bm": 128, "bn": 64, "bk": 8, "tm": 8, "tn": 4},
     {"bm": 64, "bn": 128, "bk": 8, "tm": 4, "tn": 8},
     {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 8},
@@ -47,11 +53,12 @@ SWEEP = [             # SGEMM tile configs measured at the sweep sizes (the firs
     {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4},
     {"bm": 128, "bn": 128, "bk": 8, "tm": 8, "tn": 4},
 ]
-TC_CONFIGS = [        # tensor-core (TF32 mma.sync) configs of section (c''): the warps of these thread tiles
-    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "tc": "tf32"},
-    {"bm": 128, "bn": 128, "bk": 32, "tm": 8, "tn": 8, "tc": "tf32"},
-    {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 4, "tc": "tf32"},
+TC_CONFIGS = [        # tensor-core (mma.sync) configs of section (c''), each with tc = the mode: the warps of these
+    {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},   # thread tiles
+    {"bm": 128, "bn": 128, "bk": 32, "tm": 8, "tn": 8},
+    {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 4},
 ]
+TC_PRODUCT_ERROR = {"tf32": 2.0 ** -10, "bf16": 2.0 ** -7}  # a product of two rounded operands: 2 unit roundoffs
 
 
 # ** the report **
@@ -415,37 +422,55 @@ def section_sgemm(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
               "error / bound: max |C - C_float64| / (K eps sum|a||b|), at most 1 when correct.")
 
 
-def _tf32_error_ratio(ctx: Ctx, got: Any, ta, tb) -> float:
-    """max |C - C64| / (2^-10 sum_k |a||b| + K eps sum_k |a||b|): at most 1 for a correct TF32 product (each operand
-    rounded to 11 significant bits, the sum in float32)."""
+def _tc_error_ratio(ctx: Ctx, got: Any, ta, tb, mode: str) -> float:
+    """max |C - C64| / ((u + K eps) sum_k |a||b|), u = TC_PRODUCT_ERROR[mode]: at most 1 for a correct TF32 / BF16
+    product (each operand rounded to 11 / 8 significant bits, the sum in float32)."""
     torch = ctx.torch
     k = ta.shape[1]
     c64 = ta.double() @ tb.double()
-    bound = (2.0 ** -10 + k * EPS32) * (ta.abs().double() @ tb.abs().double()) + 1e-30
+    bound = (TC_PRODUCT_ERROR[mode] + k * EPS32) * (ta.abs().double() @ tb.abs().double()) + 1e-30
     g = got if isinstance(got, torch.Tensor) else torch.from_numpy(np.asarray(got)).cuda()
     return float(((g.double() - c64).abs() / bound).max())
 
 
-def section_sgemm_tc(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
-    """(c'') SGEMM on TF32 tensor cores: the best of TC_CONFIGS per size vs cuBLAS TF32."""
+def _tc_peer(ctx: Ctx, mode: str, ta, tb) -> tuple[Callable[[], Any], str]:
+    """cuBLAS's counterpart of a `mode` tensor-core SGEMM and its name: for TF32 torch.mm of the float32 tensors
+    (timed with allow_tf32 on); for BF16 torch.mm of bfloat16 copies made beforehand, float32 accumulation
+    (reduced-precision reductions off), float32 out where torch.mm takes out_dtype, else bfloat16 out."""
+    torch = ctx.torch
+    if mode == "tf32":
+        return (lambda: torch.mm(ta, tb)), "cuBLAS TF32"
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    a16, b16 = ta.bfloat16(), tb.bfloat16()
+    try:
+        torch.mm(a16, b16, out_dtype=torch.float32)
+        return (lambda: torch.mm(a16, b16, out_dtype=torch.float32)), "cuBLAS BF16 (fp32 acc, fp32 out)"
+    except (TypeError, RuntimeError):  # torch without mm(out_dtype=) on CUDA
+        return (lambda: torch.mm(a16, b16)), "cuBLAS BF16 (fp32 acc, bf16 out)"
+
+
+def section_sgemm_tc(ctx: Ctx, rep: Report, sizes, deadline: float, mode: str = "tf32") -> None:
+    """(c'') SGEMM on `mode` ("tf32", "bf16") tensor cores: the best of TC_CONFIGS per size vs cuBLAS's
+    counterpart (`_tc_peer`)."""
     te, topi, mem, torch = ctx.jitop.te, ctx.topi, ctx.memory, ctx.torch
-    rows = []
+    rows, peer_name = [], "cuBLAS " + mode.upper()
     for n in sizes:
         a, b = ctx.rand((n, n), 6), ctx.rand((n, n), 7)
         da, db, dc = mem.to_device(a), mem.to_device(b), mem.empty((n, n), np.float32)
         ta, tb = (torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()) if torch is not None else (None, None)
         flops, best = 2.0 * n ** 3, None
-        for cfg in TC_CONFIGS:
+        for tiles in TC_CONFIGS:
+            cfg = {**tiles, "tc": mode}
             label = f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}"
             if time.time() > deadline:
                 rows.append([n, label, "skipped (time budget)", "", "", "", ""])
                 continue
             try:
                 A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
-                C = topi.matmul(A, B, tc="tf32")
+                C = topi.matmul(A, B, tc=mode)
                 f, _ = ctx.build(topi.schedule_matmul(C, cfg, target=ctx.target), [A, B, C])
                 f(da, db, dc)
-                ratio = _tf32_error_ratio(ctx, dc.get(), ta, tb) if torch is not None else float("nan")
+                ratio = _tc_error_ratio(ctx, dc.get(), ta, tb, mode) if torch is not None else float("nan")
                 jt = flops / ctx.time_ms(lambda: f(da, db, dc), budget_ms=100, reps=3) / 1e9
             except Exception as err:  # noqa: BLE001
                 traceback.print_exc()
@@ -455,16 +480,20 @@ def section_sgemm_tc(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
             rows.append(row)
             best = row if best is None or jt > best[2] else best
         if torch is not None and best is not None:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            tf32 = flops / ctx.time_ms(lambda: torch.mm(ta, tb), "torch") / 1e9
-            torch.backends.cuda.matmul.allow_tf32 = False
-            best[3:5] = [tf32, f"{100 * best[2] / tf32:.0f} % (best)"]
+            peer, peer_name = _tc_peer(ctx, mode, ta, tb)
+            torch.backends.cuda.matmul.allow_tf32 = True  # the TF32 peer's setting (bfloat16 GEMMs ignore it)
+            try:
+                tflops = flops / ctx.time_ms(peer, "torch") / 1e9
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+            best[3:5] = [tflops, f"{100 * best[2] / tflops:.0f} % (best)"]
         del da, db, dc
-    rep.table("(c'') SGEMM on TF32 tensor cores (TFLOP/s)",
-              ["n", "tiles (bm x bn x bk / tm x tn), tc=tf32", "jitop", "cuBLAS TF32", "jitop / TF32",
-               "error / TF32 bound", "block"], rows,
-              "error / TF32 bound: max |C - C_float64| / ((2^-10 + K eps) sum|a||b|), at most 1 when correct. "
-              "Target (issue 25): the best config >= 60 % of cuBLAS TF32.")
+    m = mode.upper()
+    rep.table(f"(c'') SGEMM on {m} tensor cores, float32 in and out (TFLOP/s)",
+              ["n", f"tiles (bm x bn x bk / tm x tn), tc={mode}", "jitop", peer_name, f"jitop / {peer_name}",
+               f"error / {m} bound", "block"], rows,
+              f"error / {m} bound: max |C - C_float64| / ((2^{int(np.log2(TC_PRODUCT_ERROR[mode]))} + K eps) "
+              f"sum|a||b|), at most 1 when correct. Target (issue 25): the best config >= 60 % of {peer_name}.")
 
 
 CONV_LAYERS = [       # ResNet-50's conv layers (C, H=W, K, R=S, stride, pad), measured at CONV_BATCHES
@@ -562,6 +591,7 @@ def section_sgemm_sweep(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
             ta, tb = ctx.torch.from_numpy(a).cuda(), ctx.torch.from_numpy(b).cuda()
         for cfg in SWEEP:
             label = f"{cfg['bm']}x{cfg['bn']}x{cfg['bk']} / {cfg['tm']}x{cfg['tn']}"
+            label += ", 2 stages" if cfg.get("stages", 1) == 2 else ""
             if time.time() > deadline:
                 rows.append([n, label, "skipped (time budget)", "", ""])
                 continue
@@ -636,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", type=int, nargs="*", default=[4096, 2048], help="SGEMM sizes of the config sweep")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-conv", action="store_true", help="skip the ResNet-50 conv2d section")
-    p.add_argument("--no-tc", action="store_true", help="skip the TF32 tensor-core SGEMM section")
+    p.add_argument("--no-tc", action="store_true", help="skip the TF32 and BF16 tensor-core SGEMM sections")
     args = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + args.budget
@@ -655,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         ("SGEMM", lambda: section_sgemm(ctx, rep, args.sizes, deadline)),
     ]
     if not args.no_tc:
-        sections.append(("SGEMM TF32", lambda: section_sgemm_tc(ctx, rep, args.sizes, deadline - 60)))
+        sections += [(f"SGEMM {mode.upper()}", lambda mode=mode: section_sgemm_tc(ctx, rep, args.sizes, deadline - 60,
+                                                                                 mode)) for mode in ("tf32", "bf16")]
     if not args.no_conv:
         sections.append(("conv2d", lambda: section_conv(ctx, rep, deadline)))
     sections += [

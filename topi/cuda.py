@@ -177,7 +177,7 @@ def matmul(A: Tensor, B: Tensor, name: str = "matmul", tc: int | str = 0) -> Ten
 
     A is read through a transposed view (A.T[k, i], tagged TRANSPOSED_A) that schedule_matmul inlines into the
     shared-memory tile of A; any other schedule can inline it too (`s[C.op.input_tensors[0]].compute_inline()`).
-    tc="tf32" computes it on TF32 tensor cores instead (float32 of constant sizes; TF32 numerics, see
+    tc="tf32" or "bf16" computes it on tensor cores instead (float32 of constant sizes; TF32 or BF16 numerics, see
     topi.cuda_mma): the compute of schedule_matmul's tensor-core configs.
 
     >>> A, B = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
@@ -194,15 +194,18 @@ def matmul(A: Tensor, B: Tensor, name: str = "matmul", tc: int | str = 0) -> Ten
         raise TypeError(f"matmul takes A and B of one float dtype, got {A.dtype.name} and {B.dtype.name}")
     if tc:
         from jitop.topi import cuda_mma  # it imports this module
-        if tc != cuda_mma.TF32:
+        if tc not in cuda_mma.MODES:
             raise ValueError(f"matmul: tc={tc!r}; the tensor-core modes are {list(cuda_mma.TC_MODES)}")
-        return cuda_mma.matmul_tc(A, B, name)
+        return cuda_mma.matmul_tc(A, B, name, tc)
     at = te.compute((k, m), lambda kk, i: A[i, kk], name=f"{A.name}.T", tag=TRANSPOSED_A)
     r = te.reduce_axis((0, k), "k")
     return te.compute((m, n), lambda i, j: te.sum(at[r, i] * B[r, j], axis=r), name=name, tag="matmul")
 
 
 MATMUL_KEYS = ("bm", "bn", "bk", "tm", "tn")
+# the "stages" key: 1 (one shared tile of A and of B, two barriers per K step) or 2 (double-buffered:
+# Stage.double_buffer, the next K step's loads in flight during this one's arithmetic, one barrier)
+STAGES = (1, 2)
 
 
 def default_matmul_config(m: Any, n: Any, k: Any, target: CudaTarget | None = None) -> dict[str, int]:
@@ -230,12 +233,13 @@ def default_matmul_config(m: Any, n: Any, k: Any, target: CudaTarget | None = No
 
 
 def _check_matmul_config(cfg: dict[str, Any], target: CudaTarget) -> tuple[int, int, int, int, int]:
-    unknown = set(cfg) - set(MATMUL_KEYS) - {"tc"}
+    unknown = set(cfg) - set(MATMUL_KEYS) - {"tc", "stages"}
     if unknown:
-        raise ValueError(f"schedule_matmul: unknown config keys {sorted(unknown)}; the keys are {list(MATMUL_KEYS)} "
-                         "and tc (tensor cores)")
+        raise ValueError(f"schedule_matmul: unknown config keys {sorted(unknown)}; the keys are {list(MATMUL_KEYS)}, "
+                         "stages (shared tile copies) and tc (tensor cores)")
     bm, bn, bk, tm, tn = (int(cfg[x]) for x in MATMUL_KEYS)
-    problems = []
+    stages = cfg.get("stages", 1)
+    problems = [] if stages in STAGES else [f"stages={stages!r}; expected one of {STAGES}"]
     if bm % tm or bn % tn:
         problems.append(f"bm={bm} and bn={bn} must be multiples of tm={tm} and tn={tn}")
     if bk % 4 or bn % 4:
@@ -244,7 +248,7 @@ def _check_matmul_config(cfg: dict[str, Any], target: CudaTarget) -> tuple[int, 
     if not 1 <= threads <= target.max_threads_per_block:
         problems.append(f"(bm/tm) x (bn/tn) = {threads} threads per block, but a block has 1 to "
                         f"{target.max_threads_per_block}")
-    shared = (bm + bn) * bk * 4
+    shared = (bm + bn) * bk * 4 * (stages if stages in STAGES else 1)
     if shared > target.shared_per_block:
         problems.append(f"the shared tiles take {shared} bytes, more than the {target.shared_per_block} of a block")
     if tm * tn > 128:
@@ -280,9 +284,10 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     cfg keys (without a cfg: the tuned config of this float32 workload on `target` where one was tuned or
     applied, `topi.cuda_templates.tuned_cfg`; else, and for keys a cfg leaves out, `default_matmul_config`):
     bm, bn (the block's tile of C, blockIdx.y/x), tm, tn (each thread's register tile; (bm/tm) x (bn/tn)
-    threads along threadIdx.y/x), bk (the K step of the shared tiles), tc (0; "tf32" for a C made by
-    `matmul(A, B, tc="tf32")`, which runs the same block tiles and threads as warps of TF32 mma.sync tiles:
-    topi.cuda_mma; its tuned configs are those of the workload allowing TF32). The compute decides the engine.
+    threads along threadIdx.y/x), bk (the K step of the shared tiles), stages (1; 2 double-buffers the shared
+    tiles: the next K step's loads are in flight during this one's arithmetic), tc (0; "tf32" / "bf16" for a C made by
+    `matmul(A, B, tc="tf32")` / tc="bf16", which runs the same block tiles and threads as warps of mma.sync tiles:
+    topi.cuda_mma; its tuned configs are those of the workload of that precision). The compute decides the engine.
     A block loads a bk x bm tile of A and a bk x bn tile of B into shared memory, every thread fetching 4-vectors
     of them, then each of the bk steps copies the thread's tm values of A and tn values of B to registers and
     does tm x tn multiply-adds into its accumulators. Sizes that are not multiples of the tiles are guarded.
@@ -305,10 +310,11 @@ def schedule_matmul(C: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
 
 
 def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTarget | None = None,
-                  cfg: dict[str, int] | None = None, tf32: bool = False) -> dict[str, int]:
+                  cfg: dict[str, int] | None = None, precision: str = "float32") -> dict[str, int]:
     """The full config schedule_matmul uses for an M x N x K product: `cfg`'s keys (without a cfg: the tuned
     config of a float32 workload of constant sizes on `target`, `topi.cuda_templates.tuned_cfg`, where one
-    answers; `tf32`: of the workload allowing TF32) over `default_matmul_config`.
+    answers; `precision` "tf32" / "bf16": of the workload allowing that tensor-core mode) over
+    `default_matmul_config`.
 
     >>> matmul_config(1024, 1024, 1024, cfg={"bk": 16})
     {'bm': 64, 'bn': 64, 'bk': 16, 'tm': 8, 'tn': 8}
@@ -316,7 +322,7 @@ def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTa
     target = target or DEFAULT_TARGET
     if cfg is None and dtype == "float32" and all(isinstance(d, int) for d in (m, n, k)):
         from jitop.topi.cuda_templates import CudaMatmulWorkload, tuned_cfg  # it imports this module
-        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k, "tf32" if tf32 else "float32"), target)
+        cfg = tuned_cfg("cuda.matmul", CudaMatmulWorkload(m, n, k, precision), target)
     return {**default_matmul_config(m, n, k, target), **(cfg or {})}
 
 
@@ -340,12 +346,13 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     m, n = C.shape
     from jitop.topi import cuda_mma  # it imports this module
     if cuda_mma.is_matmul_tc(C):
-        full = {**matmul_config(m, n, C.op.attrs["k"], "float32", target, cfg, tf32=True), "tc": cuda_mma.TF32}
-        cuda_mma.schedule_matmul_tc_stage(s, C, _check_matmul_config(full, target))
+        mode = cuda_mma.tc_mode(C)
+        full = {**matmul_config(m, n, C.op.attrs["k"], "float32", target, cfg, precision=mode), "tc": mode}
+        cuda_mma.schedule_matmul_tc_stage(s, C, _check_matmul_config(full, target), full.get("stages", 1))
         return
     if cfg is not None and cfg.get("tc", 0):
         raise ValueError(f"schedule_matmul: cfg {cfg} asks for tensor cores (tc={cfg['tc']!r}), but '{op.name}' "
-                         "is a float32 matmul; make it with topi.cuda.matmul(A, B, tc='tf32')")
+                         f"is a float32 matmul; make it with topi.cuda.matmul(A, B, tc={cfg['tc']!r})")
     if len(op.axis) != 2 or len(op.reduce_axis) != 1 or len(op.input_tensors) != 2:
         raise ValueError(f"schedule_matmul: '{op.name}' is not a 2-D matmul C[i, j] = sum_k A[i, k] * B[k, j]")
     full = matmul_config(m, n, op.reduce_axis[0].extent, C.dtype.name, target, cfg)
@@ -358,16 +365,18 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     if transposed:
         s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
     i, j = op.axis
-    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True)
+    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True, stages=full.get("stages", 1))
 
 
 def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, AA: Tensor, BB: Tensor,
-                   a_k_major: bool, tiles: tuple[int, int, int, int, int], b_vec: int, out_vec: bool) -> None:
+                   a_k_major: bool, tiles: tuple[int, int, int, int, int], b_vec: int, out_vec: bool,
+                   stages: int = 1) -> None:
     """The SGEMM loop nest shared by schedule_matmul and schedule_conv2d. `out` is the stage that writes the
     result from the registers, its GEMM row axis `i` and column axis `j` (data axes or fused ones); `CL` the
     local cache of the reduction (`s.cache_write`), `AA` / `BB` its shared copies of A ([bk, bm] when `a_k_major`,
     else [bm, bk]) and B ([bk, bn]). B's tile is fetched in `b_vec`-vectors of its columns; `out_vec` vectorizes
-    each thread's row of tn results (when consecutive columns are consecutive in memory)."""
+    each thread's row of tn results (when consecutive columns are consecutive in memory); `stages` = 2
+    double-buffers the shared tiles."""
     bm, bn, bk, tm, tn = tiles
     nty, ntx = bm // tm, bn // tn
     AL = s.cache_read(AA, "local", [CL])
@@ -409,6 +418,9 @@ def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, 
         _cooperative_fetch(s, s[AA], a0, a1, nty, ntx, 4 if bk % 4 == 0 else 1)
     b0, b1 = s[BB].op.axis
     _cooperative_fetch(s, s[BB], b0, b1, nty, ntx, b_vec)
+    if stages == 2:
+        s[AA].double_buffer()
+        s[BB].double_buffer()
 
     # register fragments of each k step
     s[AL].compute_at(s[CL], ki)
@@ -562,7 +574,7 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     nn, kk, pp, qq = Y.op.axis
     out.reorder(kk, nn, pp, qq)
     cols = out.fuse(nn, pp, qq)           # the GEMM column: (n P + p) Q + q
-    _schedule_gemm(s, out, kk, cols, CL, AA, BB, True, tiles, b_vec=1, out_vec=False)
+    _schedule_gemm(s, out, kk, cols, CL, AA, BB, True, tiles, b_vec=1, out_vec=False, stages=cfg.get("stages", 1))
     return s
 
 

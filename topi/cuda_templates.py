@@ -30,7 +30,7 @@ from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.target import CudaTarget
 from jitop.topi import cuda
-from jitop.topi.cuda_mma import tc_available, tf32_tolerance
+from jitop.topi.cuda_mma import MODES, tc_available, tc_tolerance
 from jitop.topi.cuda_space import gemm_space, launchable_default, to_cfg, to_config
 from jitop.tuner import registry
 from jitop.tuner.space import Config, ConfigSpace
@@ -41,9 +41,10 @@ DTYPE = "float32"  # the GEMM templates' shared tiles are sized for 4-byte eleme
 
 @dataclass(frozen=True)
 class CudaMatmulWorkload:
-    """C[m, n] = A[m, k] @ B[k, n] in float32 on a GPU; precision "tf32" opts into TF32 tensor cores (its space
-    has the "tc" knob on sm_80+, and its records are its own: a "float32" workload's tuning never changes its
-    numerics, as torch leaves TF32 off for matmuls unless asked). A string: records hold ints and strings."""
+    """C[m, n] = A[m, k] @ B[k, n] in float32 on a GPU; precision "tf32" / "bf16" opts into TF32 / BF16 tensor cores
+    (its space has the "tc" knob [0, precision] on sm_80+, and its records are its own: a "float32" workload's
+    tuning never changes its numerics, as torch leaves TF32 off for matmuls unless asked). A string: records hold
+    ints and strings."""
 
     template: ClassVar[str] = "cuda.matmul"
     default_cfg: ClassVar[Callable[..., dict[str, int]]] = staticmethod(cuda.default_matmul_config)
@@ -54,13 +55,14 @@ class CudaMatmulWorkload:
     precision: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.precision not in ("float32", "tf32"):
-            raise ValueError(f'CudaMatmulWorkload: precision={self.precision!r}; expected "float32" or "tf32"')
+        if self.precision != "float32" and self.precision not in MODES:
+            raise ValueError(f"CudaMatmulWorkload: precision={self.precision!r}; expected one of "
+                             f"{['float32', *MODES]}")
 
     @property
-    def tf32(self) -> bool:
-        """Whether TF32 tensor cores may compute it."""
-        return self.precision == "tf32"
+    def tc_mode(self) -> str:
+        """The tensor-core mode that may compute it ("tf32", "bf16"; "" for float32)."""
+        return "" if self.precision == "float32" else self.precision
 
     @property
     def gemm(self) -> tuple[int, int, int]:
@@ -73,12 +75,14 @@ class CudaMatmulWorkload:
 
     def tolerance(self, config: Config) -> tuple[float, float] | None:
         """The (rtol, atol fraction of max|reference|) the tuner checks `config`'s output with against the
-        default's (float32) output: TF32's for a tensor-core point, None (the measurer's float32 one) otherwise."""
-        return tf32_tolerance(self.k) if config.as_dict().get("tc", 0) else None
+        default's (float32) output: the mode's (`topi.cuda_mma.tc_tolerance`) for a tensor-core point, None (the
+        measurer's float32 one) otherwise."""
+        mode = config.as_dict().get("tc", 0)
+        return tc_tolerance(mode, self.k) if mode else None
 
     def describe(self) -> str:
-        """"cuda.matmul 1024x1024x1024 float32" (" tf32" added where TF32 is allowed)."""
-        return f"cuda.matmul {self.m}x{self.n}x{self.k} {self.dtype}" + (" tf32" if self.tf32 else "")
+        """"cuda.matmul 1024x1024x1024 float32" (" tf32" / " bf16" added where tensor cores are allowed)."""
+        return f"cuda.matmul {self.m}x{self.n}x{self.k} {self.dtype}" + (f" {self.tc_mode}" if self.tc_mode else "")
 
     @staticmethod
     def from_cpu(wl: Any) -> "CudaMatmulWorkload | None":
@@ -156,14 +160,16 @@ def _default_cfg(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: Any) -> 
     return launchable_default(wl.default_cfg(*wl.gemm, target), target)
 
 
-def _tensor_cores(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> bool:
-    # the tc knob: a matmul that allows TF32 (cuda.conv2d has no tensor-core schedule), on sm_80+ in float32
-    return getattr(wl, "tf32", False) and tc_available(target, wl.dtype)
+def _tensor_cores(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> str:
+    # the tc knob's mode ("": none): a matmul that allows TF32 or BF16 (cuda.conv2d has no tensor-core schedule),
+    # on sm_80+ in float32
+    mode = getattr(wl, "tc_mode", "")
+    return mode if mode and tc_available(target, wl.dtype) else ""
 
 
 def gemm_config_space(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> ConfigSpace:
     """Every launchable config of the workload's GEMM on `target` (topi.cuda_space.gemm_space); a matmul that
-    allows TF32 has the tensor-core knob "tc" on sm_80+ (its TF32 points checked with `tf32_tolerance`)."""
+    allows TF32 or BF16 has the tensor-core knob "tc" on sm_80+ (its points checked with `tc_tolerance`)."""
     return gemm_space(*wl.gemm, target, _default_cfg(wl, target), _tensor_cores(wl, _check_target(wl.template,
                                                                                                  target)))
 
@@ -171,8 +177,8 @@ def gemm_config_space(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: Cud
 def gemm_default(wl: "CudaMatmulWorkload | CudaConv2dWorkload", target: CudaTarget) -> Config:
     """The template's default (`topi.cuda.default_matmul_config` / `default_conv2d_config`) as a point of the
     space (a smaller tile where `target` cannot launch it: topi.cuda_space.launchable_default); tensor cores
-    off (tc = 0): float32 numerics unless the tuner finds and checks a TF32 point."""
-    return to_config(_default_cfg(wl, target), _tensor_cores(wl, _check_target(wl.template, target)))
+    off (tc = 0): float32 numerics unless the tuner finds and checks a tensor-core point."""
+    return to_config(_default_cfg(wl, target), bool(_tensor_cores(wl, _check_target(wl.template, target))))
 
 
 # ** cuda.matmul **

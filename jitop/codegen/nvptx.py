@@ -13,6 +13,7 @@ by the runtime after the launches) instead of touching memory.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -28,7 +29,7 @@ from jitop.target import CUDA_TRIPLE, CudaTarget
 from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store,
                              ThreadReduce, walk_stmts)
 from jitop.tir.passes import guards_off_barriers
-from jitop.tir.simplify import prove, simplify
+from jitop.tir.simplify import prove, simplify, to_lin
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 GLOBAL, SHARED = 1, 3  # NVPTX address spaces
@@ -37,6 +38,25 @@ MAX_SERIAL_WORK = 1 << 12  # a kernel with no bound loop may run this many itera
 ALLOC_ALIGN = 16       # bytes every array given to a GPU kernel is aligned to (cuMemAlloc gives 256; checked)
 AXES = ("x", "y", "z")
 _SREG = {"blockIdx": "ctaid", "threadIdx": "tid"}
+
+
+class _BFloat(ir.Type):
+    """LLVM's bfloat, which llvmlite's IR types lack: only the element of the bf16x2 conversion's result."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+
+BF16X2 = ir.VectorType(_BFloat(), 2)
+
+
+def pack_bf16x2(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """float32 values lo, hi rounded to bfloat16 (to nearest even) in one .b32 register (an i32), lo in bits 15:0
+    and hi in bits 31:16: `cvt.rn.bf16x2.f32 d, hi, lo` (the PTX ISA: d[31:16] = cvt(a), d[15:0] = cvt(b)). An mma's
+    bf16x2 register holds elements 2j, 2j + 1 as (lo, hi), "low to high" in the ISA's fragment tables."""
+    fn = ops.declare_intrinsic(b.module, "llvm.nvvm.ff2bf16x2.rn", [],
+                               ir.FunctionType(BF16X2, [ir.FloatType(), ir.FloatType()]))
+    return b.bitcast(b.call(fn, [hi, lo]), I32)
 
 
 @dataclass(frozen=True)
@@ -84,23 +104,40 @@ def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
     >>> out.kernels[0].grid, out.kernels[0].block, ".target sm_90" in out.ptx
     ((8, 1, 1), (128, 1, 1), True)
     """
-    body, workspaces = _peel_workspaces(func.body)
+    _, workspaces = _peel_workspaces(func.body)
     buffers = list(func.params) + workspaces
     module = ir.Module(name=symbol)
     module.triple = CUDA_TRIPLE
     ranges = func.attrs.get("ranges", {})
     emitter = _Emitter(module, symbol, buffers, func.symbols, ranges, target)
-    launches = []
-    for k, nest in enumerate(top_level_nests(body)):
-        if isinstance(nest, Seq) and not nest.stmts:
-            continue
-        nest = guards_off_barriers(nest)
-        launches.append(emitter.kernel(f"{symbol}_k{k}", nest))
+    launches = [emitter.kernel(f"{symbol}_k{k}", nest) for k, nest in enumerate(kernel_nests(func))]
     ll = str(module)
     ptx = _emit_ptx(ll, target)
     shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in workspaces)
     return GpuBuild(ptx, ll, tuple(launches), shapes, tuple(emitter.checked),
                     emitter.error.name if emitter.error is not None else "")
+
+
+def kernel_nests(func: PrimFunc) -> list[Stmt]:
+    """The kernels of a lowered GPU function, in launch order, exactly as the emitter receives them: the
+    top-level loop nests of its body (global allocations peeled off: they are workspaces), empty sequences
+    skipped, each with its guards moved off its barriers (`guards_off_barriers`).
+
+    >>> from jitop import te
+    >>> import jitop
+    >>> A = te.placeholder((100,), name="A")
+    >>> B = te.compute((100,), lambda i: A[i] + 1.0, name="B")
+    >>> C = te.compute((100,), lambda i: B[i] * 2.0, name="C")
+    >>> s = jitop.create_schedule(C)
+    >>> for T in (B, C):
+    ...     bx, tx = s[T].split(T.op.axis[0], factor=64)
+    ...     s[T].bind(bx, te.thread_axis("blockIdx.x")); s[T].bind(tx, te.thread_axis("threadIdx.x"))
+    >>> [type(nest).__name__ for nest in kernel_nests(jitop.lower(s, [A, C]))]
+    ['For', 'For']
+    """
+    body, _ = _peel_workspaces(func.body)
+    return [guards_off_barriers(nest) for nest in top_level_nests(body)
+            if not (isinstance(nest, Seq) and not nest.stmts)]
 
 
 def _peel_workspaces(body: Stmt) -> tuple[Stmt, list[Buffer]]:
@@ -402,22 +439,38 @@ class _Emitter(LoopEmitter):
         if nest is None:
             if isinstance(s.body, (For, Seq, Allocate, IfThenElse)):
                 return False
-            raise ScheduleError(f"loop '{s.var.name}' combines with {mma.MMA_TF32} but is not an mma nest (k loop "
-                                "of 8 or 4, then the 4 accumulators, then the update): schedule it as topi.cuda_mma")
+            raise ScheduleError(f"loop '{s.var.name}' combines with a tensor-core marker ({', '.join(mma.BY_MARKER)}) "
+                                "but is not an mma nest (k loop of the mode's k, then the 4 accumulators, then the "
+                                "update): schedule it as topi.cuda_mma")
         self._check_warp(s)
         b = self.b
-        a_regs, b_regs, accs = mma.operands(nest, self.k.lane)
-        regs = [b.bitcast(self.expr(simplify(e, self.ranges)), I32) for e in (*a_regs, *b_regs)]
+        a_elems, b_elems, accs = mma.operands(nest, self.k.lane)
+        pack = mma.MODES[nest.mode].pack
+        regs = [self._register([self.expr(simplify(e, self.ranges)) for e in elems[j:j + pack]])
+                for elems in (a_elems, b_elems) for j in range(0, len(elems), pack)]
         acc_ptrs = [self._address(nest.acc, idx) for idx in accs]
         elem = ops.memory_type(nest.acc.dtype)
         c = [b.load(p, typ=elem) for p in acc_ptrs]
         result = ir.LiteralStructType([elem] * mma.C_ELEMS)
-        fn = ops.declare_intrinsic(self.module, mma.intrinsic(nest.k), [],
+        fn = ops.declare_intrinsic(self.module, mma.intrinsic(nest.k, nest.mode), [],
                                    ir.FunctionType(result, [I32] * len(regs) + [elem] * mma.C_ELEMS))
         d = b.call(fn, [*regs, *c])
         for i, ptr in enumerate(acc_ptrs):
             b.store(b.extract_value(d, i), ptr)
         return True
+
+    def _register(self, values: list[ir.Value]) -> ir.Value:
+        """One .b32 operand register of float32 values already rounded to the operand type: a TF32 value's bits,
+        or a pair (lo, hi) of BF16 values (`pack_bf16x2`: exact)."""
+        return self.b.bitcast(values[0], I32) if len(values) == 1 else pack_bf16x2(self.b, *values)
+
+    def _round_operand(self, mode: str, x: ir.Value) -> ir.Value:
+        """float32 -> the float32 holding the nearest TF32 (cvt.rna.tf32.f32: the value's bits, low 13 zero) or
+        bfloat16 value (`pack_bf16x2` of (0, x): bf16(x) in the high half, zeros below)."""
+        if mode == "bf16":
+            return self.b.bitcast(pack_bf16x2(self.b, ir.Constant(ir.FloatType(), 0.0), x), ir.FloatType())
+        fn = ops.declare_intrinsic(self.module, "llvm.nvvm.f2tf32.rna", [], ir.FunctionType(I32, [ir.FloatType()]))
+        return self.b.bitcast(self.b.call(fn, [x]), ir.FloatType())
 
     def _check_warp(self, s: For) -> None:
         """An mma needs the 32 lanes of a warp along threadIdx.x, all of them present (no guard on a lane)."""
@@ -430,6 +483,16 @@ class _Emitter(LoopEmitter):
     def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
         flat = self.expr(simplify(flatten(buf, indices)))
         return self.b.gep(self.k.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
+
+    def _alignment(self, buf: Buffer, indices: tuple[Expr, ...]) -> int:
+        """The bytes the address of buf[indices] is a multiple of (at most ALLOC_ALIGN, every buffer's base
+        alignment), from the flat index's linear form: the largest power of two dividing each coefficient and
+        the constant (an unrolled lane's constant offset included). Stated on the access, it lets LLVM merge
+        neighbouring accesses into vector ones where its own inference loses track (an index through a loop
+        variable that is a rotated loop's phi)."""
+        lin = to_lin(simplify(flatten(buf, indices)), self.ranges)
+        step = functools.reduce(math.gcd, [*lin.terms.values(), lin.const], ALLOC_ALIGN // buf.dtype.itemsize or 1)
+        return min(ALLOC_ALIGN, (step & -step) * buf.dtype.itemsize)
 
     def _check(self, buf: Buffer, indices: tuple[Expr, ...], what: str) -> ir.Value | None:
         """None when the access is proved in bounds; else i1 'in bounds', with the error flag set when not."""
@@ -456,7 +519,8 @@ class _Emitter(LoopEmitter):
         elem = ops.memory_type(buf.dtype)
         ok = self._check(buf, e.src, "read of")
         if ok is None:
-            return ops.from_memory(b, buf.dtype, b.load(self._address(buf, e.src), typ=elem))
+            return ops.from_memory(b, buf.dtype, b.load(self._address(buf, e.src), typ=elem,
+                                                         align=self._alignment(buf, e.src)))
         value = self._load_or_zero(ok, lambda: self._address(buf, e.src), elem)
         self._memo = {}  # values made inside the branch (the address) do not dominate what follows
         return ops.from_memory(b, buf.dtype, value)
@@ -465,7 +529,8 @@ class _Emitter(LoopEmitter):
         value = self._stored_value(s)
         ok = self._check(s.buffer, s.indices, "write to")
         if ok is None:
-            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
+            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices),
+                         align=self._alignment(s.buffer, s.indices))
             return
         with self.b.if_then(ok):
             self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
@@ -478,12 +543,10 @@ class _Emitter(LoopEmitter):
 
     def _call(self, e: Expr) -> ir.Value:
         from jitop.codegen.math import emit_call
-        if e.arg == mma.TF32_ROUND:
-            fn = ops.declare_intrinsic(self.module, "llvm.nvvm.f2tf32.rna", [],
-                                       ir.FunctionType(I32, [ir.FloatType()]))
-            return self.b.bitcast(self.b.call(fn, [self.expr(e.src[0])]), ir.FloatType())
-        if e.arg == mma.MMA_TF32:
-            raise ScheduleError(f"{mma.MMA_TF32} outside an mma nest: a tensor-core update must be the innermost "
+        if e.arg in mma.ROUNDINGS:
+            return self._round_operand(mma.ROUNDINGS[e.arg].name, self.expr(e.src[0]))
+        if e.arg in mma.BY_MARKER:
+            raise ScheduleError(f"{e.arg} outside an mma nest: a tensor-core update must be the innermost "
                                 "loops (k, then the 4 accumulators) of a schedule like topi.cuda_mma's")
         if e.arg.startswith(RAISE_IF) or (e.arg == "ipow" and e.src[1].dtype.is_signed):
             raise NotImplementedError(f"'{e.arg.split(':')[0]}' (an operation that can raise at run time) has no "

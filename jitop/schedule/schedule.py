@@ -89,6 +89,7 @@ class Stage:
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
+        self.double_buffered = False
         self._transformed: dict[IterVar, tuple[str, list[str]]] = {}
 
     @property
@@ -228,6 +229,27 @@ class Stage:
     def unroll(self, iv: IterVar) -> None:
         """Fully unroll loop `iv` (its extent must be a small constant)."""
         self._annotate(iv, ForKind.UNROLLED, "unroll")
+
+    def double_buffer(self) -> None:
+        """Keep two copies of this shared-memory stage (attached with compute_at to a serial loop): while the
+        threads compute on one, the next iteration's copy is loaded into registers and stored into the other,
+        with one barrier per iteration instead of two. The loads' latency then hides behind the arithmetic.
+
+        >>> from jitop import te
+        >>> A = te.placeholder((64, 64), name="A")
+        >>> k = te.reduce_axis((0, 64), name="k")
+        >>> B = te.compute((64,), lambda i: te.sum(A[i, k], axis=k), name="B")
+        >>> s = create_schedule(B)
+        >>> AS = s.cache_read(A, "shared", [B])
+        >>> ko, ki = s[B].split(s[B].op.reduce_axis[0], factor=16)
+        >>> s[AS].compute_at(s[B], ko)
+        >>> s[AS].double_buffer()
+        """
+        self._check_compute("double_buffer")
+        if self.scope != "shared":
+            raise ScheduleError(f"double_buffer: '{self.name}' is in {self.scope!r} memory; only a shared-memory "
+                                "stage (s.cache_read(T, \"shared\", ...)) is double-buffered")
+        self.double_buffered = True
 
     # ** where the stage is computed **
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:

@@ -20,6 +20,7 @@ from jitop.te.expr import Expr, Op, as_expr, const, free_vars, rewrite, substitu
 from jitop.te.tensor import Dim, IterVar, PlaceholderOp, Tensor, tensor_loads
 from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, ThreadReduce,
                              seq)
+from jitop.tir import double_buffer
 from jitop.tir.passes import partition_loops, simplify_stmt
 from jitop.tir.simplify import SYMBOL_MAX, Lin, Ranges, atom_bounds, from_lin, prove, simplify, to_lin
 
@@ -178,9 +179,12 @@ class Lowering:
         if stage.scope == "shared":  # one copy per block: it holds what every thread of the block reads
             keep -= self._outer_vars(parent, ivar, threads_only=True)
         reads = self._reads_of(stage, parent, ivar)
+        # a shared tile read by register stages keeps its whole width past a tensor smaller than it: they read
+        # every tile entry unguarded (`_on_chip`); its fill is guarded to the tensor
+        whole_tile = stage.scope == "shared" and any(self._on_chip(c) for c, _ in self._readers_of(stage))
         mins, extents = [], []
         for d, iv in enumerate(stage.axis):
-            lo, n = self._dim_region([r[d] for r in reads], keep, iv.extent)
+            lo, n = self._dim_region([r[d] for r in reads], keep, iv.extent, clip=not whole_tile)
             mins.append(lo)
             extents.append(n)
         return tuple(mins), extents
@@ -235,9 +239,10 @@ class Lowering:
             s = s.attach_stage
         return False
 
-    def _dim_region(self, indices: list[Expr], keep: set[Expr], dom: Dim) -> tuple[Expr, Dim]:
-        """(min, extent) covering every index with the inner loops relaxed; the whole dim if unsure.
-        A region of a symbolic dim is a constant width (its edges guarded) or the whole dim."""
+    def _dim_region(self, indices: list[Expr], keep: set[Expr], dom: Dim, clip: bool = True) -> tuple[Expr, Dim]:
+        """(min, extent) covering every index with the inner loops relaxed; the whole dim if unsure, or (with
+        `clip`) if the indices span at least as much. A region of a symbolic dim is a constant width (its edges
+        guarded) or the whole dim."""
         spans = [self._relax(i, keep) for i in indices]
         if not spans or any(s is None for s in spans):
             return const(0), dom
@@ -245,7 +250,7 @@ class Lowering:
         if any(s[0].terms != sym.terms for s in spans):
             return const(0), dom
         lo, hi = min(s[1] for s in spans), max(s[2] for s in spans)
-        if hi - lo + 1 >= (dom if isinstance(dom, int) else _SYMBOLIC_SPAN):
+        if clip and hi - lo + 1 >= (dom if isinstance(dom, int) else _SYMBOLIC_SPAN):
             return const(0), dom
         return simplify(from_lin(Lin(sym.terms, lo), dtypes.INDEX), self.ranges), hi - lo + 1
 
@@ -408,16 +413,35 @@ class Lowering:
         for k in range(len(leaves) - 1, -1, -1):
             body = _guard(body, levels.get(k, []))
             iv = leaves[k]
-            if attach:
-                body = self._with_attached(stage, iv, body)
-            body = For(iv.var, as_expr(self.loops[stage].extent[iv]), stage.iter_kind.get(iv, ForKind.SERIAL), body)
+            attached = self._attached(stage, iv) if attach else []
+            extent, kind = as_expr(self.loops[stage].extent[iv]), stage.iter_kind.get(iv, ForKind.SERIAL)
+            if any(st.double_buffered for st in attached):
+                body = self._double_buffered(stage, iv, attached, kind, extent, body)
+                continue
+            if attached:
+                body = self._with_attached(attached, body)
+            body = For(iv.var, extent, kind, body)
         return _guard(body, levels.get(-1, []))
 
-    def _with_attached(self, stage: Stage, iv: IterVar, body: Stmt) -> Stmt:
-        attached = [s for s in self.sch.stages if s.attach_type == "scope" and s.attach_stage is stage
-                    and s.attach_ivar is iv]
-        if not attached:
-            return body
+    def _attached(self, stage: Stage, iv: IterVar) -> list[Stage]:
+        return [s for s in self.sch.stages if s.attach_type == "scope" and s.attach_stage is stage
+                and s.attach_ivar is iv]
+
+    def _double_buffered(self, stage: Stage, iv: IterVar, attached: list[Stage], kind: ForKind, extent: Expr,
+                         body: Stmt) -> Stmt:
+        """The loop `iv` of `stage` with its attached shared tiles double-buffered (`Stage.double_buffer`)."""
+        names = [st.name for st in attached]
+        if kind is not ForKind.SERIAL:
+            raise LoweringError(f"double_buffer: {names} are computed at loop '{iv.name}' of '{stage.name}', which "
+                                f"is {kind.value}; the tiles alternate between the iterations of a serial loop")
+        if not all(st.double_buffered and st.scope == "shared" for st in attached):
+            raise LoweringError(f"double_buffer: the stages computed at loop '{iv.name}' of '{stage.name}' are "
+                                f"{names}; double-buffer all of them (shared-memory stages) or none")
+        fills = [self.stage_stmt(st) for st in attached]
+        tiles = [self.buffers[t] for st in attached for t in st.outputs]
+        return double_buffer.pipeline(iv.var, extent, fills, tiles, body)
+
+    def _with_attached(self, attached: list[Stage], body: Stmt) -> Stmt:
         fills: list[Stmt] = []
         for k, st in enumerate(attached):
             # the block's threads fill shared memory together: before a run of fills, wait until all have

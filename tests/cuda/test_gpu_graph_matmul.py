@@ -66,11 +66,13 @@ def _check_ptx(ptx: str) -> None:
 
 
 def _sgemm_launch(m: int, k: int, n: int, cfg: dict) -> tuple:
-    """(grid, block, shared bytes) of the SGEMM kernel of an m x k by k x n product with `cfg` (the shared tiles
-    shrink to the matrix where it is smaller than a block's tile)."""
+    """(grid, block, shared bytes) of the SGEMM kernel of an m x k by k x n product with `cfg`. The shared tiles
+    are the block's whole tiles (every thread copies its register fragment from them, unguarded), except along a
+    dim that one thread's register tile covers (m <= tm): they then shrink to the matrix."""
     grid = (-(-n // cfg["bn"]), -(-m // cfg["bm"]), 1)
     block = (cfg["bn"] // cfg["tn"], cfg["bm"] // cfg["tm"], 1)
-    return grid, block, (min(cfg["bm"], m) + min(cfg["bn"], n)) * cfg["bk"] * 4
+    rows, cols = (d if d <= cfg[t] else cfg[b] for d, b, t in ((m, "bm", "tm"), (n, "bn", "tn")))
+    return grid, block, (rows + cols) * cfg["bk"] * 4
 
 
 def _launch(built) -> tuple:

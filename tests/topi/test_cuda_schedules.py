@@ -303,6 +303,114 @@ def test_default_matmul_config_fills_the_gpu():
         assert (cfg["bm"] // cfg["tm"]) * (cfg["bn"] // cfg["tn"]) >= 64
 
 
+# ** double-buffered shared tiles (stages = 2) **
+
+def k_loops(func) -> list[For]:
+    """The serial loops that hold a barrier: the K loops of a GEMM (one per loop-partitioned piece)."""
+    return [s for s in loops_of_kind(func, ForKind.SERIAL) if any(isinstance(x, Barrier) for x in walk_stmts(s))]
+
+
+def staged_order(loop: For) -> list[str]:
+    """What a K loop's body does, in order: 'load' (a store into a register stage), 'shared' (a store into a
+    shared tile), 'compute' (a load from a shared tile), 'barrier'."""
+    from jitop.te.expr import Op, walk
+    from jitop.tir.nodes import Store
+    out = []
+    for s in walk_stmts(loop.body):
+        if isinstance(s, Barrier):
+            out.append("barrier")
+        elif isinstance(s, Store):
+            reads_shared = any(n.op is Op.LOAD and n.arg.scope == "shared" for n in walk(s.value))
+            what = ("load" if ".staged" in s.buffer.name else "shared" if s.buffer.scope == "shared"
+                    else "compute" if reads_shared else None)
+            if what and (not out or out[-1] != what):
+                out.append(what)
+    return out
+
+
+@pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
+                                 {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4},
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+@pytest.mark.parametrize("shape", [(512, 512, 512), (300, 200, 100), (17, 13, 5)])
+def test_double_buffered_matmul(cfg, shape):
+    """stages=2: two copies of each shared tile, the K loop loads the next step into registers, computes this one,
+    stores the registers into the other copy, then waits at its only barrier; ptxas takes it without spills."""
+    A, B, C = mm(*shape)
+    s = cuda.schedule_matmul(C, {**cfg, "stages": 2})
+    func = jitop.lower(s, [A, B, C])
+    shared = allocations(func, "shared")
+    assert shared["A.T.shared"][0] == 2 and shared["B.shared"][0] == 2
+    assert {n for n in allocations(func, "local") if ".staged" in n} == {"A.T.shared.staged0", "B.shared.staged1"}
+    loops = k_loops(func)
+    assert loops or -(-shape[2] // cfg["bk"]) <= 2  # a loop of one or two steps is unrolled by loop partitioning
+    assert all(count(loop, Barrier) == 1 for loop in loops)
+    assert all(staged_order(loop) == ["load", "compute", "shared", "barrier"] for loop in loops), \
+        [staged_order(loop) for loop in loops]
+    f = build(s, [A, B, C])
+    assert f.built.kernels[0].shared_bytes == sum(4 * np.prod(shape) for shape in shared.values())
+    ptx = f.get_source("ptx")
+    if shape == (512, 512, 512) and not f.built.checked:  # (a checked access is guarded: scalar)
+        # the staged loads stay 4-vectors (their alignment stated: nvptx._alignment)
+        assert "ld.global.nc.v4" in ptx and "ld.global.nc.b32" not in ptx and "ld.global.nc.f32" not in ptx
+    report = assemble(ptx)
+    assert report["spill_stores"] == 0 or shape != (512, 512, 512), report
+
+
+def test_double_buffered_conv2d():
+    """The implicit GEMM's scalar im2col fill (zero padding computed in it) is staged through registers too."""
+    X, W, Y = conv(2, 20, 15, 15, 40, 3, 3, 2, 1)
+    cfg = {"bm": 32, "bn": 64, "bk": 8, "tm": 4, "tn": 4, "stages": 2}
+    s = cuda.schedule_conv2d(Y, cfg)
+    func = jitop.lower(s, [X, W, Y])
+    assert all(shape[0] == 2 for shape in allocations(func, "shared").values())
+    assert all(staged_order(loop) == ["load", "compute", "shared", "barrier"] for loop in k_loops(func))
+    report = assemble(build(s, [X, W, Y]).get_source("ptx"))
+    assert report["spill_stores"] == 0, report
+
+
+def test_double_buffer_errors():
+    A, B, C = mm(256, 256, 256)
+    with pytest.raises(ValueError, match="stages=3"):
+        cuda.schedule_matmul(C, {"stages": 3})
+    with pytest.raises(ValueError, match="shared tiles take 65536 bytes"):
+        cuda.schedule_matmul(C, {"bm": 128, "bn": 128, "bk": 32, "tm": 8, "tn": 8, "stages": 2})
+    from jitop.errors import LoweringError, ScheduleError
+    X = te.placeholder((64, 64), name="X")
+    r = te.reduce_axis((0, 64), "r")
+    S = te.compute((64,), lambda i: te.sum(X[i, r], axis=r), name="S")
+    s = jitop.create_schedule(S)
+    local = s.cache_read(X, "local", [S])
+    with pytest.raises(ScheduleError, match="only a shared-memory stage"):
+        s[local].double_buffer()
+    s = jitop.create_schedule(S)
+    XS = s.cache_read(X, "shared", [S])
+    ro, ri = s[S].split(s[S].op.reduce_axis[0], factor=16)
+    s[S].unroll(ro)
+    s[XS].compute_at(s[S], ro)
+    s[XS].double_buffer()
+    with pytest.raises(LoweringError, match="which is unrolled"):
+        jitop.lower(s, [X, S])
+
+
+def test_a_fill_that_cannot_be_staged_stores_into_the_other_copy_before_the_arithmetic():
+    """A fill over a loop of symbolic extent has no register stage: the next step's tile is stored straight into
+    the other copy, ahead of this step's arithmetic, still with one barrier per step."""
+    from jitop.dtypes import as_dtype
+    from jitop.te.expr import const, var
+    from jitop.tir.double_buffer import pipeline
+    from jitop.tir.nodes import Buffer, Store
+    f32 = as_dtype("float32")
+    n, ko, i = te.size_var("n"), var("ko"), var("i")
+    src = Buffer("src", f32, (n * 4,), "param")
+    tile = Buffer("tile", f32, (n,), "shared")
+    fill = For(i, n, ForKind.SERIAL, Store(tile, (i,), src.load((ko * n + i,))))
+    body = Store(src, (ko,), tile.load((const(0),)))
+    out = pipeline(ko, const(4), [fill], [tile], body)
+    loop = next(s for s in walk_stmts(out) if isinstance(s, For) and s.var is ko)
+    assert staged_order(loop) == ["shared", "compute", "barrier"]
+    assert allocations(type("F", (), {"body": out}), "shared") == {"tile": (2, n)}
+
+
 # ** softmax and layer norm **
 
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm"])
@@ -415,7 +523,9 @@ def test_gpu_matmul(m, n, k):
 @requires_gpu
 @pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
                                  {"bm": 128, "bn": 64, "bk": 8, "tm": 8, "tn": 4},
-                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2},
+                                 {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "stages": 2},
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2, "stages": 2}])
 def test_gpu_matmul_configs(cfg):
     A, B, C = mm(300, 200, 100)
     f = jitop.build(cuda.schedule_matmul(C, cfg), [A, B, C], target="cuda")
@@ -662,7 +772,8 @@ def test_gpu_conv2d_resnet50(layer):
 
 @requires_gpu
 @pytest.mark.parametrize("cfg", [{"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8},
-                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2}])
+                                 {"bm": 32, "bn": 32, "bk": 4, "tm": 2, "tn": 2},
+                                 {"bm": 64, "bn": 64, "bk": 8, "tm": 4, "tn": 4, "stages": 2}])
 def test_gpu_conv2d_configs(cfg):
     X, W, Y = conv(2, 20, 15, 15, 40, 3, 3, 2, 1)
     f = jitop.build(cuda.schedule_conv2d(Y, cfg), [X, W, Y], target="cuda")
