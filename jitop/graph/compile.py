@@ -22,7 +22,7 @@ from jitop.graph.layout import channels_last
 from jitop.graph.tasks import binding as task_binding
 from jitop.graph.tasks import extract_tasks
 from jitop.graph.to_te import ToTE
-from jitop.runtime.executable import Executable, Plan, aligned_copy
+from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
@@ -159,8 +159,7 @@ def prepack_all(choices: dict[Node, tuple[Task, Choice]], target: Target) -> dic
 
     def pack(n: Node) -> list[np.ndarray]:
         task, choice = jobs[n]
-        panels = registry.get(task.template).prepack(task.workload, choice.config, target, constant_array(n.src[1]))
-        return [aligned_copy(p) for p in panels]  # vector loads of a panel on whole cache lines
+        return registry.get(task.template).prepack(task.workload, choice.config, target, constant_array(n.src[1]))
     # numpy's copies release the GIL: a model's weights (ResNet-50: 98 MB, 0.2 s on one core) pack on every core,
     # on a warm load too
     workers = _pack_workers([constant_array(n.src[1]).nbytes for n in jobs], target)

@@ -20,7 +20,6 @@ from jitop.graph.tracer import Tracer
 from jitop.kernel import KernelFunction, kernel
 from jitop.onnx.ops import OPS, Op, OnnxError
 from jitop.onnx.proto import Dim, Graph, ValueInfo
-from jitop.runtime.executable import aligned_copy
 
 
 class Program:
@@ -33,9 +32,7 @@ class Program:
         # outputs that do not depend on the inputs (a Constant, the Shape of a fixed-shape input): a traced run
         # returns None in their place, and they are kept here (output index -> value) to be filled in
         self.constants: dict[int, np.ndarray] = {}
-        # the weights are the program's own (never written): a trace takes them as constants without a copy;
-        # each on a cache line, as the kernels' vector loads of them want (numpy's start 16 bytes past one)
-        graph.initializers.update((k, aligned_copy(v)) for k, v in graph.initializers.items())
+        # the weights are the program's own (never written): a trace takes them as constants without a copy
         self.weights = [c for c in map(adopt, graph.initializers.values()) if c is not None]
 
     def __call__(self, *inputs: Any) -> tuple:

@@ -358,8 +358,7 @@ REUSE_BYTES = 1 << 20  # outputs this big are recycled once the caller has dropp
 def aligned_empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     """np.empty(shape, dt) whose data starts on a cache line (tir.storage.ALIGN, the alignment the storage planner
     gives each intermediate's offset in the arena): numpy's large allocations start 16 bytes past one, which put
-    every intermediate 16 bytes off a line, so each 64-byte vector access straddled two. A view: its `base` is
-    the buffer that owns the memory.
+    every intermediate 16 bytes off a line, so each 64-byte vector access straddled two. A view: its `base` is the buffer that owns the memory.
 
     >>> a = aligned_empty((3, 5), np.dtype(np.float32))
     >>> a.ctypes.data % ALIGN, a.shape, a.base.dtype
@@ -369,21 +368,6 @@ def aligned_empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dt).reshape(shape)
-
-
-def aligned_copy(a: np.ndarray) -> np.ndarray:
-    """`a` (a jitop-owned constant: prepacked panels, a constant read from a saved executable) starting on a
-    cache line, as `aligned_empty` puts the outputs (a copy where it does not already); its writeable flag kept.
-
-    >>> aligned_copy(np.arange(100, dtype=np.float32)[4:]).ctypes.data % ALIGN
-    0
-    """
-    if a.nbytes < ALIGN or a.ctypes.data % ALIGN == 0:
-        return a
-    copy = aligned_empty(a.shape, a.dtype)
-    copy[...] = a
-    copy.flags.writeable = a.flags.writeable
-    return copy
 
 
 def _in_use(a: np.ndarray) -> bool:
@@ -752,7 +736,6 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes], supplied: list
             if not isinstance(c, np.ndarray):
                 raise ValueError(f"constant {what} is not a .npy array")
             _dtype(c.dtype.str)
-            c = aligned_copy(c)
             c.flags.writeable = False
             inputs.append((kind, c))
         elif kind == "const_ref":

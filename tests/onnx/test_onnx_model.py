@@ -176,25 +176,6 @@ def test_save_and_load_compiled(two_input_model, tmp_path):
         jitop.onnx.load(bytes(raw[:20]) + b"JITOPMDL")
 
 
-def test_weights_and_packed_panels_start_on_a_cache_line(tmp_path):
-    """Every constant array a compiled model passes its kernel (a MatMul's weights, packed into panels) starts on a
-    cache line, compiled or loaded from a .jitop file (numpy's arrays start 16 bytes past one), and the
-    results are the same."""
-    from jitop.tir.storage import ALIGN
-    x, w = data((7, 96), F32), data((96, 80), F32, salt=1)
-    model = make_model([node("MatMul", ["x", "w"], "y")], {"x": x}, ["y"], {"w": w})
-    m = jitop.onnx.load(model)
-    want = m(x)
-    m.save(str(tmp_path / "w.jitop"))
-    loaded = jitop.onnx.load(str(tmp_path / "w.jitop"))
-    for model_ in (m, loaded):
-        consts = [c for exe in model_.executables() for kind, c in exe.plan.inputs if kind == "const"]
-        assert consts and all(c.ctypes.data % ALIGN == 0 for c in consts if c.nbytes >= ALIGN)
-    assert np.array_equal(loaded(x), want)
-    bound = 96 * np.finfo(F32).eps * (np.abs(x).astype(np.float64) @ np.abs(w))
-    assert np.all(np.abs(want - x.astype(np.float64) @ w) <= bound)
-
-
 def test_save_before_compile_refused(tmp_path):
     x = data((2,), F32)
     m = jitop.onnx.load(make_model([node("Relu", ["x"], "y")], {"x": x}, ["y"]))
