@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from jitop.dtypes import as_dtype
-from jitop.te.expr import Expr, Op, walk
-from jitop.tir.nodes import Buffer, For, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
+from jitop.te.expr import Expr, Op, const, walk
+from jitop.tir.nodes import Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
 
 ALIGN = 64  # every intermediate starts on a cache line (a separate numpy array would be at least 16-aligned)
 
@@ -37,6 +37,7 @@ class Arena:
     offsets: dict[Buffer, int]
     size: int
     param: int = -1  # index of the arena among the function's parameters
+    in_place: tuple[tuple[str, str], ...] = ()  # (output, input) names: an output written over its input
 
     def __str__(self) -> str:  # part of the kernel's cache key (the compiled code depends on it)
         return f"arena({self.size}: {', '.join(f'{b.name}@{o}' for b, o in self.offsets.items())})"
@@ -51,7 +52,10 @@ def plan_arena(func: PrimFunc, scratch: int) -> PrimFunc:
     planned = [b for b in func.params[first:] if not b.symbolic]
     if len(planned) < 2:
         return func
-    arena = place(planned, lifetimes(func.body, planned))
+    spans = lifetimes(func.body, planned)
+    takes_over = in_place(func.body, planned, spans)
+    arena = replace(place(planned, spans, takes_over),
+                    in_place=tuple((out.name, src.name) for out, src in takes_over.items()))
     buffer = Buffer(f"{func.name}_arena", as_dtype("uint8"), (max(arena.size, 1),), "param")
     kept = [b for b in func.params[first:] if b.symbolic]
     params = (*func.params[:first], buffer, *kept)
@@ -66,8 +70,9 @@ def storage(func: PrimFunc) -> str:
     if arena is None:
         return "each intermediate has a buffer of its own"
     alone = sum(_nbytes(b) for b in arena.offsets)
+    over = f"; {len(arena.in_place)} written over their input in place" if arena.in_place else ""
     return (f"{len(arena.offsets)} intermediates share one arena of {arena.size / 2**20:.2f} MiB "
-            f"({alone / 2**20:.2f} MiB as buffers of their own)")
+            f"({alone / 2**20:.2f} MiB as buffers of their own){over}")
 
 
 def lifetimes(body: Stmt, buffers: Sequence[Buffer]) -> dict[Buffer, tuple[int, int]]:
@@ -98,21 +103,86 @@ def touched(s: Stmt) -> set[Buffer]:
     return out
 
 
-def place(buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]]) -> Arena:
-    """Offsets for `buffers` such that two whose spans overlap never share a byte (largest placed first)."""
+def place(buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]],
+          takes_over: dict[Buffer, Buffer] | None = None) -> Arena:
+    """Offsets for `buffers` such that two whose spans overlap never share a byte (largest placed first), except
+    that a buffer of `takes_over` (output -> input, from `in_place`) gets the bytes of its input: the two are
+    placed as one, over both spans."""
+    units: dict[Buffer, list[Buffer]] = {}  # the first buffer of each chain -> the chain
+    first: dict[Buffer, Buffer] = {}
+    for buf in sorted(buffers, key=lambda b: spans[b][0]):  # an input's span starts before its output's
+        head = first.get((takes_over or {}).get(buf), buf)
+        first[buf] = head
+        units.setdefault(head, []).append(buf)
+    unit_span = {h: (min(spans[b][0] for b in u), max(spans[b][1] for b in u)) for h, u in units.items()}
     offsets: dict[Buffer, int] = {}
-    for buf in sorted(buffers, key=lambda b: (-_nbytes(b), buffers.index(b))):
-        start, end = spans[buf]
+    for head in sorted(units, key=lambda b: (-_nbytes(b), buffers.index(b))):
+        start, end = unit_span[head]
         taken = sorted((offsets[o], offsets[o] + _nbytes(o)) for o in offsets
-                       if spans[o][0] <= end and start <= spans[o][1])
+                       if unit_span[o][0] <= end and start <= unit_span[o][1])
         offset = 0
         for low, high in taken:
-            if offset + _nbytes(buf) <= low:
+            if offset + _nbytes(head) <= low:
                 break
             offset = max(offset, _aligned(high))
-        offsets[buf] = offset
-    size = max((offsets[b] + _nbytes(b) for b in buffers), default=0)
-    return Arena({b: offsets[b] for b in buffers}, _aligned(size))
+        offsets[head] = offset
+    size = max((offsets[h] + _nbytes(h) for h in units), default=0)
+    return Arena({b: offsets[first[b]] for b in buffers}, _aligned(size))
+
+
+def in_place(body: Stmt, buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]]) -> dict[Buffer, Buffer]:
+    """output -> input for the intermediates a nest may write over the bytes of one it reads (onnxruntime's and
+    TVM's in-place reuse): the input is dead after that nest, both are the same size and dtype, and the nest
+    reads the input only in its stores to the output, each at exactly the element that store writes (a
+    residual connection's add in a convolution's epilogue). Each element is then read before it is overwritten,
+    and never after. Such an output's writes land on cache lines the input's reads just brought in: no DRAM read
+    for ownership of lines of its own, and the arena holds one buffer fewer.
+
+    >>> from jitop.dtypes import as_dtype
+    >>> from jitop.te.expr import var
+    >>> f32, i = as_dtype("float32"), var("i")
+    >>> r, o = Buffer("r", f32, (16,), "param"), Buffer("o", f32, (16,), "param")
+    >>> nest = For(i, const(16), ForKind.SERIAL, Store(o, (i,), r.load((i,)) + const(1.0, "float32")))
+    >>> fill = For(i, const(16), ForKind.SERIAL, Store(r, (i,), const(0.0, "float32")))
+    >>> body = Seq((fill, nest))
+    >>> in_place(body, [r, o], lifetimes(body, [r, o]))
+    {Buffer(o, float32[16], param): Buffer(r, float32[16], param)}
+    """
+    nests = body.stmts if isinstance(body, Seq) else (body,)
+    taken: dict[Buffer, Buffer] = {}
+    for out in buffers:
+        k = spans[out][0]
+        for src in buffers:
+            if src is not out and src not in taken.values() and spans[src][1] == k and spans[src][0] < k \
+                    and _nbytes(src) == _nbytes(out) and src.dtype == out.dtype \
+                    and _reads_only_where_it_writes(nests[k], src, out):
+                taken[out] = src
+                break
+    return taken
+
+
+def _reads_only_where_it_writes(nest: Stmt, src: Buffer, out: Buffer) -> bool:
+    """Whether every read of `src` in `nest` is in a store to `out` at that store's own indices, every store to
+    `out` reads `src` there, and nothing stores to `src`."""
+    def loads(e: Expr) -> list[Expr]:
+        return [n for n in walk(e) if n.op is Op.LOAD and n.arg is src]
+    for st in walk_stmts(nest):
+        if isinstance(st, Store):
+            reads = loads(st.value)
+            if st.buffer is src or any(loads(i) for i in st.indices):
+                return False
+            if st.buffer is out and (not reads or not all(_same(r.src, st.indices) for r in reads)):
+                return False
+            if st.buffer is not out and reads:
+                return False
+        elif isinstance(st, IfThenElse) and loads(st.cond) or isinstance(st, For) and loads(st.extent):
+            return False
+    return True
+
+
+def _same(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
+    """Whether two index tuples are the same expressions (interned: equal iff identical)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _nbytes(buf: Buffer) -> int:
