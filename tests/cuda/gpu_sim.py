@@ -273,14 +273,22 @@ class _Tracker:
 
     def _note_reads(self, cells: np.ndarray, lanes: np.ndarray, blocks: np.ndarray, epochs: np.ndarray) -> None:
         u, first, counts = np.unique(cells, return_index=True, return_counts=True)
-        lane, epoch, r, re = lanes[first], epochs[first], self.r_lane[u], self.r_epoch[u]
-        alone = (re != epoch) | (r == NONE) | (r == lane)
-        self.r_lane[u] = np.where((counts == 1) & alone, lane, SEVERAL)
-        self.r_epoch[u] = epoch
+        self._note("r", u, first, counts, cells, lanes, blocks, epochs)
+
+    def _note(self, kind: str, u: np.ndarray, first: np.ndarray, counts: np.ndarray, cells: np.ndarray,
+              lanes: np.ndarray, blocks: np.ndarray, epochs: np.ndarray) -> None:
+        """Record who touched each cell `u` ("r": read, "w": written) in this epoch: one lane (and block), or
+        SEVERAL."""
+        who, when = getattr(self, f"{kind}_lane"), getattr(self, f"{kind}_epoch")
+        lane, epoch, w, we = lanes[first], epochs[first], who[u], when[u]
+        alone = (we != epoch) | (w == NONE) | (w == lane)
+        who[u] = np.where((counts == 1) & alone, lane, SEVERAL)
+        when[u] = epoch
         if self.blocks:
             lo, hi = _per_cell(blocks, cells, counts)
-            rb = self.r_block[u]
-            self.r_block[u] = np.where((lo == hi) & ((rb == NONE) | (rb == lo)), lo, SEVERAL)
+            by = getattr(self, f"{kind}_block")
+            wb = by[u]
+            by[u] = np.where((lo == hi) & ((wb == NONE) | (wb == lo)), lo, SEVERAL)
 
     def write(self, cells: np.ndarray, lanes: np.ndarray, blocks: np.ndarray, epochs: np.ndarray,
               new: np.ndarray, old: np.ndarray) -> _Conflict | None:
@@ -295,19 +303,8 @@ class _Tracker:
         found = self._block_conflict(cells, blocks, unchanged) if self.blocks else None
         found = found or self._lane_conflict(cells, lanes, epochs, unchanged)
         if found is None:
-            self._note_writes(u, first, counts, cells, lanes, blocks, epochs)
+            self._note("w", u, first, counts, cells, lanes, blocks, epochs)
         return found
-
-    def _note_writes(self, u: np.ndarray, first: np.ndarray, counts: np.ndarray, cells: np.ndarray,
-                     lanes: np.ndarray, blocks: np.ndarray, epochs: np.ndarray) -> None:
-        lane, epoch, w, we = lanes[first], epochs[first], self.w_lane[u], self.w_epoch[u]
-        alone = (we != epoch) | (w == NONE) | (w == lane)
-        self.w_lane[u] = np.where((counts == 1) & alone, lane, SEVERAL)
-        self.w_epoch[u] = epoch
-        if self.blocks:
-            lo, hi = _per_cell(blocks, cells, counts)
-            wb = self.w_block[u]
-            self.w_block[u] = np.where((lo == hi) & ((wb == NONE) | (wb == lo)), lo, SEVERAL)
 
     def _block_conflict(self, cells: np.ndarray, blocks: np.ndarray, unchanged: np.ndarray) -> _Conflict | None:
         wb, rb = self.w_block[cells], self.r_block[cells]
