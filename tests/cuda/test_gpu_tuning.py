@@ -69,8 +69,11 @@ def _record(task: Task, config, seconds: float = 1e-4) -> Record:
 
 
 def _non_default(task: Task):
+    """A sampled point other than the default, the quickest to build of them (fewest unrolled products per
+    K step: a bk = 32 step of 8 x 8 tiles takes seconds to lower)."""
     default = registry.get(task.template).default_config(task.workload, task.target)
-    return next(c for c in _sample(task, 8) if c != default)
+    work = lambda c: to_cfg(c)["bk"] * to_cfg(c)["tm"] * to_cfg(c)["tn"]  # noqa: E731
+    return min((c for c in _sample(task, 8) if c != default), key=work)
 
 
 # ** the spaces **
@@ -134,7 +137,7 @@ def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:
 @pytest.mark.parametrize("wl", [MATMULS[0], CONVS[0], CONVS[1]], ids=lambda wl: wl.describe().replace(" ", "_"))
 def test_sampled_points_build_ptx_that_ptxas_accepts(wl) -> None:
     task = _task(wl)
-    count = 20 if isinstance(wl, CudaMatmulWorkload) else 10
+    count = 12 if isinstance(wl, CudaMatmulWorkload) else 6
     for config in _sample(task, count):
         cfg = to_cfg(config)
         s, args = task.build(config)
