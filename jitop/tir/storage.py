@@ -132,7 +132,7 @@ def place(buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]],
 
 def in_place(body: Stmt, buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]]) -> dict[Buffer, Buffer]:
     """output -> input for the intermediates a nest may write over the bytes of one it reads (onnxruntime's and
-    TVM's in-place reuse): the input is dead after that nest, both are the same size and dtype, and the nest
+    TVM's in-place reuse): the input is dead after that nest, both have the same shape and dtype, and the nest
     reads the input only in its stores to the output, each at exactly the element that store writes (a
     residual connection's add in a convolution's epilogue). Each element is then read before it is overwritten,
     and never after. Such an output's writes land on cache lines the input's reads just brought in: no DRAM read
@@ -152,9 +152,10 @@ def in_place(body: Stmt, buffers: Sequence[Buffer], spans: dict[Buffer, tuple[in
     taken: dict[Buffer, Buffer] = {}
     for out in buffers:
         k = spans[out][0]
-        for src in buffers:
+        for src in buffers if k >= 0 else ():
+            # the same shape, not just as many bytes: the same indices must name the same bytes
             if src is not out and src not in taken.values() and spans[src][1] == k and spans[src][0] < k \
-                    and _nbytes(src) == _nbytes(out) and src.dtype == out.dtype \
+                    and src.shape == out.shape and src.dtype == out.dtype \
                     and _reads_only_where_it_writes(nests[k], src, out):
                 taken[out] = src
                 break

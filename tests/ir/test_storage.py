@@ -152,6 +152,16 @@ def test_an_output_that_could_overwrite_an_unread_element_keeps_its_own_bytes(ne
     assert _in_place(nest) == {}
 
 
+def test_an_input_of_another_shape_is_not_overwritten() -> None:
+    """r[i, j] and o[i, j] of shapes (4, 4) and (2, 8): as many bytes, but the same indices are other bytes."""
+    r, o = Buffer("r", F32, (4, 4), "param"), Buffer("o", F32, (2, 8), "param")
+    i, j = var("i"), var("j")
+    fill = For(i, const(16), ForKind.SERIAL, Store(r, (i // 4, i % 4), ONE))
+    nest = For(i, const(2), ForKind.SERIAL, For(j, const(4), ForKind.SERIAL, Store(o, (i, j), r.load((i, j)))))
+    body = Seq((fill, nest))
+    assert in_place(body, [r, o], lifetimes(body, [r, o])) == {}
+
+
 def test_an_input_read_by_a_later_nest_is_not_overwritten() -> None:
     """o may not take r's bytes (p reads r later); p, the last reader of both at its own elements, may."""
     r, o, p = _buffers([16, 16, 16])
