@@ -481,16 +481,18 @@ class _Emitter(LoopEmitter):
 
     # ** memory **
     def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
-        flat = self.expr(simplify(flatten(buf, indices)))
-        return self.b.gep(self.k.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
+        return self._pointer(buf, simplify(flatten(buf, indices)))
 
-    def _alignment(self, buf: Buffer, indices: tuple[Expr, ...]) -> int:
-        """The bytes the address of buf[indices] is a multiple of (at most ALLOC_ALIGN, every buffer's base
-        alignment), from the flat index's linear form: the largest power of two dividing each coefficient and
-        the constant (an unrolled lane's constant offset included). Stated on the access, it lets LLVM merge
-        neighbouring accesses into vector ones where its own inference loses track (an index through a loop
-        variable that is a rotated loop's phi)."""
-        lin = to_lin(simplify(flatten(buf, indices)), self.ranges)
+    def _pointer(self, buf: Buffer, flat: Expr) -> ir.Value:
+        return self.b.gep(self.k.ptrs[buf], [self.expr(flat)], source_etype=ops.memory_type(buf.dtype))
+
+    def _alignment(self, buf: Buffer, flat: Expr) -> int:
+        """The bytes the address of buf[flat] (a simplified flat index) is a multiple of (at most ALLOC_ALIGN,
+        every buffer's base alignment), from the index's linear form: the largest power of two dividing each
+        coefficient and the constant (an unrolled lane's constant offset included). Stated on the access, it lets
+        LLVM merge neighbouring accesses into vector ones where its own inference loses track (an index through a
+        loop variable that is a rotated loop's phi)."""
+        lin = to_lin(flat, self.ranges)
         step = functools.reduce(math.gcd, [*lin.terms.values(), lin.const], ALLOC_ALIGN // buf.dtype.itemsize or 1)
         return min(ALLOC_ALIGN, (step & -step) * buf.dtype.itemsize)
 
@@ -519,8 +521,9 @@ class _Emitter(LoopEmitter):
         elem = ops.memory_type(buf.dtype)
         ok = self._check(buf, e.src, "read of")
         if ok is None:
-            return ops.from_memory(b, buf.dtype, b.load(self._address(buf, e.src), typ=elem,
-                                                         align=self._alignment(buf, e.src)))
+            flat = simplify(flatten(buf, e.src))
+            value = b.load(self._pointer(buf, flat), typ=elem, align=self._alignment(buf, flat))
+            return ops.from_memory(b, buf.dtype, value)
         value = self._load_or_zero(ok, lambda: self._address(buf, e.src), elem)
         self._memo = {}  # values made inside the branch (the address) do not dominate what follows
         return ops.from_memory(b, buf.dtype, value)
@@ -529,8 +532,9 @@ class _Emitter(LoopEmitter):
         value = self._stored_value(s)
         ok = self._check(s.buffer, s.indices, "write to")
         if ok is None:
-            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices),
-                         align=self._alignment(s.buffer, s.indices))
+            flat = simplify(flatten(s.buffer, s.indices))
+            self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._pointer(s.buffer, flat),
+                         align=self._alignment(s.buffer, flat))
             return
         with self.b.if_then(ok):
             self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._address(s.buffer, s.indices))
