@@ -26,6 +26,7 @@ from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
+from jitop.tir.padding import fold_padding, padding
 from jitop.tir.storage import plan_arena, storage
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
@@ -70,7 +71,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     outputs = distinct_outputs(channels_last(results))
     unique = list(dict.fromkeys(outputs))
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)
-    why = materialize(unique)
+    why = materialize(unique, padded_tails=True)
     # tasks: each matmul/conv2d as (template, workload, target), the unit a config is chosen and tuned for
     tasks = extract_tasks(why, target, reps)
     # pick: a config per task (tuned record if a source has one, else the template's default for the Target)
@@ -99,8 +100,11 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
     func = lower(sch, graph.placeholders + graph.outputs + scratch, name=prep.name)
+    # padding: a convolution's padded copy of an intermediate becomes where that intermediate is written
+    func = fold_padding(func, len(scratch), target.lanes(4))
+    n_scratch = len(func.params) - len(graph.placeholders) - len(graph.outputs)
     # storage: the intermediates share one arena, a dead one's bytes reused (the activations stay in cache)
-    func = plan_arena(func, len(scratch))
+    func = plan_arena(func, n_scratch)
     scratch_bufs = func.params[len(graph.placeholders) + len(graph.outputs):]
     if profile:
         func.attrs["profile"] = True
@@ -112,7 +116,7 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
                 guards=list(prep.guards))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
-                      decisions=[f"storage: {storage(func)}"] + [f"operand fusion: {d}" for d in operand_decisions]
+                      decisions=[f"storage: {storage(func)}", f"padding: {padding(func)}"] + [f"operand fusion: {d}" for d in operand_decisions]
                       + [f"row fusion: {row_decision}"])
 
 
@@ -182,7 +186,7 @@ def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]
     """The tasks (matmul/conv2d workloads) compiling `results` would pick configs for, in graph order, one
     per templated node (a task used twice is listed twice: it runs twice per call)."""
     unique = list(dict.fromkeys(distinct_outputs(channels_last(results))))
-    return list(extract_tasks(materialize(unique), target or default_target()).values())
+    return list(extract_tasks(materialize(unique, padded_tails=True), target or default_target()).values())
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:

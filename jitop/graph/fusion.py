@@ -73,8 +73,10 @@ def _inlinable(n: Node, why: dict[Node, str]) -> bool:
     return n not in why and not p.is_input and not p.constant
 
 
-def materialize(outputs: list[Node]) -> dict[Node, str]:
-    """Materialized non-input nodes -> why a kernel stage ends there."""
+def materialize(outputs: list[Node], padded_tails: bool = False) -> dict[Node, str]:
+    """Materialized non-input nodes -> why a kernel stage ends there; `padded_tails`: also a template's tail
+    that a convolution reads with padding (where the compiler stores it into the padded copy, see
+    `tails_on_tiles`)."""
     order = toposort(outputs)
     users = consumers(order)
     reads = _reads(order)
@@ -98,17 +100,20 @@ def materialize(outputs: list[Node]) -> dict[Node, str]:
         elif (b := _broadcast_reads(n, users[n])) > 1 and (cost := recompute_cost(n, why, memo)) > FREE_TO_RECOMPUTE:
             why[n] = (f"broadcast: each element is read {b} times by its consumer and costs {cost} ops "
                       "to recompute, so it is computed once")
-    tails_on_tiles(order, users, why)
+    tails_on_tiles(order, users, why, padded_tails)
     bound_depth(order, why)
     return why
 
 
-def tails_on_tiles(order: list[Node], users: dict[Node, list[Node]], why: dict[Node, str]) -> None:
+def tails_on_tiles(order: list[Node], users: dict[Node, list[Node]], why: dict[Node, str],
+                   padded_tails: bool = False) -> None:
     """Materialize a matmul/conv's elementwise tail (bias, activation) that would be inlined into a consumer
     evaluating each of its elements more than once (a max pooling's overlapping windows over a convolution's
     ReLU): materialized, it is the template's epilogue, computed once on the register tile at no extra pass
     over memory, and the consumer reads finished values (ResNet's stem: its pooling reran the bias and ReLU
-    2.25 times per element)."""
+    2.25 times per element). With `padded_tails`, so is a tail a convolution reads with padding: the template
+    then stores it into that convolution's zero-bordered copy (jitop.tir.padding, CPU code), and the copy's
+    own pass over memory is gone."""
     evaluations = _evaluations(order, users, why)
     for t in reversed(order):  # consumers first: a tail materialized below changes only its producers' counts
         if prims.get(t.prim).workload is None:
@@ -118,17 +123,34 @@ def tails_on_tiles(order: list[Node], users: dict[Node, list[Node]], why: dict[N
             why[tail] = (f"the elementwise tail of a {t.prim}, which its consumer would evaluate on {k} paths: "
                          "computed once, on the template's register tile")
             evaluations = _evaluations(order, users, why)
+        elif padded_tails and (end := _chain_end(t, users, why)) is not t and end not in why \
+                and any(_padded_input(end, u) for u in users[end]):
+            why[end] = (f"the elementwise tail of a {t.prim}, the padded input of a convolution: computed on "
+                        "the template's register tile, stored into the convolution's padded copy")
+            evaluations = _evaluations(order, users, why)
 
 
-def _elementwise_tail(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> Node | None:
-    """The last of the inlined same-shape elementwise nodes following template node `t` one user at a time,
-    when its own user is not one (None where there is no such chain or it already ends materialized)."""
+def _padded_input(n: Node, user: Node) -> bool:
+    """Whether `user` is a convolution reading `n` as its input with padding (its copy with a zero border is
+    then where n's producer can write n: jitop.tir.padding)."""
+    return user.prim == "conv2d" and user.src[0] is n and any(user.param("pads"))
+
+
+def _chain_end(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> Node:
+    """The last of the inlined same-shape elementwise nodes following `t` one user at a time (`t` if none)."""
     n = t
     while len(users[n]) == 1:
         u = users[n][0]
         if u in why or not (prims.get(u.prim).elementwise and same_dims(u.shape, t.shape)):
             break
         n = u
+    return n
+
+
+def _elementwise_tail(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> Node | None:
+    """The last of the inlined same-shape elementwise nodes following template node `t` one user at a time,
+    when its own user is not one (None where there is no such chain or it already ends materialized)."""
+    n = _chain_end(t, users, why)
     if n is t or n in why or len(users[n]) != 1 or users[n][0] in why:
         return None
     return n
