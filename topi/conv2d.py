@@ -410,6 +410,10 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
         # sw - 1 more (zero) columns: the register tiles' reads, ((ow // mr) * mr - 1) * sw + taps, are then
         # proven in bounds (ow // mr * mr <= ow; the exact width needs the parity of ow // mr * mr * sw)
         wp = _simplified(wl.ow * sw + (wl.kw - 1) * dw)
+    # constant sizes: padded by all of `pads`, even rows a stride leaves unread, so that the copies of equal
+    # inputs have equal shapes (the storage planner can then write one over another, jitop.tir.storage.in_place)
+    hp, wp = (max(hp, wl.h + top + wl.pads[1]) if isinstance(hp, int) and isinstance(wl.h, int) else hp,
+              max(wp, wl.w + left + wl.pads[3]) if isinstance(wp, int) and isinstance(wl.w, int) else wp)
     zero = te.const(0, dtype)
 
     def pad(n: Expr, row: Expr, col: Expr, ch: Expr) -> Expr:

@@ -172,9 +172,10 @@ def _weights(seed: int, *shapes) -> list[np.ndarray]:
     return [(rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32) for s in shapes]
 
 
-def _check(fn, fn64, x: np.ndarray, depth: int, folded: int) -> None:
+def _check(fn, fn64, x: np.ndarray, depth: int, folded: int):
     """fn(x) against fn64 in float64, within depth * eps of the magnitudes behind each output (fn64 on |x|, |W|
-    without activations bounds the sum of |products|), and explain's padding line naming `folded` copies."""
+    without activations bounds the sum of |products|), and explain's padding line naming `folded` copies.
+    Returns the executable."""
     f = jitop.kernel(fn)
     for trial in range(2):  # a second call with other data: the border is zeroed on every call
         xs = x if trial == 0 else x[::-1].copy()
@@ -183,6 +184,7 @@ def _check(fn, fn64, x: np.ndarray, depth: int, folded: int) -> None:
         assert np.all(np.abs(got - fn64(xs.astype(np.float64), False)) <= bound + 1e-30)
     (exe,) = [ov.exe for ov in f.dispatcher.overloads()]
     assert f"padding: {folded} padded copies written by their producers" in exe.decisions[1]
+    return exe
 
 
 def test_a_bottleneck_writes_its_activation_into_the_next_convolutions_padded_copy(private_cache) -> None:
@@ -237,3 +239,26 @@ def test_a_padded_copy_with_spaced_pixels(private_cache) -> None:
         return _conv64(relu(_conv64(x.transpose(0, 3, 1, 2), a)), b, (1,) * 4).transpose(0, 2, 3, 1)
     x = np.random.default_rng(6).standard_normal((1, 5, 3, 8)).astype(np.float32)
     _check(fn, fn64, x, 8 + 512 * 9 + 1, folded=1)
+
+
+def test_a_block_output_padded_for_a_stride_2_convolution_is_written_over_the_block_input(private_cache) -> None:
+    """y = relu(conv(conv(x)) + x), x and y both read by padded 3x3 convolutions, y's with stride 2 (which reads
+    10 + 2 - 1 of its 12 padded rows): both copies are padded by all of `pads`, so they have one shape and y is
+    written over x's padded buffer (storage's in-place rule), as it was over x before the copies were folded."""
+    w0, w1, w2, w3 = _weights(7, (16, 8, 1, 1), (16, 16, 3, 3), (16, 16, 3, 3), (16, 16, 3, 3))
+
+    def fn(x):
+        r = np.maximum(jitop.conv2d(x, w0, layout="NHWC"), 0)
+        h = np.maximum(jitop.conv2d(r, w1, padding=1, layout="NHWC"), 0)
+        y = np.maximum(jitop.conv2d(h, w2, padding=1, layout="NHWC") + r, 0)
+        return jitop.conv2d(y, w3, padding=1, stride=2, layout="NHWC")
+
+    def fn64(x, magnitude):
+        relu = (lambda v: v) if magnitude else (lambda v: np.maximum(v, 0))
+        a, b, c, d = (np.abs(w) if magnitude else w for w in (w0, w1, w2, w3))
+        r = relu(_conv64(x.transpose(0, 3, 1, 2), a))
+        y = relu(_conv64(relu(_conv64(r, b, (1,) * 4)), c, (1,) * 4) + r)
+        return _conv64(y, d, (1,) * 4, 2).transpose(0, 2, 3, 1)
+    x = np.random.default_rng(8).standard_normal((2, 10, 12, 8)).astype(np.float32)
+    exe = _check(fn, fn64, x, 8 + 3 * 16 * 9 + 2, folded=3)
+    assert "1 written over their input in place" in exe.decisions[0]

@@ -363,7 +363,8 @@ def test_a_whole_row_direct_tile_takes_two_rows_where_the_registers_allow():
 
 
 def test_fewer_channels_than_a_vector_pad_into_channel_planes():
-    """The stem's padded copy holds channel planes (vectors along each row), a wide input stays channels-last."""
+    """The stem's padded copy holds channel planes (vectors along each row), a wide input stays channels-last.
+    Either is padded by all of `pads`: 10 + 3 + 3 = 16 columns, though stride 2 reads only 15 of them."""
     target = Target.from_string("skylake-avx512")
     for c, planar in ((3, True), (16, False)):
         wl = tc.Conv2dWorkload(1, c, 13, 10, 16, 7, 7, stride=(2, 2), pads=(3, 3, 3, 3), layout="NHWC")
@@ -371,7 +372,7 @@ def test_fewer_channels_than_a_vector_pad_into_channel_planes():
         t = tc.conv2d(lambda n, ch, y, x: te.const(1.0, "float32"), lambda o, i, r, s: te.const(1.0, "float32"),
                       wl, "float32", cfg, target)
         assert tc.planar_padding(wl, target) is planar
-        assert tuple(t.padded.shape) == ((1, 19, c, 15) if planar else (1, 19, 15, c)), t.padded.shape
+        assert tuple(t.padded.shape) == ((1, 19, c, 16) if planar else (1, 19, 16, c)), t.padded.shape
 
 
 def test_pixels_of_a_multiple_of_2k_bytes_are_padded_a_cache_line_apart():
