@@ -116,8 +116,8 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
                 guards=list(prep.guards))
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
-                      decisions=[f"storage: {storage(func)}", f"padding: {padding(func)}"] + [f"operand fusion: {d}" for d in operand_decisions]
-                      + [f"row fusion: {row_decision}"])
+                      decisions=[f"storage: {storage(func)}", f"padding: {padding(func)}"]
+                      + [f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
 
 
 def _printed(shape: tuple) -> tuple[int | str, ...]:
