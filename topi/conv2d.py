@@ -412,8 +412,11 @@ def conv2d(read_input: Reader, read_weight: Reader, wl: Conv2dWorkload, dtype, c
         wp = _simplified(wl.ow * sw + (wl.kw - 1) * dw)
     # constant sizes: padded by all of `pads`, even rows a stride leaves unread, so that the copies of equal
     # inputs have equal shapes (the storage planner can then write one over another, jitop.tir.storage.in_place)
-    hp, wp = (max(hp, wl.h + top + wl.pads[1]) if isinstance(hp, int) and isinstance(wl.h, int) else hp,
-              max(wp, wl.w + left + wl.pads[3]) if isinstance(wp, int) and isinstance(wl.w, int) else wp)
+    # (at least the rows the taps reach: (oh - 1) * sh + (kh - 1) * dh + 1 <= h + top + bottom)
+    if isinstance(wl.h, int):
+        hp = wl.h + top + wl.pads[1]
+    if isinstance(wl.w, int):
+        wp = wl.w + left + wl.pads[3]
     zero = te.const(0, dtype)
 
     def pad(n: Expr, row: Expr, col: Expr, ch: Expr) -> Expr:

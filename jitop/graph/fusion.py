@@ -118,16 +118,19 @@ def tails_on_tiles(order: list[Node], users: dict[Node, list[Node]], why: dict[N
     for t in reversed(order):  # consumers first: a tail materialized below changes only its producers' counts
         if prims.get(t.prim).workload is None:
             continue
-        tail = _elementwise_tail(t, users, why)
-        if tail is not None and (k := evaluations[tail]) > 1:
-            why[tail] = (f"the elementwise tail of a {t.prim}, which its consumer would evaluate on {k} paths: "
-                         "computed once, on the template's register tile")
-            evaluations = _evaluations(order, users, why)
-        elif padded_tails and (end := _chain_end(t, users, why)) is not t and end not in why \
-                and any(_padded_input(end, u) for u in users[end]):
+        end = _chain_end(t, users, why)
+        if end is t or end in why:
+            continue
+        single_reader = len(users[end]) == 1 and users[end][0] not in why
+        if single_reader and (k := evaluations[end]) > 1:
+            why[end] = (f"the elementwise tail of a {t.prim}, which its consumer would evaluate on {k} paths: "
+                        "computed once, on the template's register tile")
+        elif padded_tails and any(_padded_input(end, u) for u in users[end]):
             why[end] = (f"the elementwise tail of a {t.prim}, the padded input of a convolution: computed on "
                         "the template's register tile, stored into the convolution's padded copy")
-            evaluations = _evaluations(order, users, why)
+        else:
+            continue
+        evaluations = _evaluations(order, users, why)
 
 
 def _padded_input(n: Node, user: Node) -> bool:
@@ -144,15 +147,6 @@ def _chain_end(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> 
         if u in why or not (prims.get(u.prim).elementwise and same_dims(u.shape, t.shape)):
             break
         n = u
-    return n
-
-
-def _elementwise_tail(t: Node, users: dict[Node, list[Node]], why: dict[Node, str]) -> Node | None:
-    """The last of the inlined same-shape elementwise nodes following template node `t` one user at a time,
-    when its own user is not one (None where there is no such chain or it already ends materialized)."""
-    n = _chain_end(t, users, why)
-    if n is t or n in why or len(users[n]) != 1 or users[n][0] in why:
-        return None
     return n
 
 

@@ -15,12 +15,14 @@ from jitop.tir.nodes import Buffer
 from jitop.tir.simplify import Lin, Ranges, bounds, from_lin, is_symbol, prove, simplify, symbolic_upper, to_lin
 
 
-def _conjuncts(cond: Expr, positive: bool) -> list[tuple[Expr, int]]:
-    """Facts `e <= hi` as (e, hi) and `e >= lo` as (-e, -lo), from a condition known to be `positive`."""
+def facts(cond: Expr, positive: bool = True) -> list[tuple[Expr, int]]:
+    """Facts `e <= hi` as (e, hi) and `e >= lo` as (-e, -lo), from a condition known to be `positive`. Parts
+    that are no integer comparison (and a negated conjunction) give no fact: a caller that needs every part
+    understood checks each comparison on its own."""
     if cond.op is Op.AND and positive:
-        return _conjuncts(cond.src[0], True) + _conjuncts(cond.src[1], True)
+        return facts(cond.src[0], True) + facts(cond.src[1], True)
     if cond.op is Op.NOT:
-        return _conjuncts(cond.src[0], not positive)
+        return facts(cond.src[0], not positive)
     if cond.op not in (Op.LT, Op.LE, Op.GT, Op.GE) or not cond.src[0].dtype.is_int:
         return []
     a, b = cond.src
@@ -101,10 +103,10 @@ class BoundsCheck:
         return all(self.in_bounds(i, d) for i, d in zip(indices, buf.shape))
 
     def push(self, cond: Expr, positive: bool = True) -> int:
-        facts = _conjuncts(cond, positive)
-        self.facts.extend(facts)
-        self.narrowed.append([self._narrow(e, bound) for e, bound in facts])
-        return len(facts)
+        found = facts(cond, positive)
+        self.facts.extend(found)
+        self.narrowed.append([self._narrow(e, bound) for e, bound in found])
+        return len(found)
 
     def _narrow(self, e: Expr, bound: int) -> tuple[Expr, tuple[int, int]] | None:
         """`c*v + k <= bound` tightens v's range: an index like 6*v + i is then bounded exactly."""

@@ -24,10 +24,13 @@ exactly "inside X" (checked conjunct by conjunct), so the result is the same arr
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass, replace
 
 from jitop.te.expr import Expr, Op, const, rewrite, select, var, walk
+from jitop.tir.bounds import facts
 from jitop.tir.nodes import Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, seq, walk_stmts
 from jitop.tir.passes import map_stmt
 from jitop.tir.simplify import simplify
@@ -137,30 +140,26 @@ def _exactly_inside(conds: list[Expr], index: tuple[Expr, ...], offset: tuple[in
 
 
 def _conjuncts(e: Expr) -> list[Expr]:
+    """The parts of a conjunction, each checked on its own (a constant true part left out)."""
     if e.op is Op.AND and e.dtype.name == "bool":
         return _conjuncts(e.src[0]) + _conjuncts(e.src[1])
     return [] if e.op is Op.CONST and e.value else [e]
 
 
-_FLIPPED = {Op.GE: Op.LE, Op.GT: Op.LT, Op.LE: Op.GE, Op.LT: Op.GT}
-
-
 def _index_bound(c: Expr, index: tuple[Expr, ...]) -> tuple[int, float, float] | None:
-    """(dim, lower, upper): the conjunct `c` as lower <= index[dim] < upper (one side infinite), or None."""
-    if c.op not in _FLIPPED:
+    """(dim, lower, upper): the comparison `c` as lower <= index[dim] < upper (one side infinite), for exactly one
+    dim; None for anything else."""
+    found = facts(c)
+    if len(found) != 1:
         return None
-    op, a, b = c.op, *c.src
-    if a.op is Op.CONST:
-        op, a, b = _FLIPPED[op], b, a
-    if b.op is not Op.CONST or not isinstance(b.value, int):
-        return None
-    shifts = [(d, delta) for d, i in enumerate(index) if (delta := _constant(simplify(a - i))) is not None]
-    if len(shifts) != 1:  # a = index[d] + delta for exactly one dim d
-        return None
-    (d, delta), = shifts
-    k = b.value - delta
-    return {Op.GE: (d, k, math.inf), Op.GT: (d, k + 1, math.inf),
-            Op.LT: (d, -math.inf, k), Op.LE: (d, -math.inf, k + 1)}[op]
+    (e, hi), = found  # e <= hi
+    shifts = []
+    for d, i in enumerate(index):
+        if (k := _constant(simplify(e - i))) is not None:      # index[d] + k <= hi
+            shifts.append((d, -math.inf, hi - k + 1))
+        elif (k := _constant(simplify(e + i))) is not None:    # k - index[d] <= hi
+            shifts.append((d, k - hi, math.inf))
+    return shifts[0] if len(shifts) == 1 else None
 
 
 def _constant(e: Expr) -> int | None:
@@ -232,15 +231,8 @@ def border_zeros(padded: Buffer, offset: tuple[int, ...], shape: tuple[int, ...]
     edges += [_zero_box(padded, index, [(ow, ow + w), (a, b)], lanes, ranges)
               for a, b in ((0, oc), (oc + c, rows_c)) if a < b]
     whole = _zero_box(padded, index, [(0, rows_w), (0, rows_c)], lanes, ranges)
-    body = seq(*edges) if not inside else IfThenElse(_all(inside), seq(*edges), whole)
+    body = seq(*edges) if not inside else IfThenElse(functools.reduce(operator.and_, inside), seq(*edges), whole)
     return For(row, const(count), ForKind.PARALLEL, body)
-
-
-def _all(conds: list[Expr]) -> Expr:
-    out = conds[0]
-    for c in conds[1:]:
-        out = out & c
-    return out
 
 
 def _zero_box(buf: Buffer, prefix: list[Expr], box: list[tuple[int, int]], lanes: int, ranges: dict) -> Stmt:

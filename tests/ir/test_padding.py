@@ -15,7 +15,7 @@ from jitop.driver import compile_func, default_target
 from jitop.dtypes import as_dtype
 from jitop.te.expr import Expr, const, select, var
 from jitop.tir import padding
-from jitop.tir.nodes import Buffer, For, ForKind, PrimFunc, Seq, Store
+from jitop.tir.nodes import Buffer, For, ForKind, PrimFunc, Seq, Store, walk_stmts
 from jitop.tir.padding import PadCopy, fold_padding, pad_copy
 
 F32 = as_dtype("float32")
@@ -72,13 +72,9 @@ def test_a_copy_with_a_zero_border_is_recognised() -> None:
 ])
 def test_copies_the_rule_must_refuse(why: str, nest) -> None:
     stmt = nest()
-    buffers = {b for b in (P6, X4)} | {s.buffer for s in _stores(stmt)} | {s.value.src[1].arg for s in _stores(stmt)}
+    stores = [s for s in walk_stmts(stmt) if isinstance(s, Store)]
+    buffers = {P6, X4} | {s.buffer for s in stores} | {s.value.src[1].arg for s in stores}
     assert pad_copy(stmt, buffers) is None, why
-
-
-def _stores(stmt) -> list[Store]:
-    from jitop.tir.nodes import walk_stmts
-    return [s for s in walk_stmts(stmt) if isinstance(s, Store)]
 
 
 # ** the folded function computes what the original does **
