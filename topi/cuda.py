@@ -544,6 +544,27 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     ((7, 2, 1), (16, 16, 1), 8192)
     """
     (Y,) = _as_tensors(Y)
+    s = create_schedule(Y)
+    schedule_conv2d_stage(s, Y, cfg, target)
+    inline_injective(s)
+    return s
+
+
+def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = None,
+                          target: CudaTarget | None = None) -> None:
+    """schedule_conv2d's implicit GEMM applied to the conv2d_nchw output Y inside an existing schedule `s`,
+    which may hold other stages (a traced graph's): Y's register tiles, shared tiles and K loop, with the GEMM
+    stage, W.T and X.col inlined. Nothing else is inlined: the caller inlines the producers of X and W that the
+    shared tiles' fill should compute, as schedule_conv2d inlines every injective one.
+
+    >>> X, W = te.placeholder((1, 8, 9, 9), name="X"), te.placeholder((16, 8, 3, 3), name="W")
+    >>> Y = conv2d_nchw(X, W, padding=1)
+    >>> Z = te.compute(Y.shape, lambda *i: Y[i] * 2.0, name="Z")
+    >>> s = jitop.create_schedule([Y.op, Z.op])
+    >>> schedule_conv2d_stage(s, Y, {"bm": 16, "bn": 32, "bk": 8, "tm": 2, "tn": 4})
+    >>> [st.name for st in s.stages if st.scope == "shared"]
+    ['W.T.shared', 'X.col.shared']
+    """
     if Y.op.tag != "conv2d_nchw" or len(Y.op.input_tensors) != 1:
         raise ValueError(f"schedule_conv2d: '{Y.op.name}' is not a conv2d_nchw output")
     (g,) = Y.op.input_tensors
@@ -562,20 +583,17 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
     tiles = _check_matmul_config(cfg, target)
 
     wt, xcol = gop.input_tensors
-    s = create_schedule(Y)
     CL = s.cache_write(g, "local")        # g becomes a copy of the accumulators, inlined into Y below
     AA = s.cache_read(wt, "shared", [CL])
     BB = s.cache_read(xcol, "shared", [CL])
     s[wt].compute_inline()                # W.T's tile reads W: [bk, bm], k-major
     s[xcol].compute_inline()              # the im2col tile reads X (zero padding computed in the fill)
     s[g].compute_inline()                 # Y reads the accumulators directly
-    inline_injective(s)
     out = s[Y]
     nn, kk, pp, qq = Y.op.axis
     out.reorder(kk, nn, pp, qq)
     cols = out.fuse(nn, pp, qq)           # the GEMM column: (n P + p) Q + q
     _schedule_gemm(s, out, kk, cols, CL, AA, BB, True, tiles, b_vec=1, out_vec=False, stages=cfg.get("stages", 1))
-    return s
 
 
 # ** row-wise operators: softmax, layer norm **

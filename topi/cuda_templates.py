@@ -8,11 +8,11 @@ Target's key) is never used for another architecture or a CPU. `schedule_matmul(
 without a cfg ask `tuned_cfg`, i.e. `pick`, as a CPU compile does: records applied with jitop.apply_records
 or tuned into the cache answer first, the template's default otherwise.
 
-The traced graph's GPU path (jitop.graph.gpu) computes its 2-D float32 matmuls with "cuda.matmul"'s `compute`
-and `schedule` (so its tuned records apply to `@jitop.kernel(target="cuda")` too): the operands, read through
-the graph's readers (producers fused into them), are computed in the shared tiles' fill; an elementwise
-epilogue is not fused (it runs as its own kernel). "cuda.conv2d" is standalone (`build`): its `compute` and
-`schedule` refuse.
+The traced graph's GPU path (jitop.graph.gpu) computes its 2-D float32 matmuls and its NCHW float32
+convolutions with the templates' `compute` and `schedule` (so their tuned records apply to
+`@jitop.kernel(target="cuda")` and to ONNX models on the GPU too): the operands, read through the graph's readers
+(producers fused into them), are computed in the shared tiles' fill; an elementwise epilogue is not fused (it
+runs as its own kernel).
 
 >>> from jitop.target import Target
 >>> from jitop.tuner.task import Task
@@ -249,18 +249,48 @@ def conv2d_build(wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
     return cuda.schedule_conv2d(Y, to_cfg(config), _check_target("cuda.conv2d", target)), [X, W, Y]
 
 
+@dataclass(frozen=True)
+class Conv2dStages:
+    """`conv2d_compute`'s stages: the convolution `out` and the views of X and W that read the graph's operands
+    (inlined by `conv2d_schedule` into the shared tiles' fill)."""
+
+    out: te.Tensor
+    operands: tuple[te.Tensor, te.Tensor]
+
+
+def conv2d_compute(wl: CudaConv2dWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
+                   name: str = "conv2d", binding: Any = None, packed: Any = ()) -> Conv2dStages:
+    """Y = conv2d_nchw(X, W) (topi.cuda's implicit GEMM) with X and W read through `readers` (read_x(n, c, h, w),
+    read_w(k, c, r, s)). The workload's sizes are constant: `binding` and `packed` are unused.
+
+    >>> X, W = te.placeholder((1, 4, 6, 6), name="X"), te.placeholder((8, 4, 3, 3), name="W")
+    >>> wl = CudaConv2dWorkload(1, 4, 6, 6, 8, 3, 3, padding=(1, 1))
+    >>> t = conv2d_compute(wl, None, None, (lambda *i: X[i] + 1.0, lambda *i: W[i]))
+    >>> t.out.shape, [x.name for x in t.operands]
+    ((1, 8, 6, 6), ['conv2d.X', 'conv2d.W'])
+    """
+    read_x, read_w = readers
+    x = te.compute((wl.n, wl.c, wl.h, wl.w), lambda *i: read_x(*i).astype(wl.dtype), name=f"{name}.X")
+    w = te.compute((wl.k, wl.c, wl.r, wl.s), lambda *i: read_w(*i).astype(wl.dtype), name=f"{name}.W")
+    return Conv2dStages(cuda.conv2d_nchw(x, w, wl.stride, wl.padding, wl.dilation, name=name), (x, w))
+
+
+def conv2d_schedule(s: Schedule, t: Conv2dStages, wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
+                    epilogue: te.Tensor | None = None) -> None:
+    """topi.cuda's implicit GEMM with `config` on the stages of `conv2d_compute` inside the graph's schedule `s`,
+    the operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
+    if epilogue is not None:
+        raise NotImplementedError("template 'cuda.conv2d' fuses no epilogue: schedule it as a stage of its own")
+    cuda.schedule_conv2d_stage(s, t.out, to_cfg(config), _check_target("cuda.conv2d", target))
+    for view in t.operands:
+        s[view].compute_inline()
+
+
 def conv2d_reads(wl: CudaConv2dWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
     """The filters are read once per column block of the GEMM, the input (im2col) once per row block and tap."""
     rows, cols, _ = wl.gemm
     cfg = to_cfg(config)
     return -(-rows // cfg["bm"]) * wl.r * wl.s, -(-cols // cfg["bn"])
-
-
-def _standalone(name: str) -> Any:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"template '{name}' is a standalone GPU template (build, for tuning and "
-                                  "topi.cuda's schedules); the traced graph's GPU path schedules its own operators")
-    return refuse
 
 
 # ** the tuned config of a workload (schedule_matmul / schedule_conv2d without a cfg) **
@@ -282,7 +312,7 @@ MATMUL = registry.register(registry.Template("cuda.matmul", CudaMatmulWorkload, 
                                              matmul_compute, matmul_schedule, matmul_build,
                                              matmul_reads, kind_fields=("dtype",)))
 CONV2D = registry.register(registry.Template("cuda.conv2d", CudaConv2dWorkload, gemm_config_space, gemm_default,
-                                             _standalone("cuda.conv2d"), _standalone("cuda.conv2d"), conv2d_build,
+                                             conv2d_compute, conv2d_schedule, conv2d_build,
                                              conv2d_reads, kind_fields=("r", "s", "stride", "dilation", "dtype")))
 
 __all__ = ["CudaMatmulWorkload", "CudaConv2dWorkload", "tuned_cfg", "MATMUL", "CONV2D"]

@@ -20,7 +20,7 @@ from llvmlite import ir
 
 from jitop.codegen import mma, ops
 from jitop.codegen.emitter import LoopEmitter, flatten, ident
-from jitop.codegen.kernel import RAISE_IF, top_level_nests
+from jitop.codegen.kernel import NEGATIVE_POWER, RAISE_IF, top_level_nests
 from jitop.dtypes import DType
 from jitop.errors import ScheduleError
 from jitop.te.expr import Expr, Op, const, var
@@ -552,10 +552,21 @@ class _Emitter(LoopEmitter):
         if e.arg in mma.BY_MARKER:
             raise ScheduleError(f"{e.arg} outside an mma nest: a tensor-core update must be the innermost "
                                 "loops (k, then the 4 accumulators) of a schedule like topi.cuda_mma's")
-        if e.arg.startswith(RAISE_IF) or (e.arg == "ipow" and e.src[1].dtype.is_signed):
-            raise NotImplementedError(f"'{e.arg.split(':')[0]}' (an operation that can raise at run time) has no "
-                                      "GPU code generator yet; compute it on the CPU target")
-        return emit_call(self.b, e.arg, e.src[0].dtype, self._operands(e.src), avx512=False)
+        if e.arg.startswith(RAISE_IF):
+            # call("raise_if:<Type>: <message>", value, bad): the value; the call raises where bad holds
+            self._flag_if(self.expr(e.src[1]), e.arg[len(RAISE_IF):])
+            return self.expr(e.src[0])
+        args = self._operands(e.src)
+        if e.arg == "ipow" and e.src[1].dtype.is_signed:  # numpy refuses a negative integer exponent
+            self._flag_if(self.b.icmp_signed("<", args[1], ir.Constant(args[1].type, 0)), NEGATIVE_POWER)
+        return emit_call(self.b, e.arg, e.src[0].dtype, args, avx512=False)
+
+    def _flag_if(self, bad: ir.Value, message: str) -> None:
+        """Set the error flag to `message`'s entry of `checked` where `bad` holds (the call raises it)."""
+        if message not in self.checked:
+            self.checked.append(message)
+        with self.b.if_then(bad, likely=False):
+            self.b.store(ir.Constant(I32, self.checked.index(message) + 1), self._error_flag())
 
 
 # ** PTX **

@@ -12,7 +12,10 @@ per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
   kernel of their own, as after any stage;
 - other matmuls (batched, other dtypes, an empty size): shared-memory tiles of A and B, 16 x 16 outputs per
   block, one per thread, the batch on blockIdx.z;
-- conv2d and other complex stages: one thread per output element.
+- NCHW float32 conv2d with groups 1 and symmetric padding: the "cuda.conv2d" template (topi.cuda's implicit
+  GEMM: output channels x pixels in block tiles, the im2col tile computed in the shared fill), its config picked
+  as the SGEMM's; other convolutions (grouped, depthwise, NHWC, other dtypes) and other stages: one thread per
+  output element.
 
 Intermediates are workspaces the GPU function allocates on the device; numpy arguments are copied in and the
 results copied back. Compiled kernels go to the persistent cache (kind "gpu": the graph's key, the configs of
@@ -41,6 +44,7 @@ from jitop.runtime.executable import rebuild
 from jitop.schedule.schedule import Stage, create_schedule
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
+from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
@@ -49,7 +53,9 @@ BY, BZ, TY = te.thread_axis("blockIdx.y"), te.thread_axis("blockIdx.z"), te.thre
 THREADS = 256          # threads per block of an injective stage
 REDUCE_THREADS = 256   # most threads sharing one reduction
 MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs (without the SGEMM template)
-SGEMM = "cuda.matmul"  # the template of 2-D float32 matmuls (topi.cuda's SGEMM, found through the registry)
+MATMUL_OPERAND = "gpu.matmul.operand"  # the tag of such a matmul's operand views (inlined into its shared tiles)
+# a graph primitive -> its GPU template (topi.cuda's SGEMM and implicit-GEMM conv2d, found through the registry)
+GPU_TEMPLATES = {"matmul": "cuda.matmul", "conv2d": "cuda.conv2d"}
 
 
 class GpuToTE(ToTE):
@@ -61,20 +67,50 @@ class GpuToTE(ToTE):
     def template(self, n: Node, readers: tuple) -> Tensor:
         if n in self.choices:
             return super().template(n, readers)
+        if n.prim == "conv2d":
+            return self._direct_conv2d(n, readers)
         if n.prim != "matmul":
             raise NotImplementedError(f"'{n.prim}' has no GPU schedule yet; run this function on the CPU")
-        read_a, read_b = readers
-        a, b = n.src
+        name, dt = self.fresh_name("matmul"), n.dtype.name
+        # the operands as the matmul sees them ([batch..., rows, cols], cast): their shared tiles are tiles of
+        # these views, whatever reshape or transpose the readers compute (inlined into the tiles' fill)
+        a, b = (te.compute(x.shape, lambda *i, read=read: read(i[:-2], i[-2], i[-1]).astype(dt), name=f"{name}.{v}",
+                           tag=MATMUL_OPERAND) for x, read, v in zip(n.src, readers, "AB"))
         k = te.reduce_axis((0, a.shape[-1]), "k")
-        a_batch, b_batch = a.shape[:-2], b.shape[:-2]
 
         def body(*i: Any) -> Any:
             batch = i[:-2]
-            x = read_a(_broadcast(batch, a_batch), i[-2], k)
-            y = read_b(_broadcast(batch, b_batch), k, i[-1])
-            return te.sum(x.astype(n.dtype.name) * y.astype(n.dtype.name), axis=k)
-        t = te.compute(n.shape, body, name=self.fresh_name("matmul"))
+            x = a[_broadcast(batch, a.shape[:-2]) + (i[-2], k)]
+            return te.sum(x * b[_broadcast(batch, b.shape[:-2]) + (k, i[-1])], axis=k)
+        t = te.compute(n.shape, body, name=name)
         self.st.kind[t] = "matmul"
+        return t
+
+
+    def _direct_conv2d(self, n: Node, readers: tuple) -> Tensor:
+        """A convolution the implicit GEMM does not take (grouped, depthwise, NHWC, asymmetric padding, another
+        dtype): each output element sums its window (one thread per element); taps outside the image read 0."""
+        read_x, read_w = readers
+        x, w = n.src
+        nchw = n.param("layout") == "NCHW"
+        h, width = x.shape[2:] if nchw else x.shape[1:3]
+        per_group, kh, kw = w.shape[1:]
+        out_per_group = w.shape[0] // n.param("groups")
+        (sh, sw), (dh, dw) = n.param("stride"), n.param("dilation")
+        top, _, left, _ = n.param("pads")
+        rc, rr, rs = (te.reduce_axis((0, e), name) for e, name in ((per_group, "rc"), (kh, "rr"), (kw, "rs")))
+        dt = n.dtype.name
+
+        def body(*i: Any) -> Any:
+            b, o, y, xx = i if nchw else (i[0], i[3], i[1], i[2])
+            hh, ww = y * sh + rr * dh - top, xx * sw + rs * dw - left
+            tap = read_x(b, o // out_per_group * per_group + rc, hh, ww).astype(dt)
+            if any(n.param("pads")):
+                inside = (hh >= 0) & (hh < h) & (ww >= 0) & (ww < width)
+                tap = te.if_then_else(inside, tap, te.const(0, dt))
+            return te.sum(tap * read_w(o, rc, rr, rs).astype(dt), axis=[rc, rr, rs])
+        t = te.compute(n.shape, body, name=self.fresh_name("conv2d"))
+        self.st.kind[t] = "direct"
         return t
 
 
@@ -156,13 +192,14 @@ def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_
 
 
 def gpu_task(n: Node, target: CudaTarget) -> Task | None:
-    """The "cuda.matmul" task of a 2-D float32 matmul of constant, non-zero sizes; None for any other node (the
-    template's workload type says which matmuls it takes: `from_cpu` of the node's matmul workload)."""
-    if n.prim != "matmul":
+    """The GPU template's task of a matmul or conv2d node ("cuda.matmul": 2-D float32 of constant, non-zero
+    sizes; "cuda.conv2d": NCHW float32, groups 1, symmetric padding); None for any other node (the template's
+    workload type says which it takes: `from_cpu` of the node's CPU workload)."""
+    name = GPU_TEMPLATES.get(n.prim)
+    if name is None:
         return None
-    template = registry.get(SGEMM)
-    workload = template.workload_type.from_cpu(SimpleNamespace(**prims.get(n.prim).workload(n)))
-    return None if workload is None else Task(SGEMM, workload, target)
+    workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**prims.get(n.prim).workload(n)))
+    return None if workload is None else Task(name, workload, target)
 
 
 def gpu_choices(unique: list[Node], target: CudaTarget) -> dict[Node, tuple[Task, Choice]]:
@@ -182,6 +219,13 @@ def _link_if_possible(function: GpuFunction) -> None:
 
 def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
              choices: dict[Node, tuple[Task, Choice]], target: CudaTarget) -> GpuFunction:
+    return compile_gpu_func(lower_graph(name, inputs, input_names, unique, consts, choices, target), target)
+
+
+def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
+                choices: dict[Node, tuple[Task, Choice]], target: CudaTarget) -> PrimFunc:
+    """The GPU loop IR of the graph computing `unique`: parameters are the inputs, then the constants `consts`,
+    then the results; every stage scheduled by its kind (`schedule_stage`) or its template."""
     why = materialize(unique)
     lowering = GpuToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
@@ -196,7 +240,7 @@ def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list
             lowering.st.templates[t](s)  # its template's schedule, with the config chosen for it
         elif t.op in s.stage_map:
             schedule_stage(s[t], kind)
-    return compile_gpu_func(lower(s, placeholders + tensors, name=name), target)
+    return lower(s, placeholders + tensors, name=name)
 
 
 def read_constants_of(unique: list[Node]) -> list[Node]:
@@ -245,7 +289,10 @@ def schedule_matmul(stage: Stage) -> None:
     axes = list(stage.op.axis)
     (k,) = stage.op.reduce_axis
     reads = list(dict.fromkeys(x for x in stage.input_tensors()))
-    shared = [s.cache_read(x, "shared", [t]) for x in reads] if len(reads) == 2 else []
+    shared = [s.cache_read(x, "shared", [t]) for x in reads]
+    for x in reads:
+        if x.op.tag == MATMUL_OPERAND:
+            s[x].compute_inline()  # the tile's fill computes the operand
     bi, ti = stage.split(axes[-2], factor=MATMUL_TILE)
     bj, tj = stage.split(axes[-1], factor=MATMUL_TILE)
     ko, ki = stage.split(k, factor=MATMUL_TILE)

@@ -29,25 +29,31 @@ from jitop.onnx.rewrite import check, fold_batch_norm
 __all__ = ["load", "Model", "OnnxError", "UnsupportedOperatorError", "ValueInfo", "supported_ops"]
 
 
-def load(model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+def load(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, target: str | None = None) -> Model:
     """A callable Model from an ONNX model (a path, the file's bytes or an onnx.ModelProto), or from a model
     compiled to a .jitop file (`Model.save`, `jitop compile`; needs no onnx package).
 
     shapes: input name -> its shape, pinning symbolic dims (`{"data": (1, 3, 224, 224)}`); a dim left
-    symbolic serves every size with one kernel (jitop's symbolic shapes). Raises UnsupportedOperatorError
-    naming every operator type the model uses that jitop lacks, OnnxError for an unsupported attribute.
+    symbolic serves every size with one kernel (jitop's symbolic shapes). target: None runs the model on this
+    CPU; "cuda" on this machine's NVIDIA GPU (`@jitop.kernel(target="cuda")`: numpy inputs are copied to the GPU
+    and the outputs back, the weights stay there; a kernel per input shape; "cuda -arch=sm_90" builds PTX
+    without a GPU). Raises UnsupportedOperatorError naming every operator type the model uses that jitop lacks,
+    OnnxError for an unsupported attribute.
     """
     data = _file_bytes(model)
     if data is not None and compiled.is_compiled(data):
         if shapes:
             raise ValueError("shapes= applies to an .onnx model; a compiled .jitop model has its shapes already")
+        if target is not None:
+            raise ValueError(f"target={target!r} applies to an .onnx model; a compiled .jitop model runs on the "
+                             "CPU it was compiled for")
         name, inputs, outputs, exes, constants = compiled.loads(data)
         return Model(inputs, outputs, compiled.runner(exes, inputs, constants), None, name, exes, constants)
     graph = read(model if data is None else data)
     check(graph)
     fold_batch_norm(graph)
     graph.inputs = _pinned(graph, dict(shapes or {}))
-    return Model.from_graph(graph)
+    return Model.from_graph(graph, target)
 
 
 def _file_bytes(model: Any) -> bytes | memoryview | None:

@@ -91,9 +91,11 @@ def parameter_names(inputs: Sequence[ValueInfo]) -> list[str]:
     return names
 
 
-def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> tuple[KernelFunction, Program]:
+def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None],
+                    target: str | None = None) -> tuple[KernelFunction, Program]:
     """The model as a @jitop.kernel (and the Program it traces): one positional parameter per input; the dims
-    that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call."""
+    that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call (on a CPU;
+    a GPU `target` compiles per shape)."""
     program = Program(graph)
     params = parameter_names(graph.inputs)
 
@@ -107,7 +109,8 @@ def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None]) -> t
     run.__module__ = "jitop.onnx"
     dynamic = {p: tuple(k for k, d in enumerate(s) if not isinstance(d, int))
                for p, s in zip(params, shapes) if s is not None}
-    return kernel(run, fallback=False, dynamic={p: d for p, d in dynamic.items() if d} or False), program
+    dynamic = {p: d for p, d in dynamic.items() if d} if target is None else {}
+    return kernel(run, fallback=False, dynamic=dynamic or False, target=target), program
 
 
 def _digest(graph: Graph) -> str:
@@ -124,7 +127,8 @@ class Model:
     `inputs` / `outputs`: name, numpy dtype and shape of each (a dim is an int, a symbol's name, or None).
     `model(x)`, `model(data=x)`: one output is an array, several a tuple; `model.run(output_names, feeds)` is
     onnxruntime's InferenceSession.run (a list). `kernel`: the @jitop.kernel it runs (explain, profile, tuning
-    tasks); None for a model loaded from a compiled .jitop file.
+    tasks); None for a model loaded from a compiled .jitop file. `target`: None (this CPU) or the GPU target it
+    was loaded for.
     """
 
     def __init__(self, inputs: list[ValueInfo], outputs: list[ValueInfo], runner: Callable[[list], tuple],
@@ -137,16 +141,22 @@ class Model:
         self._runner = runner
 
     @staticmethod
-    def from_graph(graph: Graph) -> "Model":
-        """The Model running `graph` as one @jitop.kernel."""
-        kernel_fn, program = compiled_kernel(graph, [v.shape for v in graph.inputs])
+    def from_graph(graph: Graph, target: str | None = None) -> "Model":
+        """The Model running `graph` as one @jitop.kernel (on `target`: None, this CPU, or "cuda")."""
+        kernel_fn, program = compiled_kernel(graph, [v.shape for v in graph.inputs], target)
         return Model(graph.inputs, graph.outputs, lambda values: program.fill(kernel_fn(*values)), kernel_fn,
                      graph.name, constants=program.constants)
+
+    @property
+    def target(self) -> Any:
+        """The GPU Target the model runs on (a jitop.target.CudaTarget), or None: this CPU."""
+        return None if self.kernel is None else self.kernel.gpu
 
     def __repr__(self) -> str:
         ins = ", ".join(v.describe() for v in self.inputs)
         outs = ", ".join(v.describe() for v in self.outputs)
-        return f"<jitop.onnx.Model {self.name!r} ({ins}) -> ({outs})>"
+        where = "" if self.target is None else f" on {self.target.arch}"
+        return f"<jitop.onnx.Model {self.name!r} ({ins}) -> ({outs}){where}>"
 
     def __call__(self, *args: Any, **feeds: Any) -> Any:
         results = self._runner(self.arguments(args, feeds))
@@ -184,6 +194,10 @@ class Model:
         """Write the executables compiled so far, with the weights, to one file `jitop.onnx.load` reads back
         without the onnx package (jitop.onnx.compiled)."""
         from jitop.onnx import compiled
+        if self.target is not None:
+            raise NotImplementedError(f"{self.name}: a model loaded for the GPU ({self.target.arch}) cannot be "
+                                      "saved to a .jitop file yet (that file holds CPU code); its kernels are in "
+                                      "jitop's disk cache, so a new process loads them without compiling")
         data = compiled.dumps(self.name, self.inputs, self.outputs, self.executables(), self._constants)
         with open(path, "wb") as f:
             f.write(data)

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -22,6 +22,17 @@ from jitop.target import Target
 _VALUE_ERRORS = {"ValueError": ValueError, "OverflowError": OverflowError, "ZeroDivisionError": ZeroDivisionError,
                  "MemoryError": MemoryError, "IndexError": IndexError}
 FORMAT_VERSION = 3  # 2: meta['target'] is a jitop Target; 3: the object code carries its signature
+
+
+def flagged_error(name: str, checked: Sequence[str], code: int) -> Exception:
+    """The error a kernel's flag `code` stands for: a value numpy/Python refuses (codegen.kernel.RAISE_IF: the
+    entry names its type) or an access out of bounds (skipped; `checked` holds the entries, the code is 1-based)."""
+    what = checked[code - 1] if 0 < code <= len(checked) else f"access (check #{code})"
+    kind, _, message = what.partition(": ")
+    if kind in _VALUE_ERRORS:
+        return _VALUE_ERRORS[kind](message)
+    return IndexError(f"{name}: out-of-bounds {what}; the access was skipped, the outputs are incomplete. Check "
+                      "the compute's index expressions against the shapes")
 
 
 def signature_json(params: list[dict], symbols: list[dict] | None = None) -> str:
@@ -231,12 +242,7 @@ class Module:
         """Raise the IndexError a run-time bounds check recorded during the last call, if any."""
         if self._error is not None and self._error.value:
             code, self._error.value = self._error.value, 0
-            what = self.checked[code - 1] if 0 < code <= len(self.checked) else f"access (check #{code})"
-            kind, _, message = what.partition(": ")  # a value numpy/Python refuses (codegen.kernel.RAISE_IF)
-            if kind in _VALUE_ERRORS:
-                raise _VALUE_ERRORS[kind](message)
-            raise IndexError(f"{self.name}: out-of-bounds {what}; the access was skipped, the "
-                             "outputs are incomplete. Check the compute's index expressions against the shapes")
+            raise flagged_error(self.name, self.checked, code)
 
     def get_source(self, fmt: str = "ll") -> str:
         """The optimised LLVM IR ("ll") or the machine code as assembly ("asm")."""

@@ -110,11 +110,12 @@ def test_the_space_prunes_tiles_larger_than_the_problem_and_keeps_the_default() 
         gemm_space(64, 64, 64, SM90, {"bm": 16, "bn": 16, "bk": 8, "tm": 4, "tn": 4})  # 16 threads
 
 
-def test_gpu_templates_refuse_a_cpu_target_and_are_standalone() -> None:
+def test_gpu_templates_refuse_a_cpu_target_and_an_epilogue() -> None:
     with pytest.raises(TypeError, match="builds for a GPU"):
         Task("cuda.matmul", MATMULS[0], Target.host()).config_space()
-    with pytest.raises(NotImplementedError, match="standalone GPU template"):
-        registry.get("cuda.conv2d").compute(CONVS[0], None, SM90, None, "C")  # cuda.matmul: the graph's GPU path
+    for name in ("cuda.matmul", "cuda.conv2d"):
+        with pytest.raises(NotImplementedError, match="fuses no epilogue"):
+            registry.get(name).schedule(None, None, None, None, SM90, epilogue=object())
 
 
 def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:

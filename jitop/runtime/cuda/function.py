@@ -16,6 +16,7 @@ import numpy as np
 
 from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
 from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
+from jitop.runtime.module import flagged_error
 from jitop.target import CudaTarget
 
 if TYPE_CHECKING:
@@ -241,10 +242,9 @@ class GpuFunction:
 
     def _raise_if_flagged(self, module: Any) -> None:
         flag = module.read_global_i32(self.built.error_symbol)
-        if flag:
+        if flag:  # an access out of bounds (skipped: nothing outside the arrays was touched) or a refused value
             module.write_global_i32(self.built.error_symbol, 0)
-            raise IndexError(f"{self.name}: {self.built.checked[flag - 1]} was out of bounds; nothing was read or "
-                             "written outside the arrays, but the results are incomplete")
+            raise flagged_error(self.name, self.built.checked, flag)
 
 
     # ** saving: one file (header JSON + PTX + cubin), checksummed, no pickle **

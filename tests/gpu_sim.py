@@ -33,9 +33,9 @@ Semantics as the PTX back end emits them: a thread_reduce combines its threads' 
 each warp of 32 lanes, then the warps' results in order; it is a barrier for shared memory only when it spans
 more than one warp (only then does the emitted code synchronise). Integer division and modulo follow the IR's ops
 (FLOORDIV/FLOORMOD: Python's and numpy's, TRUNCDIV/TRUNCMOD: C's; by zero: 0), min/max propagate NaN, casts are
-numpy's astype. Not supported: the tensor-core marker calls of jitop.codegen.mma / topi.cuda_mma ("cuda.*": a
-warp-wide mma is no per-thread computation) and the calls that raise at run time (as in the GPU back end): both
-NotImplementedError.
+numpy's astype. A call that raises at run time (raise_if, a negative integer power) raises the error the GPU
+call would when an active thread meets it. Not supported: the tensor-core marker calls of jitop.codegen.mma /
+topi.cuda_mma ("cuda.*": a warp-wide mma is no per-thread computation): NotImplementedError.
 """
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jitop.codegen.kernel import RAISE_IF
+from jitop.codegen.kernel import NEGATIVE_POWER, RAISE_IF
 from jitop.codegen.nvptx import kernel_nests, launch_dims
 from jitop.dtypes import DType
+from jitop.runtime.module import flagged_error
 from jitop.te.expr import BINARY, Expr, Op, var, walk
 from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store,
                              ThreadReduce, walk_stmts)
@@ -91,6 +92,40 @@ def run(func: PrimFunc, *arrays: np.ndarray, symbols: dict[str, int] | None = No
     with np.errstate(all="ignore"):
         for nest in kernel_nests(func):
             _launch(nest, memory, env, func.attrs.get("ranges", {}), max_lanes)
+
+
+@dataclass
+class Traced:
+    """A traced function's graph lowered for a GPU as jitop.graph.gpu compiles it: the loop IR, the GPU template
+    tasks of its nodes, its parameters' arrays (inputs, then constants) and its results' (uninitialized)."""
+
+    func: PrimFunc
+    tasks: list
+    arrays: list
+    outputs: list
+
+
+def lower_traced(kf: Any, *args: Any) -> Traced:
+    """The graph of `kf` (a @jitop.kernel(target="cuda ...")) traced on `args`, lowered for its GPU target."""
+    from jitop.graph.compile import constant_array, distinct_outputs
+    from jitop.graph.gpu import gpu_choices, lower_graph, read_constants_of
+    tr = kf.trace(list(args))
+    unique = list(dict.fromkeys(distinct_outputs(tr.results)))
+    consts = read_constants_of(unique)
+    choices = gpu_choices(unique, kf.gpu)
+    func = lower_graph(kf.__name__, tr.inputs, tr.names, unique, consts, choices, kf.gpu)
+    inputs = [np.asarray(args[what[0]], what[1]) if kind in ("scalar", "arg_swapped") else args[what]
+              for kind, what in tr.plan]
+    return Traced(func, [task for task, _ in choices.values()], inputs + [constant_array(n) for n in consts],
+                  [np.empty(n.shape, n.dtype.np) for n in unique])
+
+
+def run_traced(kf: Any, *args: Any) -> tuple[list[np.ndarray], list]:
+    """`kf`'s results on `args` computed by its GPU loop IR on the simulator (the distinct results, in the order
+    the traced function returns them first), and the GPU template tasks of its nodes."""
+    traced = lower_traced(kf, *args)
+    run(traced.func, *traced.arrays, *traced.outputs)
+    return traced.outputs, traced.tasks
 
 
 def _symbol_env(func: PrimFunc, arrays: tuple[np.ndarray, ...], symbols: dict[str, int] | None) -> dict:
@@ -434,9 +469,12 @@ class _Eval:
         if name.startswith("cuda."):
             raise NotImplementedError(f"'{name}' is a tensor-core marker (jitop.codegen.mma): the GPU simulator "
                                       "does not simulate mma nests (a warp-wide operation, not per-thread code)")
-        if name.startswith(RAISE_IF) or (name == "ipow" and e.src[1].dtype.is_signed):
-            raise NotImplementedError(f"'{name.split(':')[0]}' (an operation that can raise at run time) has no GPU "
-                                      "code generator, so the GPU simulator does not run it either")
+        if name.startswith(RAISE_IF):  # the call's error where an active thread's `bad` holds, as the GPU's flag
+            if np.any(self.value(e.src[1], ctx, memo)):
+                raise flagged_error(name, [name[len(RAISE_IF):]], 1)
+            return self.value(e.src[0], ctx, memo)
+        if name == "ipow" and e.src[1].dtype.is_signed and np.any(self.value(e.src[1], ctx, memo) < 0):
+            raise flagged_error(name, [NEGATIVE_POWER], 1)
         if name not in _CALLS:
             raise NotImplementedError(f"the GPU simulator has no numpy version of the intrinsic '{name}'")
         return _typed(_CALLS[name](*(self.value(x, ctx, memo) for x in e.src)), e.dtype)
