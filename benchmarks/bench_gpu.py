@@ -12,7 +12,9 @@
       else bfloat16 out; the table says which), --no-tc skips both;
   (d) launch overhead: a tiny kernel called from Python with device arrays, microseconds per call;
   (e) conv2d float32 on ResNet-50's layers at batch 8 and 32 (topi.cuda.conv2d_nchw + schedule_conv2d, an implicit
-      GEMM) vs torch.nn.functional.conv2d with cuDNN TF32 off, and the geomean ratio per batch (--no-conv skips).
+      GEMM) vs torch.nn.functional.conv2d with cuDNN TF32 off, and the geomean ratio per batch (--no-conv skips);
+  (f) whole models written in numpy (bench_models' ResNet-50 at batch 8 and GPT-2 block) as
+      @jitop.kernel(target="cuda") vs the same functions in torch eager, numpy in and out (--no-models skips).
 
 GPU time is measured with CUDA events (jitop's own driver.Event for jitop, torch.cuda.Event for torch; both on
 the legacy default stream of the same primary context), after warm-up; every jitop result is checked against
@@ -58,6 +60,7 @@ TC_CONFIGS = [        # tensor-core (mma.sync) configs of section (c''), each wi
     {"bm": 128, "bn": 128, "bk": 32, "tm": 8, "tn": 8},
     {"bm": 128, "bn": 64, "bk": 16, "tm": 8, "tn": 4},
 ]
+MODEL_BATCH = 8       # section (f): ResNet-50's batch
 TC_PRODUCT_ERROR = {"tf32": 2.0 ** -10, "bf16": 2.0 ** -7}  # a product of two rounded operands: 2 unit roundoffs
 
 
@@ -581,6 +584,96 @@ def section_conv(ctx: Ctx, rep: Report, deadline: float) -> None:
               "at most 1 when correct. Target: geomean >= 0.7.")
 
 
+def _wall_ms(fn: Callable[[], Any], budget_s: float = 3.0, reps: int = 5) -> float:
+    """Median wall milliseconds of one call of `fn` (a call that returns host data, so it waits for the GPU)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    n = int(max(1, min(50, budget_s / reps / max(time.perf_counter() - t0, 1e-6))))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(times)
+
+
+def _models() -> list[tuple[str, Callable, Callable, tuple, float]]:
+    """(label, numpy function, torch function, numpy arguments, flops) of section (f)'s models, from
+    bench_models (benchmarks/ is on sys.path when this file runs as a script): the weights are the functions'
+    own constants, the first argument the input."""
+    import bench_models as bm  # noqa: E402 - a sibling script's module
+    params = bm.resnet_params(bm.RESNET50_BLOCKS, True, seed=50)
+    x = np.random.default_rng(51).standard_normal((MODEL_BATCH, 3, 224, 224)).astype(np.float32)
+
+    def resnet50(x):
+        return bm.resnet(x, params, bm.RESNET50_BLOCKS, True)
+
+    def torch_resnet50(x, torch_params):
+        import torch
+        F = torch.nn.functional
+        return bm.resnet(x, torch_params, bm.RESNET50_BLOCKS, True, F.conv2d, F.max_pool2d, torch.relu)
+    g = bm.args_gpt2()
+
+    def gpt2(x):
+        return bm.gpt2_block(x, *g[1:])
+
+    def torch_gpt2(x, torch_params):
+        return bm.torch_gpt2_block(x, *torch_params)
+    return [(f"ResNet-50, batch {MODEL_BATCH}, 3x224x224", resnet50, torch_resnet50, (x, params),
+             MODEL_BATCH * bm.resnet_flops(bm.RESNET50_BLOCKS, True)),
+            (f"GPT-2-small block, T={bm.T_PREFILL}, as written (12 heads in a Python loop)", gpt2, torch_gpt2,
+             (g[0], g[1:]), bm._gpt2_flops(bm.T_PREFILL, bm.T_PREFILL, bm.C_GPT2))]
+
+
+def section_models(ctx: Ctx, rep: Report, deadline: float) -> None:
+    """(f) whole models written in numpy, as `@jitop.kernel(target="cuda")` (ONNX models take this path too:
+    jitop.onnx.load(model, target="cuda") traces into the same graph) vs the same functions in torch eager on
+    the GPU. numpy in, numpy out for both (the input copied to the GPU, the output back, per call)."""
+    torch, rows = ctx.torch, []
+    for label, fn, torch_fn, (x, params), flops in _models():
+        if time.time() > deadline - 20:
+            rows.append([label, "skipped (time budget)", "", "", "", "", ""])
+            continue
+        try:
+            kernel = ctx.jitop.kernel(fn, target="cuda", fallback=False)
+            t0 = time.perf_counter()
+            got = kernel(x)
+            cold = time.perf_counter() - t0
+            ms = _wall_ms(lambda: kernel(x))
+            row: list[Any] = [label, f"{cold:.1f}", ms, flops / ms / 1e9]
+        except Exception as err:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append([label, f"error: {type(err).__name__}: {err}"[:160], "", "", "", "", ""])
+            continue
+        if torch is not None:
+            try:
+                tp = [torch.from_numpy(np.ascontiguousarray(p)).cuda() for p in params]
+
+                def run_torch():
+                    with torch.no_grad():
+                        return torch_fn(torch.from_numpy(x).cuda(), tp).cpu().numpy()
+                want = run_torch()
+                tms = _wall_ms(run_torch)
+                err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+                row += [tms, f"{tms / ms:.2f}", f"{err:.1e}"]
+                del tp
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                row += [f"error: {type(err).__name__}: {err}"[:120], "", ""]
+        else:
+            row += ["", "", ""]
+        rows.append(row)
+    rep.table("(f) whole models on the GPU, float32, numpy in and out (ms per call)",
+              ["model", "jitop first call (s)", "jitop ms", "jitop GFLOP/s", "torch eager ms", "torch / jitop",
+               "max |jitop - torch| / max |torch|"], rows,
+              "jitop: `jitop.kernel(f, target='cuda')` of the numpy function (weights are its constants, copied to "
+              "the GPU once); first call = trace + compile + PTX load + run. torch: the same function on torch "
+              "tensors (cuDNN / cuBLAS, TF32 off), `torch.from_numpy(x).cuda()` in, `.cpu().numpy()` out. Wall "
+              "time per call, median of 5 batches.")
+
+
 def section_sgemm_sweep(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
     te, topi, mem = ctx.jitop.te, ctx.topi, ctx.memory
     rows = []
@@ -667,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-conv", action="store_true", help="skip the ResNet-50 conv2d section")
     p.add_argument("--no-tc", action="store_true", help="skip the TF32 and BF16 tensor-core SGEMM sections")
+    p.add_argument("--no-models", action="store_true", help="skip the whole-model section (f)")
     args = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + args.budget
@@ -689,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                  mode)) for mode in ("tf32", "bf16")]
     if not args.no_conv:
         sections.append(("conv2d", lambda: section_conv(ctx, rep, deadline)))
+    if not args.no_models:
+        sections.append(("models", lambda: section_models(ctx, rep, deadline)))
     sections += [
         ("launch overhead", lambda: section_launch(ctx, rep)),
         ("SGEMM configs", lambda: section_sgemm_sweep(ctx, rep, args.sweep, deadline - 30)),

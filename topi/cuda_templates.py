@@ -86,12 +86,18 @@ class CudaMatmulWorkload:
 
     @staticmethod
     def from_cpu(wl: Any) -> "CudaMatmulWorkload | None":
-        """The GPU workload of a CPU "matmul" workload (None: the GPU template does not take it: batched,
-        symbolic, or not float32)."""
-        sizes = (wl.m, wl.n, wl.k)
-        if wl.a_batch or wl.b_batch or wl.dtype != DTYPE or not all(isinstance(d, int) and d > 0 for d in sizes):
+        """The GPU workload of a CPU "matmul" workload (None: the GPU template does not take it: B batched,
+        symbolic, or not float32). A batched A times an unbatched B is one GEMM whose rows are A's batches'
+        rows stacked (a transformer's dense layers: [batch, tokens, k] @ [k, n]).
+
+        >>> from types import SimpleNamespace as W
+        >>> CudaMatmulWorkload.from_cpu(W(m=128, n=768, k=3072, dtype="float32", a_batch=(8,), b_batch=()))
+        CudaMatmulWorkload(m=1024, n=768, k=3072, dtype='float32', precision='float32')
+        """
+        sizes = (wl.m, wl.n, wl.k, *wl.a_batch)
+        if wl.b_batch or wl.dtype != DTYPE or not all(isinstance(d, int) and d > 0 for d in sizes):
             return None
-        return CudaMatmulWorkload(*sizes)
+        return CudaMatmulWorkload(wl.m * math.prod(wl.a_batch), wl.n, wl.k)
 
 
 @dataclass(frozen=True)

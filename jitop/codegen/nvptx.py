@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from llvmlite import ir
 
-from jitop.codegen import mma, ops
+from jitop.codegen import libdevice, mma, ops
 from jitop.codegen.emitter import LoopEmitter, flatten, ident
 from jitop.codegen.kernel import NEGATIVE_POWER, RAISE_IF, top_level_nests
 from jitop.dtypes import DType
@@ -111,6 +112,7 @@ def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
     ranges = func.attrs.get("ranges", {})
     emitter = _Emitter(module, symbol, buffers, func.symbols, ranges, target)
     launches = [emitter.kernel(f"{symbol}_k{k}", nest) for k, nest in enumerate(kernel_nests(func))]
+    _libm_through_libdevice(module)
     ll = str(module)
     ptx = _emit_ptx(ll, target)
     shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in workspaces)
@@ -580,9 +582,40 @@ def _machine(arch: str, features: str, opt: int):
                                                                      opt=min(max(opt, 0), 3))
 
 
+def _libm_through_libdevice(module: ir.Module) -> None:
+    """Give each C math function the module declares (jitop.codegen.math's per-lane fallbacks: float64 pow,
+    erf) a body calling libdevice's version, which `_emit_ptx` links in; where there is no libdevice they stay
+    declarations (and `_emit_ptx` names them in its error)."""
+    if libdevice.bitcode() is None:
+        return
+    for fn in [g for g in module.globals.values() if isinstance(g, ir.Function) and g.is_declaration]:
+        nv_name = libdevice.wrapper_name(fn.name)
+        if nv_name is None:
+            continue
+        nv = module.globals.get(nv_name) or ir.Function(module, fn.function_type, nv_name)
+        fn.linkage = "internal"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(b.call(nv, fn.args))
+
+
+def _link_libdevice(mod: Any) -> None:
+    """Link libdevice into the parsed module `mod` when it calls __nv_ functions; libdevice's functions become
+    internal, so the optimiser keeps only what the kernels call."""
+    import llvmlite.binding as llvm
+    if not any(f.is_declaration and f.name.startswith("__nv_") for f in mod.functions):
+        return
+    lib = llvm.parse_bitcode(libdevice.bitcode())
+    lib.triple, lib.data_layout = mod.triple, mod.data_layout
+    mod.link_in(lib)
+    for f in mod.functions:
+        if f.name.startswith("__nv_") and not f.is_declaration:
+            f.linkage = llvm.Linkage.internal
+
+
 def _emit_ptx(ll: str, target: CudaTarget) -> str:
-    """Parse, verify and optimise the module for `target`, then print its PTX. A call to a function no GPU
-    library defines (a C math routine) is a NotImplementedError naming it, before ptxas would fail on it."""
+    """Parse, verify and optimise the module for `target` (libdevice linked in where it calls libdevice), then
+    print its PTX. A call to a function no GPU library defines (a C math routine where there is no libdevice) is
+    a NotImplementedError naming it, before ptxas would fail on it."""
     import llvmlite.binding as llvm
     from jitop.codegen.target import _llvm_lock
     tm = _machine(target.arch, target.ptx_features, target.opt_level)
@@ -590,13 +623,16 @@ def _emit_ptx(ll: str, target: CudaTarget) -> str:
         mod = llvm.parse_assembly(ll)
         mod.verify()
         mod.data_layout = str(tm.target_data)
+        _link_libdevice(mod)
         pto = llvm.create_pipeline_tuning_options(speed_level=min(max(target.opt_level, 0), 3))
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         missing = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
         if missing:
+            hint = "" if libdevice.bitcode() is not None or not any(map(libdevice.wrapper_name, missing)) else \
+                " (NVIDIA's libdevice defines them: pip install nvidia-nvvm, or set JITOP_LIBDEVICE to libdevice.10.bc)"
             raise NotImplementedError(f"GPU code would call {', '.join(missing)}, which no GPU library here "
-                                      "defines; this operation has no GPU code generator yet")
+                                      f"defines; this operation has no GPU code generator yet{hint}")
         return tm.emit_assembly(mod)
 
 

@@ -65,6 +65,8 @@ class GpuToTE(ToTE):
     vector_partials = False
 
     def template(self, n: Node, readers: tuple) -> Tensor:
+        if n in self.choices and n.prim == "matmul" and n.src[0].ndim > 2:
+            return self._stacked_rows(n, readers)
         if n in self.choices:
             return super().template(n, readers)
         if n.prim == "conv2d":
@@ -86,6 +88,21 @@ class GpuToTE(ToTE):
         self.st.kind[t] = "matmul"
         return t
 
+
+    def _stacked_rows(self, n: Node, readers: tuple) -> Tensor:
+        """A batched A times an unbatched B as the SGEMM of A's rows stacked ([batch..., m, k] read as
+        [batch * m, k]), and a view of its [batch * m, n] result in the node's shape (kind "view": inlined into
+        its readers, computed by a kernel of its own only where it is a result)."""
+        read_a, read_b = readers
+        batch, m = n.src[0].shape[:-2], n.src[0].shape[-2]
+
+        def stacked(_: tuple, i: Any, r: Any) -> Any:
+            return read_a(_unravel(i // m, batch), i % m, r)
+        out = super().template(n, (stacked, read_b))
+        view = te.compute(n.shape, lambda *i: out[_ravel(i[:-2], batch) * m + i[-2], i[-1]],
+                          name=self.fresh_name("rows"))
+        self.st.kind[view] = "view"
+        return view
 
     def _direct_conv2d(self, n: Node, readers: tuple) -> Tensor:
         """A convolution the implicit GEMM does not take (grouped, depthwise, NHWC, asymmetric padding, another
@@ -112,6 +129,23 @@ class GpuToTE(ToTE):
         t = te.compute(n.shape, body, name=self.fresh_name("conv2d"))
         self.st.kind[t] = "direct"
         return t
+
+
+def _unravel(flat: Any, dims: tuple) -> tuple:
+    """The index into an array of shape `dims` of its C-order flat position `flat`."""
+    index = []
+    for d in reversed(dims[1:]):
+        index.append(flat % d)
+        flat = flat // d
+    return (flat, *reversed(index))
+
+
+def _ravel(index: tuple, dims: tuple) -> Any:
+    """The C-order flat position of `index` in an array of shape `dims`."""
+    flat = index[0]
+    for i, d in zip(index[1:], dims[1:]):
+        flat = flat * d + i
+    return flat
 
 
 def _broadcast(batch: tuple, shape: tuple) -> tuple:
@@ -238,6 +272,8 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
     for t, kind in lowering.st.kind.items():
         if t in lowering.st.templates:
             lowering.st.templates[t](s)  # its template's schedule, with the config chosen for it
+        elif kind == "view" and t not in tensors:
+            s[t].compute_inline()
         elif t.op in s.stage_map:
             schedule_stage(s[t], kind)
     return lower(s, placeholders + tensors, name=name)

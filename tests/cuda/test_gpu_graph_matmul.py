@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+import gpu_sim
 import jitop
 from jitop.codegen.nvptx import check_ptx, ptxas_path
 from jitop.graph.gpu import MATMUL_TILE, compile_graph_gpu
@@ -104,12 +105,35 @@ def test_fused_operands_are_computed_in_the_shared_fill(fn, dtype) -> None:
 
 @pytest.mark.usefixtures("private_cache")
 @pytest.mark.parametrize("args", [_operands(30, 40, 20, np.float64), [np.ones((3, 20, 7), np.float32),
-                                                                      np.ones((7, 11), np.float32)]],
+                                                                      np.ones((3, 7, 11), np.float32)]],
                          ids=["float64", "batched"])
 def test_other_matmuls_keep_the_graph_schedule(args) -> None:
     built = _build(mm, args)
     assert built.kernels[0].block == (MATMUL_TILE, MATMUL_TILE, 1)
     _check_ptx(built.ptx)
+
+
+def dense_relu(x, w):
+    return np.maximum(x @ w, 0)
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.parametrize("fn", [mm, dense_relu])
+def test_a_batched_a_times_a_matrix_is_the_sgemm_of_its_stacked_rows(fn) -> None:
+    """[2, 3, 37, 19] @ [19, 23]: one SGEMM of 222 x 19 by 19 x 23; its result seen in the node's shape by a view
+    that its reader computes (relu), or a kernel of its own where it is the function's result."""
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((2, 3, 37, 19)).astype(np.float32), rng.standard_normal((19, 23)).astype(np.float32)
+    built = _build(fn, [x, w])
+    assert [k.shared_bytes > 0 for k in built.kernels] == [True, False]
+    assert built.kernels[0].grid == _sgemm_launch(222, 19, 23, cuda.default_matmul_config(222, 23, 19, SM90))[0]
+    _check_ptx(built.ptx)
+    (got,), (task,) = gpu_sim.run_traced(jitop.kernel(fn, target=SM90_NAME), x, w)
+    assert task.workload == CudaMatmulWorkload(222, 23, 19)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    bound = 19 * EPS32 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64))
+    expected = want if fn is mm else np.maximum(want, 0)  # relu moves no value further from its reference
+    assert got.shape == want.shape and np.all(np.abs(got - expected) <= bound)
 
 
 def _tuned_record(m: int, k: int, n: int) -> tuple[Record, dict]:

@@ -94,7 +94,8 @@ def attention():
 
 def test_attention_equals_the_reference():
     model, feeds = attention()
-    _, (got,), _ = _simulated(model, feeds)
+    _, (got,), tasks = _simulated(model, feeds)
+    assert [t.template for t in tasks] == ["cuda.matmul"] * 3  # the projections: [2, 7, 12] @ [12, 12] as 14 x 12
     want = reference(model, feeds)[0]
     # layer norm divides by a standard deviation of O(1): an absolute bound from the chain's lengths (12-term
     # projections, 3-term scores, 7-term sums, 12-term statistics), scaled by the values' magnitude
