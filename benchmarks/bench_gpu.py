@@ -183,7 +183,7 @@ def raw_launcher(f, arrays) -> Callable[[], None] | None:
         if not all(isinstance(d, int) for d in (*launch.grid, *launch.block)):
             return None
         _, (fn,) = f._load()
-        ptrs = [int(a.ptr) for a in arrays]
+        ptrs = launch.pointers([int(a.ptr) for a in arrays])  # the arrays the kernel takes
         kinds = ["ptr"] * len(ptrs)
         return lambda: fn.launch(launch.grid, launch.block, ptrs, kinds, shared_bytes=0)
     except Exception as err:  # noqa: BLE001 - an optional measurement

@@ -12,10 +12,11 @@ by the runtime after the launches) instead of touching memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from llvmlite import ir
 
@@ -31,6 +32,7 @@ from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse
                              ThreadReduce, walk_stmts)
 from jitop.tir.passes import guards_off_barriers
 from jitop.tir.simplify import prove, simplify, to_lin
+from jitop.tir.structure import shape_of
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 GLOBAL, SHARED = 1, 3  # NVPTX address spaces
@@ -69,13 +71,23 @@ class Launch:
     grid: tuple[int | str, int | str, int | str]
     block: tuple[int | str, int | str, int | str]
     shared_bytes: int
+    # the kernel's array arguments: positions in the function's buffers (its parameters, then its workspaces);
+    # None: all of them, in that order (what GPU functions built before kernels were shared take)
+    args: tuple[int, ...] | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "grid": list(self.grid), "block": list(self.block), "shared_bytes": self.shared_bytes}
+        d = {"name": self.name, "grid": list(self.grid), "block": list(self.block), "shared_bytes": self.shared_bytes}
+        return d if self.args is None else {**d, "args": list(self.args)}
 
     @staticmethod
     def from_json(d: dict) -> "Launch":
-        return Launch(d["name"], tuple(d["grid"]), tuple(d["block"]), int(d["shared_bytes"]))
+        args = d.get("args")
+        return Launch(d["name"], tuple(d["grid"]), tuple(d["block"]), int(d["shared_bytes"]),
+                      None if args is None else tuple(int(a) for a in args))
+
+    def pointers(self, buffers: Sequence[int]) -> list[int]:
+        """The kernel's array arguments taken from the pointers of every buffer of the function."""
+        return list(buffers) if self.args is None else [buffers[a] for a in self.args]
 
 
 @dataclass(frozen=True)
@@ -110,14 +122,38 @@ def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
     module = ir.Module(name=symbol)
     module.triple = CUDA_TRIPLE
     ranges = func.attrs.get("ranges", {})
-    emitter = _Emitter(module, symbol, buffers, func.symbols, ranges, target)
-    launches = [emitter.kernel(f"{symbol}_k{k}", nest) for k, nest in enumerate(kernel_nests(func))]
+    emitter = _Emitter(module, symbol, func.symbols, ranges, target)
+    launches = _launches(emitter, kernel_nests(func), buffers, func.symbols, ranges)
     _libm_through_libdevice(module)
     ll = str(module)
     ptx = _emit_ptx(ll, target)
     shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in workspaces)
     return GpuBuild(ptx, ll, tuple(launches), shapes, tuple(emitter.checked),
                     emitter.error.name if emitter.error is not None else "")
+
+
+def _launches(emitter: "_Emitter", nests: list[Stmt], buffers: list[Buffer], symbols: Sequence[Expr],
+              ranges: dict) -> list[Launch]:
+    """A Launch per nest; a nest with the structure of an earlier one (jitop.tir.structure) launches that one's
+    kernel on its own buffers instead of emitting another (each kernel takes the buffers it touches)."""
+    position = {b: k for k, b in enumerate(buffers)}
+    emitted: dict[tuple, tuple[Launch, list[Buffer]]] = {}
+    launches = []
+    for nest in nests:
+        key, named = shape_of(nest, symbols, ranges)
+        touched = [b for b in named if b in position]
+        if key in emitted:  # touched[i] plays the part of the earlier kernel's first_touched[i]
+            first, first_touched = emitted[key]
+            part = {b: k for k, b in enumerate(first_touched)}
+            args = tuple(position[touched[part[buffers[a]]]] for a in first.args)
+            launches.append(dataclasses.replace(first, args=args))
+            continue
+        params = sorted(touched, key=position.__getitem__)
+        launch = emitter.kernel(f"{emitter.symbol}_k{len(emitted)}", nest, params)
+        launch = dataclasses.replace(launch, args=tuple(position[b] for b in params))
+        emitted[key] = (launch, touched)
+        launches.append(launch)
+    return launches
 
 
 def kernel_nests(func: PrimFunc) -> list[Stmt]:
@@ -229,12 +265,12 @@ class _Kernel:
 
 
 class _Emitter(LoopEmitter):
-    """Builds kernels into one module; each kernel takes every buffer (global pointers) and every symbol."""
+    """Builds kernels into one module; each kernel takes the buffers it is given (global pointers) and every
+    symbol."""
 
-    def __init__(self, module: ir.Module, symbol: str, buffers: list[Buffer], symbols: tuple[Expr, ...],
-                 ranges: dict, target: CudaTarget):
+    def __init__(self, module: ir.Module, symbol: str, symbols: tuple[Expr, ...], ranges: dict, target: CudaTarget):
         super().__init__(module, symbol, ranges)
-        self.buffers, self.symbols, self.ranges, self.target = buffers, symbols, ranges, target
+        self.symbols, self.ranges, self.target = symbols, ranges, target
         self.error: ir.GlobalVariable | None = None
         self.k: _Kernel | None = None
 
@@ -246,21 +282,22 @@ class _Emitter(LoopEmitter):
     def env(self) -> dict[Expr, ir.Value]:
         return self.k.env
 
-    def kernel(self, name: str, nest: Stmt) -> Launch:
+    def kernel(self, name: str, nest: Stmt, buffers: list[Buffer]) -> Launch:
+        """Emit the nest as kernel `name` taking `buffers` (every function buffer it touches) then the symbols."""
         dims = launch_dims(nest, self.ranges)
         _check_block(dims, self.target)
-        params = [ir.PointerType(addrspace=GLOBAL)] * len(self.buffers) + [I64] * len(self.symbols)
+        params = [ir.PointerType(addrspace=GLOBAL)] * len(buffers) + [I64] * len(self.symbols)
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name)
         fn.calling_convention = "ptx_kernel"
         entry = fn.append_basic_block("entry")
         body = fn.append_basic_block("body")
         self.k = _Kernel(fn, ir.IRBuilder(body), entry, dims=dims)
-        for buf, arg in zip(self.buffers, fn.args):
+        for buf, arg in zip(buffers, fn.args):
             arg.name = ident(buf.name)
             arg.add_attribute("noalias")  # with LLVM's inferred readonly: loads through the read-only data cache
             arg.attributes.align = ALLOC_ALIGN  # so adjacent accesses can merge into vector loads and stores
             self.k.ptrs[buf] = arg
-        for v, arg in zip(self.symbols, fn.args[len(self.buffers):]):
+        for v, arg in zip(self.symbols, fn.args[len(buffers):]):
             arg.name = ident(v.name)
             self.k.env[v] = arg
         self.stmt(nest)

@@ -21,7 +21,7 @@ import numpy as np
 from jitop.runtime.cuda import driver, memory
 from jitop.tuner import _gpu_worker
 from jitop.tuner._gpu_worker import build, init_build_worker, ping  # noqa: F401 - the worker module's functions
-from test_driver import FakeDriver
+from fake_driver import FakeDriver
 
 ENV = "JITOP_TEST_FAKE_GPU"
 LAUNCH_US = 50.0

@@ -1,6 +1,6 @@
 """ONNX models on an NVIDIA GPU (`jitop.onnx.load(model, target="cuda")`). Without a GPU: the model's graph,
 lowered for sm_90 as the GPU compile lowers it, runs on the GPU simulator (tests/gpu_sim.py) against onnx's
-reference evaluator, and its PTX passes ptxas. With a GPU (tests/cuda/test_gpu_run.py's machines) the same
+reference evaluator, its PTX passes ptxas, and the whole call runs on a simulated GPU (tests/sim_gpu.py). With a GPU (tests/cuda/test_gpu_run.py's machines) the same
 models run for real in benchmarks/bench_gpu.py."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 import gpu_sim
 import jitop.onnx
+import sim_gpu
 from jitop.codegen.nvptx import check_ptx, ptxas_path
 from jitop.graph.gpu import compile_graph_gpu
 from onnx_checks import EXACT, assert_matches, data, dot, make_model, node, reference
@@ -143,3 +144,22 @@ def test_exact_ops_are_exact():
                         node("Transpose", ["m"], "y", perm=[0, 3, 2, 1])], feeds, ["y"])
     _, (got,), _ = _simulated(model, feeds)
     assert_matches(got, reference(model, feeds)[0], EXACT)
+
+
+def test_models_run_on_the_simulated_gpu(monkeypatch):
+    """jitop.onnx.load(model, target="cuda") end to end on a GPU whose launches run on the simulator
+    (tests/sim_gpu.py): numpy in, numpy out; the projections' kernel shared; a wrong token id an IndexError
+    raised from the kernels' error flag."""
+    gpu = sim_gpu.install(monkeypatch)
+    model, feeds = attention()
+    m = jitop.onnx.load(model, target="cuda")
+    want = reference(model, feeds)[0]
+    assert_matches(m(**feeds), want, 64 * 41 * np.finfo(np.float32).eps * (1 + np.abs(want)))
+    assert len(gpu.launched) > len(set(gpu.launched))
+    bad = feeds["ids"].copy()
+    bad[0, 2] = -12
+    with pytest.raises(IndexError):
+        m(ids=bad)
+    model, feeds = small_cnn()
+    tol = dot(27 + 72 + 36 + 8, extra_ulps=8).bound(model, feeds, 0)
+    assert_matches(jitop.onnx.load(model, target="cuda")(**feeds), reference(model, feeds)[0], tol)

@@ -79,23 +79,28 @@ class GpuFunction:
         if fast and len(args) == len(self.params):
             pointers = fast[0](args)
             if pointers is not None:  # device arrays of the compiled shapes: launch, nothing else to do
-                for fn, grid, block in fast[1]:
-                    fn.launch(grid, block, pointers, fast[2])
+                for fn, grid, block, args, kinds in fast[1]:
+                    fn.launch(grid, block, pointers if args is None else [pointers[a] for a in args], kinds)
                 return None
         return self._call(args)
 
     def _fast_path(self) -> tuple:
         """For a function of constant shapes without workspaces or run-time checks: (pointers of the arguments
-        if each is a jitop DeviceArray of its parameter's shape and dtype, else None; the launches; the argument
-        kinds). () for any other function: every call takes `_call`."""
+        if each is a jitop DeviceArray of its parameter's shape and dtype, else None; the launches: kernel
+        function, grid, block, which of the pointers it takes (None: all) and their kinds). () for any other
+        function: every call takes `_call`."""
         from jitop.runtime.cuda.memory import DeviceArray
         if self.symbols or self.built.workspaces or self.built.error_symbol:
             self._fast = ()
             return self._fast
         _, functions = self._load()
-        launches = [(fn, k.grid, k.block) for k, fn in zip(self.built.kernels, functions) if 0 not in k.grid]
-        for _, grid, _ in launches:
-            self._check_grid(self.built.kernels[0], grid)
+        everything = tuple(range(len(self.params)))
+        launches = []
+        for k, fn in zip(self.built.kernels, functions):
+            if 0 not in k.grid:
+                self._check_grid(k, k.grid)
+                args = None if k.args in (None, everything) else k.args
+                launches.append((fn, k.grid, k.block, args, ["ptr"] * len(k.pointers(everything))))
         expected = [(tuple(p.shape), p.dtype) for p in self.params]
 
         def pointers(args: Sequence[Any]) -> list[int] | None:
@@ -105,7 +110,7 @@ class GpuFunction:
                     return None
                 out.append(a.ptr)
             return out
-        self._fast = (pointers, launches, ["ptr"] * len(self.params))
+        self._fast = (pointers, launches)
         return self._fast
 
     def _call(self, args: Sequence[Any]) -> Any:
@@ -121,8 +126,8 @@ class GpuFunction:
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
-        launches, pointers, kinds, _workspaces = self._launches(functions, device, values)
-        for fn, grid, block in launches:
+        launches, _workspaces = self._launches(functions, device, values)
+        for fn, grid, block, pointers, kinds in launches:
             fn.launch(grid, block, pointers, kinds)
         if self.built.error_symbol:
             self._raise_if_flagged(module)
@@ -145,31 +150,31 @@ class GpuFunction:
         if any(dev is None for dev in given):
             raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
         arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
-        launches, pointers, kinds, workspaces = self._launches(functions, arrays, self.binder.bind(arrays))
+        launches, workspaces = self._launches(functions, arrays, self.binder.bind(arrays))
 
         def queue(keep: list = workspaces) -> None:  # the workspaces live as long as the launcher
-            for fn, grid, block in launches:
+            for fn, grid, block, pointers, kinds in launches:
                 fn.launch(grid, block, pointers, kinds)
         return queue
 
     def _launches(self, functions: list[Any], device: Sequence[Any],
-                  values: Sequence[int]) -> tuple[list, list, list, list]:
+                  values: Sequence[int]) -> tuple[list, list]:
         """What a call on the device arrays `device` (every parameter's) with symbol `values` launches: [(kernel
-        function, grid, block)] of the kernels with work (an empty output has none), their arguments (the
-        arrays', fresh workspaces', then the values) and argument kinds, and the workspaces, which the caller
-        keeps alive while the kernels run."""
+        function, grid, block, arguments, argument kinds)] of the kernels with work (an empty output has none;
+        the arguments: the pointers of the arrays and fresh workspaces the kernel takes, then the values), and
+        the workspaces, which the caller keeps alive while the kernels run."""
         from jitop.runtime.cuda import memory
         workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        pointers = [d.ptr for d in device] + [w.ptr for w in workspaces] + list(values)
-        kinds = ["ptr"] * (len(device) + len(workspaces)) + ["i64"] * len(values)
+        buffers = [d.ptr for d in device] + [w.ptr for w in workspaces]
         env = dict(zip((s.name for s in self.symbols), values))
         launches = []
         for launch, fn in zip(self.built.kernels, functions):
             grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
             if 0 not in grid:
                 self._check_grid(launch, grid)
-                launches.append((fn, grid, block))
-        return launches, pointers, kinds, workspaces
+                ptrs = launch.pointers(buffers)
+                launches.append((fn, grid, block, ptrs + list(values), ["ptr"] * len(ptrs) + ["i64"] * len(values)))
+        return launches, workspaces
 
     def raise_if_flagged(self) -> None:
         """IndexError if a kernel launched since the last check flagged an out-of-bounds access (it waits for

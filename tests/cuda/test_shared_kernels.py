@@ -1,0 +1,98 @@
+"""Kernels that share code: the GPU back end emits one kernel per loop-nest structure (jitop.tir.structure) and
+launches it on each nest's own buffers (a transformer's twelve layers: one set of kernels). The keys tell apart
+anything that changes the code; the launches pass each kernel its buffers; and whole functions run on a
+simulated GPU (tests/sim_gpu.py: the runtime's launches executed by tests/gpu_sim.py) to numpy's results."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitop
+import sim_gpu
+from jitop import te
+from jitop.codegen.nvptx import build_ptx
+from jitop.target import Target
+from jitop.tir.structure import shape_of
+
+SM90 = Target.from_string("cuda -arch=sm_90")
+BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+
+
+def _elementwise(body, shape=(1000,), dtype="float32", factor=128, kind="bind"):
+    """A lowered one-stage GPU function B = body(A)."""
+    A = te.placeholder(shape, dtype, name="A")
+    B = te.compute(shape, lambda i: body(A[i]), name="B")
+    s = jitop.create_schedule(B)
+    bx, tx = s[B].split(B.op.axis[0], factor=factor)
+    s[B].bind(bx, BX)
+    if kind == "bind":
+        s[B].bind(tx, TX)
+    else:
+        s[B].unroll(tx)
+    return jitop.lower(s, [A, B])
+
+
+def _key(func):
+    return shape_of(func.body, func.symbols, func.attrs.get("ranges", {}))[0]
+
+
+def test_the_same_computation_on_other_buffers_has_one_key():
+    assert _key(_elementwise(lambda a: a * 2.0)) == _key(_elementwise(lambda a: a * 2.0))
+
+
+@pytest.mark.parametrize("other", [
+    dict(body=lambda a: a * 3.0),                      # another constant
+    dict(body=lambda a: a + 2.0),                      # another operation
+    dict(body=lambda a: a * 2.0, dtype="float64"),    # another dtype
+    dict(body=lambda a: a * 2.0, shape=(999,)),       # another shape (a guard, other extents)
+    dict(body=lambda a: a * 2.0, factor=64),          # other loop extents
+    dict(body=lambda a: a * 2.0, kind="unroll"),      # another loop kind
+    dict(body=lambda a: a * np.float32(2.0000002)),   # a constant one float32 ulp away
+])
+def test_anything_that_changes_the_code_changes_the_key(other):
+    assert _key(_elementwise(lambda a: a * 2.0)) != _key(_elementwise(**other))
+
+
+def _doubled_exp(x):
+    return te.compute(x.shape, lambda i: te.exp(x[i]) * 2.0, name=f"{x.name}2")
+
+
+def test_structurally_equal_stages_share_one_kernel_launched_on_their_own_buffers():
+    A, B = te.placeholder((500,), name="A"), te.placeholder((500,), name="B")
+    outs = [_doubled_exp(x) for x in (A, B)]
+    C = te.compute((300,), lambda i: A[i] + 1.0, name="C")  # another kernel
+    s = jitop.create_schedule([t.op for t in outs + [C]])
+    for t in outs + [C]:
+        bx, tx = s[t].split(t.op.axis[0], factor=128)
+        s[t].bind(bx, BX)
+        s[t].bind(tx, TX)
+    built = build_ptx(jitop.lower(s, [A, B, *outs, C]), "shared", SM90)
+    names = [k.name for k in built.kernels]
+    assert names[0] == names[1] != names[2] and built.ptx.count(".entry") == 2
+    # parameters A, B, A2, B2, C: each kernel takes the arrays it touches, in the first kernel's order
+    assert [k.args for k in built.kernels] == [(0, 2), (1, 3), (0, 4)]
+
+
+# ** whole functions on the simulated GPU **
+
+def softmax(h):
+    e = np.exp(h - h.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def twice(x, y, w, b):
+    """One dense layer and softmax on two inputs of one shape: the second input's kernels are the first's."""
+    return softmax(np.maximum(x @ w + b, 0)), softmax(np.maximum(y @ w + b, 0))
+
+
+def test_a_traced_function_runs_on_the_simulated_gpu(monkeypatch):
+    gpu = sim_gpu.install(monkeypatch)
+    rng = np.random.default_rng(0)
+    x, y, w = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((2, 9, 24), (2, 9, 24), (24, 24)))
+    b = rng.standard_normal(24).astype(np.float32)
+    got = jitop.kernel(twice, target="cuda")(x, y, w, b)
+    want = twice(*(a.astype(np.float64) for a in (x, y, w, b)))
+    for g, r in zip(got, want):  # a 24-term dot product, then exp (an O(1) argument) and a 24-term sum
+        assert g.dtype == np.float32 and g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=0, atol=64 * 24 * np.finfo(np.float32).eps)
+    assert len(gpu.launched) == 2 * len(set(gpu.launched))  # y's kernels are x's

@@ -1,0 +1,89 @@
+"""A fake GPU that runs the kernels: test_driver's FakeDriver (host memory as device memory) whose kernel launch
+executes the launched kernel's loop nest on the GPU simulator (tests/gpu_sim.py), on the buffers its launch
+arguments point at. So the whole GPU path runs on a machine without one, from a traced function or an ONNX model
+to the numpy result: tracing, lowering, PTX emission (the kernels that share code, each launch's arguments),
+the runtime's copies, workspaces and launches.
+
+`install(monkeypatch)` puts it in place of libcuda and records every GPU function compiled from then on (the
+persistent cache is switched off, so each is compiled: the fake needs its loop IR).
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+
+import numpy as np
+
+import gpu_sim
+import jitop.graph.gpu
+from jitop.codegen.nvptx import _peel_workspaces, kernel_nests
+from jitop.runtime.cuda import driver, memory
+from fake_driver import FakeDriver
+
+
+class SimGpu(FakeDriver):
+    """FakeDriver whose launches run the kernel (by its name) on the simulator."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels: dict[str, tuple] = {}   # kernel name -> (nest, parameter buffers, symbols, ranges)
+        self.handles = itertools.count(0x1000)
+        self.names: dict[int, str] = {}
+        self.launched: list[str] = []
+        self.flag = ctypes.create_string_buffer(4)  # every module's error flag: 0
+
+    def register(self, func, built) -> None:
+        """The kernels of a compiled function: each name's nest (its first launch: the kernel emitted for it)."""
+        buffers = list(func.params) + _peel_workspaces(func.body)[1]
+        for nest, launch in zip(kernel_nests(func), built.kernels):
+            params = buffers if launch.args is None else [buffers[a] for a in launch.args]
+            self.kernels.setdefault(launch.name, (nest, params, func.symbols, func.attrs.get("ranges", {})))
+
+    def cuModuleGetFunction(self, out, module, name):
+        out._obj.value = next(self.handles)
+        self.names[out._obj.value] = name.decode()
+        return 0
+
+    def cuModuleGetGlobal_v2(self, ptr, size, module, name):
+        ptr._obj.value, size._obj.value = ctypes.addressof(self.flag), 4
+        return 0
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        name = self.names[getattr(f, "value", f)]
+        nest, buffers, symbols, ranges = self.kernels[name]
+        values = [ctypes.c_uint64.from_address(params[k]).value for k in range(len(buffers) + len(symbols))]
+        env = {v: np.int64(ctypes.c_int64(x).value) for v, x in zip(symbols, values[len(buffers):])}
+        mem = {b: _view(ptr, b, env) for b, ptr in zip(buffers, values)}
+        with np.errstate(all="ignore"):
+            gpu_sim._launch(nest, mem, env, ranges, gpu_sim.MAX_LANES)
+        self.launched.append(name)
+        return 0
+
+
+def _view(ptr: int, buf, env: dict) -> np.ndarray:
+    """The flat array of `buf`'s elements at host address `ptr`."""
+    size = int(np.prod(gpu_sim._dims(buf, env), dtype=np.int64))
+    if size == 0:
+        return np.empty(0, buf.dtype.np)
+    raw = (ctypes.c_char * (size * buf.dtype.np.itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype=buf.dtype.np)
+
+
+def install(monkeypatch) -> SimGpu:
+    """The simulated GPU in place of libcuda for one test (fresh driver state and memory pool, no persistent
+    cache), recording each GPU function compiled for it; everything is put back afterwards."""
+    gpu = SimGpu()
+    monkeypatch.setattr(driver, "lib", lambda: gpu)
+    monkeypatch.setattr(driver, "_cache", {})
+    monkeypatch.setattr(driver, "_thread", threading.local())
+    monkeypatch.setattr(memory, "POOL", memory.BlockPool())
+    monkeypatch.setenv("JITOP_CACHE", "0")
+    compile_gpu_func = jitop.graph.gpu.compile_gpu_func
+
+    def compile_and_register(func, target):
+        function = compile_gpu_func(func, target)
+        gpu.register(func, function.built)
+        return function
+    monkeypatch.setattr(jitop.graph.gpu, "compile_gpu_func", compile_and_register)
+    return gpu
