@@ -4,8 +4,9 @@ arguments point at. So the whole GPU path runs on a machine without one, from a 
 to the numpy result: tracing, lowering, PTX emission (the kernels that share code, each launch's arguments),
 the runtime's copies, workspaces and launches.
 
-`install(monkeypatch)` puts it in place of libcuda and records every GPU function compiled from then on (the
-persistent cache is switched off, so each is compiled: the fake needs its loop IR).
+`install(monkeypatch)` puts it in place of libcuda and records every GPU function built from then on
+(jitop.build, traced functions; the persistent cache is switched off, so each is built: the fake needs its loop
+IR).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 import numpy as np
 
 import gpu_sim
-import jitop.graph.gpu
+import jitop.driver
 from jitop.codegen.nvptx import _peel_workspaces, kernel_nests
 from jitop.runtime.cuda import driver, memory
 from fake_driver import FakeDriver
@@ -79,11 +80,17 @@ def install(monkeypatch) -> SimGpu:
     monkeypatch.setattr(driver, "_thread", threading.local())
     monkeypatch.setattr(memory, "POOL", memory.BlockPool())
     monkeypatch.setenv("JITOP_CACHE", "0")
-    compile_gpu_func = jitop.graph.gpu.compile_gpu_func
+    build_ptx = jitop.driver.build_ptx
 
-    def compile_and_register(func, target):
-        function = compile_gpu_func(func, target)
-        gpu.register(func, function.built)
-        return function
-    monkeypatch.setattr(jitop.graph.gpu, "compile_gpu_func", compile_and_register)
+    def build_and_register(func, symbol, target):
+        built = build_ptx(func, symbol, target)
+        gpu.register(func, built)
+        return built
+    monkeypatch.setattr(jitop.driver, "build_ptx", build_and_register)
     return gpu
+
+
+def gpu_or_simulated(monkeypatch) -> SimGpu | None:
+    """For a test that runs GPU code: None where this machine has a GPU (the code runs on it), else the
+    simulated GPU installed for the test."""
+    return None if driver.available() else install(monkeypatch)

@@ -1,5 +1,6 @@
 """`@jitop.kernel(target="cuda")`: traced numpy functions as GPU kernels. Without a GPU: the graph compiles to
-PTX that ptxas accepts, with the stages scheduled as the GPU rules say. With one: results equal numpy's."""
+PTX that ptxas accepts, with the stages scheduled as the GPU rules say; results equal numpy's on this machine's GPU,
+or on the simulated one (tests/sim_gpu.py)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 import jitop
+import sim_gpu
 from jitop.codegen.nvptx import check_ptx, ptxas_path
 from jitop.graph.gpu import compile_graph_gpu
 
@@ -81,16 +83,9 @@ def test_cpu_targets_are_refused():
         jitop.kernel(mlp, target="llvm")
 
 
-try:
-    from jitop.runtime.cuda import driver as _driver
-    _gpu = _driver.available()
-except ImportError:
-    _gpu = False
-
-
-@pytest.mark.skipif(not _gpu, reason="no NVIDIA GPU here")
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
-def test_results_equal_numpy(name):
+def test_results_equal_numpy(name, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)  # this machine's GPU, else the simulated one
     args = args_of(name, seed=1)
     kf = jitop.kernel(FUNCTIONS[name], target="cuda")
     got, want = kf(*args), FUNCTIONS[name](*args)

@@ -1,6 +1,7 @@
 """GPU functions run on a GPU against numpy: odd shapes, several dtypes, symbolic sizes, shared-memory tiles,
-cross-thread reductions, device arrays in and out, checked accesses. Skipped where no NVIDIA driver is (CI);
-benchmarks/gpu_check.sh runs them on a GPU machine."""
+cross-thread reductions, device arrays in and out, checked accesses. Where there is no GPU (CI) they run on the
+simulated one (tests/sim_gpu.py: the runtime's launches executed by the GPU simulator), except the checked
+accesses, which the simulator stops at the access itself; benchmarks/gpu_check.sh runs them all on a GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,11 +9,18 @@ import pytest
 
 import gpu_cases
 import jitop
+import sim_gpu
 from jitop import te
 
 driver = pytest.importorskip("jitop.runtime.cuda.driver")
 memory = pytest.importorskip("jitop.runtime.cuda.memory")
-pytestmark = pytest.mark.skipif(not driver.available(), reason="no NVIDIA GPU here (the CUDA driver is missing)")
+REAL_GPU = driver.available()
+
+
+@pytest.fixture(autouse=True)
+def gpu(monkeypatch):
+    """This machine's GPU, or where it has none the simulated one (tests/sim_gpu.py)."""
+    return sim_gpu.gpu_or_simulated(monkeypatch)
 EPS32 = np.finfo(np.float32).eps
 
 
@@ -126,6 +134,7 @@ def test_bad_arguments_are_refused_before_the_gpu():
         f(np.zeros(1000, np.float32))
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the kernel's own bounds check runs on a GPU; the simulator stops earlier")
 def test_out_of_bounds_gather_raises_and_touches_nothing():
     f, ref = build(gpu_cases.gather, 100, 37)
     x = rand(100)
