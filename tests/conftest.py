@@ -27,14 +27,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(SESSION_CACHE_DIR, ignore_errors=True)
 
 
+GPU_TEST_FILES = ("test_cuda_schedules.py", "test_onnx_gpu.py")  # GPU tests outside tests/cuda
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark `all_targets` every test that takes a Target parameter (tests/targets.py: the host and haswell):
-    it already builds for each target this machine runs, so CI's second run under JITOP_CPU=haswell skips it."""
+    it already builds for each target this machine runs, so CI's second run under JITOP_CPU=haswell skips it.
+    Mark `gpu_code` the GPU tests (tests/cuda, GPU_TEST_FILES): their code is PTX, whatever the CPU, so that
+    run skips them too."""
     from jitop.target import Target
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if any(isinstance(value, Target) for value in params.values()):
             item.add_marker(pytest.mark.all_targets)
+        path = item.path
+        if path.parent.name == "cuda" or path.name in GPU_TEST_FILES:
+            item.add_marker(pytest.mark.gpu_code)
 
 
 def _jitop_environ() -> dict[str, str]:
