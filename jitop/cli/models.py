@@ -75,6 +75,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_shape_option(p)
     p.add_argument("--output", metavar="OUT.npz", help="save every output to this .npz, by output name")
     p.add_argument("--repeat", type=int, default=0, metavar="N", help="then time N more runs (median, min)")
+    p.add_argument("--target", metavar="cuda", help="'cuda': run an .onnx model on this machine's NVIDIA GPU "
+                                                     "(jitop.onnx.load(target='cuda')); default: this CPU")
     p.set_defaults(run=run_command)
 
 
@@ -111,9 +113,10 @@ class Opened:
         return tuple(d if isinstance(d, int) else 1 for d in info.shape), unset
 
 
-def open_model(path: str, shape_specs: Sequence[str]) -> Opened:
+def open_model(path: str, shape_specs: Sequence[str], target: str | None = None) -> Opened:
     """Load `path` (.onnx, or a .jitop file: recognized by its content) with the --shape specs checked against
-    its inputs; an .onnx model is loaded with them pinned. Every problem is a CommandError (status 2)."""
+    its inputs; an .onnx model is loaded with them pinned, for `target` (None: this CPU; "cuda": the GPU).
+    Every problem is a CommandError (status 2)."""
     import jitop.onnx
     from jitop.onnx import compiled
     from jitop.onnx.proto import read
@@ -123,6 +126,9 @@ def open_model(path: str, shape_specs: Sequence[str]) -> Opened:
     with open(path, "rb") as f:
         data = f.read()
     is_compiled = compiled.is_compiled(data)
+    if is_compiled and target is not None:
+        raise CommandError(f"--target {target}: {path} is a compiled jitop model, which runs on the CPU it was "
+                           "compiled for; give the .onnx model")
     onnx = None if is_compiled else _onnx_package(path)
     try:
         if is_compiled:
@@ -138,7 +144,7 @@ def open_model(path: str, shape_specs: Sequence[str]) -> Opened:
     shapes = parse_shapes(shape_specs, declared)
     if graph is not None:
         try:
-            model = jitop.onnx.load(proto, shapes=shapes or None)
+            model = jitop.onnx.load(proto, shapes=shapes or None, target=target)
         except Exception as err:  # noqa: BLE001 - an unsupported operator or attribute: the model is the input
             raise CommandError(f"{path}: {type(err).__name__}: {_first_line(err)}") from None
         graph.initializers = {}  # the model has its own copy; the commands read the nodes and the opset only
@@ -302,7 +308,8 @@ def _header(opened: Opened) -> str:
     ins = ", ".join(v.describe() for v in opened.declared)
     outs = ", ".join(v.describe() for v in m.outputs)
     kind = "compiled jitop model" if opened.compiled else "ONNX model"
-    return f"{opened.path}: {kind} {m.name!r}, {_size(opened.nbytes)}: ({ins}) -> ({outs})"
+    where = f" on {m.target.arch}" if m.target is not None else ""
+    return f"{opened.path}: {kind} {m.name!r}, {_size(opened.nbytes)}: ({ins}) -> ({outs}){where}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,7 +368,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the model on the inputs; print the outputs, the first call's time and, with --repeat, the time per run."""
     if args.repeat < 0:
         raise CommandError(f"--repeat must be 0 or more, got {args.repeat}")
-    opened = open_model(args.model, args.shape)
+    opened = open_model(args.model, args.shape, args.target)
     values, lines = make_inputs(opened, args.input)
     model = opened.model
     print(_header(opened))

@@ -170,6 +170,25 @@ def test_run_a_compiled_model_and_a_shape_it_was_not_compiled_for(models, tmp_pa
     assert err.startswith("jitop run: this compiled model was not compiled for these input shapes (x(5, 16))"), err
 
 
+def test_run_on_the_gpu(models, tmp_path, capsys, monkeypatch) -> None:
+    """--target cuda: the model on this machine's GPU (here the simulated one, tests/sim_gpu.py), the same
+    outputs as on the CPU; a compiled .jitop model is CPU code and refuses it."""
+    import sim_gpu
+    x = np.random.default_rng(4).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    status, text, err = cli(capsys, "run", models["conv"], "--target", "cuda", "--input", f"data={tmp_path / 'x.npy'}",
+                            "--output", tmp_path / "gpu.npz")
+    assert status == 0, err
+    assert "on sm_" in text.splitlines()[0] and "output logits: float32[2, 10]" in text, text
+    want = jitop.onnx.load(str(models["conv"]))(x)  # 27-term convolutions, a 256-term mean, an 8-term product
+    np.testing.assert_allclose(np.load(tmp_path / "gpu.npz")["logits"], want, rtol=0, atol=1e-4 * np.abs(want).max())
+    out = tmp_path / "mlp.jitop"
+    assert cli(capsys, "compile", models["mlp"], "-o", out, "--shape", "x=4,16")[0] == 0
+    status, _, err = cli(capsys, "run", out, "--target", "cuda", "--input", "x=random")
+    assert status == 2 and "compiled jitop model, which runs on the CPU it was compiled for" in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # errors: one line, status 2
 # ---------------------------------------------------------------------------------------------
