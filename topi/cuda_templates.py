@@ -200,16 +200,27 @@ def matmul_build(wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
 
 
 @dataclass(frozen=True)
-class MatmulStages:
-    """`matmul_compute`'s stages: the product `out` and the views of A and B that read the graph's operands
-    (inlined by `matmul_schedule` into the shared tiles' fill)."""
+class GemmStages:
+    """What a template's `compute` returns (`matmul_compute`, `conv2d_compute`): the output `out` and the views of
+    its two operands that read the graph's (inlined by its `schedule` into the shared tiles' fill)."""
 
     out: te.Tensor
     operands: tuple[te.Tensor, te.Tensor]
 
 
+def _schedule_in_graph(template: str, schedule_stage: Callable, s: Schedule, t: GemmStages, cfg: dict[str, Any],
+                       target: CudaTarget, epilogue: te.Tensor | None) -> None:
+    """`schedule_stage` (topi.cuda's) with `cfg` on a template's stages inside the graph's schedule `s`, the
+    operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
+    if epilogue is not None:
+        raise NotImplementedError(f"template '{template}' fuses no epilogue: schedule it as a stage of its own")
+    schedule_stage(s, t.out, cfg, _check_target(template, target))
+    for view in t.operands:
+        s[view].compute_inline()
+
+
 def matmul_compute(wl: CudaMatmulWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
-                   name: str = "matmul", binding: Any = None, packed: Any = ()) -> MatmulStages:
+                   name: str = "matmul", binding: Any = None, packed: Any = ()) -> GemmStages:
     """C = A @ B (topi.cuda.matmul) with A and B read through `readers` (read_a((), i, k), read_b((), k, j):
     2-D operands have no batch index). The workload's sizes are constant: `binding` and `packed` are unused.
 
@@ -222,20 +233,15 @@ def matmul_compute(wl: CudaMatmulWorkload, config: Config, target: CudaTarget, r
     read_a, read_b = readers
     a = te.compute((wl.m, wl.k), lambda i, kk: read_a((), i, kk).astype(wl.dtype), name=f"{name}.A")
     b = te.compute((wl.k, wl.n), lambda kk, j: read_b((), kk, j).astype(wl.dtype), name=f"{name}.B")
-    return MatmulStages(cuda.matmul(a, b, name=name), (a, b))
+    return GemmStages(cuda.matmul(a, b, name=name), (a, b))
 
 
-def matmul_schedule(s: Schedule, t: MatmulStages, wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
+def matmul_schedule(s: Schedule, t: GemmStages, wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
                     epilogue: te.Tensor | None = None) -> None:
-    """topi.cuda's SGEMM with `config` on the stages of `matmul_compute` inside the graph's schedule `s`, the
-    operand views inlined into the shared tiles' fill, in float32 (a traced function's workloads do not allow
-    TF32: numpy's numerics). No epilogue is fused (`epilogue` must be None)."""
-    if epilogue is not None:
-        raise NotImplementedError("template 'cuda.matmul' fuses no epilogue: schedule it as a stage of its own")
-    cfg = {**to_cfg(config), "tc": 0}
-    cuda.schedule_matmul_stage(s, t.out, cfg, _check_target("cuda.matmul", target))
-    for view in t.operands:
-        s[view].compute_inline()
+    """topi.cuda's SGEMM with `config` on the stages of `matmul_compute` inside the graph's schedule `s`, in
+    float32 (a traced function's workloads do not allow TF32: numpy's numerics)."""
+    _schedule_in_graph("cuda.matmul", cuda.schedule_matmul_stage, s, t, {**to_cfg(config), "tc": 0}, target,
+                       epilogue)
 
 
 def matmul_reads(wl: CudaMatmulWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
@@ -255,17 +261,8 @@ def conv2d_build(wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
     return cuda.schedule_conv2d(Y, to_cfg(config), _check_target("cuda.conv2d", target)), [X, W, Y]
 
 
-@dataclass(frozen=True)
-class Conv2dStages:
-    """`conv2d_compute`'s stages: the convolution `out` and the views of X and W that read the graph's operands
-    (inlined by `conv2d_schedule` into the shared tiles' fill)."""
-
-    out: te.Tensor
-    operands: tuple[te.Tensor, te.Tensor]
-
-
 def conv2d_compute(wl: CudaConv2dWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
-                   name: str = "conv2d", binding: Any = None, packed: Any = ()) -> Conv2dStages:
+                   name: str = "conv2d", binding: Any = None, packed: Any = ()) -> GemmStages:
     """Y = conv2d_nchw(X, W) (topi.cuda's implicit GEMM) with X and W read through `readers` (read_x(n, c, h, w),
     read_w(k, c, r, s)). The workload's sizes are constant: `binding` and `packed` are unused.
 
@@ -278,18 +275,13 @@ def conv2d_compute(wl: CudaConv2dWorkload, config: Config, target: CudaTarget, r
     read_x, read_w = readers
     x = te.compute((wl.n, wl.c, wl.h, wl.w), lambda *i: read_x(*i).astype(wl.dtype), name=f"{name}.X")
     w = te.compute((wl.k, wl.c, wl.r, wl.s), lambda *i: read_w(*i).astype(wl.dtype), name=f"{name}.W")
-    return Conv2dStages(cuda.conv2d_nchw(x, w, wl.stride, wl.padding, wl.dilation, name=name), (x, w))
+    return GemmStages(cuda.conv2d_nchw(x, w, wl.stride, wl.padding, wl.dilation, name=name), (x, w))
 
 
-def conv2d_schedule(s: Schedule, t: Conv2dStages, wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
+def conv2d_schedule(s: Schedule, t: GemmStages, wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
                     epilogue: te.Tensor | None = None) -> None:
-    """topi.cuda's implicit GEMM with `config` on the stages of `conv2d_compute` inside the graph's schedule `s`,
-    the operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
-    if epilogue is not None:
-        raise NotImplementedError("template 'cuda.conv2d' fuses no epilogue: schedule it as a stage of its own")
-    cuda.schedule_conv2d_stage(s, t.out, to_cfg(config), _check_target("cuda.conv2d", target))
-    for view in t.operands:
-        s[view].compute_inline()
+    """topi.cuda's implicit GEMM with `config` on the stages of `conv2d_compute` inside the graph's schedule `s`."""
+    _schedule_in_graph("cuda.conv2d", cuda.schedule_conv2d_stage, s, t, to_cfg(config), target, epilogue)
 
 
 def conv2d_reads(wl: CudaConv2dWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:

@@ -115,7 +115,8 @@ def test_gpu_templates_refuse_a_cpu_target_and_an_epilogue() -> None:
         Task("cuda.matmul", MATMULS[0], Target.host()).config_space()
     for name in ("cuda.matmul", "cuda.conv2d"):
         with pytest.raises(NotImplementedError, match="fuses no epilogue"):
-            registry.get(name).schedule(None, None, None, None, SM90, epilogue=object())
+            registry.get(name).schedule(None, None, None, to_config(dict(bm=32, bn=32, bk=8, tm=4, tn=4)), SM90,
+                                        epilogue=object())
 
 
 def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:
