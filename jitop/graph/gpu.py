@@ -4,14 +4,17 @@ per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
 - injective stages: every axis fused, split over blocks of threads (consecutive threads, consecutive elements);
 - reductions: one block per output element (or row), the reduced axis split over the block's threads, which
   combine their partial results with warp shuffles (a cross-thread reduction);
-- 2-D float32 matmul of constant sizes: the "cuda.matmul" template (topi.cuda's SGEMM: bm x bn block tiles,
-  tm x tn register tiles per thread, bk-deep shared tiles of A and B fetched by all threads, guarded tails), with
+- float32 matmul of constant sizes, B unbatched (a batched A's rows stacked: [batch * m, k] @ [k, n], a view of
+  the result in the node's shape inlined into its readers): the "cuda.matmul" template (topi.cuda's SGEMM:
+  bm x bn block tiles, tm x tn register tiles per thread, bk-deep shared tiles of A and B fetched by all
+  threads, guarded tails), with
   the config `pick` chooses for its task on the GPU Target: a record applied with jitop.apply_records or tuned
   into the cache (`jitop.tune(target="cuda")`), else the template's default. Producers fused into an operand
   (a transpose, a cast, a scale) are computed in the shared tiles' fill; its elementwise consumers run as a
   kernel of their own, as after any stage;
-- other matmuls (batched, other dtypes, an empty size): shared-memory tiles of A and B, 16 x 16 outputs per
-  block, one per thread, the batch on blockIdx.z;
+- other matmuls (B batched, other dtypes, an empty size): shared-memory tiles of views of A and B (whatever
+  reshape or transpose produces them is computed in the fill), 16 x 16 outputs per block, one per thread, the
+  batch on blockIdx.z;
 - NCHW float32 conv2d with groups 1 and symmetric padding: the "cuda.conv2d" template (topi.cuda's implicit
   GEMM: output channels x pixels in block tiles, the im2col tile computed in the shared fill), its config picked
   as the SGEMM's; other convolutions (grouped, depthwise, NHWC, other dtypes) and other stages: one thread per
@@ -87,7 +90,6 @@ class GpuToTE(ToTE):
         t = te.compute(n.shape, body, name=name)
         self.st.kind[t] = "matmul"
         return t
-
 
     def _stacked_rows(self, n: Node, readers: tuple) -> Tensor:
         """A batched A times an unbatched B as the SGEMM of A's rows stacked ([batch..., m, k] read as
@@ -167,8 +169,8 @@ class GpuExecutable:
         self.result = tree
 
     def call(self, values: Sequence[Any]) -> Any:
-        arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
         from jitop.runtime.cuda.memory import DeviceArray
+        arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
         outs = self.function(*arrays)
         outs = outs if isinstance(outs, tuple) else (outs,)
         # the arguments are host arrays: so are the results (the constants, kept on the GPU, would otherwise

@@ -1,0 +1,53 @@
+"""How long compiling ONNX models for an NVIDIA GPU takes on this CPU (no GPU needed): each model loaded with
+`jitop.onnx.load(path, target="cuda -arch=sm_90")`, traced and compiled (lowering, PTX from LLVM) with the
+persistent cache off, then checked by ptxas where it is installed. Prints a markdown table row per model:
+compile seconds, kernel launches, distinct kernels (.entry in the PTX), PTX size, ptxas seconds.
+
+    python benchmarks/onnx_models.py /tmp/onnxm           # the models, once
+    python benchmarks/bench_gpu_compile.py --model-dir /tmp/onnxm
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+MODELS = [("resnet18", 1), ("resnet50", 1), ("resnet50", 8), ("mobilenet_v2", 1), ("bert_base_encoder", 1)]
+
+
+def compile_row(path: str, batch: int, target: str) -> str:
+    import jitop.onnx
+    from jitop.codegen.nvptx import check_ptx, ptxas_path
+    from jitop.graph.gpu import compile_graph_gpu
+    model = jitop.onnx.load(path, target=target)
+    args = [np.zeros(tuple(d if isinstance(d, int) else batch for d in v.shape), v.dtype) for v in model.inputs]
+    kf = model.kernel
+    t0 = time.perf_counter()
+    tr = kf.trace(args)
+    built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+    seconds = time.perf_counter() - t0
+    ptxas = "n/a"
+    if ptxas_path() is not None:
+        t0 = time.perf_counter()
+        check_ptx(built.ptx, target.split("=")[-1] if "-arch=" in target else "sm_90")
+        ptxas = f"{time.perf_counter() - t0:.1f}"
+    name = os.path.splitext(os.path.basename(path))[0]
+    return (f"| {name} | {batch} | {seconds:.1f} | {len(built.kernels)} | {built.ptx.count('.entry')} | "
+            f"{len(built.ptx) / 1e6:.2f} | {ptxas} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", default="/tmp/onnxm", help="where benchmarks/onnx_models.py wrote the models")
+    p.add_argument("--target", default="cuda -arch=sm_90")
+    args = p.parse_args()
+    os.environ["JITOP_CACHE"] = "0"  # every model compiled, none read from the cache
+    print("| model | batch | compile s | launches | kernels | PTX MB | ptxas s |\n|---|---|---|---|---|---|---|")
+    for name, batch in MODELS:
+        print(compile_row(os.path.join(args.model_dir, f"{name}.onnx"), batch, args.target), flush=True)
+
+
+if __name__ == "__main__":
+    main()
