@@ -97,6 +97,25 @@ class _CalledWhileTracing(Exception):
     """A pytree argument holds a tracer: the kernel was called inside another kernel's trace."""
 
 
+def is_device_array(value: Any) -> bool:
+    """Whether a GPU kernel's argument is a device array (__cuda_array_interface__: jitop's, torch's, CuPy's).
+
+    >>> is_device_array(np.zeros(3)), is_device_array(type("T", (), {"__cuda_array_interface__": {}})())
+    (False, True)
+    """
+    return not isinstance(value, np.ndarray) and hasattr(value, "__cuda_array_interface__")
+
+
+def _stand_in(value: Any) -> Any:
+    """For a device array, a host array of its shape and dtype to key and trace with (no memory of its own:
+    every element is the one zero); any other value as it is."""
+    if not is_device_array(value):
+        return value
+    face = value.__cuda_array_interface__
+    shape = tuple(int(d) for d in face["shape"])
+    return np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype(face["typestr"])), shape, (0,) * len(shape))
+
+
 def _holds_array(value: Any) -> bool:
     return pytree.any_leaf(value, _is_array)
 
@@ -220,6 +239,8 @@ class KernelFunction:
         the variables they capture, on every call) cost nothing on the native path: ~35 ns of a 0.27 µs call."""
         if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
             return self.fn(*args, **kwargs)  # called from inside another kernel's trace: trace through
+        if self.gpu is not None and any(map(is_device_array, (*args, *kwargs.values()))):
+            return self._call_on_device(args, kwargs)
         try:
             values, key, tree = self._bind(args, kwargs)
         except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
@@ -238,6 +259,22 @@ class KernelFunction:
         if ov.seconds is None:
             return self.dispatcher.first_call(ov, values, lambda: self(*args, **kwargs))
         return ov.call(values)
+
+    def _call_on_device(self, args: tuple, kwargs: dict) -> Any:
+        """A GPU kernel called with device arrays (jitop's, or anything with __cuda_array_interface__: torch,
+        CuPy) among its positional arguments: compiled for their shapes and dtypes, run on them in place; its
+        results are device arrays."""
+        if kwargs or any(map(pytree.is_node, args)):
+            raise TypeError(f"jitop.kernel '{self.__name__}': device arrays are taken as positional arguments of "
+                            "their own (not by keyword, not inside a list, tuple or dict)")
+        keyed = tuple(map(_stand_in, args))
+        device = {id(s): a for s, a in zip(keyed, args) if s is not a}
+        values, key, tree = self._bind(keyed, {})
+        ov = self.dispatcher.lookup(key) or self._compile(key, values, None, tree)
+        if ov is FALLBACK:
+            raise TypeError(f"jitop.kernel '{self.__name__}' does not compile for the GPU (see the warning), and "
+                            "numpy cannot read device arrays: pass numpy arrays, or change the function")
+        return ov.call([device.get(id(v), v) for v in values])
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[Sequence[Any], tuple, Any]:
         """(values, key, tree) of a call: what the kernel reads (each parameter's value, or in place of a

@@ -173,9 +173,9 @@ class GpuExecutable:
         arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
         outs = self.function(*arrays)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        # the arguments are host arrays: so are the results (the constants, kept on the GPU, would otherwise
-        # make the function return device arrays)
-        outs = tuple(o.get() if isinstance(o, DeviceArray) else o for o in outs)
+        if not any(hasattr(v, "__cuda_array_interface__") for v in values):
+            # host arrays in, host arrays out (the constants, kept on the GPU, would make them device arrays)
+            outs = tuple(o.get() if isinstance(o, DeviceArray) else o for o in outs)
         flat = [outs[k] for k in self.result_slots]
         return rebuild(self.result, flat) if self.result is not None else (flat[0] if len(flat) == 1 else flat)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from jitop.graph.ir import adopt, adopted
 from jitop.graph.tracer import Tracer
-from jitop.kernel import KernelFunction, kernel
+from jitop.kernel import KernelFunction, is_device_array, kernel
 from jitop.onnx.ops import OPS, Op, OnnxError
 from jitop.onnx.proto import Dim, Graph, ValueInfo
 
@@ -217,7 +217,28 @@ class Model:
         missing = [n for n in names if n not in given]
         if missing:
             raise TypeError(f"{self.name}: missing input(s) {missing}")
-        return [_checked(v, given[v.name]) for v in self.inputs]
+        gpu = self.target is not None
+        return [_checked_on_device(v, given[v.name]) if gpu and is_device_array(given[v.name])
+                else _checked(v, given[v.name]) for v in self.inputs]
+
+
+def _checked_on_device(info: ValueInfo, value: Any) -> Any:
+    """A device array given to a GPU model (jitop's, torch's, CuPy's: __cuda_array_interface__), checked as
+    `_checked` checks a host array; used in place."""
+    face = value.__cuda_array_interface__
+    _check_dtype_and_shape(info, np.dtype(face["typestr"]), tuple(int(d) for d in face["shape"]))
+    return value
+
+
+def _check_dtype_and_shape(info: ValueInfo, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    if dtype != info.dtype:
+        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {dtype} (convert it with "
+                        f".astype(np.{info.dtype.name}))")
+    if info.shape is not None:
+        ok = len(shape) == len(info.shape) and all(not isinstance(d, int) or d == s for d, s in zip(info.shape, shape))
+        if not ok:
+            want = "(" + ", ".join(str(d) if d is not None else "?" for d in info.shape) + ")"
+            raise ValueError(f"input {info.name!r}: expected shape {want}, got {shape}")
 
 
 def _checked(info: ValueInfo, value: Any) -> np.ndarray:
@@ -226,13 +247,5 @@ def _checked(info: ValueInfo, value: Any) -> np.ndarray:
             raise TypeError(f"input {info.name!r}: expected a numpy array of {info.dtype}, got "
                             f"{type(value).__name__}")
         value = np.asarray(value, info.dtype)
-    if value.dtype != info.dtype:
-        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {value.dtype} (convert it with "
-                        f".astype(np.{info.dtype.name}))")
-    if info.shape is not None:
-        ok = len(value.shape) == len(info.shape) and all(
-            not isinstance(d, int) or d == s for d, s in zip(info.shape, value.shape))
-        if not ok:
-            want = "(" + ", ".join(str(d) if d is not None else "?" for d in info.shape) + ")"
-            raise ValueError(f"input {info.name!r}: expected shape {want}, got {value.shape}")
+    _check_dtype_and_shape(info, value.dtype, value.shape)
     return value if value.flags.c_contiguous else np.ascontiguousarray(value)  # (ascontiguousarray makes 0-d 1-d)

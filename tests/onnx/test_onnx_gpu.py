@@ -1,7 +1,7 @@
 """ONNX models on an NVIDIA GPU (`jitop.onnx.load(model, target="cuda")`). Without a GPU: the model's graph,
 lowered for sm_90 as the GPU compile lowers it, runs on the GPU simulator (tests/gpu_sim.py) against onnx's
-reference evaluator, its PTX passes ptxas, and the whole call runs on a simulated GPU (tests/sim_gpu.py). With a GPU (tests/cuda/test_gpu_run.py's machines) the same
-models run for real in benchmarks/bench_gpu.py."""
+reference evaluator, its PTX passes ptxas, and the whole call runs on a simulated GPU (tests/sim_gpu.py); on a
+machine with a GPU the calls run on it."""
 from __future__ import annotations
 
 import os
@@ -150,12 +150,12 @@ def test_models_run_on_the_simulated_gpu(monkeypatch):
     """jitop.onnx.load(model, target="cuda") end to end on a GPU whose launches run on the simulator
     (tests/sim_gpu.py): numpy in, numpy out; the projections' kernel shared; a wrong token id an IndexError
     raised from the kernels' error flag."""
-    gpu = sim_gpu.install(monkeypatch)
+    gpu = sim_gpu.gpu_or_simulated(monkeypatch)
     model, feeds = attention()
     m = jitop.onnx.load(model, target="cuda")
     want = reference(model, feeds)[0]
     assert_matches(m(**feeds), want, 64 * 41 * np.finfo(np.float32).eps * (1 + np.abs(want)))
-    assert len(gpu.launched) > len(set(gpu.launched))
+    assert gpu is None or len(gpu.launched) > len(set(gpu.launched))  # the projections: one kernel
     bad = feeds["ids"].copy()
     bad[0, 2] = -12
     with pytest.raises(IndexError):
@@ -163,3 +163,19 @@ def test_models_run_on_the_simulated_gpu(monkeypatch):
     model, feeds = small_cnn()
     tol = dot(27 + 72 + 36 + 8, extra_ulps=8).bound(model, feeds, 0)
     assert_matches(jitop.onnx.load(model, target="cuda")(**feeds), reference(model, feeds)[0], tol)
+
+
+def test_a_gpu_model_takes_device_arrays_and_returns_them(monkeypatch):
+    """Inputs already on the GPU (jitop's device arrays here; torch's and CuPy's alike) are read in place, the
+    outputs stay there; their dtype and shape are checked as a host array's."""
+    from jitop.runtime.cuda import memory
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    model, feeds = small_cnn()
+    m = jitop.onnx.load(model, target="cuda")
+    got = m(memory.to_device(feeds["x"]))
+    assert isinstance(got, memory.DeviceArray)
+    np.testing.assert_array_equal(got.get(), m(feeds["x"]))
+    with pytest.raises(TypeError, match="input 'x': expected dtype float32, got float64"):
+        m(memory.to_device(feeds["x"].astype(np.float64)))
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \(2, 3, 13, 11\), got \(2, 3, 13, 12\)"):
+        m(memory.to_device(np.zeros((2, 3, 13, 12), np.float32)))
