@@ -11,7 +11,7 @@ import os
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jitop.target import CudaTarget
@@ -129,8 +129,9 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
 def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[WeightedTask]:
     """The GPU tasks of `weighted` for `target` ("cuda": this machine's GPU, "cuda -arch=sm_80", a CudaTarget):
     each task's template "X" becomes the GPU template "cuda.X" (its workload converted by the GPU workload
-    type's `from_cpu`); a task the GPU template does not take (batched, grouped, NHWC, not float32) is left out
-    with one warning, a GPU task keeps its template and gets `target`.
+    type's `from_cpu`, an NHWC convolution as the NCHW one the GPU graph computes: `_as_on_gpu`); a task the GPU
+    template does not take (B batched, grouped, symbolic, not float32) is left out with one warning, a GPU task
+    keeps its template and gets `target`.
 
     >>> import jitop
     >>> from jitop.tuner.registry import get
@@ -148,7 +149,7 @@ def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[W
     for w in weighted:
         name = w.task.template if w.task.template.startswith("cuda.") else f"cuda.{w.task.template}"
         wl_type = registry.get(name).workload_type
-        wl = w.task.workload if isinstance(w.task.workload, wl_type) else wl_type.from_cpu(w.task.workload)
+        wl = w.task.workload if isinstance(w.task.workload, wl_type) else wl_type.from_cpu(_as_on_gpu(w.task.workload))
         if wl is None:
             left.append(str(w.task))
         else:
@@ -157,6 +158,14 @@ def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[W
         warnings.warn(f"jitop.tune: {len(left)} task(s) have no GPU template for their workload and are not tuned "
                       f"for {gpu.arch}: {'; '.join(left[:3])}", RuntimeWarning, stacklevel=3)
     return out
+
+
+def _as_on_gpu(workload: Any) -> Any:
+    """A CPU workload as the GPU graph computes it: a CPU compile moves NCHW convolutions to NHWC
+    (jitop.graph.layout), the GPU graph keeps them NCHW, so an NHWC convolution task is tuned as NCHW."""
+    if getattr(workload, "layout", None) == "NHWC":
+        return replace(workload, layout="NCHW")
+    return workload
 
 
 def _check_gpu(weighted: Sequence[WeightedTask], cluster: Any) -> bool:

@@ -32,6 +32,7 @@ from jitop.tuner.task import Task, pick
 from jitop.tuner.tuning import WeightedTask, on_gpu
 
 import fake_gpu
+import gpu_sim
 
 SM90, SM80 = Target.from_string("cuda -arch=sm_90"), Target.from_string("cuda -arch=sm_80")
 SMALL_GPU = CudaTarget(arch="sm_80", sm_count=8, max_threads_per_block=256, shared_per_block=16 << 10,
@@ -132,6 +133,26 @@ def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:
         assert on_gpu(jitop.tuner.extract_tasks(lambda a, b: jitop.matmul(a, b), a, a), SM90) == []
     with pytest.raises(ValueError, match="takes a GPU target"):
         on_gpu(tasks, "llvm")
+
+
+def conv_block(x, w1, w2, fc):
+    """Two convolutions (the CPU compiles them channels-last), a global average pool, a classifier."""
+    y = np.maximum(jitop.conv2d(np.maximum(jitop.conv2d(x, w1, padding=1), 0), w2, stride=2, padding=1), 0)
+    return y.mean(axis=(2, 3)) @ fc
+
+
+def test_tuned_gpu_tasks_are_the_tasks_the_gpu_graph_picks() -> None:
+    """A program's tasks as jitop.tune(target="cuda") tunes them (its CPU tasks on the GPU: NHWC convolutions of
+    the CPU's layout step as the NCHW ones the GPU graph keeps) are the GPU graph's own, so their records
+    apply to it."""
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 16, 12, 12), (32, 16, 3, 3), (32, 32, 3, 3),
+                                                                  (32, 10))]
+    cpu = jitop.tuner.extract_tasks(conv_block, *args)
+    assert {t.task.workload.layout for t in cpu if t.task.template == "conv2d"} == {"NHWC"}
+    tuned = {w.task for w in on_gpu(cpu, SM90)}
+    graph = set(gpu_sim.lower_traced(jitop.kernel(conv_block, target=SM90), *args).tasks)
+    assert tuned == graph and len(graph) == 3
 
 
 # ** PTX for a sample of every space, checked by ptxas **
