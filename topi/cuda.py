@@ -327,11 +327,13 @@ def matmul_config(m: Any, n: Any, k: Any, dtype: str = "float32", target: CudaTa
 
 
 def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = None,
-                          target: CudaTarget | None = None) -> None:
+                          target: CudaTarget | None = None, epilogue: Tensor | None = None) -> None:
     """schedule_matmul's SGEMM applied to the matmul C inside an existing schedule `s`, which may hold other
     stages (a traced graph's): C's register tiles, shared tiles and K loop, `matmul`'s transposed view of A
     inlined. Nothing else is inlined: the caller inlines the producers of A and B that the shared tiles' fill
-    should compute (`s[X].compute_inline()`), as schedule_matmul inlines every injective one.
+    should compute (`s[X].compute_inline()`), as schedule_matmul inlines every injective one. `epilogue`: an
+    elementwise stage of C's shape that reads C at its own index (bias, activation), computed from the register
+    tile and written instead of C (C is inlined into it).
 
     >>> A, B = te.placeholder((100, 30), name="A"), te.placeholder((30, 50), name="B")
     >>> C = matmul(A, B)
@@ -364,8 +366,21 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     BB = s.cache_read(b_in, "shared", [CL])
     if transposed:
         s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
-    i, j = op.axis
-    _schedule_gemm(s, s[C], i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True, stages=full.get("stages", 1))
+    out = _written_stage(s, C, epilogue)
+    i, j = out.op.axis
+    _schedule_gemm(s, out, i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True, stages=full.get("stages", 1))
+
+
+def _written_stage(s: Schedule, result: Tensor, epilogue: Tensor | None) -> Stage:
+    """The stage that writes a GEMM's register tile: its result's, or an elementwise epilogue's of the same
+    shape with the result inlined into it."""
+    if epilogue is None:
+        return s[result]
+    if tuple(epilogue.shape) != tuple(result.shape):
+        raise ValueError(f"epilogue '{epilogue.op.name}' has shape {epilogue.shape}, not {result.op.name}'s "
+                         f"{result.shape}: an epilogue is computed from the register tile, element by element")
+    s[result].compute_inline()
+    return s[epilogue]
 
 
 def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, AA: Tensor, BB: Tensor,
@@ -551,11 +566,12 @@ def schedule_conv2d(Y: Tensor, cfg: dict[str, int] | None = None, target: CudaTa
 
 
 def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = None,
-                          target: CudaTarget | None = None) -> None:
+                          target: CudaTarget | None = None, epilogue: Tensor | None = None) -> None:
     """schedule_conv2d's implicit GEMM applied to the conv2d_nchw output Y inside an existing schedule `s`,
     which may hold other stages (a traced graph's): Y's register tiles, shared tiles and K loop, with the GEMM
     stage, W.T and X.col inlined. Nothing else is inlined: the caller inlines the producers of X and W that the
-    shared tiles' fill should compute, as schedule_conv2d inlines every injective one.
+    shared tiles' fill should compute, as schedule_conv2d inlines every injective one. `epilogue`: an
+    elementwise stage of Y's shape reading Y at its own index (bias, ReLU, a residual), written instead of Y.
 
     >>> X, W = te.placeholder((1, 8, 9, 9), name="X"), te.placeholder((16, 8, 3, 3), name="W")
     >>> Y = conv2d_nchw(X, W, padding=1)
@@ -589,8 +605,8 @@ def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = N
     s[wt].compute_inline()                # W.T's tile reads W: [bk, bm], k-major
     s[xcol].compute_inline()              # the im2col tile reads X (zero padding computed in the fill)
     s[g].compute_inline()                 # Y reads the accumulators directly
-    out = s[Y]
-    nn, kk, pp, qq = Y.op.axis
+    out = _written_stage(s, Y, epilogue)
+    nn, kk, pp, qq = out.op.axis
     out.reorder(kk, nn, pp, qq)
     cols = out.fuse(nn, pp, qq)           # the GEMM column: (n P + p) Q + q
     _schedule_gemm(s, out, kk, cols, CL, AA, BB, True, tiles, b_vec=1, out_vec=False, stages=cfg.get("stages", 1))

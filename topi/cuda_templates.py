@@ -11,8 +11,8 @@ or tuned into the cache answer first, the template's default otherwise.
 The traced graph's GPU path (jitop.graph.gpu) computes its 2-D float32 matmuls and its NCHW float32
 convolutions with the templates' `compute` and `schedule` (so their tuned records apply to
 `@jitop.kernel(target="cuda")` and to ONNX models on the GPU too): the operands, read through the graph's readers
-(producers fused into them), are computed in the shared tiles' fill; an elementwise epilogue is not fused (it
-runs as its own kernel).
+(producers fused into them), are computed in the shared tiles' fill; an elementwise epilogue (bias, activation,
+residual) is computed from the register tile and written in the output's place.
 
 >>> from jitop.target import Target
 >>> from jitop.tuner.task import Task
@@ -211,10 +211,9 @@ class GemmStages:
 def _schedule_in_graph(template: str, schedule_stage: Callable, s: Schedule, t: GemmStages, cfg: dict[str, Any],
                        target: CudaTarget, epilogue: te.Tensor | None) -> None:
     """`schedule_stage` (topi.cuda's) with `cfg` on a template's stages inside the graph's schedule `s`, the
-    operand views inlined into the shared tiles' fill. No epilogue is fused (`epilogue` must be None)."""
-    if epilogue is not None:
-        raise NotImplementedError(f"template '{template}' fuses no epilogue: schedule it as a stage of its own")
-    schedule_stage(s, t.out, cfg, _check_target(template, target))
+    operand views inlined into the shared tiles' fill; an elementwise `epilogue` of the output's shape (bias,
+    activation, residual) is computed from the register tile and written instead of the output."""
+    schedule_stage(s, t.out, cfg, _check_target(template, target), epilogue)
     for view in t.operands:
         s[view].compute_inline()
 

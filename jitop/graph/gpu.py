@@ -10,8 +10,8 @@ per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
   threads, guarded tails), with
   the config `pick` chooses for its task on the GPU Target: a record applied with jitop.apply_records or tuned
   into the cache (`jitop.tune(target="cuda")`), else the template's default. Producers fused into an operand
-  (a transpose, a cast, a scale) are computed in the shared tiles' fill; its elementwise consumers run as a
-  kernel of their own, as after any stage;
+  (a transpose, a cast, a scale) are computed in the shared tiles' fill, its elementwise tail (bias,
+  activation, residual: the CPU's epilogue rule) from the register tile, written in its place;
 - other matmuls (B batched, other dtypes, an empty size): shared-memory tiles of views of A and B (whatever
   reshape or transpose produces them is computed in the fill), 16 x 16 outputs per block, one per thread, the
   batch on blockIdx.z;
@@ -39,6 +39,7 @@ from jitop.driver import compile_gpu_func, lower
 from jitop.graph import prims
 from jitop.graph.compile import Prepared, constant_array, distinct_outputs
 from jitop.graph.kernel_cache import ComponentStore, graph_key
+from jitop.graph.schedule_rules import GraphIndex, template_epilogues
 from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
@@ -275,12 +276,15 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
             lowering.tensor(n)
     tensors = [lowering.tensor(n) for n in unique]
     s = create_schedule([t.op for t in tensors])
+    # a template's elementwise tail (bias, activation, residual) is computed from its register tile
+    epilogues = {t: lowering.st.tensors[out] for out, t in
+                 template_epilogues(lowering.st, unique, why, GraphIndex(unique)).items()}
     for t, kind in lowering.st.kind.items():
         if t in lowering.st.templates:
-            lowering.st.templates[t](s)  # its template's schedule, with the config chosen for it
+            lowering.st.templates[t](s, epilogues.get(t))  # its template's schedule, with its config
         elif kind == "view" and t not in tensors:
             s[t].compute_inline()
-        elif t.op in s.stage_map:
+        elif t.op in s.stage_map and t not in epilogues.values():
             schedule_stage(s[t], kind)
     return lower(s, placeholders + tensors, name=name)
 

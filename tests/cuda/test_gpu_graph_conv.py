@@ -72,11 +72,13 @@ def test_an_nchw_float32_conv2d_is_the_implicit_gemm(x_shape, w_shape, stride, p
     _assert_within(got, *reference(x, w, stride, pad, dilation))
 
 
-def test_bias_relu_and_a_residual_run_after_the_convolution():
+def test_bias_relu_and_a_residual_run_on_the_convolutions_register_tile():
+    """The elementwise tail is the template's epilogue: one kernel, the tail computed before the store."""
     x, w, b = _data((2, 8, 6, 6), (8, 8, 3, 3), (8,))
 
     def block(x, w, b):
         return np.maximum(jitop.conv2d(x, w, b, padding=1) + x, 0)
+    assert len(kernel_nests(gpu_sim.lower_traced(jitop.kernel(block, target=SM90), x, w, b).func)) == 1
     got, tasks = simulate(block, x, w, b)
     exact, bound = reference(x, w, pad=1)
     exact = exact + b[:, None, None] + x

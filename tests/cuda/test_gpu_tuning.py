@@ -111,13 +111,14 @@ def test_the_space_prunes_tiles_larger_than_the_problem_and_keeps_the_default() 
         gemm_space(64, 64, 64, SM90, {"bm": 16, "bn": 16, "bk": 8, "tm": 4, "tn": 4})  # 16 threads
 
 
-def test_gpu_templates_refuse_a_cpu_target_and_an_epilogue() -> None:
+def test_gpu_templates_refuse_a_cpu_target_and_an_epilogue_of_another_shape() -> None:
     with pytest.raises(TypeError, match="builds for a GPU"):
         Task("cuda.matmul", MATMULS[0], Target.host()).config_space()
-    for name in ("cuda.matmul", "cuda.conv2d"):
-        with pytest.raises(NotImplementedError, match="fuses no epilogue"):
-            registry.get(name).schedule(None, None, None, to_config(dict(bm=32, bn=32, bk=8, tm=4, tn=4)), SM90,
-                                        epilogue=object())
+    A, B = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
+    C = cuda.matmul(A, B)
+    wrong = te.compute((48, 64), lambda j, i: C[i, j] * 2.0, name="wrong")
+    with pytest.raises(ValueError, match="an epilogue is computed from the register tile, element by element"):
+        cuda.schedule_matmul_stage(jitop.create_schedule([C.op, wrong.op]), C, epilogue=wrong)
 
 
 def test_workloads_round_trip_and_come_from_cpu_tasks() -> None:
