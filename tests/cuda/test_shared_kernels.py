@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jitop
 import sim_gpu
@@ -115,3 +117,44 @@ def test_device_arrays_in_device_arrays_out(monkeypatch):
     assert kf.traces == 1  # device arrays key as their shape and dtype: one signature
     with pytest.raises(TypeError, match="positional arguments of their own"):
         kf(x, y=memory.to_device(y), w=w, b=b)
+
+
+UNARY = [np.exp, np.tanh, np.abs, lambda v: np.maximum(v, 0)]
+BINARY = [np.add, np.multiply, np.maximum, np.subtract]
+
+
+@st.composite
+def chains(draw):
+    """A random elementwise chain over two arrays (a broadcast row among them) and the shape it runs at."""
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+    ops = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans()), min_size=1, max_size=4))
+    return shape, ops
+
+
+def _chain(ops, a, b):
+    v = a
+    for u, bi, binary in ops:
+        v = BINARY[bi](v, b) if binary else UNARY[u](v)
+    return v
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(chains())
+def test_random_chains_on_two_inputs_share_kernels_and_equal_numpy(case):
+    """The same chain on two pairs of inputs in one function: the second pair's kernels are the first's, and
+    both results are numpy's (elementwise float32: a few ulps, exp's growth included)."""
+    shape, ops = case
+    mp = pytest.MonkeyPatch()
+    try:
+        gpu = sim_gpu.gpu_or_simulated(mp)
+        rng = np.random.default_rng(len(ops))
+        a, c = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+        b, d = (rng.standard_normal(shape[-1:]).astype(np.float32) for _ in range(2))
+        kf = jitop.kernel(lambda a, b, c, d: (_chain(ops, a, b), _chain(ops, c, d)), target="cuda", fallback=False)
+        got = kf(a, b, c, d)
+        for g, args in zip(got, ((a, b), (c, d))):
+            want = _chain(ops, *args)
+            np.testing.assert_allclose(g, want, rtol=16 * np.finfo(np.float32).eps, atol=1e-30)
+        assert gpu is None or len(gpu.launched) == 2 * len(set(gpu.launched)) > 0
+    finally:
+        mp.undo()
