@@ -31,6 +31,7 @@ from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
 from jitop.driver import resolve_target
+from jitop.runtime.cuda.memory import declared_shape_dtype, is_device_array
 from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
@@ -97,23 +98,13 @@ class _CalledWhileTracing(Exception):
     """A pytree argument holds a tracer: the kernel was called inside another kernel's trace."""
 
 
-def is_device_array(value: Any) -> bool:
-    """Whether a GPU kernel's argument is a device array (__cuda_array_interface__: jitop's, torch's, CuPy's).
-
-    >>> is_device_array(np.zeros(3)), is_device_array(type("T", (), {"__cuda_array_interface__": {}})())
-    (False, True)
-    """
-    return not isinstance(value, np.ndarray) and hasattr(value, "__cuda_array_interface__")
-
-
 def _stand_in(value: Any) -> Any:
     """For a device array, a host array of its shape and dtype to key and trace with (no memory of its own:
     every element is the one zero); any other value as it is."""
     if not is_device_array(value):
         return value
-    face = value.__cuda_array_interface__
-    shape = tuple(int(d) for d in face["shape"])
-    return np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype(face["typestr"])), shape, (0,) * len(shape))
+    shape, dtype = declared_shape_dtype(value)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
 
 
 def _holds_array(value: Any) -> bool:

@@ -134,6 +134,13 @@ class LoopEmitter(ABC):
         self.checked.append(f"{what} {buf.name}[{', '.join(expr_str(i) for i in indices)}] with shape {buf.shape}")
         return len(self.checked)
 
+    def _value_error_code(self, message: str) -> int:
+        """The error code (1-based entry of `checked`) of a value numpy/Python refuses, "<Type>: <message>"
+        (codegen.kernel.RAISE_IF): one entry per message, however many places raise it."""
+        if message not in self.checked:
+            self.checked.append(message)
+        return self.checked.index(message) + 1
+
     def _load_or_zero(self, ok: ir.Value, address: Callable[[], ir.Value], elem: ir.Type) -> ir.Value:
         """The `elem` at `address()` where `ok` holds, else 0: the address is made and read only when it does."""
         b = self.b

@@ -631,10 +631,9 @@ class KernelCodegen(LoopEmitter):
         lanes = ops.lanes_of(bad)
         if lanes is not None:
             bad = b.icmp_unsigned("!=", b.bitcast(bad, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
-        if message not in self.checked:
-            self.checked.append(message)
+        code = self._value_error_code(message)
         with b.if_then(bad, likely=False):
-            b.store(self._error_code(self.checked.index(message) + 1), self._error_flag())
+            b.store(self._error_code(code), self._error_flag())
 
     def _error_flag(self) -> ir.GlobalVariable:
         if self.error_flag is None:

@@ -16,10 +16,10 @@ import glob
 import os
 import sys
 
-# the C library's functions libdevice defines as __nv_<name> (float64; the float32 ones end in f)
-_LIBM = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-         "cosh", "tanh", "erf", "cbrt", "pow", "atan2", "hypot")
-SYMBOLS = frozenset(_LIBM) | frozenset(f"{name}f" for name in _LIBM)
+from jitop.codegen.math import LIBM
+
+# the C library's functions jitop.codegen.math may call, which libdevice defines as __nv_<symbol>
+SYMBOLS = LIBM | frozenset(f"{name}f" for name in LIBM)
 FILE = "libdevice.10.bc"
 
 

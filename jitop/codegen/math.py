@@ -36,8 +36,9 @@ def emit_call(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value], av
     return _per_lane_libm(b, name, dtype, args)
 
 
-_LIBM = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
-         "sinh", "cosh", "tanh", "erf", "cbrt", "pow", "atan2", "hypot"}
+# the C library's math functions (double; float ones end in f) the per-lane fallback calls
+LIBM = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+                  "atan", "sinh", "cosh", "tanh", "erf", "cbrt", "pow", "atan2", "hypot"})
 
 
 def _per_lane_libm(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value]) -> ir.Value:
@@ -46,7 +47,7 @@ def _per_lane_libm(b: ir.IRBuilder, name: str, dtype: DType, args: list[ir.Value
         x = args[0]
         one = ops.constant(dtype, 1.0, ops.lanes_of(x))
         return b.fdiv(one, b.fadd(one, _per_lane_libm(b, "exp", dtype, [b.fneg(x)])))
-    if name not in _LIBM:
+    if name not in LIBM:
         raise NotImplementedError(f"intrinsic '{name}' has no code generator for {dtype}")
     scalar = ops.llvm_type(dtype)
     symbol = name if dtype.bits == 64 else name + "f"

@@ -602,10 +602,9 @@ class _Emitter(LoopEmitter):
 
     def _flag_if(self, bad: ir.Value, message: str) -> None:
         """Set the error flag to `message`'s entry of `checked` where `bad` holds (the call raises it)."""
-        if message not in self.checked:
-            self.checked.append(message)
+        code = self._value_error_code(message)
         with self.b.if_then(bad, likely=False):
-            self.b.store(ir.Constant(I32, self.checked.index(message) + 1), self._error_flag())
+            self.b.store(ir.Constant(I32, code), self._error_flag())
 
 
 # ** PTX **

@@ -44,6 +44,7 @@ from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
+from jitop.runtime.cuda.memory import DeviceArray, is_device_array
 from jitop.runtime.executable import rebuild
 from jitop.schedule.schedule import Stage, create_schedule
 from jitop.target import CudaTarget
@@ -170,11 +171,10 @@ class GpuExecutable:
         self.result = tree
 
     def call(self, values: Sequence[Any]) -> Any:
-        from jitop.runtime.cuda.memory import DeviceArray
         arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
         outs = self.function(*arrays)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        if not any(hasattr(v, "__cuda_array_interface__") for v in values):
+        if not any(map(is_device_array, values)):
             # host arrays in, host arrays out (the constants, kept on the GPU, would make them device arrays)
             outs = tuple(o.get() if isinstance(o, DeviceArray) else o for o in outs)
         flat = [outs[k] for k in self.result_slots]

@@ -17,9 +17,10 @@ import numpy as np
 
 from jitop.graph.ir import adopt, adopted
 from jitop.graph.tracer import Tracer
-from jitop.kernel import KernelFunction, is_device_array, kernel
+from jitop.kernel import KernelFunction, kernel
 from jitop.onnx.ops import OPS, Op, OnnxError
 from jitop.onnx.proto import Dim, Graph, ValueInfo
+from jitop.runtime.cuda.memory import declared_shape_dtype, is_device_array
 
 
 class Program:
@@ -225,8 +226,8 @@ class Model:
 def _checked_on_device(info: ValueInfo, value: Any) -> Any:
     """A device array given to a GPU model (jitop's, torch's, CuPy's: __cuda_array_interface__), checked as
     `_checked` checks a host array; used in place."""
-    face = value.__cuda_array_interface__
-    _check_dtype_and_shape(info, np.dtype(face["typestr"]), tuple(int(d) for d in face["shape"]))
+    shape, dtype = declared_shape_dtype(value)
+    _check_dtype_and_shape(info, dtype, shape)
     return value
 
 

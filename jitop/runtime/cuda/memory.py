@@ -199,6 +199,22 @@ def to_device(arr: Any, dtype: Any = None) -> DeviceArray:
     return d
 
 
+def is_device_array(obj: Any) -> bool:
+    """Whether `obj` is an array in GPU memory: jitop's, or anything with __cuda_array_interface__ (torch CUDA
+    tensors, CuPy, numba); numpy arrays are not.
+
+    >>> is_device_array(np.zeros(3)), is_device_array(type("T", (), {"__cuda_array_interface__": {}})())
+    (False, True)
+    """
+    return not isinstance(obj, np.ndarray) and hasattr(obj, "__cuda_array_interface__")
+
+
+def declared_shape_dtype(obj: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a device array declares in its __cuda_array_interface__ (nothing is read)."""
+    cai = obj.__cuda_array_interface__
+    return tuple(int(d) for d in cai["shape"]), np.dtype(cai["typestr"])
+
+
 def as_device_array(obj: Any) -> DeviceArray | None:
     """A DeviceArray for `obj` without copying: itself if it is one, a view if it has __cuda_array_interface__
     (torch CUDA tensors, CuPy, numba); None for anything else (numpy arrays included)."""
@@ -214,7 +230,7 @@ def _from_interface(obj: Any, cai: dict[str, Any]) -> DeviceArray:
     what = f"the __cuda_array_interface__ of {type(obj).__name__}"
     if cai.get("mask") is not None:
         raise ValueError(f"{what} has a mask; masked arrays are not supported")
-    shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    shape, dtype = declared_shape_dtype(obj)
     if not _is_c_contiguous(shape, cai.get("strides"), dtype.itemsize):
         raise ValueError(f"{what} has strides {tuple(cai['strides'])} (shape {shape}, {dtype.itemsize}-byte items); "
                          f"GPU kernels need C-contiguous data (strides {_c_strides(shape, dtype.itemsize)}): pass a "
