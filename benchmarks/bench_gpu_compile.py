@@ -42,10 +42,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", default="/tmp/onnxm", help="where benchmarks/onnx_models.py wrote the models")
     p.add_argument("--target", default="cuda -arch=sm_90")
+    p.add_argument("--models", nargs="*", default=None, help="only these models (e.g. bert_base_encoder)")
     args = p.parse_args()
     os.environ["JITOP_CACHE"] = "0"  # every model compiled, none read from the cache
     print("| model | batch | compile s | launches | kernels | PTX MB | ptxas s |\n|---|---|---|---|---|---|---|")
     for name, batch in MODELS:
+        if args.models and name not in args.models:
+            continue
         print(compile_row(os.path.join(args.model_dir, f"{name}.onnx"), batch, args.target), flush=True)
 
 

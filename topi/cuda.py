@@ -366,21 +366,27 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     BB = s.cache_read(b_in, "shared", [CL])
     if transposed:
         s[a_in].compute_inline()  # A.T's shared tile reads A itself: [bk, bm], k-major
-    out = _written_stage(s, C, epilogue)
-    i, j = out.op.axis
+    out = _written_stage(s, C, epilogue, stacked=True)
+    *rows, j = out.op.axis
+    i = out.fuse(*rows) if len(rows) > 1 else rows[0]  # an epilogue of C's rows stacked: [batch..., m, n]
     _schedule_gemm(s, out, i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True, stages=full.get("stages", 1))
 
 
-def _written_stage(s: Schedule, result: Tensor, epilogue: Tensor | None) -> Stage:
+def _written_stage(s: Schedule, result: Tensor, epilogue: Tensor | None, stacked: bool = False) -> Stage:
     """The stage that writes a GEMM's register tile: its result's, or an elementwise epilogue's of the same
-    shape with the result inlined into it."""
+    shape with the result inlined into it. With `stacked`, the epilogue may also have the shape of a 2-D
+    result's rows unstacked ([batch..., m, n] for [batch * m, n]: a batched A's rows times B), reading the
+    result at its own flat row; its leading axes are then fused into the GEMM's row axis."""
     if epilogue is None:
         return s[result]
-    if tuple(epilogue.shape) != tuple(result.shape):
+    shape, want = tuple(epilogue.shape), tuple(result.shape)
+    unstacked = stacked and len(shape) > 2 and shape[-1] == want[-1] and math.prod(shape[:-1]) == want[0]
+    if shape != want and not unstacked:
         raise ValueError(f"epilogue '{epilogue.op.name}' has shape {epilogue.shape}, not {result.op.name}'s "
                          f"{result.shape}: an epilogue is computed from the register tile, element by element")
     s[result].compute_inline()
     return s[epilogue]
+
 
 
 def _schedule_gemm(s: Schedule, out: Stage, i: IterVar, j: IterVar, CL: Tensor, AA: Tensor, BB: Tensor,

@@ -106,6 +106,7 @@ class GpuToTE(ToTE):
         view = te.compute(n.shape, lambda *i: out[_ravel(i[:-2], batch) * m + i[-2], i[-1]],
                           name=self.fresh_name("rows"))
         self.st.kind[view] = "view"
+        self.st.views[view] = out  # an epilogue of the node is computed from the SGEMM's register tile
         return view
 
     def _direct_conv2d(self, n: Node, readers: tuple) -> Tensor:
@@ -279,6 +280,9 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
     # a template's elementwise tail (bias, activation, residual) is computed from its register tile
     epilogues = {t: lowering.st.tensors[out] for out, t in
                  template_epilogues(lowering.st, unique, why, GraphIndex(unique)).items()}
+    for view, t in lowering.st.views.items():
+        if view in tensors and t not in epilogues:
+            epilogues[t] = view  # a result in the node's shape: the SGEMM's stacked rows written from registers
     for t, kind in lowering.st.kind.items():
         if t in lowering.st.templates:
             lowering.st.templates[t](s, epilogues.get(t))  # its template's schedule, with its config

@@ -236,6 +236,7 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
     epilogues: dict[Node, Tensor] = {}
     outputs = list(dict.fromkeys(outputs))
     for m, t in st.tensors.items():
+        t = st.views.get(t, t)
         if t in st.templates and (out := epilogue_of(m, outputs, materialized, graph)) and out not in epilogues:
             epilogues[out] = t
     return epilogues

@@ -28,6 +28,9 @@ class Stages:
     # complex-out-fusable stage (matmul, conv2d) -> its template's schedule(s, epilogue or None)
     templates: dict[te.Tensor, Callable] = field(default_factory=dict)
     chosen: dict[te.Tensor, str] = field(default_factory=dict)  # template stage -> its config, for explain()
+    # a node's tensor that is a reshaped view of a template stage's result (the GPU's stacked-row SGEMM) -> that
+    # stage: the node's epilogue is the template's
+    views: dict[te.Tensor, te.Tensor] = field(default_factory=dict)
     # reductions a rule builds beside its node's tensor (argmax's maximum), scheduled like a node's reduction
     helpers: list[te.Tensor] = field(default_factory=list)
 
