@@ -1,17 +1,17 @@
-"""Traced graphs on an NVIDIA GPU: the same fusion decisions as on a CPU, a GPU schedule per stage, one kernel
-per stage that is computed to memory (`@jitop.kernel(target="cuda")`).
+"""Traced graphs on an NVIDIA GPU: the same fusion decisions as on a CPU, one kernel per stage that is computed
+to memory or per row group (`@jitop.kernel(target="cuda")`); jitop/graph/gpu_schedule.py schedules them:
 
-- injective stages: every axis fused, split over blocks of threads (consecutive threads, consecutive elements);
-- reductions: one block per output element (or row), the reduced axis split over the block's threads, which
-  combine their partial results with warp shuffles (a cross-thread reduction);
-- float32 matmul of constant sizes, B unbatched (a batched A's rows stacked: [batch * m, k] @ [k, n], a view of
-  the result in the node's shape inlined into its readers): the "cuda.matmul" template (topi.cuda's SGEMM:
-  bm x bn block tiles, tm x tn register tiles per thread, bk-deep shared tiles of A and B fetched by all
-  threads, guarded tails), with
-  the config `pick` chooses for its task on the GPU Target: a record applied with jitop.apply_records or tuned
-  into the cache (`jitop.tune(target="cuda")`), else the template's default. Producers fused into an operand
-  (a transpose, a cast, a scale) are computed in the shared tiles' fill, its elementwise tail (bias,
-  activation, residual: the CPU's epilogue rule) from the register tile, written in its place;
+- injective stages and reductions: a grid of threads, a block per output of a reduction;
+- row groups (a layer norm, a softmax): a block per row computes the group's reductions and row-long
+  intermediates (in shared memory) and the head's row, in one launch;
+- float32 matmul of constant sizes, B unbatched (a batched A's rows stacked: [batch * m, k] @ [k, n], written
+  in the node's shape from the register tiles or read through a view): the "cuda.matmul" template (topi.cuda's
+  SGEMM: bm x bn block tiles, tm x tn register tiles per thread, bk-deep shared tiles of A and B fetched by all
+  threads, guarded tails), with the config `pick` chooses for its task on the GPU Target: a record applied with
+  jitop.apply_records or tuned into the cache (`jitop.tune(target="cuda")`), else the template's default.
+  Producers fused into an operand (a transpose, a cast, a scale) are computed in the shared tiles' fill, its
+  elementwise tail (bias, activation, residual: the CPU's epilogue rule) from the register tile, written in its
+  place;
 - other matmuls (B batched, other dtypes, an empty size): shared-memory tiles of views of A and B (whatever
   reshape or transpose produces them is computed in the fill), 16 x 16 outputs per block, one per thread, the
   batch on blockIdx.z;
@@ -39,26 +39,20 @@ from jitop.driver import compile_gpu_func, lower
 from jitop.graph import prims
 from jitop.graph.compile import Prepared, constant_array, distinct_outputs
 from jitop.graph.kernel_cache import ComponentStore, graph_key
-from jitop.graph.schedule_rules import GraphIndex, template_epilogues
+from jitop.graph.gpu_schedule import MATMUL_OPERAND, schedule_graph
+from jitop.graph.schedule_rules import GraphIndex, row_candidates, template_epilogues
 from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
 from jitop.runtime.executable import rebuild
-from jitop.schedule.schedule import Stage, create_schedule
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
 from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
-BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
-BY, BZ, TY = te.thread_axis("blockIdx.y"), te.thread_axis("blockIdx.z"), te.thread_axis("threadIdx.y")
-THREADS = 256          # threads per block of an injective stage
-REDUCE_THREADS = 256   # most threads sharing one reduction
-MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs (without the SGEMM template)
-MATMUL_OPERAND = "gpu.matmul.operand"  # the tag of such a matmul's operand views (inlined into its shared tiles)
 # a graph primitive -> its GPU template (topi.cuda's SGEMM and implicit-GEMM conv2d, found through the registry)
 GPU_TEMPLATES = {"matmul": "cuda.matmul", "conv2d": "cuda.conv2d"}
 
@@ -276,88 +270,19 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
         if n in why:
             lowering.tensor(n)
     tensors = [lowering.tensor(n) for n in unique]
-    s = create_schedule([t.op for t in tensors])
+    st, index = lowering.st, GraphIndex(unique)
     # a template's elementwise tail (bias, activation, residual) is computed from its register tile
-    epilogues = {t: lowering.st.tensors[out] for out, t in
-                 template_epilogues(lowering.st, unique, why, GraphIndex(unique)).items()}
-    for view, t in lowering.st.views.items():
+    found = template_epilogues(st, unique, why, index)
+    epilogues = {t: st.tensors[out] for out, t in found.items()}
+    for view, t in st.views.items():
         if view in tensors and t not in epilogues:
             epilogues[t] = view  # a result in the node's shape: the SGEMM's stacked rows written from registers
-    for t, kind in lowering.st.kind.items():
-        if t in lowering.st.templates:
-            lowering.st.templates[t](s, epilogues.get(t))  # its template's schedule, with its config
-        elif kind == "view" and t not in tensors:
-            s[t].compute_inline()
-        elif t.op in s.stage_map and t not in epilogues.values():
-            schedule_stage(s[t], kind)
+    rows = {st.tensors[head]: [st.tensors[m] for m in members]
+            for head, members in row_candidates(st, unique, why, found, index).items()}
+    s = schedule_graph(st, tensors, epilogues, rows, placeholders, target)
     return lower(s, placeholders + tensors, name=name)
 
 
 def read_constants_of(unique: list[Node]) -> list[Node]:
     """The graph's array constants, in argument order (nothing is prepacked on the GPU)."""
     return [n for n in toposort(unique) if n.prim == "array_const"]
-
-
-# ** schedules **
-
-def schedule_stage(stage: Stage, kind: str) -> None:
-    """The GPU schedule of one materialized stage, by its kind."""
-    if kind == "matmul":
-        return schedule_matmul(stage)
-    if kind == "reduce" and stage.op.reduce_axis:
-        return schedule_reduce(stage)
-    schedule_elementwise(stage)
-
-
-def schedule_elementwise(stage: Stage) -> None:
-    """All data axes fused and split over blocks of THREADS threads (a reduction inside runs per thread)."""
-    axes = list(stage.op.axis)
-    if not axes:
-        return  # a 0-d result: one thread
-    fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
-    block, thread = stage.split(fused, factor=THREADS)
-    stage.bind(block, BX)
-    stage.bind(thread, TX)
-
-
-def schedule_reduce(stage: Stage) -> None:
-    """One block per output element; the last reduce axis split over the block's threads (a power of two)."""
-    axes = list(stage.op.axis)
-    last = stage.op.reduce_axis[-1]
-    width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
-    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
-    outer, inner = stage.split(last, factor=threads)
-    if axes:
-        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
-        stage.bind(fused, BX)
-    stage.bind(inner, TX)
-
-
-def schedule_matmul(stage: Stage) -> None:
-    """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z."""
-    s, t = stage.schedule, stage.outputs[0]
-    axes = list(stage.op.axis)
-    (k,) = stage.op.reduce_axis
-    reads = list(dict.fromkeys(x for x in stage.input_tensors()))
-    shared = [s.cache_read(x, "shared", [t]) for x in reads]
-    for x in reads:
-        if x.op.tag == MATMUL_OPERAND:
-            s[x].compute_inline()  # the tile's fill computes the operand
-    bi, ti = stage.split(axes[-2], factor=MATMUL_TILE)
-    bj, tj = stage.split(axes[-1], factor=MATMUL_TILE)
-    ko, ki = stage.split(k, factor=MATMUL_TILE)
-    batch = axes[:-2]
-    if batch:
-        fused = stage.fuse(*batch) if len(batch) > 1 else batch[0]
-        stage.reorder(fused, bi, bj, ti, tj, ko, ki)
-        stage.bind(fused, BZ)
-    else:
-        stage.reorder(bi, bj, ti, tj, ko, ki)
-    for iv, tag in ((bi, BY), (bj, BX), (ti, TY), (tj, TX)):
-        stage.bind(iv, tag)
-    for x in shared:
-        copy = s[x]
-        copy.compute_at(stage, ko)
-        *lead, rows, cols = copy.op.axis
-        copy.bind(rows, TY)
-        copy.bind(cols, TX)

@@ -150,6 +150,14 @@ def _one_row(extent: Any) -> bool:
     return e <= 1 if isinstance(e, int) else prove(binary(Op.LE, e, 1), {}) is True
 
 
+def one_row(extents: list[Any]) -> bool:
+    """Whether a row-group member's region at its head's row loop (bound inference's `extents`, one per axis)
+    is at most one row: every leading axis one (a symbolic extent counts as more unless proved otherwise), and
+    a 1-D member one element."""
+    lead = extents[:-1] if len(extents) > 1 else extents
+    return all(_one_row(e) for e in lead)
+
+
 class GraphIndex:
     """A graph's topological order, readers and positions, computed once per compile (jitop/graph/compile.py):
     the rules below ask about every template and row-group head, so re-walking the whole graph each time would
@@ -250,7 +258,7 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     computing it inside the row loop would redo it every row. All or none: a member may read another's
     row buffer. Outputs in `epilogues` are scheduled by their template instead. Returns the groups and a
     sentence saying what was decided, for explain()."""
-    groups = _row_heads(st, outputs, materialized, epilogues, graph)
+    groups = row_candidates(st, outputs, materialized, epilogues, graph)
     if not groups:
         return {}, "no output reads a reduction or shared intermediate row by row"
     probe = create_schedule([st.tensors[n].op for n in dict.fromkeys(outputs)])
@@ -262,8 +270,7 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     low.infer()
     for stage in attached:
         extents = [low.loops[stage].extent[iv] for iv in stage.op.axis]
-        # a symbolic extent counts as more than one row unless proved otherwise
-        if extents and (any(not _one_row(e) for e in extents[:-1]) or (len(extents) == 1 and not _one_row(extents[0]))):
+        if not one_row(extents):
             return {}, (f"none: bound inference says '{stage.op.name}' would need {extents} per output row "
                         "(it is read along another axis), so every member is computed once instead")
     fused = "; ".join(f"{st.tensors[n].name} computes {', '.join(st.tensors[m].name for m in ms)} in its row loop"
@@ -271,10 +278,11 @@ def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], t
     return groups, f"{fused} (bound inference: one row each)"
 
 
-def _row_heads(st: Stages, outputs: list[Node], materialized: dict[Node, str],
-               epilogues: dict[Node, Tensor], graph: GraphIndex) -> dict[Node, list[Node]]:
-    """Candidate row groups: each injective output, or materialized injective intermediate (a softmax
-    feeding a matmul), with the row-shaped stages only it reads; consumers first, each stage in one group."""
+def row_candidates(st: Stages, outputs: list[Node], materialized: dict[Node, str],
+                   epilogues: dict[Node, Tensor], graph: GraphIndex) -> dict[Node, list[Node]]:
+    """Candidate row groups (before any check that each member is needed one row at a time): each injective
+    output, or materialized injective intermediate (a softmax feeding a matmul), with the row-shaped stages only
+    it reads; consumers first, each stage in one group."""
     heads = [n for n in graph.order if n in materialized and st.kind.get(st.tensors.get(n)) == "injective"
              and n not in epilogues]
     groups: dict[Node, list[Node]] = {}

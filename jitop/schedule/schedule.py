@@ -251,6 +251,27 @@ class Stage:
                                 "stage (s.cache_read(T, \"shared\", ...)) is double-buffered")
         self.double_buffered = True
 
+    def set_scope(self, scope: str) -> None:
+        """Keep this stage's buffer in `scope`: "shared" (one copy per GPU block, which its threads fill
+        together: for a stage computed at a loop bound to blockIdx and read by other threads), or "local" /
+        "global": the default (a stage computed at a loop holds its region per attach point, others the whole
+        tensor).
+
+        >>> from jitop import te
+        >>> A = te.placeholder((8, 256), name="A")
+        >>> B = te.compute((8, 256), lambda i, j: A[i, j] * 2.0, name="B")
+        >>> C = te.compute((8, 256), lambda i, j: B[i, 255 - j], name="C")
+        >>> s = create_schedule(C)
+        >>> s[B].set_scope("shared")
+        >>> s[B].scope
+        'shared'
+        """
+        self._check_compute("set_scope")
+        if scope not in ("global", "shared", "local"):
+            raise ScheduleError(f"set_scope: '{self.name}' got scope {scope!r}; expected 'global', 'shared' or "
+                                "'local'")
+        self.scope = scope
+
     # ** where the stage is computed **
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:
         """Compute this stage inside `parent`'s loop `ivar`, only over the region that loop needs."""

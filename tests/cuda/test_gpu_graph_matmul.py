@@ -16,7 +16,8 @@ import gpu_sim
 import jitop
 import sim_gpu
 from jitop.codegen.nvptx import check_ptx, ptxas_path
-from jitop.graph.gpu import MATMUL_TILE, compile_graph_gpu
+from jitop.graph.gpu import compile_graph_gpu
+from jitop.graph.gpu_schedule import MATMUL_TILE
 from jitop.target import Target
 from jitop.topi import cuda
 from jitop.topi.cuda_space import to_cfg

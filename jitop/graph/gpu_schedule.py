@@ -1,0 +1,196 @@
+"""The GPU schedule of a traced graph's stages (jitop/graph/gpu.py builds the stages): one kernel per stage
+computed to memory, by kind, and one kernel per *row group*.
+
+- injective: every axis fused, split over blocks of THREADS threads (consecutive threads, consecutive elements);
+- reduction: one block per output element (or row), its last reduce axis split over the block's threads, which
+  combine their partial results (a cross-thread reduction: warp shuffles, then shared memory across warps);
+- matmul without a template: MATMUL_TILE x MATMUL_TILE outputs per block, one per thread, shared tiles of A and
+  B (the operand views inlined into their fill), the batch on blockIdx.z;
+- row group (a layer norm, a softmax: an injective head and the row-shaped stages only it reads, found by the
+  CPU's rule `schedule_rules.row_candidates`): one block per row of the head, every member computed at the row
+  by the block's threads. A row-long member (x - mean) is kept in shared memory; a reduction of the row is a
+  cross-thread reduction whose result every thread holds; a per-row scalar (mean = sum / n) is computed by each
+  thread in registers. The row is read from memory once per pass and written once, in one launch instead of
+  one per stage. A group whose row-long members would not fit in shared memory, whose row length is symbolic,
+  or whose member bound inference says is needed along more than one row, is scheduled stage by stage.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from jitop import te
+from jitop.graph.schedule_rules import one_row
+from jitop.graph.to_te import Stages
+from jitop.schedule.schedule import Schedule, Stage, create_schedule
+from jitop.target import CudaTarget
+from jitop.te.tensor import Tensor
+from jitop.tir.lower import Lowering
+
+BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+BZ, TY, BY = te.thread_axis("blockIdx.z"), te.thread_axis("threadIdx.y"), te.thread_axis("blockIdx.y")
+THREADS = 256          # threads per block of an injective stage
+REDUCE_THREADS = 256   # most threads sharing one reduction (or one row of a row group)
+MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs (without the SGEMM template)
+MATMUL_OPERAND = "gpu.matmul.operand"  # the tag of such a matmul's operand views (inlined into its shared tiles)
+REDUCE_SCRATCH = 1024  # shared bytes a block keeps for its cross-thread reductions' partials
+
+
+def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
+                   candidates: dict[Tensor, list[Tensor]], args: Sequence[Tensor], target: CudaTarget) -> Schedule:
+    """The schedule of the graph's stages `st` whose results are `tensors`: each template with its epilogue
+    (template tensor -> the stage written from its register tile), each row group of `candidates` (head ->
+    members) that fits, every other stage by its kind. `args`: the function's placeholders (bound inference of
+    the groups' members)."""
+    groups = {head: members for head, members in candidates.items() if _fits(head, members, target)}
+    s = _schedule(st, tensors, epilogues, groups)
+    if groups:
+        failed = _needed_along_rows(s, args, groups)
+        if failed:
+            groups = {h: ms for h, ms in groups.items() if h not in failed}
+            s = _schedule(st, tensors, epilogues, groups)
+            if groups and _needed_along_rows(s, args, groups):
+                s = _schedule(st, tensors, epilogues, {})
+    return s
+
+
+def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
+              groups: dict[Tensor, list[Tensor]]) -> Schedule:
+    s = create_schedule([t.op for t in tensors])
+    members = {m for ms in groups.values() for m in ms}
+    for t, kind in st.kind.items():
+        if t in st.templates:
+            st.templates[t](s, epilogues.get(t))  # its template's schedule, with its config
+        elif kind == "view" and t not in tensors:
+            s[t].compute_inline()
+        elif t in groups:
+            schedule_row_group(s[t], [s[m] for m in groups[t]])
+        elif t.op in s.stage_map and t not in epilogues.values() and t not in members:
+            schedule_stage(s[t], kind)
+    return s
+
+
+def _row_length(head: Tensor) -> int | None:
+    last = head.shape[-1]
+    return last if isinstance(last, int) else None
+
+
+def _fits(head: Tensor, members: list[Tensor], target: CudaTarget) -> bool:
+    """A constant row length, and the row-long members' rows fit in a block's shared memory."""
+    n = _row_length(head)
+    if n is None or not members:
+        return False
+    shared = sum(n * m.dtype.itemsize for m in members if _row_long(m, head))
+    return shared + REDUCE_SCRATCH <= target.shared_per_block
+
+
+def _row_long(member: Tensor, head: Tensor) -> bool:
+    """A member with a row of its own (not one value per row, shaped as the head's leading dims or with a last
+    dim of 1): kept in shared memory."""
+    return len(member.shape) == len(head.shape) and member.shape[-1] != 1
+
+
+def row_threads(n: int) -> int:
+    """The threads of a row group's block for rows of `n` elements: a power of two from a warp (32) to
+    REDUCE_THREADS.
+
+    >>> row_threads(768), row_threads(128), row_threads(5), row_threads(4096)
+    (256, 128, 32, 256)
+    """
+    return min(REDUCE_THREADS, max(32, 1 << max(0, (n - 1).bit_length())))
+
+
+def schedule_row_group(head: Stage, members: list[Stage]) -> None:
+    """One block per row of `head` (its leading axes fused on blockIdx.x, the row split over threadIdx.x), each
+    of `members` computed at the row: row-long ones in shared memory, their row split over the same threads;
+    a reduction's last reduce axis over the threads (every thread then holds the row's result); a value per row
+    in each thread's registers."""
+    *lead, last = head.op.axis
+    threads = row_threads(last.extent)
+    row = head.fuse(*lead) if len(lead) > 1 else lead[0]
+    _, thread = head.split(last, factor=threads)
+    head.bind(row, BX)
+    head.bind(thread, TX)
+    for m in members:
+        m.compute_at(head, row)
+        if _row_long(m.op.outputs[0], head.op.outputs[0]):
+            m.set_scope("shared")  # written by every thread of the block, read by others
+            _, inner = m.split(m.op.axis[-1], factor=threads)
+        elif m.op.reduce_axis:
+            _, inner = m.split(m.op.reduce_axis[-1], factor=threads)
+        else:
+            continue  # one value per row: each thread computes it
+        m.bind(inner, TX)
+
+
+def _needed_along_rows(s: Schedule, args: Sequence[Tensor], groups: dict[Tensor, list[Tensor]]) -> set[Tensor]:
+    """The heads of `groups` a member of which bound inference says is read along more than one of its rows
+    (a transpose of it, a shifted row): computing it at the row would compute too little."""
+    low = Lowering(s, list(args))
+    low.infer()
+    return {head for head, members in groups.items()
+            if not all(one_row([low.loops[s[m]].extent[iv] for iv in m.op.axis]) for m in members)}
+
+
+# ** one stage per kernel **
+
+def schedule_stage(stage: Stage, kind: str) -> None:
+    """The GPU schedule of one materialized stage, by its kind."""
+    if kind == "matmul":
+        return schedule_matmul(stage)
+    if kind == "reduce" and stage.op.reduce_axis:
+        return schedule_reduce(stage)
+    schedule_elementwise(stage)
+
+
+def schedule_elementwise(stage: Stage) -> None:
+    """All data axes fused and split over blocks of THREADS threads (a reduction inside runs per thread)."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return  # a 0-d result: one thread
+    fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+    block, thread = stage.split(fused, factor=THREADS)
+    stage.bind(block, BX)
+    stage.bind(thread, TX)
+
+
+def schedule_reduce(stage: Stage) -> None:
+    """One block per output element; the last reduce axis split over the block's threads (a power of two)."""
+    axes = list(stage.op.axis)
+    last = stage.op.reduce_axis[-1]
+    width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
+    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
+    outer, inner = stage.split(last, factor=threads)
+    if axes:
+        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+        stage.bind(fused, BX)
+    stage.bind(inner, TX)
+
+
+def schedule_matmul(stage: Stage) -> None:
+    """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z."""
+    s, t = stage.schedule, stage.outputs[0]
+    axes = list(stage.op.axis)
+    (k,) = stage.op.reduce_axis
+    reads = list(dict.fromkeys(x for x in stage.input_tensors()))
+    shared = [s.cache_read(x, "shared", [t]) for x in reads]
+    for x in reads:
+        if x.op.tag == MATMUL_OPERAND:
+            s[x].compute_inline()  # the tile's fill computes the operand
+    bi, ti = stage.split(axes[-2], factor=MATMUL_TILE)
+    bj, tj = stage.split(axes[-1], factor=MATMUL_TILE)
+    ko, ki = stage.split(k, factor=MATMUL_TILE)
+    batch = axes[:-2]
+    if batch:
+        fused = stage.fuse(*batch) if len(batch) > 1 else batch[0]
+        stage.reorder(fused, bi, bj, ti, tj, ko, ki)
+        stage.bind(fused, BZ)
+    else:
+        stage.reorder(bi, bj, ti, tj, ko, ki)
+    for iv, tag in ((bi, BY), (bj, BX), (ti, TY), (tj, TX)):
+        stage.bind(iv, tag)
+    for x in shared:
+        copy = s[x]
+        copy.compute_at(stage, ko)
+        *lead, rows, cols = copy.op.axis
+        copy.bind(rows, TY)
+        copy.bind(cols, TX)

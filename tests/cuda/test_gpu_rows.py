@@ -1,0 +1,121 @@
+"""Row groups on the GPU (jitop/graph/gpu_schedule.py): a layer norm or a softmax traced with
+`@jitop.kernel(target="cuda")` is one kernel, a block per row computing the row's reductions and row-long
+intermediates (shared memory) and the result's row. Rows too long for shared memory, symbolic ones, and members
+read along more than one row are scheduled stage by stage instead. Results equal numpy's on this machine's GPU,
+or on the simulated one (tests/sim_gpu.py); tolerances: a row of n float32 values summed in any order."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jitop
+import sim_gpu
+from jitop.codegen.nvptx import check_ptx, ptxas_path
+from jitop.graph.gpu_schedule import row_threads
+
+SM90 = "cuda -arch=sm_90"
+EPS = {np.float32: np.finfo(np.float32).eps, np.float64: np.finfo(np.float64).eps}
+
+
+def layer_norm(x, g, b):
+    mu = x.mean(axis=-1, keepdims=True)
+    d = x - mu
+    var = (d * d).mean(axis=-1, keepdims=True)
+    return d / np.sqrt(var + 1e-5) * g + b
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def reversed_rows(x):
+    """Each row reads its own sum and the mirrored row's: two rows of the sums per output row."""
+    s = x.sum(axis=-1)
+    return x * (s + s[::-1])[:, None]
+
+
+def _args(fn, shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    if fn is layer_norm:
+        return x, rng.standard_normal(shape[-1]).astype(dtype), rng.standard_normal(shape[-1]).astype(dtype)
+    return (x,)
+
+
+def _kernels(fn, args):
+    from jitop.graph.gpu import compile_graph_gpu
+    kf = jitop.kernel(fn, target=SM90)
+    tr = kf.trace(list(args))
+    return compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+
+
+def _check(fn, args, got) -> None:
+    """Within a few ulps per element of a row's sum: n eps of the row's scale."""
+    want = fn(*[a.astype(np.float64) for a in args])
+    x = args[0]
+    n = x.shape[-1]
+    eps = EPS[x.dtype.type]
+    scale = 1 + np.abs(want).max() + (np.abs(args[1]).max() * np.abs(x).max() if fn is layer_norm else 0)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * (n + 8) * eps * scale)
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.parametrize("fn", [layer_norm, softmax])
+@pytest.mark.parametrize("shape", [(9, 129), (2, 3, 768), (1, 1), (5, 1), (4, 2049)], ids=str)
+def test_a_row_operator_is_one_kernel_equal_to_numpy(fn, shape, monkeypatch) -> None:
+    args = _args(fn, shape)
+    built = _kernels(fn, args)
+    if shape[-1] > 1:  # (rows of one element index the row's values by a flat index: stage by stage)
+        (kernel,) = built.kernels
+        rows = int(np.prod(shape[:-1]))
+        assert kernel.grid == (rows, 1, 1) and kernel.block == (row_threads(shape[-1]), 1, 1)
+    if ptxas_path() is not None or os.environ.get("JITOP_REQUIRE_PTXAS") == "1":
+        check_ptx(built.ptx, "sm_90")
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    _check(fn, args, np.asarray(jitop.kernel(fn, target="cuda")(*args)))
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.parametrize("fn", [layer_norm, softmax])
+def test_float64_rows(fn, monkeypatch) -> None:
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    args = _args(fn, (6, 301), np.float64, seed=2)
+    _check(fn, args, np.asarray(jitop.kernel(fn, target="cuda")(*args)))
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_member_read_along_other_rows_is_computed_stage_by_stage(monkeypatch) -> None:
+    args = _args(reversed_rows, (7, 50), seed=3)
+    assert len(_kernels(reversed_rows, args).kernels) == 2  # the sums, then the product
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    got = np.asarray(jitop.kernel(reversed_rows, target="cuda")(*args))
+    x = args[0].astype(np.float64)
+    want = reversed_rows(x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * 50 * EPS[np.float32] * (np.abs(x).sum(-1).max() ** 2 + 1))
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_rows_too_long_for_shared_memory_are_computed_stage_by_stage(monkeypatch) -> None:
+    """Two row-long members (x - mu and its square's input) of 16k float32 need 128 KiB: more than a block's
+    48 KiB of static shared memory."""
+    args = _args(layer_norm, (2, 1 << 14), seed=4)
+    assert len(_kernels(layer_norm, args).kernels) > 1
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    _check(layer_norm, args, np.asarray(jitop.kernel(layer_norm, target="cuda")(*args)))
+
+
+@pytest.mark.usefixtures("private_cache")
+@settings(max_examples=12, deadline=None)
+@given(lead=st.lists(st.integers(1, 4), min_size=1, max_size=2), n=st.integers(1, 700),
+       which=st.sampled_from(["layer_norm", "softmax"]))
+def test_row_groups_equal_numpy_on_any_shape(lead, n, which) -> None:
+    fn = {"layer_norm": layer_norm, "softmax": softmax}[which]
+    args = _args(fn, (*lead, n), seed=n)
+    with pytest.MonkeyPatch.context() as mp:
+        sim_gpu.gpu_or_simulated(mp)
+        _check(fn, args, np.asarray(jitop.kernel(fn, target="cuda", fallback=False)(*args)))
