@@ -3,7 +3,8 @@
   (a) an elementwise chain, exp(a) * b + c over 4096 x 4096 float32: jitop (schedule_injective) vs torch eager vs
       torch.compile (in a child process with a timeout), in GB/s and % of the device-to-device copy bandwidth
       (torch clone of the same array, the reference);
-  (b) softmax and layer norm over the rows of 4096 x 4096 float32 (schedule_row_reduce) vs torch;
+  (b) softmax and layer norm over the rows of 4096 x 4096 float32 (schedule_row_reduce, and the numpy functions
+      as @jitop.kernel(target="cuda") on device arrays: a row group, one kernel) vs torch;
   (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
       FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
   (c'') the same SGEMMs on TF32 tensor cores (topi.cuda.matmul(A, B, tc="tf32"): the best of TC_CONFIGS) vs
@@ -358,6 +359,7 @@ def section_rows(ctx: Ctx, rep: Report) -> None:
             args, dev, want = [X, G, Bt, Y], [dx, dg, dbb, dy], want_ln
         build = lambda: ctx.build(topi.schedule_row_reduce(Y, target=ctx.target), args)  # noqa: E731
         _jitop_rows(ctx, rows, f"jitop {name}", build, dev, want, nbytes, show_block=True)
+        _traced_rows(ctx, rows, f"jitop traced numpy {name}", TRACED_ROWS[name], dev[:-1], want, nbytes)
         if torch is not None:
             tx = torch.from_numpy(x).cuda()
             if name == "softmax":
@@ -369,6 +371,37 @@ def section_rows(ctx: Ctx, rep: Report) -> None:
             rows.append(_bandwidth_row(ctx, f"torch {name}", ctx.time_ms(op, "torch"), nbytes, f"{terr:.1e}"))
     rep.table(f"(b) softmax and layer norm over rows, {N_EW}x{N_EW} float32 (8 bytes per element)",
               ["kernel", "time (us)", "GB/s", "% of copy", "max error vs float64", "build (s)"], rows)
+
+
+def _numpy_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _numpy_layer_norm(x, g, b):
+    mu = x.mean(axis=-1, keepdims=True)
+    d = x - mu
+    return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5) * g + b
+
+
+TRACED_ROWS = {"softmax": _numpy_softmax, "layer_norm": _numpy_layer_norm}
+
+
+def _traced_rows(ctx: Ctx, rows: list[list[Any]], label: str, fn: Callable, dev: list[Any], want: np.ndarray,
+                 nbytes: int) -> None:
+    """A row for the numpy function as `@jitop.kernel(target="cuda")` on device arrays (a row group: one kernel
+    per call; the result is allocated on the device by each call, as a user's call does)."""
+    try:
+        kernel = ctx.jitop.kernel(fn, target="cuda", fallback=False)
+        t0 = time.perf_counter()
+        out = kernel(*dev)
+        secs = time.perf_counter() - t0
+        err = float(np.abs(out.get() - want).max())
+        rows.append(_bandwidth_row(ctx, label, ctx.time_ms(lambda: kernel(*dev)), nbytes, f"{err:.1e}",
+                                   f"{secs:.2f}"))
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        rows.append([label, "error", f"{type(err).__name__}: {err}"[:120], "", "", ""])
 
 
 def _gemm_error_ratio(ctx: Ctx, got: np.ndarray | Any, ta, tb) -> float:
