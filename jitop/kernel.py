@@ -576,6 +576,10 @@ class KernelFunction:
     def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> "Profile":
         """Where a call with these arguments spends its time: a profiling build (cycle counters around each
         loop nest) run `repeat` times; `print(f.profile(a, b))` lists the slowest loop nests."""
+        if self.gpu is not None:
+            raise NotImplementedError(f"profile() of '{self.__name__}': it times CPU loop nests; this kernel runs on "
+                                      "the GPU (explain() lists its launches; time calls with CUDA events: "
+                                      "jitop.runtime.cuda.driver.Event)")
         from jitop.runtime.profile import Profile, profile_executable
         values, _, tree = self._bind(args, kwargs)
         tr = self.trace(values, tree)
@@ -597,6 +601,9 @@ class KernelFunction:
         entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if entry is FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
+        elif self.gpu is not None:
+            from jitop.graph.gpu import explain_gpu
+            text = explain_gpu(self.__name__, entry.exe, entry.trace, cached, self.gpu)
         else:
             from jitop.graph.explain import describe, shape_lines
             func = entry.exe.func

@@ -108,12 +108,11 @@ class Traced:
 def lower_traced(kf: Any, *args: Any) -> Traced:
     """The graph of `kf` (a @jitop.kernel(target="cuda ...")) traced on `args`, lowered for its GPU target."""
     from jitop.graph.compile import constant_array, distinct_outputs
-    from jitop.graph.gpu import gpu_choices, lower_graph, read_constants_of
+    from jitop.graph.gpu import lower_trace, read_constants_of
     tr = kf.trace(list(args))
+    func, choices = lower_trace(kf.__name__, tr.inputs, tr.names, tr.results, kf.gpu)
     unique = list(dict.fromkeys(distinct_outputs(tr.results)))
     consts = read_constants_of(unique)
-    choices = gpu_choices(unique, kf.gpu)
-    func = lower_graph(kf.__name__, tr.inputs, tr.names, unique, consts, choices, kf.gpu)
     inputs = [np.asarray(args[what[0]], what[1]) if kind in ("scalar", "arg_swapped") else args[what]
               for kind, what in tr.plan]
     return Traced(func, [task for task, _ in choices.values()], inputs + [constant_array(n) for n in consts],

@@ -39,18 +39,39 @@ def shape_lines(trace: Any, why: dict, static: dict, refused: dict) -> list[str]
     return lines
 
 
-def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None,
-             shapes: list[str] | None = None) -> str:
+def _graph_lines(name: str, trace: Any, cached: bool) -> tuple[list[str], dict[Node, str]]:
+    """The header and the traced graph's lines; each node's name (%k, or its argument's name)."""
     order = toposort(trace.results)
     names = {n: f"%{k}" for k, n in enumerate(order)}
     for n, arg in zip(trace.inputs, trace.names):
         names[n] = arg
     lines = [f"jitop.kernel '{name}' — {'in-memory cache hit' if cached else 'compiled for this call (cache miss)'}",
              "", "traced graph:"]
-    lines += [_node_line(n, names) for n in order if n not in trace.inputs]
+    return lines + [_node_line(n, names) for n in order if n not in trace.inputs], names
+
+
+def describe_gpu(name: str, trace: Any, cached: bool, target: Any, templates: list[str], launches: Any,
+                 func: Any) -> str:
+    """explain() of a GPU function (jitop.graph.gpu): the traced graph, the GPU target, each template's config
+    (`templates`: to_te.choice_line's), the kernel launches in order (`launches`: the build's) and the loop IR."""
+    lines, _ = _graph_lines(name, trace, cached)
+    lines += ["", f"target: {target.describe()} (key {target.key})"]
+    if templates:
+        lines += ["", "operator templates (task, schedule choice and its source):"] + [f"  {t}" for t in templates]
+    lines += ["", f"kernel launches, in order ({len(launches)}, {len({k.name for k in launches})} distinct "
+              "kernels):"]
+    lines += [f"  {k.name}: grid {k.grid}, block {k.block}, {k.shared_bytes} bytes of shared memory"
+              for k in launches]
+    lines += ["", "loop IR (schedule applied; one kernel per outermost loop bound to blockIdx):", str(func)]
+    return "\n".join(lines)
+
+
+def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None,
+             shapes: list[str] | None = None) -> str:
+    lines, names = _graph_lines(name, trace, cached)
     rewritten = [n for n in toposort(channels_last(trace.results)) if n not in names]
     if rewritten:  # the nodes the compiled graph has in place of the traced ones, numbered after them
-        names.update((n, f"%{k}") for k, n in enumerate(rewritten, start=len(order)))
+        names.update((n, f"%{k}") for k, n in enumerate(rewritten, start=len(names)))
         lines += ["", "compiled graph (convolutions channels-last, transposes pushed through elementwise ops and "
                   "poolings):"]
         lines += [_node_line(n, names) for n in rewritten]

@@ -195,11 +195,9 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     when a process compiled it before (its PTX and, where it was linked on a GPU, its cubin), else compiled,
     linked for this machine's GPU if it has one, and stored."""
     outputs = distinct_outputs(results)
-    unique = list(dict.fromkeys(outputs))
-    consts = read_constants_of(unique)
+    unique, consts, choices = _graph_parts(results, target)
     plan = input_plan + [("const", constant_array(n)) for n in consts]
     slots = [unique.index(o) for o in outputs]
-    choices = gpu_choices(unique, target)
     content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target)
     store = ComponentStore("gpu")
     blob = store.get(content) if content is not None else None
@@ -213,6 +211,31 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
         _link_if_possible(function)
         store.put(content, function.to_bytes())
     return GpuExecutable(function, plan, slots, len(unique))
+
+
+def _graph_parts(results: list[Node], target: CudaTarget) -> tuple[list[Node], list[Node], dict]:
+    """A traced graph's distinct results, its array constants and its templated nodes' (task, config)."""
+    unique = list(dict.fromkeys(distinct_outputs(results)))
+    return unique, read_constants_of(unique), gpu_choices(unique, target)
+
+
+def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: list[Node],
+                target: CudaTarget) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
+    """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
+    array constants, the distinct results), and the task and config of each templated node: for explain() and
+    for tests that run the loop IR."""
+    unique, consts, choices = _graph_parts(results, target)
+    return lower_graph(name, inputs, input_names, unique, consts, choices, target), choices
+
+
+def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target: CudaTarget) -> str:
+    """explain()'s text for a traced function compiled for the GPU (the loop IR lowered again for display)."""
+    from jitop.graph.explain import describe_gpu
+    from jitop.graph.to_te import choice_line
+    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target)
+    templates = [choice_line(f"{task.template} #{k}", task, choice, target)
+                 for k, (task, choice) in enumerate(choices.values())]
+    return describe_gpu(name, trace, cached, target, templates, exe.function.built.kernels, func)
 
 
 def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],

@@ -116,3 +116,24 @@ def test_a_second_compile_comes_from_the_disk_cache(monkeypatch):
     tr80 = other.trace([np.ones((3, 77), np.float32)])
     compile_graph_gpu("scaled", tr80.inputs, tr80.names, tr80.plan, tr80.results, other.gpu)
     assert len(compiled) == 2
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_explain_shows_the_gpu_kernels_templates_and_loop_ir(capsys):
+    kf = jitop.kernel(mlp, target="cuda -arch=sm_90")
+    args = args_of("mlp")
+    text = kf.explain(*args)
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert "compiled for this call (cache miss)" in text and "target: cuda sm_90" in text
+    assert "template cuda.matmul, default config" in text
+    (launch,) = [line for line in text.splitlines() if line.startswith("  jitop_mlp_")]
+    assert "block (" in launch and "bytes of shared memory" in launch
+    assert "kernel launches, in order (1, 1 distinct kernels)" in text and "in threadIdx." in text
+    assert "in-memory cache hit" in kf.explain(*args)
+    rows = jitop.kernel(softmax, target="cuda -arch=sm_90").explain(*args_of("softmax"))
+    assert "kernel launches, in order (1," in rows and "'shared')" in rows  # the row group: exp in shared memory
+
+
+def test_profile_of_a_gpu_kernel_says_what_to_use_instead():
+    with pytest.raises(NotImplementedError, match="runs on the GPU"):
+        jitop.kernel(mlp, target="cuda -arch=sm_90").profile(*args_of("mlp"))
