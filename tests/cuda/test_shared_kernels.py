@@ -115,8 +115,29 @@ def test_device_arrays_in_device_arrays_out(monkeypatch):
     for h, d in zip(on_host, on_device):
         np.testing.assert_array_equal(d.get(), h)  # the same kernels
     assert kf.traces == 1  # device arrays key as their shape and dtype: one signature
-    with pytest.raises(TypeError, match="positional arguments of their own"):
-        kf(x, y=memory.to_device(y), w=w, b=b)
+    by_keyword = kf(x, y=memory.to_device(y), w=memory.to_device(w), b=b)
+    for h, d in zip(on_host, by_keyword):
+        np.testing.assert_array_equal(d.get(), h)
+
+
+def pair(xy, params):
+    """Device arrays inside a tuple and a dict."""
+    x, y = xy
+    return twice(x, y, params["w"], params["b"])
+
+
+def test_device_arrays_inside_containers(monkeypatch):
+    from jitop.runtime.cuda import memory
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(2)
+    x, y, w = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((3, 24), (3, 24), (24, 24)))
+    b = rng.standard_normal(24).astype(np.float32)
+    kf = jitop.kernel(pair, target="cuda")
+    on_host = kf((x, y), {"w": w, "b": b})
+    on_device = kf((memory.to_device(x), y), params={"w": memory.to_device(w), "b": b})
+    assert all(isinstance(r, memory.DeviceArray) for r in on_device)
+    for h, d in zip(on_host, on_device):
+        np.testing.assert_array_equal(d.get(), h)
 
 
 UNARY = [np.exp, np.tanh, np.abs, lambda v: np.maximum(v, 0)]
