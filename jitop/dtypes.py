@@ -1,6 +1,7 @@
 """Scalar dtypes of jitop and numpy's promotion rules (NEP 50: Python scalars are weak)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,14 +68,22 @@ def as_dtype(x: Any) -> DType:
     return DTYPES[name]
 
 
+@functools.lru_cache(maxsize=None)
 def promote(a: DType, b: DType) -> DType:
-    """numpy's promote_types for two dtypes."""
+    """numpy's promote_types for two dtypes (memoized: expression building asks it for every operation)."""
     return as_dtype(np.promote_types(a.np, b.np))
 
 
 def promote_scalar(a: DType, value: bool | int | float) -> DType:
-    """Result dtype of `a` combined with a weak Python scalar (NEP 50), e.g. int32 + 1.5 -> float64."""
-    return as_dtype(np.result_type(a.np, value))
+    """Result dtype of `a` combined with a weak Python scalar (NEP 50), e.g. int32 + 1.5 -> float64. Under NEP 50
+    it depends on the scalar's type alone, not its value (an int out of range is refused elsewhere)."""
+    kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
+    return _promote_weak(a, kind)
+
+
+@functools.lru_cache(maxsize=None)
+def _promote_weak(a: DType, kind: type) -> DType:
+    return as_dtype(np.result_type(a.np, kind(0)))
 
 
 def scalar_dtype(value: Any) -> DType:
