@@ -39,34 +39,46 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
                    candidates: dict[Tensor, list[Tensor]], args: Sequence[Tensor], target: CudaTarget) -> Schedule:
     """The schedule of the graph's stages `st` whose results are `tensors`: each template with its epilogue
     (template tensor -> the stage written from its register tile), each row group of `candidates` (head ->
-    members) that fits, every other stage by its kind. `args`: the function's placeholders (bound inference of
-    the groups' members)."""
-    groups = {head: members for head, members in candidates.items() if _fits(head, members, target)}
-    s = _schedule(st, tensors, epilogues, groups)
-    if groups:
-        failed = _needed_along_rows(s, args, groups)
-        if failed:
-            groups = {h: ms for h, ms in groups.items() if h not in failed}
-            s = _schedule(st, tensors, epilogues, groups)
-            if groups and _needed_along_rows(s, args, groups):
-                s = _schedule(st, tensors, epilogues, {})
-    return s
+    members) that fits (the row inputs that several of its stages read staged in shared memory where they fit
+    too), every other stage by its kind. `args`: the function's placeholders (bound inference of the groups)."""
+    stageable = {t for t, kind in st.kind.items() if kind != "view"} | set(args)  # never an inlined view
+    # head -> its inputs to stage in shared memory: each group with them, else without, else stage by stage
+    plans: dict[Tensor, list[Tensor]] = {}
+    for head, members in candidates.items():
+        staged = _fitting(head, members, _row_inputs(head, members, stageable), target)
+        if staged is not None:
+            plans[head] = staged
+    for _ in range(2 * len(plans) + 1):
+        s, copies = _schedule(st, tensors, epilogues, {h: candidates[h] for h in plans}, plans)
+        at_rows = [t for h in plans for t in (*candidates[h], *copies[h])]
+        failed = _needed_along_rows(s, args, at_rows)
+        if not failed:
+            return s
+        for head in [h for h in plans if set(candidates[h]) & failed or set(copies.get(h, ())) & failed]:
+            if plans[head]:
+                plans[head] = []  # without its staged inputs first
+            else:
+                del plans[head]
+    return _schedule(st, tensors, epilogues, {}, {})[0]
 
 
 def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
-              groups: dict[Tensor, list[Tensor]]) -> Schedule:
+              groups: dict[Tensor, list[Tensor]], staged: dict[Tensor, list[Tensor]]
+              ) -> tuple[Schedule, dict[Tensor, list[Tensor]]]:
+    """The schedule, and each group head's shared copies of its staged inputs."""
     s = create_schedule([t.op for t in tensors])
     members = {m for ms in groups.values() for m in ms}
+    copies = {}
     for t, kind in st.kind.items():
         if t in st.templates:
             st.templates[t](s, epilogues.get(t))  # its template's schedule, with its config
         elif kind == "view" and t not in tensors:
             s[t].compute_inline()
         elif t in groups:
-            schedule_row_group(s[t], [s[m] for m in groups[t]])
+            copies[t] = schedule_row_group(s[t], [s[m] for m in groups[t]], staged.get(t, []))
         elif t.op in s.stage_map and t not in epilogues.values() and t not in members:
             schedule_stage(s[t], kind)
-    return s
+    return s, copies
 
 
 def _row_length(head: Tensor) -> int | None:
@@ -74,13 +86,28 @@ def _row_length(head: Tensor) -> int | None:
     return last if isinstance(last, int) else None
 
 
-def _fits(head: Tensor, members: list[Tensor], target: CudaTarget) -> bool:
-    """A constant row length, and the row-long members' rows fit in a block's shared memory."""
+def _row_inputs(head: Tensor, members: list[Tensor], stageable: set[Tensor]) -> list[Tensor]:
+    """The row-long tensors that two or more of the group's stages read (a layer norm's input: its mean and its
+    centred values): staged in shared memory, they are read from global memory once per row."""
+    reads: dict[Tensor, int] = {}
+    for t in [head, *members]:
+        for x in dict.fromkeys(t.op.input_tensors):
+            reads[x] = reads.get(x, 0) + 1
+    return [x for x, n in reads.items() if n >= 2 and x in stageable and x not in members and _row_long(x, head)
+            and x.shape[-1] == head.shape[-1]]
+
+
+def _fitting(head: Tensor, members: list[Tensor], staged: list[Tensor],
+             target: CudaTarget) -> list[Tensor] | None:
+    """`staged` if the rows of the row-long members and of the staged inputs fit in a block's shared memory, []
+    if only the members' do, None if not even they do or the row length is symbolic."""
     n = _row_length(head)
     if n is None or not members:
-        return False
-    shared = sum(n * m.dtype.itemsize for m in members if _row_long(m, head))
-    return shared + REDUCE_SCRATCH <= target.shared_per_block
+        return None
+    rows = sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH
+    if rows > target.shared_per_block:
+        return None
+    return staged if rows + sum(n * x.dtype.itemsize for x in staged) <= target.shared_per_block else []
 
 
 def _row_long(member: Tensor, head: Tensor) -> bool:
@@ -99,17 +126,26 @@ def row_threads(n: int) -> int:
     return min(REDUCE_THREADS, max(32, 1 << max(0, (n - 1).bit_length())))
 
 
-def schedule_row_group(head: Stage, members: list[Stage]) -> None:
+def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tensor] = ()) -> list[Tensor]:
     """One block per row of `head` (its leading axes fused on blockIdx.x, the row split over threadIdx.x), each
     of `members` computed at the row: row-long ones in shared memory, their row split over the same threads;
     a reduction's last reduce axis over the threads (every thread then holds the row's result); a value per row
-    in each thread's registers."""
+    in each thread's registers. Each tensor of `staged` is copied to shared memory at the row, once, and the
+    group's stages read the copy (the copies are returned)."""
+    s = head.schedule
+    group = [head, *members]
+    copies = [s.cache_read(x, "shared", [st.op for st in group if x in st.input_tensors()]) for x in staged]
     *lead, last = head.op.axis
     threads = row_threads(last.extent)
     row = head.fuse(*lead) if len(lead) > 1 else lead[0]
     _, thread = head.split(last, factor=threads)
     head.bind(row, BX)
     head.bind(thread, TX)
+    for c in copies:
+        copy = s[c]
+        copy.compute_at(head, row)
+        _, inner = copy.split(copy.op.axis[-1], factor=threads)
+        copy.bind(inner, TX)
     for m in members:
         m.compute_at(head, row)
         if _row_long(m.op.outputs[0], head.op.outputs[0]):
@@ -120,15 +156,17 @@ def schedule_row_group(head: Stage, members: list[Stage]) -> None:
         else:
             continue  # one value per row: each thread computes it
         m.bind(inner, TX)
+    return copies
 
 
-def _needed_along_rows(s: Schedule, args: Sequence[Tensor], groups: dict[Tensor, list[Tensor]]) -> set[Tensor]:
-    """The heads of `groups` a member of which bound inference says is read along more than one of its rows
-    (a transpose of it, a shifted row): computing it at the row would compute too little."""
+def _needed_along_rows(s: Schedule, args: Sequence[Tensor], at_rows: list[Tensor]) -> set[Tensor]:
+    """The stages of `at_rows` (groups' members, staged copies) that bound inference says are read along more
+    than one of their rows (a transpose, two rows at once): computing them at the row would take too little."""
+    if not at_rows:
+        return set()
     low = Lowering(s, list(args))
     low.infer()
-    return {head for head, members in groups.items()
-            if not all(one_row([low.loops[s[m]].extent[iv] for iv in m.op.axis]) for m in members)}
+    return {t for t in at_rows if not one_row([low.loops[s[t]].extent[iv] for iv in s[t].op.axis])}
 
 
 # ** one stage per kernel **

@@ -119,3 +119,39 @@ def test_row_groups_equal_numpy_on_any_shape(lead, n, which) -> None:
     with pytest.MonkeyPatch.context() as mp:
         sim_gpu.gpu_or_simulated(mp)
         _check(fn, args, np.asarray(jitop.kernel(fn, target="cuda", fallback=False)(*args)))
+
+
+def _loop_ir(fn, args) -> str:
+    import gpu_sim
+    return str(gpu_sim.lower_traced(jitop.kernel(fn, target=SM90), *args).func)
+
+
+def mirrored_minus_max(x):
+    """x is read at its own row (the max) and at the mirrored row: staged, one row would not do."""
+    return x[::-1] - x.max(axis=-1, keepdims=True)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_an_input_several_stages_read_is_staged_in_shared_memory_once(monkeypatch) -> None:
+    args = _args(layer_norm, (6, 500), seed=5)
+    text = _loop_ir(layer_norm, args)
+    assert "x.shared = allocate(float32[1, 500], 'shared')" in text  # read by the sum and by x - mean
+    # x is read by the copy alone (its 256 threads' first pass and the tail): the group reads the copy
+    assert [line.split(" = ")[1][:2] for line in text.splitlines() if " x[" in line] == ["x[", "x["]
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    _check(layer_norm, args, np.asarray(jitop.kernel(layer_norm, target="cuda")(*args)))
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_staging_is_dropped_where_it_does_not_fit_or_would_need_other_rows(monkeypatch) -> None:
+    """Rows of 8000 float32: exp (32 KB) fits in 48 KB, exp and a copy of x (64 KB) do not. A group that reads
+    the mirrored row of its input keeps its members at the row but reads the input from global memory."""
+    wide = _args(softmax, (3, 8000), seed=6)
+    mirrored = _args(mirrored_minus_max, (7, 40), seed=7)
+    for fn, args in ((softmax, wide), (mirrored_minus_max, mirrored)):
+        assert len(_kernels(fn, args).kernels) == 1
+        assert ".shared = allocate(float32[1, " not in _loop_ir(fn, args).replace("exp.shared", "")
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    _check(softmax, wide, np.asarray(jitop.kernel(softmax, target="cuda")(*wide)))
+    got = np.asarray(jitop.kernel(mirrored_minus_max, target="cuda")(*mirrored))
+    np.testing.assert_array_equal(got, mirrored_minus_max(*mirrored))
