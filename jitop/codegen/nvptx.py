@@ -139,6 +139,8 @@ def _launches(emitter: "_Emitter", nests: list[Stmt], buffers: list[Buffer], sym
     position = {b: k for k, b in enumerate(buffers)}
     emitted: dict[tuple, tuple[Launch, list[Buffer]]] = {}
     launches = []
+    entries: dict[str, range] = {}  # kernel -> its entries of `checked`
+    also: dict[tuple[str, Buffer], list[Buffer]] = {}  # (kernel, buffer) -> the buffers later launches pass
     for nest in nests:
         key, named = shape_of(nest, symbols, ranges)
         touched = [b for b in named if b in position]
@@ -147,13 +149,31 @@ def _launches(emitter: "_Emitter", nests: list[Stmt], buffers: list[Buffer], sym
             part = {b: k for k, b in enumerate(first_touched)}
             args = tuple(position[touched[part[buffers[a]]]] for a in first.args)
             launches.append(dataclasses.replace(first, args=args))
+            for mine, theirs in zip(touched, first_touched):
+                if mine is not theirs:
+                    also.setdefault((first.name, theirs), []).append(mine)
             continue
         params = sorted(touched, key=position.__getitem__)
+        start = len(emitter.checked)
         launch = emitter.kernel(f"{emitter.symbol}_k{len(emitted)}", nest, params)
+        entries[launch.name] = range(start, len(emitter.checked))
         launch = dataclasses.replace(launch, args=tuple(position[b] for b in params))
         emitted[key] = (launch, touched)
         launches.append(launch)
+    _name_every_launch(emitter, entries, also)
     return launches
+
+
+def _name_every_launch(emitter: "_Emitter", entries: dict[str, range],
+                       also: dict[tuple[str, Buffer], list[Buffer]]) -> None:
+    """A checked access of a kernel launched on several nests' buffers names them all: the error flag says which
+    access failed, not in which launch."""
+    for kernel, span in entries.items():
+        for k in span:
+            others = also.get((kernel, emitter.accessed.get(k)))
+            if others:
+                names = ", ".join(dict.fromkeys(b.name for b in others))
+                emitter.checked[k] += f" (or the same access to {names}: one kernel launched on each)"
 
 
 def kernel_nests(func: PrimFunc) -> list[Stmt]:
@@ -273,6 +293,12 @@ class _Emitter(LoopEmitter):
         self.symbols, self.ranges, self.target = symbols, ranges, target
         self.error: ir.GlobalVariable | None = None
         self.k: _Kernel | None = None
+        self.accessed: dict[int, Buffer] = {}  # entry of `checked` -> the buffer of its checked access
+
+    def _check_entry(self, what: str, buf: Buffer, indices: tuple[Expr, ...]) -> int:
+        code = super()._check_entry(what, buf, indices)
+        self.accessed[code - 1] = buf
+        return code
 
     @property
     def b(self) -> ir.IRBuilder:

@@ -75,6 +75,24 @@ def test_structurally_equal_stages_share_one_kernel_launched_on_their_own_buffer
     assert [k.args for k in built.kernels] == [(0, 2), (1, 3), (0, 4)]
 
 
+def test_a_checked_access_of_a_shared_kernel_names_every_launch_s_buffer():
+    """The error flag says which access failed, not in which launch: the message names all the arrays."""
+    A1, A2 = te.placeholder((50,), name="A1"), te.placeholder((50,), name="A2")
+    I1, I2 = te.placeholder((100,), "int64", name="I1"), te.placeholder((100,), "int64", name="I2")
+    def gather(a, ix, name):
+        return te.compute((100,), lambda i: a[ix[i]] * 2.0, name=name)
+    gathers = [gather(A1, I1, "T1"), gather(A2, I2, "T2")]
+    s = jitop.create_schedule([t.op for t in gathers])
+    for t in gathers:
+        bx, tx = s[t].split(t.op.axis[0], factor=64)
+        s[t].bind(bx, BX)
+        s[t].bind(tx, TX)
+    built = build_ptx(jitop.lower(s, [A1, I1, A2, I2, *gathers]), "gather", SM90)
+    assert len({k.name for k in built.kernels}) == 1 < len(built.kernels)
+    (entry,) = built.checked
+    assert entry.startswith("read of A1[") and entry.endswith("(or the same access to A2: one kernel launched on each)")
+
+
 # ** whole functions on the simulated GPU **
 
 def softmax(h):
