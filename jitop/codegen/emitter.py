@@ -18,7 +18,7 @@ from jitop.te.printer import expr_str
 from jitop.tir.bounds import BoundsCheck
 from jitop.tir.nodes import Allocate, Buffer, For, IfThenElse, Seq, Stmt, Store
 from jitop.tir.passes import substitute_stmt
-from jitop.tir.simplify import Ranges
+from jitop.tir.simplify import Ranges, simplify
 
 I64 = ir.IntType(64)
 T = TypeVar("T")
@@ -35,6 +35,9 @@ class LoopEmitter(ABC):
         self.checked: list[str] = []  # accesses checked at run time; the error flag holds 1 + their index
         self.contract = False  # FMA fusion allowed (reduction updates only)
         self._memo: dict = {}  # this statement's values by expression (see `stmt`)
+        # (buffer, indices) -> its simplified flat offset: an unrolled register tile asks for the same few
+        # accesses in every copy of its body (expressions are interned: equal ones are one key)
+        self._flat: dict[tuple[Buffer, tuple[Expr, ...]], Expr] = {}
 
     @property
     @abstractmethod
@@ -122,6 +125,14 @@ class LoopEmitter(ABC):
     # ** memory **
     @abstractmethod
     def load(self, e: Expr) -> ir.Value: ...
+
+    def flat_index(self, buf: Buffer, indices: tuple[Expr, ...]) -> Expr:
+        """The simplified row-major element offset of `indices` in `buf` (memoized)."""
+        key = (buf, tuple(indices))
+        flat = self._flat.get(key)
+        if flat is None:
+            flat = self._flat[key] = simplify(flatten(buf, indices))
+        return flat
 
     def _stored_value(self, s: Store) -> ir.Value:
         self.contract = is_accumulation(s)  # FMA only in a reduction's update

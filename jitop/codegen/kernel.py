@@ -497,7 +497,7 @@ class KernelCodegen(LoopEmitter):
                  ) -> tuple[ir.Value, ir.Value | str | int | None]:
         """(scalar pointer at lane 0, per-lane pointer vector or None when lanes are contiguous/uniform); with
         `strided`, lanes a small constant stride apart give (pointer at lane 0, the stride)."""
-        flat = simplify(flatten(buf, indices))
+        flat = self.flat_index(buf, indices)
         elem = ops.memory_type(buf.dtype)
         base_ptr = self.st.ptrs[buf]
         if self.vec is None:
@@ -655,7 +655,7 @@ class KernelCodegen(LoopEmitter):
         return self.b.add(self.b.load(self.error_base, typ=i32), ir.Constant(i32, code))
 
     def _lane_pointers(self, buf: Buffer, indices: tuple[Expr, ...], ok: ir.Value) -> ir.Value:
-        flat = self.expr(simplify(flatten(buf, indices)))
+        flat = self.expr(self.flat_index(buf, indices))
         lanes = ops.lanes_of(ok) or self.vec.lanes
         flat = self.b.select(ok, ops.splat(self.b, flat, lanes), ops.splat(self.b, ir.Constant(I64, 0), lanes))
         return _vector_gep(self.b, self.st.ptrs[buf], flat, ops.memory_type(buf.dtype))
@@ -666,7 +666,7 @@ class KernelCodegen(LoopEmitter):
         elem = ops.memory_type(buf.dtype)
         if self.vec is None:
             # the address is computed before the branch: values the memo keeps must dominate every later use
-            flat = self._scalar(simplify(flatten(buf, e.src)))
+            flat = self._scalar(self.flat_index(buf, e.src))
             value = self._load_or_zero(ok, lambda: b.gep(self.st.ptrs[buf], [flat], source_etype=elem), elem)
             return ops.from_memory(b, buf.dtype, value)
         ok = ops.splat(b, ok, self.vec.lanes)
@@ -679,7 +679,7 @@ class KernelCodegen(LoopEmitter):
         buf, b = s.buffer, self.b
         ok = self._in_bounds(buf, s.indices, "write to")
         if self.vec is None:
-            flat = self._scalar(simplify(flatten(buf, s.indices)))  # before the branch, as in _checked_load
+            flat = self._scalar(self.flat_index(buf, s.indices))  # before the branch, as in _checked_load
             with b.if_then(ok):
                 ptr = b.gep(self.st.ptrs[buf], [flat], source_etype=ops.memory_type(buf.dtype))
                 b.store(ops.to_memory(b, buf.dtype, value), ptr)

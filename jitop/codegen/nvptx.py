@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from llvmlite import ir
 
 from jitop.codegen import libdevice, mma, ops
-from jitop.codegen.emitter import LoopEmitter, flatten, ident
+from jitop.codegen.emitter import LoopEmitter, ident
 from jitop.codegen.kernel import NEGATIVE_POWER, RAISE_IF, top_level_nests
 from jitop.dtypes import DType
 from jitop.errors import ScheduleError
@@ -546,7 +546,7 @@ class _Emitter(LoopEmitter):
 
     # ** memory **
     def _address(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
-        return self._pointer(buf, simplify(flatten(buf, indices)))
+        return self._pointer(buf, self.flat_index(buf, indices))
 
     def _pointer(self, buf: Buffer, flat: Expr) -> ir.Value:
         return self.b.gep(self.k.ptrs[buf], [self.expr(flat)], source_etype=ops.memory_type(buf.dtype))
@@ -586,7 +586,7 @@ class _Emitter(LoopEmitter):
         elem = ops.memory_type(buf.dtype)
         ok = self._check(buf, e.src, "read of")
         if ok is None:
-            flat = simplify(flatten(buf, e.src))
+            flat = self.flat_index(buf, e.src)
             value = b.load(self._pointer(buf, flat), typ=elem, align=self._alignment(buf, flat))
             return ops.from_memory(b, buf.dtype, value)
         value = self._load_or_zero(ok, lambda: self._address(buf, e.src), elem)
@@ -597,7 +597,7 @@ class _Emitter(LoopEmitter):
         value = self._stored_value(s)
         ok = self._check(s.buffer, s.indices, "write to")
         if ok is None:
-            flat = simplify(flatten(s.buffer, s.indices))
+            flat = self.flat_index(s.buffer, s.indices)
             self.b.store(ops.to_memory(self.b, s.buffer.dtype, value), self._pointer(s.buffer, flat),
                          align=self._alignment(s.buffer, flat))
             return

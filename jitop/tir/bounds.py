@@ -51,6 +51,9 @@ class BoundsCheck:
         self.ranges = ranges  # narrowed by single-variable guards (`if v < 42`) inside them, restored on pop
         self.facts: list[tuple[Expr, int]] = []
         self.narrowed: list[list[tuple[Expr, tuple[int, int]]]] = []
+        # answers by (facts, buffer, indices): the narrowed ranges follow from the facts, and an unrolled
+        # register tile asks the same few questions in every copy of its body
+        self._proved: dict[tuple, bool] = {}
 
     def in_bounds(self, idx: Expr, dim: int | Expr) -> bool:
         ends = _clamp_ends(idx)  # a clamp lies between its ends, whatever it clamps (a gather's loaded index)
@@ -100,7 +103,11 @@ class BoundsCheck:
 
     def proves(self, buf: Buffer, indices: tuple[Expr, ...]) -> bool:
         """True if every index is within the buffer's shape under the current facts."""
-        return all(self.in_bounds(i, d) for i, d in zip(indices, buf.shape))
+        key = (tuple(self.facts), buf, tuple(indices))
+        known = self._proved.get(key)
+        if known is None:
+            known = self._proved[key] = all(self.in_bounds(i, d) for i, d in zip(indices, buf.shape))
+        return known
 
     def push(self, cond: Expr, positive: bool = True) -> int:
         found = facts(cond, positive)

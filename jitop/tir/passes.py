@@ -1,6 +1,7 @@
 """Loop-IR passes: small functions from Stmt to Stmt."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Callable
 
@@ -52,14 +53,24 @@ def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
 
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _simplified(e: Expr) -> Expr:
+    """simplify(e) without ranges, memoized: an unrolled body's copies hold the same expressions again and again
+    (expressions are interned, so equal ones are one key)."""
+    return simplify(e)
+
+
 def substitute_stmt(s: Stmt, mapping: dict[Expr, Expr], ranges: Ranges | None = None) -> Stmt:
     """Replace variables in every expression of `s` (and re-simplify with `ranges`)."""
+    def simple(e: Expr) -> Expr:
+        return simplify(e, ranges) if ranges else _simplified(e)
+
     def visit(n: Stmt) -> Stmt:
         if isinstance(n, Store):
-            return Store(n.buffer, tuple(simplify(substitute(i, mapping), ranges) for i in n.indices),
-                         simplify(substitute(n.value, mapping), ranges))
+            return Store(n.buffer, tuple(simple(substitute(i, mapping)) for i in n.indices),
+                         simple(substitute(n.value, mapping)))
         if isinstance(n, IfThenElse):
-            cond = simplify(substitute(n.cond, mapping), ranges)
+            cond = simple(substitute(n.cond, mapping))
             if cond.op is Op.CONST:
                 return n.then if cond.value else n.else_
             return IfThenElse(cond, n.then, n.else_)
