@@ -104,7 +104,7 @@ def _stand_in(value: Any) -> Any:
     if not is_device_array(value):
         return value
     shape, dtype = declared_shape_dtype(value)
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
+    return np.ndarray(shape, dtype, buffer=np.zeros(1, dtype), strides=(0,) * len(shape))
 
 
 def _holds_array(value: Any) -> bool:

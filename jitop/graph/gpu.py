@@ -46,7 +46,7 @@ from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
-from jitop.runtime.executable import rebuild
+from jitop.runtime.executable import rebuilder
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
 from jitop.tir.nodes import PrimFunc
@@ -160,10 +160,12 @@ class GpuExecutable:
         self.function, self.inputs, self.result_slots = function, inputs, result_slots
         self.n_outputs = n_outputs
         self.result: Any = None
+        self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, Any] = {}
 
     def set_result(self, tree: Any) -> None:
         self.result = tree
+        self._rebuild = rebuilder(tree, len(self.result_slots)) if tree is not None else None
 
     def call(self, values: Sequence[Any]) -> Any:
         arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
@@ -173,7 +175,7 @@ class GpuExecutable:
             # host arrays in, host arrays out (the constants, kept on the GPU, would make them device arrays)
             outs = tuple(o.get() if isinstance(o, DeviceArray) else o for o in outs)
         flat = [outs[k] for k in self.result_slots]
-        return rebuild(self.result, flat) if self.result is not None else (flat[0] if len(flat) == 1 else flat)
+        return self._rebuild(flat) if self._rebuild is not None else (flat[0] if len(flat) == 1 else flat)
 
     def _argument(self, k: int, kind: str, what: Any, values: Sequence[Any]) -> Any:
         if kind == "arg":

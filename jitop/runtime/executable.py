@@ -547,11 +547,21 @@ def rebuild(tree: Any, outs: Sequence[Any]) -> Any:
     >>> r[0] is outs[0], type(r[1]["s"]) is np.float64
     (True, True)
     """
-    _check_tree(tree, len(outs), allow_objects=True)
+    return rebuilder(tree, len(outs))(outs)
+
+
+def rebuilder(tree: Any, n_outs: int) -> Callable[[Sequence[Any]], Any]:
+    """`rebuild` of `tree` compiled once, for a caller that rebuilds the same structure on every call.
+
+    >>> make = rebuilder(["list", [["out", 1, False], ["out", 0, False]]], 2)
+    >>> make(["a", "b"]), make([1, 2])
+    (['b', 'a'], [2, 1])
+    """
+    _check_tree(tree, n_outs, allow_objects=True)
     env: dict[str, Any] = {}
-    build, expr = _result_code(tree, [f"outs[{k}]" for k in range(len(outs))], env)
+    build, expr = _result_code(tree, [f"outs[{k}]" for k in range(n_outs)], env)
     exec("\n".join(["def rebuild(outs):", *build, f"    return {expr}"]), env)  # noqa: S102 - indices only
-    return env["rebuild"](outs)
+    return env["rebuild"]
 
 
 def leaf(value: Any) -> list:
