@@ -746,6 +746,10 @@ def section_sgemm_sweep(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
               rows)
 
 
+def _tiny_numpy(a, b):
+    return a * b + 1
+
+
 def section_launch(ctx: Ctx, rep: Report) -> None:
     te, topi, mem, driver = ctx.jitop.te, ctx.topi, ctx.memory, ctx.driver
     n = 256
@@ -783,6 +787,10 @@ def section_launch(ctx: Ctx, rep: Report) -> None:
         rows.append(["torch.mul(ta, tb, out=ty) (reference)",
                      per_call_us(lambda: torch.mul(ta, tb, out=ty))])
     rows.append(["jitop f(a, b) numpy in/out (copies)", per_call_us(lambda: f(a, b), 300)])
+    traced = ctx.jitop.kernel(_tiny_numpy, target="cuda", fallback=False)
+    traced(da, db)
+    rows.append(["@jitop.kernel(target='cuda') of a * b + 1, device arrays in and out",
+                 per_call_us(lambda: traced(da, db), 1000)])
     rep.table(f"(d) launch overhead from Python: a {n}-element kernel", ["call", "us per call"], rows,
               "Wall time per call over thousands of back-to-back calls, then one synchronize.")
 
