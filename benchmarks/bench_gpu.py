@@ -787,10 +787,14 @@ def section_launch(ctx: Ctx, rep: Report) -> None:
         rows.append(["torch.mul(ta, tb, out=ty) (reference)",
                      per_call_us(lambda: torch.mul(ta, tb, out=ty))])
     rows.append(["jitop f(a, b) numpy in/out (copies)", per_call_us(lambda: f(a, b), 300)])
-    traced = ctx.jitop.kernel(_tiny_numpy, target="cuda", fallback=False)
-    traced(da, db)
-    rows.append(["@jitop.kernel(target='cuda') of a * b + 1, device arrays in and out",
-                 per_call_us(lambda: traced(da, db), 1000)])
+    label = "@jitop.kernel(target='cuda') of a * b + 1, device arrays in and out"
+    try:
+        traced = ctx.jitop.kernel(_tiny_numpy, target="cuda", fallback=False)
+        assert np.allclose(traced(da, db).get(), a * b + 1, rtol=1e-6, atol=1e-6), "traced kernel: wrong result"
+        rows.append([label, per_call_us(lambda: traced(da, db), 1000)])
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        rows.append([label, f"error: {type(err).__name__}: {err}"[:120]])
     rep.table(f"(d) launch overhead from Python: a {n}-element kernel", ["call", "us per call"], rows,
               "Wall time per call over thousands of back-to-back calls, then one synchronize.")
 
