@@ -155,3 +155,50 @@ def test_staging_is_dropped_where_it_does_not_fit_or_would_need_other_rows(monke
     _check(softmax, wide, np.asarray(jitop.kernel(softmax, target="cuda")(*wide)))
     got = np.asarray(jitop.kernel(mirrored_minus_max, target="cuda")(*mirrored))
     np.testing.assert_array_equal(got, mirrored_minus_max(*mirrored))
+
+
+REDUCE = [lambda v: v.sum(axis=-1, keepdims=True), lambda v: v.max(axis=-1, keepdims=True),
+          lambda v: v.mean(axis=-1, keepdims=True), lambda v: np.abs(v).min(axis=-1, keepdims=True)]
+UNARY = [np.tanh, np.abs, lambda v: np.maximum(v, 0.5), lambda v: v * 0.5]
+
+
+@st.composite
+def row_programs(draw):
+    """A random chain over x [lead..., n] and a row vector w [n]: elementwise steps, and steps that combine the
+    value with a reduction of its rows (keepdims): row groups of any shape of members."""
+    steps = draw(st.lists(st.tuples(st.sampled_from(["unary", "row", "vector"]), st.integers(0, 3)),
+                          min_size=1, max_size=5))
+    lead = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=2)))
+    return steps, lead, draw(st.integers(2, 300))
+
+
+def _program(steps):
+    def f(x, w):
+        v = x
+        for kind, k in steps:
+            if kind == "unary":
+                v = UNARY[k](v)
+            elif kind == "row":
+                v = v - REDUCE[k](v) if k % 2 else v * (1.0 / (1.0 + np.abs(REDUCE[k](v))))
+            else:
+                v = v * w + x
+        return v
+    return f
+
+
+@pytest.mark.usefixtures("private_cache")
+@settings(max_examples=15, deadline=None)
+@given(program=row_programs())
+def test_random_row_programs_equal_numpy(program) -> None:
+    steps, lead, n = program
+    fn = _program(steps)
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal((*lead, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        sim_gpu.gpu_or_simulated(mp)
+        got = np.asarray(jitop.kernel(fn, target="cuda", fallback=False)(x, w))
+    want = fn(x.astype(np.float64), w.astype(np.float64))
+    # each step: a row sum of n terms at most, so n eps per step of the values' scale
+    scale = 1 + np.abs(want).max() + np.abs(x).sum(axis=-1).max() * (1 + np.abs(w).max()) ** len(steps)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * len(steps) * (n + 8) * EPS[np.float32] * scale)
