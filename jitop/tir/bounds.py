@@ -88,6 +88,11 @@ class BoundsCheck:
             b = bounds(num, self.ranges)
             if b is not None:
                 hi = min(hi, self._upper(num, b[1]) // int(div.value))
+        if idx.op is Op.ADD and idx.dtype.is_int:  # `f // 49 + 2` (an im2col channel): the quotient's bound + 2
+            for term, offset in ((idx.src[0], idx.src[1]), (idx.src[1], idx.src[0])):
+                b = bounds(term, self.ranges) if offset.op is Op.CONST else None
+                if b is not None:
+                    hi = min(hi, self._upper(term, b[1]) + int(offset.value))
         return hi
 
     def _below(self, idx: Expr, dim: Expr) -> bool:
@@ -106,8 +111,19 @@ class BoundsCheck:
         key = (tuple(self.facts), buf, tuple(indices))
         known = self._proved.get(key)
         if known is None:
-            known = self._proved[key] = all(self.in_bounds(i, d) for i, d in zip(indices, buf.shape))
+            known = self._proved[key] = self._unreachable() or all(
+                self.in_bounds(i, d) for i, d in zip(indices, buf.shape))
         return known
+
+    def _unreachable(self) -> bool:
+        """The guards leave some loop variable no value (`if 8 * v + 1 < 1` with v >= 0: a tail row of a
+        register tile that does not exist): nothing under them runs, so every access there is in bounds."""
+        for level in self.narrowed:
+            for undo in level:
+                lo, hi = self.ranges[undo[0]] if undo is not None else (0, 0)
+                if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+                    return True
+        return False
 
     def push(self, cond: Expr, positive: bool = True) -> int:
         found = facts(cond, positive)
