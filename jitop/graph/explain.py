@@ -50,14 +50,17 @@ def _graph_lines(name: str, trace: Any, cached: bool) -> tuple[list[str], dict[N
     return lines + [_node_line(n, names) for n in order if n not in trace.inputs], names
 
 
-def describe_gpu(name: str, trace: Any, cached: bool, target: Any, templates: list[str], launches: Any,
-                 func: Any) -> str:
+def describe_gpu(name: str, trace: Any, cached: bool, target: Any, templates: list[str], decisions: list[str],
+                 launches: Any, func: Any) -> str:
     """explain() of a GPU function (jitop.graph.gpu): the traced graph, the GPU target, each template's config
-    (`templates`: to_te.choice_line's), the kernel launches in order (`launches`: the build's) and the loop IR."""
+    (`templates`: to_te.choice_line's), the schedule's decisions (epilogues, row groups), the kernel launches in
+    order (`launches`: the build's) and the loop IR."""
     lines, _ = _graph_lines(name, trace, cached)
     lines += ["", f"target: {target.describe()} (key {target.key})"]
     if templates:
         lines += ["", "operator templates (task, schedule choice and its source):"] + [f"  {t}" for t in templates]
+    if decisions:
+        lines += ["", "schedule decisions:"] + [f"  {d}" for d in decisions]
     lines += ["", f"kernel launches, in order ({len(launches)}, {len({k.name for k in launches})} distinct "
               "kernels):"]
     lines += [f"  {k.name}: grid {k.grid}, block {k.block}, {k.shared_bytes} bytes of shared memory"

@@ -222,22 +222,23 @@ def _graph_parts(results: list[Node], target: CudaTarget) -> tuple[list[Node], l
 
 
 def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: list[Node],
-                target: CudaTarget) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
+                target: CudaTarget, notes: list[str] | None = None) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
     """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
     unique, consts, choices = _graph_parts(results, target)
-    return lower_graph(name, inputs, input_names, unique, consts, choices, target), choices
+    return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
 
 
 def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target: CudaTarget) -> str:
     """explain()'s text for a traced function compiled for the GPU (the loop IR lowered again for display)."""
     from jitop.graph.explain import describe_gpu
     from jitop.graph.to_te import choice_line
-    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target)
+    notes: list[str] = []
+    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes)
     templates = [choice_line(f"{task.template} #{k}", task, choice, target)
                  for k, (task, choice) in enumerate(choices.values())]
-    return describe_gpu(name, trace, cached, target, templates, exe.function.built.kernels, func)
+    return describe_gpu(name, trace, cached, target, templates, notes, exe.function.built.kernels, func)
 
 
 def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
@@ -284,9 +285,11 @@ def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list
 
 
 def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
-                choices: dict[Node, tuple[Task, Choice]], target: CudaTarget) -> PrimFunc:
+                choices: dict[Node, tuple[Task, Choice]], target: CudaTarget,
+                notes: list[str] | None = None) -> PrimFunc:
     """The GPU loop IR of the graph computing `unique`: parameters are the inputs, then the constants `consts`,
-    then the results; every stage scheduled by its kind (`schedule_stage`) or its template."""
+    then the results; every stage scheduled by its kind (`schedule_stage`) or its template. `notes`, if given,
+    receives a line per decision explain() shows (epilogues, row groups)."""
     why = materialize(unique)
     lowering = GpuToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
@@ -304,7 +307,10 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
             epilogues[t] = view  # a result in the node's shape: the SGEMM's stacked rows written from registers
     rows = {st.tensors[head]: [st.tensors[m] for m in members]
             for head, members in row_candidates(st, unique, why, found, index).items()}
-    s = schedule_graph(st, tensors, epilogues, rows, placeholders, target)
+    s = schedule_graph(st, tensors, epilogues, rows, placeholders, target, notes)
+    if notes is not None:
+        notes[:0] = [f"{e.op.name} is computed from {t.op.name}'s register tile (its epilogue)"
+                     for t, e in epilogues.items()]
     return lower(s, placeholders + tensors, name=name)
 
 

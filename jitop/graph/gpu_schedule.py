@@ -36,11 +36,13 @@ REDUCE_SCRATCH = 1024  # shared bytes a block keeps for its cross-thread reducti
 
 
 def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
-                   candidates: dict[Tensor, list[Tensor]], args: Sequence[Tensor], target: CudaTarget) -> Schedule:
+                   candidates: dict[Tensor, list[Tensor]], args: Sequence[Tensor], target: CudaTarget,
+                   notes: list[str] | None = None) -> Schedule:
     """The schedule of the graph's stages `st` whose results are `tensors`: each template with its epilogue
     (template tensor -> the stage written from its register tile), each row group of `candidates` (head ->
     members) that fits (the row inputs that several of its stages read staged in shared memory where they fit
-    too), every other stage by its kind. `args`: the function's placeholders (bound inference of the groups)."""
+    too), every other stage by its kind. `args`: the function's placeholders (bound inference of the groups);
+    `notes`, if given, receives a line per row group saying what was decided."""
     stageable = {t for t, kind in st.kind.items() if kind != "view"} | set(args)  # never an inlined view
     # head -> its inputs to stage in shared memory: each group with them, else without, else stage by stage
     plans: dict[Tensor, list[Tensor]] = {}
@@ -53,13 +55,28 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
         at_rows = [t for h in plans for t in (*candidates[h], *copies[h])]
         failed = _needed_along_rows(s, args, at_rows)
         if not failed:
+            _note_groups(notes, candidates, plans, copies)
             return s
         for head in [h for h in plans if set(candidates[h]) & failed or set(copies.get(h, ())) & failed]:
             if plans[head]:
                 plans[head] = []  # without its staged inputs first
             else:
                 del plans[head]
+    _note_groups(notes, candidates, {}, {})
     return _schedule(st, tensors, epilogues, {}, {})[0]
+
+
+def _note_groups(notes: list[str] | None, candidates: dict[Tensor, list[Tensor]], plans: dict[Tensor, list],
+                 copies: dict[Tensor, list[Tensor]]) -> None:
+    for head, members in candidates.items() if notes is not None else ():
+        names = ", ".join(m.op.name for m in members)
+        if head in plans:
+            staged = [c.op.name for c in copies.get(head, [])]
+            notes.append(f"row group: {head.op.name} computes {names} in its block per row"
+                         + (f", reading {', '.join(staged)} from shared memory" if staged else ""))
+        else:
+            notes.append(f"no row group for {head.op.name} ({names}): its rows do not fit in shared memory, its row "
+                         "length is symbolic, or a member is read along several rows; stage by stage")
 
 
 def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],

@@ -132,6 +132,9 @@ def test_explain_shows_the_gpu_kernels_templates_and_loop_ir(capsys):
     assert "in-memory cache hit" in kf.explain(*args)
     rows = jitop.kernel(softmax, target="cuda -arch=sm_90").explain(*args_of("softmax"))
     assert "kernel launches, in order (1," in rows and "'shared')" in rows  # the row group: exp in shared memory
+    assert "row group: divide computes max, exp, sum in its block per row, reading x.shared from shared memory" \
+        in rows
+    assert "matmul's register tile (its epilogue)" in text  # mlp: bias and relu
 
 
 def test_profile_of_a_gpu_kernel_says_what_to_use_instead():
