@@ -10,6 +10,8 @@ A symbolic dimension (`n`) is proved by the simplifier's symbolic step: from the
 """
 from __future__ import annotations
 
+import math
+
 from jitop.te.expr import Expr, Op, as_expr, binary, free_vars
 from jitop.tir.nodes import Buffer
 from jitop.tir.simplify import Lin, Ranges, bounds, from_lin, is_symbol, prove, simplify, symbolic_upper, to_lin
@@ -83,6 +85,7 @@ class BoundsCheck:
             d = bounds(idx - e, self.ranges)
             if d is not None:
                 hi = min(hi, bound + d[1])
+        hi = self._upper_relaxed(idx, hi)
         num, div = idx.src if idx.op is Op.FLOORDIV else (None, None)
         if num is not None and div.op is Op.CONST and div.value > 0:
             b = bounds(num, self.ranges)
@@ -93,6 +96,26 @@ class BoundsCheck:
                 b = bounds(term, self.ranges) if offset.op is Op.CONST else None
                 if b is not None:
                     hi = min(hi, self._upper(term, b[1]) + int(offset.value))
+        return hi
+
+    def _upper_relaxed(self, idx: Expr, hi: int) -> int:
+        """`hi` tightened through the facts with each quotient x // c of idx (positive coefficient) relaxed to
+        x / c: L idx <= relaxed for L the divisors' lcm, so idx <= (bound + max(relaxed - e)) // L. A fused
+        index's row `8 o + t // 2` under the guard `16 o + t < 64` is at most 31."""
+        lin = to_lin(idx, self.ranges)
+        divs = {a: k for a, k in lin.terms.items()
+                if k > 0 and a.op is Op.FLOORDIV and a.src[1].op is Op.CONST and a.src[1].value > 0}
+        if not divs or not self.facts:
+            return hi
+        lcm = math.lcm(*(int(a.src[1].value) for a in divs))
+        relaxed = Lin({a: k * lcm for a, k in lin.terms.items() if a not in divs}, lin.const * lcm)
+        for a, k in divs.items():
+            relaxed = relaxed + to_lin(a.src[0], self.ranges).scale(k * lcm // int(a.src[1].value))
+        upper = from_lin(relaxed, idx.dtype)
+        for e, bound in self.facts:
+            d = bounds(upper - e, self.ranges)
+            if d is not None:
+                hi = min(hi, (bound + d[1]) // lcm)
         return hi
 
     def _below(self, idx: Expr, dim: Expr) -> bool:

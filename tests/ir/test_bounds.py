@@ -35,3 +35,15 @@ def test_an_access_under_a_guard_no_iteration_meets_is_in_bounds():
     k = check.push(v * 8 + 1 < 9)  # v = 0 only: row 1 of a 1-row tile is still out of bounds
     assert not check.proves(tile, (v * 8 + 1, te.const(0)))
     check.pop(k)
+
+
+def test_a_fused_index_s_row_is_bounded_by_the_guard_on_the_fused_index():
+    """A shared tile's row 8 o + t // 2 (o, t < 8: the fused index 16 o + t read two per row) under the fill's
+    guard 16 o + t < 64 is at most 31: a tile of 32 rows needs no check, one of 31 does."""
+    o, t = te.var("o"), te.var("t")
+    check = BoundsCheck({o: (0, 7), t: (0, 7)})
+    row = o * 8 + t // 2
+    assert not check.in_bounds(row, 32)
+    k = check.push(o * 16 + t < 64)
+    assert check.in_bounds(row, 32) and not check.in_bounds(row, 31) and not check.in_bounds(row + 1, 32)
+    check.pop(k)
