@@ -156,15 +156,12 @@ def _broadcast(batch: tuple, shape: tuple) -> tuple:
 class GpuExecutable:
     """A traced function compiled for a GPU: `call(values)` takes the traced function's argument values."""
 
-    def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int], n_outputs: int):
+    def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int]):
         self.function, self.inputs, self.result_slots = function, inputs, result_slots
-        self.n_outputs = n_outputs
-        self.result: Any = None
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, Any] = {}
 
     def set_result(self, tree: Any) -> None:
-        self.result = tree
         self._rebuild = rebuilder(tree, len(self.result_slots)) if tree is not None else None
 
     def call(self, values: Sequence[Any]) -> Any:
@@ -205,14 +202,14 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     blob = store.get(content) if content is not None else None
     if blob is not None:
         try:
-            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, len(unique))
+            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots)
         except ValueError:
             store.delete(content)  # damaged or foreign: compile it again
     function = _compile(name, inputs, input_names, unique, consts, choices, target)
     if content is not None:
         _link_if_possible(function)
         store.put(content, function.to_bytes())
-    return GpuExecutable(function, plan, slots, len(unique))
+    return GpuExecutable(function, plan, slots)
 
 
 def _graph_parts(results: list[Node], target: CudaTarget) -> tuple[list[Node], list[Node], dict]:

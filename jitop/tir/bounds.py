@@ -91,17 +91,13 @@ class BoundsCheck:
             b = bounds(num, self.ranges)
             if b is not None:
                 hi = min(hi, self._upper(num, b[1]) // int(div.value))
-        if idx.op is Op.ADD and idx.dtype.is_int:  # `f // 49 + 2` (an im2col channel): the quotient's bound + 2
-            for term, offset in ((idx.src[0], idx.src[1]), (idx.src[1], idx.src[0])):
-                b = bounds(term, self.ranges) if offset.op is Op.CONST else None
-                if b is not None:
-                    hi = min(hi, self._upper(term, b[1]) + int(offset.value))
         return hi
 
     def _upper_relaxed(self, idx: Expr, hi: int) -> int:
         """`hi` tightened through the facts with each quotient x // c of idx (positive coefficient) relaxed to
         x / c: L idx <= relaxed for L the divisors' lcm, so idx <= (bound + max(relaxed - e)) // L. A fused
-        index's row `8 o + t // 2` under the guard `16 o + t < 64` is at most 31."""
+        index's row `8 o + t // 2` under the guard `16 o + t < 64` is at most 31; an im2col channel
+        `(y + 46) // 49 + 2` under `y + 144 < 147` at most 2."""
         lin = to_lin(idx, self.ranges)
         divs = {a: k for a, k in lin.terms.items()
                 if k > 0 and a.op is Op.FLOORDIV and a.src[1].op is Op.CONST and a.src[1].value > 0}
