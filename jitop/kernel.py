@@ -419,7 +419,7 @@ class KernelFunction:
             from jitop.graph.gpu import compile_graph_gpu
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu)
             exe.set_result(tr.result)
-            return Overload(exe.call, exe, tr, native=False)
+            return self._guarded(Overload(exe.call, exe, tr, native=False))
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        reps=tr.reps)
@@ -430,13 +430,17 @@ class KernelFunction:
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
-        # a function reading globals/closure data (checked before each call) or computing with Python ints (a
-        # result beyond int64 runs that call as numpy) has no native entry: `call` serves it alone
+        # a function reading globals/closure data or computing with Python ints has no native entry: `call`
+        # serves it alone
         guarded = bool(tr.guards or tr.python_ints)
         symbolic = exe.module.symbols or exe.plan.guards
-        ov = Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
-                      accepts=exe.accepts if symbolic and not guarded else None)
-        if guarded:
+        return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
+                                      accepts=exe.accepts if symbolic and not guarded else None))
+
+    def _guarded(self, ov: Overload) -> Overload:
+        """`ov`, whose call first checks the globals/closure data its trace read (traced again if they changed)
+        and runs as numpy a call whose Python int arithmetic goes beyond int64, where its trace needs either."""
+        if ov.trace.guards or ov.trace.python_ints:
             ov.call = _guarded_call(ov, self)
         return ov
 

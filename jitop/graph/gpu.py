@@ -46,7 +46,7 @@ from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
-from jitop.runtime.executable import rebuilder
+from jitop.runtime.executable import check_python_int, rebuilder
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
 from jitop.tir.nodes import PrimFunc
@@ -181,10 +181,13 @@ class GpuExecutable:
             pos, dtype = what
             return np.asarray(values[pos]).astype(dtype)
         if kind == "scalar":
+            if len(what) > 2:  # a Python int must fit every integer dtype it meets, as numpy checks
+                check_python_int(values[what[0]], what[2])
             return np.asarray(values[what[0]], dtype=what[1])
         if k not in self._constants:  # a constant goes to the device once
             from jitop.runtime.cuda import memory
-            self._constants[k] = memory.to_device(np.ascontiguousarray(what))
+            # asarray, not ascontiguousarray: that one makes a 0-d array 1-d
+            self._constants[k] = memory.to_device(np.asarray(what, order="C"))
         return self._constants[k]
 
 

@@ -213,7 +213,7 @@ def schedule_reduce(stage: Stage) -> None:
     axes = list(stage.op.axis)
     last = stage.op.reduce_axis[-1]
     width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
-    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
+    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length())) if width > 0 else 1  # nothing to sum
     outer, inner = stage.split(last, factor=threads)
     if axes:
         fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]

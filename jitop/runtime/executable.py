@@ -783,6 +783,18 @@ def _overflow_error(names: tuple[str, ...]) -> Callable[[int], None]:
     return overflow
 
 
+def check_python_int(value: Any, names: tuple[str, ...]) -> None:
+    """Raise numpy's OverflowError where `value` is a Python int outside one of the integer dtypes `names`.
+
+    >>> check_python_int(300, ("int16",)); check_python_int(300, ("int16", "int8"))
+    Traceback (most recent call last):
+    OverflowError: Python integer 300 out of bounds for int8
+    """
+    lo, hi = _int_range(names)
+    if type(value) is int and not lo <= value <= hi:
+        _overflow_error(names)(value)
+
+
 def _int_dtypes(extra: list) -> list[tuple[str, ...]]:
     """A scalar input's optional integer dtype names (those a Python int argument must fit), or nothing."""
     if not extra:

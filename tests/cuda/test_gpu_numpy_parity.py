@@ -1,0 +1,102 @@
+"""`@jitop.kernel(target="cuda")` gives numpy's answer where the CPU kernels do: the shape, indexing and linear
+algebra cases of tests/graph/test_shapes.py, Python scalars and their overflow rules, captured data that changes,
+empty reductions. On this machine's GPU, else on the simulated one (tests/sim_gpu.py)."""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jitop
+import sim_gpu
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "graph"))
+from test_shapes import CASES, DTYPES, RTOL_GROUPS, _input, assert_same, numpy_ref  # noqa: E402
+
+
+def gpu_kernel(fn, **kwargs):
+    return jitop.kernel(fn, target="cuda", fallback=False, **kwargs)
+
+
+def gpu_call(k, *args):
+    """A GPU kernel's call; a fallback to numpy is an error (it would make the comparison vacuous)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("error", jitop.JitopFallbackWarning)
+        return k(*args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", sorted(CASES))
+def test_the_shape_cases_of_the_cpu_tests_equal_numpy_on_the_gpu(group, dtype, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    x = _input(dtype)
+    for name, fn in CASES[group].items():
+        got = gpu_call(gpu_kernel(fn), x)
+        try:
+            assert_same(got, numpy_ref(fn, x), RTOL_GROUPS.get(group))
+        except AssertionError as err:
+            raise AssertionError(f"{group}: {name}: {err}") from None
+
+
+@pytest.mark.parametrize("value, dtype", [(300, "int8"), (-1, "uint8"), (-40000, "int16"), (-1, "uint64"),
+                                          (2 ** 63, "int64")])
+def test_a_python_int_beyond_the_arrays_dtype_raises_numpys_overflow_error(value, dtype, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = gpu_kernel(lambda x, y: x + y)
+    a = np.ones(3, dtype)
+    np.testing.assert_array_equal(gpu_call(k, a, 1), a + 1)
+    with pytest.raises(OverflowError) as raised:
+        gpu_call(k, a, value)  # it wrapped around silently (300 + 1 in int8 was 45)
+    with pytest.raises(OverflowError) as numpys:
+        a + value
+    assert str(raised.value) == str(numpys.value)
+
+
+def test_a_python_int_result_beyond_int64_runs_that_call_as_numpy(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = gpu_kernel(lambda a, n: a * (n * n * n))
+    a = np.ones(2)
+    for n in (3, 2 ** 30):  # 2 ** 90 overflows the kernel's int64 arithmetic: numpy's float64 of the Python int
+        np.testing.assert_array_equal(gpu_call(k, a, n), a * (n * n * n))
+
+
+@pytest.mark.parametrize("operand", [np.array(3, np.int16), np.array(2.5, np.float32)], ids=["int16", "float32"])
+def test_a_0d_array_captured_by_the_function_is_a_0d_constant_on_the_gpu(operand, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = gpu_kernel(lambda x: (x + operand, np.minimum(operand, x), x >= operand))
+    x = np.arange(11, dtype=np.int32)
+    assert_same(gpu_call(k, x), numpy_ref(k.fn, x))
+
+
+def test_a_rebound_global_is_traced_again_not_read_stale(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    scale = np.array([2.0])
+    k = gpu_kernel(lambda a: a * scale)
+    a = np.ones(3)
+    np.testing.assert_array_equal(gpu_call(k, a), 2 * a)
+    scale = np.array([3.0])  # noqa: F841 - rebinds the closure cell the kernel reads
+    np.testing.assert_array_equal(gpu_call(k, a), 3 * a)  # it returned 2 * a: the first trace's constant
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
+def test_reductions_of_nothing_give_numpys_identities(dtype, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+
+    def f(a, b):
+        return (a.sum(), a.prod(), np.all(a), np.any(a), b.sum(axis=0), b.prod(axis=0), b.sum(axis=1),
+                b.max(axis=1), b.any(axis=0), b.sum(axis=0, keepdims=True))
+    a, b = np.zeros(0, dtype), np.zeros((0, 3), dtype)
+    assert_same(gpu_call(gpu_kernel(f), a, b), numpy_ref(f, a, b))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_mean_and_spread_of_nothing_are_nan(dtype, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+
+    def f(a, b):
+        return a.mean(), b.mean(axis=0), a.var(), b.std(axis=0)
+    a, b = np.zeros(0, dtype), np.zeros((0, 3), dtype)
+    assert_same(gpu_call(gpu_kernel(f), a, b), numpy_ref(f, a, b))
