@@ -171,8 +171,6 @@ class KernelFunction:
         if self.gpu is not None and not isinstance(self.gpu, CudaTarget):
             raise ValueError(f"jitop.kernel(target={target!r}): a CPU kernel is built for the host (JITOP_CPU picks "
                              "another); target= is for 'cuda'")
-        if self.gpu is not None:
-            dynamic = False
         self.autotune = autotune_mode(autotune)
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "kernel")
@@ -263,7 +261,8 @@ class KernelFunction:
             device.update((id(s), leaf) for s, leaf in zip(keyed, leaves) if s is not leaf)
             return pytree.unflatten(tree, keyed)
         values, key, tree = self._bind(tuple(map(stand_in, args)), {k: stand_in(v) for k, v in kwargs.items()})
-        ov = self.dispatcher.lookup(key) or self._compile(key, values, None, tree)
+        ov = self.dispatcher.lookup(key) or self.dispatcher.lookup(key, values, struct_key(key)) or \
+            self._compile(key, values, None, tree)
         if ov is FALLBACK:
             raise TypeError(f"jitop.kernel '{self.__name__}' does not compile for the GPU (see the warning), and "
                             "numpy cannot read device arrays: pass numpy arrays, or change the function")
@@ -417,9 +416,12 @@ class KernelFunction:
     def _build_trace(self, tr: Trace) -> Overload:
         if self.gpu is not None:
             from jitop.graph.gpu import compile_graph_gpu
-            exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu)
+            exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
+                                    tr.shape_guards)
             exe.set_result(tr.result)
-            return self._guarded(Overload(exe.call, exe, tr, native=False))
+            guarded = bool(tr.guards or tr.python_ints)
+            return self._guarded(Overload(exe.call, exe, tr, native=False,
+                                          accepts=exe.accepts if exe.symbolic and not guarded else None))
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        reps=tr.reps)
@@ -476,9 +478,11 @@ class KernelFunction:
         # the trace decided at this call's sizes
         tr.shape_guards = [f"{name} >= {MIN_SYMBOL}" for name in tr.sizes] + \
             [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
-        # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
-        tr.reps, buckets = row_buckets(tr.results, env.hint)
-        tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
+        # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size (the GPU
+        # templates take constant sizes: a symbolic matmul has the generic GPU schedule, the same at every size)
+        if self.gpu is None:
+            tr.reps, buckets = row_buckets(tr.results, env.hint)
+            tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
         for sp in env.specialised:
             for sym in sp.symbols:
                 self.policy.static[tr.symbols[sym]] = str(sp)
@@ -608,8 +612,10 @@ class KernelFunction:
         if entry is FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         elif self.gpu is not None:
+            from jitop.graph.explain import shape_lines
             from jitop.graph.gpu import explain_gpu
-            text = explain_gpu(self.__name__, entry.exe, entry.trace, cached, self.gpu)
+            shapes = shape_lines(entry.trace, self.policy.why, self.policy.static, self.policy.refused())
+            text = explain_gpu(self.__name__, entry.exe, entry.trace, cached, self.gpu, shapes)
         else:
             from jitop.graph.explain import describe, shape_lines
             func = entry.exe.func

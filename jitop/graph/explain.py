@@ -51,11 +51,13 @@ def _graph_lines(name: str, trace: Any, cached: bool) -> tuple[list[str], dict[N
 
 
 def describe_gpu(name: str, trace: Any, cached: bool, target: Any, templates: list[str], decisions: list[str],
-                 launches: Any, func: Any) -> str:
-    """explain() of a GPU function (jitop.graph.gpu): the traced graph, the GPU target, each template's config
-    (`templates`: to_te.choice_line's), the schedule's decisions (epilogues, row groups), the kernel launches in
-    order (`launches`: the build's) and the loop IR."""
+                 launches: Any, func: Any, shapes: list[str] | None = None) -> str:
+    """explain() of a GPU function (jitop.graph.gpu): the traced graph, its `shapes` block (`shape_lines`), the
+    GPU target, each template's config (`templates`: to_te.choice_line's), the schedule's decisions (epilogues,
+    row groups), the kernel launches in order (`launches`: the build's) and the loop IR."""
     lines, _ = _graph_lines(name, trace, cached)
+    if shapes:
+        lines += ["", *shapes]
     lines += ["", f"target: {target.describe()} (key {target.key})"]
     if templates:
         lines += ["", "operator templates (task, schedule choice and its source):"] + [f"  {t}" for t in templates]

@@ -46,7 +46,7 @@ from jitop.graph.ir import Node, toposort
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
-from jitop.runtime.executable import check_python_int, rebuilder
+from jitop.runtime.executable import check_python_int, compile_guard, rebuilder
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
 from jitop.tir.nodes import PrimFunc
@@ -150,16 +150,44 @@ def _ravel(index: tuple, dims: tuple) -> Any:
 def _broadcast(batch: tuple, shape: tuple) -> tuple:
     """The index into an operand's batch dims (right-aligned, size-1 dims broadcast) for the output's."""
     own = batch[len(batch) - len(shape):] if shape else ()
-    return tuple(0 if d == 1 else i for i, d in zip(own, shape))
+    return tuple(0 if isinstance(d, int) and d == 1 else i for i, d in zip(own, shape))  # a symbol is never 1
 
 
 class GpuExecutable:
-    """A traced function compiled for a GPU: `call(values)` takes the traced function's argument values."""
+    """A traced function compiled for a GPU: `call(values)` takes the traced function's argument values.
+    `guards`: relations of a symbolic function's symbols that every call's shapes must satisfy (`accepts`)."""
 
-    def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int]):
+    def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int],
+                 guards: Sequence[str] = ()):
         self.function, self.inputs, self.result_slots = function, inputs, result_slots
+        self.guards = [(g, compile_guard(g)) for g in guards]
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, Any] = {}
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether one compiled function serves many shapes (symbolic dims, or guards on them)."""
+        return bool(self.function.symbols or self.guards)
+
+    def accepts(self, values: Sequence[Any]) -> bool:
+        """Whether `values` (numpy or device arrays, or stand-ins of their shapes) fit the compiled signature:
+        ranks, dtypes, constant and tied dims, guards. What a dispatcher asks before it serves a new size with
+        this function."""
+        shaped = []
+        for (kind, what), p in zip(self.inputs, self.function.params):
+            value = what if kind == "const" else values[what if kind == "arg" else what[0]]
+            shape = tuple(np.shape(value)) if kind != "arg" else getattr(value, "shape", None)
+            if shape is None or len(shape) != len(p.shape) or any(type(d) is int and d != g
+                                                                    for d, g in zip(p.shape, shape)):
+                return False
+            if kind == "arg" and np.dtype(value.dtype) != p.dtype:
+                return False
+            shaped.append(SimpleNamespace(shape=shape))
+        try:
+            env = dict(zip((s.name for s in self.function.symbols), self.function.binder.bind(shaped)))
+        except ValueError:  # a tied dim disagrees, or a size beyond its symbol's type
+            return False
+        return all(holds(env) for _, holds in self.guards)
 
     def set_result(self, tree: Any) -> None:
         self._rebuild = rebuilder(tree, len(self.result_slots)) if tree is not None else None
@@ -192,10 +220,11 @@ class GpuExecutable:
 
 
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-                      results: list[Node], target: CudaTarget) -> GpuExecutable:
+                      results: list[Node], target: CudaTarget, guards: Sequence[str] = ()) -> GpuExecutable:
     """The graph computing `results` as a GPU function (see the module's docstring): from the persistent cache
     when a process compiled it before (its PTX and, where it was linked on a GPU, its cubin), else compiled,
-    linked for this machine's GPU if it has one, and stored."""
+    linked for this machine's GPU if it has one, and stored. `guards`: a symbolic graph's relations between
+    its symbols, which the calls it serves must satisfy (GpuExecutable.accepts)."""
     outputs = distinct_outputs(results)
     unique, consts, choices = _graph_parts(results, target)
     plan = input_plan + [("const", constant_array(n)) for n in consts]
@@ -205,14 +234,14 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     blob = store.get(content) if content is not None else None
     if blob is not None:
         try:
-            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots)
+            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, guards)
         except ValueError:
             store.delete(content)  # damaged or foreign: compile it again
     function = _compile(name, inputs, input_names, unique, consts, choices, target)
     if content is not None:
         _link_if_possible(function)
         store.put(content, function.to_bytes())
-    return GpuExecutable(function, plan, slots)
+    return GpuExecutable(function, plan, slots, guards)
 
 
 def _graph_parts(results: list[Node], target: CudaTarget) -> tuple[list[Node], list[Node], dict]:
@@ -230,15 +259,17 @@ def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: 
     return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
 
 
-def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target: CudaTarget) -> str:
-    """explain()'s text for a traced function compiled for the GPU (the loop IR lowered again for display)."""
+def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target: CudaTarget,
+                shapes: list[str] | None = None) -> str:
+    """explain()'s text for a traced function compiled for the GPU (the loop IR lowered again for display);
+    `shapes`: the symbols block (explain.shape_lines)."""
     from jitop.graph.explain import describe_gpu
     from jitop.graph.to_te import choice_line
     notes: list[str] = []
     func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes)
     templates = [choice_line(f"{task.template} #{k}", task, choice, target)
                  for k, (task, choice) in enumerate(choices.values())]
-    return describe_gpu(name, trace, cached, target, templates, notes, exe.function.built.kernels, func)
+    return describe_gpu(name, trace, cached, target, templates, notes, exe.function.built.kernels, func, shapes)
 
 
 def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],

@@ -105,7 +105,10 @@ def _row_length(head: Tensor) -> int | None:
 
 def _row_inputs(head: Tensor, members: list[Tensor], stageable: set[Tensor]) -> list[Tensor]:
     """The row-long tensors that two or more of the group's stages read (a layer norm's input: its mean and its
-    centred values): staged in shared memory, they are read from global memory once per row."""
+    centred values): staged in shared memory, they are read from global memory once per row. Nothing for a
+    symbolic row length (no group: `_fitting`)."""
+    if _row_length(head) is None:
+        return []
     reads: dict[Tensor, int] = {}
     for t in [head, *members]:
         for x in dict.fromkeys(t.op.input_tensors):

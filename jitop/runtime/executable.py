@@ -450,7 +450,7 @@ class _SymbolicShapes:
         self.arrays = [(k, what if kind == "arg" else what[0], len(p.shape),
                         tuple((j, d) for j, d in enumerate(p.shape) if not isinstance(d, str)))
                        for k, ((kind, what), p) in enumerate(zip(plan.inputs, params)) if kind.startswith("arg")]
-        self.guards = [(g, _compile_guard(g)) for g in plan.guards]
+        self.guards = [(g, compile_guard(g)) for g in plan.guards]
         self.sized = [(k, tuple((compile_dim(d), d) if isinstance(d, str) else int(d) for d in shape))
                       for k, (shape, _) in enumerate(plan.outputs) if any(isinstance(d, str) for d in shape)]
 
@@ -500,11 +500,11 @@ _COMPARE: dict[type, Callable[[int, int], bool]] = {
 MAX_GUARD_TEXT = 4096
 
 
-def _compile_guard(text: str) -> Callable[[dict[str, int]], bool]:
+def compile_guard(text: str) -> Callable[[dict[str, int]], bool]:
     """A predicate over the symbols' values for a guard: comparisons (== != < <= > >=, chained) of dim
     expressions (args.compile_dim's language), joined by `and`; ValueError for anything else.
 
-    >>> _compile_guard("n >= 2 and n % 3 == 0")({"n": 6})
+    >>> compile_guard("n >= 2 and n % 3 == 0")({"n": 6})
     True
     """
     if not isinstance(text, str) or len(text) > MAX_GUARD_TEXT:
@@ -854,7 +854,7 @@ def _check_guards(guards: Sequence[str], params: list[ParamSpec]) -> None:
     parameters' symbolic dims use)."""
     symbols = {n for p in params for d in p.shape if type(d) is str for n in dim_names(d)}
     for g in guards:
-        _compile_guard(g)
+        compile_guard(g)
         unknown = dim_names(g) - symbols
         if unknown:
             raise ValueError(f"guard {g!r} uses {', '.join(sorted(unknown))}, which is not a symbol of the kernel "

@@ -17,7 +17,7 @@ from jitop import te
 from jitop.driver import compile_func, default_target
 from jitop.runtime import fastcall
 from jitop.runtime.executable import (
-    _HEADER, FORMAT_VERSION, MAGIC, REUSE_BYTES, Executable, Plan, _compile_guard, _entry_guards,
+    _HEADER, FORMAT_VERSION, MAGIC, REUSE_BYTES, Executable, Plan, compile_guard, _entry_guards,
     _plan_to_json, _scratch_allocator, _sized_allocator)
 from jitop.runtime.executable import _allocator
 from jitop.tir.storage import ALIGN
@@ -178,12 +178,12 @@ def test_guards_hold_or_the_call_is_refused(guard, ok, bad):
 
 
 def test_guard_language():
-    assert _compile_guard("n >= 2 and n % 3 == 0")({"n": 6})
-    assert not _compile_guard("n // m > 1")({"n": 1, "m": 0})  # a zero divisor: the guard does not hold
-    assert _compile_guard("min(n, 8) == 8")({"n": 9})
+    assert compile_guard("n >= 2 and n % 3 == 0")({"n": 6})
+    assert not compile_guard("n // m > 1")({"n": 1, "m": 0})  # a zero divisor: the guard does not hold
+    assert compile_guard("min(n, 8) == 8")({"n": 9})
     for bad in ["n", "n >= 2 or n == 0", "n.real > 1", "f(n) > 1", "n >= 2; x", "x" * 5000]:
         with pytest.raises(ValueError):
-            _compile_guard(bad)
+            compile_guard(bad)
 
 
 # ** int32 symbols **

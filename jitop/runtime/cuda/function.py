@@ -40,7 +40,8 @@ class GpuFunction:
         self.symbols = [SymbolSpec.from_json(s) for s in meta.get("symbols", [])]
         self.binder = ShapeBinder(self.params, self.symbols)
         self.n_inputs = sum(not p.is_output for p in self.params)
-        self._dims = {d: compile_dim(d) for k in built.kernels for d in (*k.grid, *k.block) if isinstance(d, str)}
+        sized = [d for k in built.kernels for d in (*k.grid, *k.block)] + [d for *_, s in built.workspaces for d in s]
+        self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
         self._loaded: tuple[Any, list[Any]] | None = None
         self._fast: tuple | None = None  # see _fast_path
 
@@ -164,9 +165,9 @@ class GpuFunction:
         the arguments: the pointers of the arrays and fresh workspaces the kernel takes, then the values), and
         the workspaces, which the caller keeps alive while the kernels run."""
         from jitop.runtime.cuda import memory
-        workspaces = [memory.empty(self._shape(shape, values), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        buffers = [d.ptr for d in device] + [w.ptr for w in workspaces]
         env = dict(zip((s.name for s in self.symbols), values))
+        workspaces = [memory.empty(self._extent(shape, env), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
+        buffers = [d.ptr for d in device] + [w.ptr for w in workspaces]
         launches = []
         for launch, fn in zip(self.built.kernels, functions):
             grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
@@ -229,14 +230,9 @@ class GpuFunction:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _extent(self, dims: Sequence[int | str], env: dict[str, int]) -> tuple[int, int, int]:
+    def _extent(self, dims: Sequence[int | str], env: dict[str, int]) -> tuple[int, ...]:
+        """A grid, block or workspace shape at the symbols' values `env`."""
         return tuple(d if isinstance(d, int) else max(0, self._dims[d](env)) for d in dims)
-
-    @staticmethod
-    def _shape(shape: Sequence[int | str], values: list[int]) -> tuple[int, ...]:
-        if any(isinstance(d, str) for d in shape):
-            raise NotImplementedError("a workspace with a symbolic shape")
-        return tuple(shape)
 
     @staticmethod
     def _check_grid(launch: Launch, grid: tuple[int, int, int]) -> None:

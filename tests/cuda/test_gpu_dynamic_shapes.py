@@ -1,0 +1,183 @@
+"""`@jitop.kernel(target="cuda")` with symbolic shapes: a dim that varied is traced as a symbol and one GPU
+function serves every later size (its grid, its outputs and workspaces sized at the call), numpy or device
+arrays alike. Results are numpy's at every size; on this machine's GPU, else on the simulated one."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import jitop
+import sim_gpu
+from jitop.graph.gpu import compile_graph_gpu
+from jitop.runtime.cuda import memory
+
+F4 = np.float32
+EPS32 = np.finfo(F4).eps
+SIZES = [2, 3, 7, 33, 64, 257]
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def layer_norm(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return g * (x - m) / np.sqrt(v + 1e-5) + b
+
+
+def chain(a, b):
+    return np.tanh(a * b) + np.exp(-a) * 2 - b
+
+
+def mlp(x, w):
+    return np.maximum(x @ w, 0)
+
+
+def close(got, want, terms: int) -> None:
+    got = np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bound = 8 * max(terms, 1) * EPS32
+    np.testing.assert_allclose(got, want, rtol=bound, atol=bound)
+
+
+def arguments(fn, n: int, shape, rng):
+    s = tuple(n if d is None else d for d in shape)
+    xs = [rng.standard_normal(s).astype(F4)]
+    if fn is chain:
+        xs.append(rng.standard_normal(s).astype(F4))
+    elif fn is layer_norm:
+        xs += [rng.standard_normal(s[-1]).astype(F4), rng.standard_normal(s[-1]).astype(F4)]
+    elif fn is mlp:
+        xs.append(rng.standard_normal((s[-1], 9)).astype(F4))
+    return xs, s
+
+
+@pytest.mark.parametrize("fn, shape", [(chain, (None,)), (softmax, (None, 33)), (softmax, (5, None)),
+                                       (layer_norm, (None, 64)), (mlp, (None, 20)), (mlp, (6, None))],
+                         ids=["chain", "softmax-rows", "softmax-row-length", "layer-norm-rows", "mlp-rows", "mlp-k"])
+def test_a_dim_that_varies_becomes_symbolic_and_later_sizes_trace_nothing(fn, shape, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(fn, target="cuda", fallback=False)
+    rng = np.random.default_rng(1)
+    for n in SIZES:
+        xs, s = arguments(fn, n, shape, rng)
+        close(k(*xs), fn(*xs), s[-1])
+    assert k.traces == 2, k.policy.refused()  # the first size, then the symbolic trace
+    assert not k.policy.refused()
+    symbolic = [ov for ov in k.dispatcher.overloads() if ov.accepts is not None]
+    assert len(symbolic) >= 1 and all(ov.exe.function.symbols for ov in symbolic)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_sizes_0_and_1_are_kernels_of_their_own_beside_the_symbolic_one(n, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(chain, target="cuda", dynamic=True, fallback=False)
+    rng = np.random.default_rng(2)
+    for size in (5, n, 9):
+        a, b = rng.standard_normal(size).astype(F4), rng.standard_normal(size).astype(F4)
+        close(k(a, b), chain(a, b), 4)
+    assert k.traces == 2
+
+
+def test_device_arrays_of_a_new_size_are_served_by_the_symbolic_function(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(softmax, target="cuda", dynamic=True, fallback=False)
+    rng = np.random.default_rng(3)
+    for n in (4, 11, 29):
+        x = rng.standard_normal((n, 40)).astype(F4)
+        got = k(memory.to_device(x))
+        assert isinstance(got, memory.DeviceArray) and got.shape == (n, 40)
+        close(got.get(), softmax(x), 40)
+    assert k.traces == 1
+
+
+def test_a_decode_loop_with_a_growing_kv_cache_compiles_twice(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import bench_shapes as bs
+    monkeypatch.setattr(bs, "C", 32)
+    monkeypatch.setattr(bs, "HEADS", 2)
+    rng = np.random.default_rng(5)
+    layers, embed = bs.decode_weights(rng)
+    pre = jitop.kernel(bs.prefill, target="cuda", fallback=False)
+    step = jitop.kernel(bs.decode_step, target="cuda", fallback=False)
+    want, _ = bs.generate(bs.prefill, bs.decode_step, layers, embed, list(range(8)), 8)
+    got, _ = bs.generate(pre, step, layers, embed, list(range(8)), 8)
+    assert got == want
+    assert step.traces == 2 and step.dispatcher.compiles <= 2  # it compiled for every cache length
+
+
+def test_tied_dims_are_checked_and_a_mismatch_raises_numpys_error(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(lambda a, b: a * b + 1, target="cuda", dynamic=True)
+    for n in (4, 9, 30):
+        a, b = np.arange(n, dtype=F4), np.full(n, 2, F4)
+        np.testing.assert_array_equal(k(a, b), a * b + 1)
+    assert k.traces == 1
+    (ov,) = k.dispatcher.overloads()
+    assert [p.shape for p in ov.exe.function.params[:2]] == [("a_0",), ("a_0",)]  # b_0 := a_0
+    with pytest.raises(ValueError, match="broadcast"):
+        k(np.ones(4, F4), np.ones(5, F4))
+
+
+def test_a_branch_on_a_size_is_a_guard_with_a_function_per_side(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+
+    def f(x):
+        if x.shape[0] > 10:
+            return x * 2
+        return x - 1
+    k = jitop.kernel(f, target="cuda", dynamic=True)
+    for n in (4, 20, 5, 30, 10, 11):
+        x = np.arange(n, dtype=F4)
+        np.testing.assert_array_equal(k(x), f(x))
+    assert k.traces == 2
+    guards = sorted(g for ov in k.dispatcher.overloads() for g, _ in ov.exe.guards if g != "x_0 >= 2")
+    assert guards == ["-x_0 + 10 >= 0", "x_0 - 11 >= 0"]
+
+
+def test_accepts_checks_ranks_dtypes_ties_and_guards():
+    k = jitop.kernel(lambda a, b: (a + b).sum(axis=-1), target="cuda -arch=sm_90")
+    x = np.ones((5, 7), F4)
+    tr = k.trace([x, x], None, {0: [0, 1], 1: [0, 1]})
+    exe = compile_graph_gpu("f", tr.inputs, tr.names, tr.plan, tr.results, k.gpu, tr.shape_guards)
+    assert exe.symbolic
+    fits = lambda *xs: exe.accepts(list(xs))  # noqa: E731
+    assert fits(np.ones((3, 9), F4), np.ones((3, 9), F4))
+    assert not fits(np.ones((3, 9), F4), np.ones((3, 8), F4))      # b's dims are tied to a's
+    assert not fits(np.ones((3, 9), F4), np.ones((3, 9), np.float64))
+    assert not fits(np.ones(9, F4), np.ones(9, F4))                # rank
+    assert not fits(np.ones((1, 9), F4), np.ones((1, 9), F4))      # a symbol is at least 2 (guard)
+
+
+def test_a_symbolic_function_is_compiled_once_then_read_from_the_disk_cache(monkeypatch):
+    import jitop.graph.gpu as gpu
+    compiled = []
+    real = gpu.compile_gpu_func
+    monkeypatch.setattr(gpu, "compile_gpu_func", lambda func, target: compiled.append(1) or real(func, target))
+
+    def shifted(x):  # a function no other test compiles: its first compile is a miss
+        return np.abs(x - x.mean(-1, keepdims=True)) * 1.25
+
+    k = jitop.kernel(shifted, target="cuda -arch=sm_90")
+    tr = k.trace([np.ones((3, 77), F4)], None, {0: [0]})
+    a, b = (compile_graph_gpu("shifted", tr.inputs, tr.names, tr.plan, tr.results, k.gpu, tr.shape_guards)
+            for _ in range(2))
+    assert len(compiled) == 1 and b.function.built == a.function.built
+    assert b.symbolic and b.accepts([np.ones((50, 77), F4)]) and not b.accepts([np.ones((50, 76), F4)])
+
+
+def test_explain_shows_the_symbols_and_the_grid_they_size(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(softmax, target="cuda")
+    for n in (3, 4):
+        k(np.ones((n, 40), F4))
+    text = k.explain(np.ones((7, 40), F4))
+    assert "in-memory cache hit" in text  # size 7: the symbolic function
+    assert "x_0 = x dim 0 (traced at 4): x dim 0: 3 at one call, 4 at another" in text
+    assert "grid ('x_0', 1, 1)" in text
