@@ -20,6 +20,7 @@ from jitop.runtime import fastcall as _fastcall
 from jitop.runtime import parallel as _parallel
 from jitop.target import Target
 from jitop.driver import build, lower
+from jitop import cuda  # device arrays, the driver, this GPU's target
 from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning
 from jitop.graph import kernel_cache as _kernel_cache
 from jitop.kernel import explain, kernel, profile
@@ -46,7 +47,7 @@ def _cached_schedule(task):  # noqa: ANN001, ANN202 - pick's source; the tuner's
 
 
 _add_schedule_source(_cached_schedule)
-__all__ = ["te", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
+__all__ = ["te", "cuda", "build", "lower", "create_schedule", "load_module", "Module", "Schedule", "Stage", "kernel",
            "explain", "profile", "FallbackError", "JitopError", "TargetMismatchError", "Target", "JitopFallbackWarning", "JitopRecompileWarning", "__version__",
            "tune", "apply_records",
            # operator library (jitop.ops on jitop.topi templates)
