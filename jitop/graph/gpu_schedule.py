@@ -122,7 +122,7 @@ def _fitting(head: Tensor, members: list[Tensor], staged: list[Tensor],
     """`staged` if the rows of the row-long members and of the staged inputs fit in a block's shared memory, []
     if only the members' do, None if not even they do or the row length is symbolic."""
     n = _row_length(head)
-    if n is None or not members:
+    if not n or not members:  # symbolic, or empty rows (nothing to group)
         return None
     rows = sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH
     if rows > target.shared_per_block:
@@ -216,7 +216,8 @@ def schedule_reduce(stage: Stage) -> None:
     axes = list(stage.op.axis)
     last = stage.op.reduce_axis[-1]
     width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
-    threads = min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length())) if width > 0 else 1  # nothing to sum
+    empty = any(isinstance(r.extent, int) and r.extent == 0 for r in stage.op.reduce_axis)  # nothing to sum
+    threads = 1 if empty else min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
     outer, inner = stage.split(last, factor=threads)
     if axes:
         fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]

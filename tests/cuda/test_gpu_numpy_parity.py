@@ -100,3 +100,13 @@ def test_the_mean_and_spread_of_nothing_are_nan(dtype, monkeypatch):
         return a.mean(), b.mean(axis=0), a.var(), b.std(axis=0)
     a, b = np.zeros(0, dtype), np.zeros((0, 3), dtype)
     assert_same(gpu_call(gpu_kernel(f), a, b), numpy_ref(f, a, b))
+
+
+@pytest.mark.parametrize("shape", [(1, 0), (3, 0), (0, 0, 2), (0, 5)], ids=str)
+def test_row_groups_and_reductions_over_empty_axes(shape, monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)  # found by test_gpu_random_programs: they failed to schedule
+
+    def f(a):
+        return a - a.mean(axis=-1, keepdims=True), a.sum(), np.abs(a).sum(axis=0)
+    a = np.zeros(shape, np.float32)
+    assert_same(gpu_call(gpu_kernel(f), a), numpy_ref(f, a))
