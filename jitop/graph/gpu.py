@@ -37,6 +37,7 @@ from jitop import te
 from jitop.codegen.target import llvm_version
 from jitop.driver import compile_gpu_func, lower
 from jitop.graph import prims
+from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, constant_array, distinct_outputs
 from jitop.graph.kernel_cache import ComponentStore, graph_key
 from jitop.graph.gpu_schedule import MATMUL_OPERAND, schedule_graph
@@ -162,7 +163,7 @@ class GpuExecutable:
         self.function, self.inputs, self.result_slots = function, inputs, result_slots
         self.guards = [(g, compile_guard(g)) for g in guards]
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
-        self._constants: dict[int, Any] = {}
+        self._constants: dict[int, tuple[Any, Any]] = {}  # input -> (its device copy, the host bytes copied)
 
     @property
     def symbolic(self) -> bool:
@@ -175,7 +176,7 @@ class GpuExecutable:
         this function."""
         shaped = []
         for (kind, what), p in zip(self.inputs, self.function.params):
-            value = what if kind == "const" else values[what if kind == "arg" else what[0]]
+            value = what if kind in ("const", "live") else values[what if kind == "arg" else what[0]]
             shape = tuple(np.shape(value)) if kind != "arg" else getattr(value, "shape", None)
             if shape is None or len(shape) != len(p.shape) or any(type(d) is int and d != g
                                                                     for d, g in zip(p.shape, shape)):
@@ -212,11 +213,32 @@ class GpuExecutable:
             if len(what) > 2:  # a Python int must fit every integer dtype it meets, as numpy checks
                 check_python_int(values[what[0]], what[2])
             return np.asarray(values[what[0]], dtype=what[1])
-        if k not in self._constants:  # a constant goes to the device once
-            from jitop.runtime.cuda import memory
-            # asarray, not ascontiguousarray: that one makes a 0-d array 1-d
-            self._constants[k] = memory.to_device(np.asarray(what, order="C"))
-        return self._constants[k]
+        held = self._constants.get(k)
+        if kind == "live":  # a captured array, read as it is now (as numpy and the CPU kernels do)
+            if held is None or not same_bytes(what, held[1]):
+                self._constants[k] = held = (_upload(what), what.copy())  # the copy: to see a later change
+            return held[0]
+        if held is None:  # a constant of jitop's own (nothing writes it) goes to the device once
+            self._constants[k] = held = (_upload(what), None)
+        return held[0]
+
+
+def _upload(array: np.ndarray) -> DeviceArray:
+    from jitop.runtime.cuda import memory
+    return memory.to_device(np.asarray(array, order="C"))  # asarray: ascontiguousarray makes a 0-d array 1-d
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays of one dtype and shape hold the same bits (a NaN equals itself, -0.0 differs from 0.0):
+    one pass over each, as unsigned integers of the dtype's size.
+
+    >>> same_bytes(np.array([np.nan, 1.0]), np.array([np.nan, 1.0])), same_bytes(np.zeros(2), -np.zeros(2))
+    (True, False)
+    """
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize)
+    if bits is None:
+        return a.tobytes() == b.tobytes()
+    return bool(np.array_equal(a.view(bits), b.view(bits)))
 
 
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
@@ -227,7 +249,9 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     its symbols, which the calls it serves must satisfy (GpuExecutable.accepts)."""
     outputs = distinct_outputs(results)
     unique, consts, choices = _graph_parts(results, target)
-    plan = input_plan + [("const", constant_array(n)) for n in consts]
+    # a captured array (live: its owner may change it in place) is compared with what was uploaded on each call
+    plan = input_plan + [("live" if isinstance(n.param("data"), LiveArray) else "const", constant_array(n))
+                         for n in consts]
     slots = [unique.index(o) for o in outputs]
     content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target)
     store = ComponentStore("gpu")

@@ -110,3 +110,20 @@ def test_row_groups_and_reductions_over_empty_axes(shape, monkeypatch):
         return a - a.mean(axis=-1, keepdims=True), a.sum(), np.abs(a).sum(axis=0)
     a = np.zeros(shape, np.float32)
     assert_same(gpu_call(gpu_kernel(f), a), numpy_ref(f, a))
+
+
+def test_an_in_place_change_of_a_captured_array_is_seen_and_nothing_else_is_copied_again(monkeypatch):
+    import jitop.graph.gpu as gpu
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    uploads = []
+    real = gpu._upload
+    monkeypatch.setattr(gpu, "_upload", lambda a: uploads.append(a.shape) or real(a))
+    w = np.array([1.5, -2.0, np.nan])
+    k = gpu_kernel(lambda a: a * w + w[:2].sum())
+    a = np.ones(3)
+    for _ in range(3):
+        assert_same(gpu_call(k, a), k.fn(a))
+    assert len(uploads) == 1  # unchanged (its NaN too): the device copy is reused
+    w[:] = [2.0, 2.0, 2.5]  # numpy reads the new values; the GPU kernel read the first upload's
+    assert_same(gpu_call(k, a), k.fn(a))
+    assert len(uploads) == 2
