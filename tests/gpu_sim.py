@@ -372,6 +372,16 @@ def _truncdiv(x: Any, y: Any) -> Any:
     return np.where((r != 0) & ((np.asarray(x) < 0) != (np.asarray(y) < 0)), q + 1, q)
 
 
+def _c_pow(x, y):
+    """C's pow, as the GPU computes it (libdevice, jitop's vector math): numpy's power of an array takes
+    x ** 0.5 as sqrt, which differs at -0.0 and -inf."""
+    x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+    out = np.power(x, y)
+    half = (y == 0.5) & ((x == 0) | np.isneginf(x))
+    out[half] = np.abs(x[half])
+    return out
+
+
 _BINARY: dict[Op, Callable] = {
     Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.true_divide,
     Op.FLOORDIV: np.floor_divide, Op.FLOORMOD: np.remainder, Op.TRUNCDIV: _truncdiv, Op.TRUNCMOD: np.fmod,
@@ -385,7 +395,7 @@ _CALLS: dict[str, Callable] = {
     "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos,
     "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
     "tanh": np.tanh, "erf": np.vectorize(math.erf, otypes=[np.float64]), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "cbrt": np.cbrt, "pow": np.power, "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign,
+    "cbrt": np.cbrt, "pow": _c_pow, "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign,
     "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": np.rint, "fabs": np.fabs, "abs": np.abs,
     "fmod": np.fmod, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite, "ipow": np.power,
 }

@@ -127,3 +127,13 @@ def test_an_in_place_change_of_a_captured_array_is_seen_and_nothing_else_is_copi
     w[:] = [2.0, 2.0, 2.5]  # numpy reads the new values; the GPU kernel read the first upload's
     assert_same(gpu_call(k, a), k.fn(a))
     assert len(uploads) == 2
+
+
+def test_a_numpy_scalars_power_is_c_pow_and_an_arrays_is_sqrt(monkeypatch):
+    # numpy: np.float64(-0.0) ** 0.5 is C's pow (0.0; inf for -inf), an array's ** 0.5 is np.sqrt (-0.0; nan)
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = gpu_kernel(lambda a: a ** 0.5)
+    for a in [np.float64(-0.0), np.float32(-np.inf), np.array(-0.0), np.array([-0.0, -np.inf, 4.0])]:
+        got, want = gpu_call(k, a), numpy_ref(k.fn, a)
+        assert_same(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
