@@ -417,11 +417,9 @@ class KernelFunction:
         if self.gpu is not None:
             from jitop.graph.gpu import compile_graph_gpu
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
-                                    tr.shape_guards)
+                                    tr.shape_guards, tr.reps)
             exe.set_result(tr.result)
-            guarded = bool(tr.guards or tr.python_ints)
-            return self._guarded(Overload(exe.call, exe, tr, native=False,
-                                          accepts=exe.accepts if exe.symbolic and not guarded else None))
+            return self._guarded(Overload(exe.call, exe, tr, native=False, accepts=exe.accepts if exe.symbolic else None))
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        reps=tr.reps)
@@ -437,13 +435,16 @@ class KernelFunction:
         guarded = bool(tr.guards or tr.python_ints)
         symbolic = exe.module.symbols or exe.plan.guards
         return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
-                                      accepts=exe.accepts if symbolic and not guarded else None))
+                                      accepts=exe.accepts if symbolic else None))
 
     def _guarded(self, ov: Overload) -> Overload:
         """`ov`, whose call first checks the globals/closure data its trace read (traced again if they changed)
-        and runs as numpy a call whose Python int arithmetic goes beyond int64, where its trace needs either."""
+        and runs as numpy a call whose Python int arithmetic goes beyond int64, where its trace needs either. A
+        symbolic one serves new sizes through the executable it holds now (a re-trace replaces it)."""
         if ov.trace.guards or ov.trace.python_ints:
             ov.call = _guarded_call(ov, self)
+            if ov.accepts is not None:
+                ov.accepts = lambda leaves: ov.exe.accepts(leaves)
         return ov
 
     @property
@@ -478,11 +479,9 @@ class KernelFunction:
         # the trace decided at this call's sizes
         tr.shape_guards = [f"{name} >= {MIN_SYMBOL}" for name in tr.sizes] + \
             [f"{expr_str(g.expr)} {g.op} 0" for g in env.current_guards()]
-        # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size (the GPU
-        # templates take constant sizes: a symbolic matmul has the generic GPU schedule, the same at every size)
-        if self.gpu is None:
-            tr.reps, buckets = row_buckets(tr.results, env.hint)
-            tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
+        # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
+        tr.reps, buckets = row_buckets(tr.results, env.hint)
+        tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
         for sp in env.specialised:
             for sym in sp.symbols:
                 self.policy.static[tr.symbols[sym]] = str(sp)

@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     workloads.flush()  # the script's calls go to the workload log; the timing calls below do not
     entries = [ov for d in kernels for ov in d.overloads()]
     calls = {id(ov): ov.served for ov in entries}
-    times = {id(ov): first.median_seconds(ov) for ov in entries}
+    # a GPU kernel is not timed: a wall-clock loop of its launches measures the queue, not the GPU
+    times = {id(ov): None if _on_gpu(ov) else first.median_seconds(ov) for ov in entries}
     for d in kernels:
         d.drain()  # marks the timing calls as logged: they were explain's, not the program's
     target, peak, bandwidth = roofline(entries, times)
@@ -137,6 +138,8 @@ def _describe(name: str, key: tuple, entry, calls: int, timed: tuple[float, int]
     if entry is FALLBACK:
         return f"{head}\n  runs as plain numpy (an unsupported construct; see the warning)\n"
     exe = entry.exe
+    if _on_gpu(entry):
+        return _describe_gpu(head, entry, calls)
     lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "
                    f"calls: {calls}"]
     if getattr(entry, "accepts", None) is not None:  # one kernel for every size its guards allow
@@ -147,6 +150,25 @@ def _describe(name: str, key: tuple, entry, calls: int, timed: tuple[float, int]
     if lookup is not None:
         lines.append("  cache: " + lookup.describe().splitlines()[0])
     lines.append("  " + _speed(entry, timed, peak, bandwidth, target))
+    return "\n".join(lines) + "\n"
+
+
+def _on_gpu(entry: Any) -> bool:
+    """Whether a signature runs on the GPU (a jitop.graph.gpu.GpuExecutable)."""
+    return entry is not None and hasattr(getattr(entry, "exe", None), "function")
+
+
+def _describe_gpu(head: str, entry: Any, calls: int) -> str:
+    """A GPU kernel's entry: its launches and symbols (it is not timed)."""
+    exe = entry.exe
+    kernels = exe.function.built.kernels
+    lines = [head, f"  {len(kernels)} launch(es) of {len({k.name for k in kernels})} GPU kernel(s) for "
+                   f"{exe.function.target.arch}; calls: {calls}"]
+    if entry.accepts is not None:
+        sizes = ", ".join(f"{k} = {v}" for k, v in entry.trace.sizes.items())
+        lines.append(f"  symbolic shapes: traced at {sizes}; checks {'; '.join(g for g, _ in exe.guards)}")
+    lines.append("  time: not measured for GPU kernels here (CUDA events: jitop.cuda.Event; "
+                 "benchmarks/bench_gpu.py)")
     return "\n".join(lines) + "\n"
 
 

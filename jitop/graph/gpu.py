@@ -28,8 +28,10 @@ compiling machine has the GPU.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -44,6 +46,7 @@ from jitop.graph.gpu_schedule import MATMUL_OPERAND, schedule_graph
 from jitop.graph.schedule_rules import GraphIndex, row_candidates, template_epilogues
 from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
+from jitop.graph.shapes import DEFAULT_REP
 from jitop.graph.to_te import ToTE
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
@@ -63,6 +66,11 @@ class GpuToTE(ToTE):
     GPU task in `choices` is its GPU template's stages, any other a plain compute (no CPU template)."""
 
     vector_partials = False
+
+    def built_workload(self, n: Node, task: Task) -> Any:
+        """A matmul whose row count is symbolic is built with it (its task holds a representative count)."""
+        rows = _gemm_rows(n) if n.prim == "matmul" else None
+        return task.workload if rows is None or isinstance(rows, int) else replace(task.workload, m=rows)
 
     def template(self, n: Node, readers: tuple) -> Tensor:
         if n in self.choices and n.prim == "matmul" and n.src[0].ndim > 2:
@@ -242,13 +250,15 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
-                      results: list[Node], target: CudaTarget, guards: Sequence[str] = ()) -> GpuExecutable:
+                      results: list[Node], target: CudaTarget, guards: Sequence[str] = (),
+                      reps: Mapping[Any, int] | None = None) -> GpuExecutable:
     """The graph computing `results` as a GPU function (see the module's docstring): from the persistent cache
     when a process compiled it before (its PTX and, where it was linked on a GPU, its cubin), else compiled,
     linked for this machine's GPU if it has one, and stored. `guards`: a symbolic graph's relations between
-    its symbols, which the calls it serves must satisfy (GpuExecutable.accepts)."""
+    its symbols, which the calls it serves must satisfy (GpuExecutable.accepts); `reps`: the size each symbolic
+    matmul row count's config is decided at (tasks.row_buckets)."""
     outputs = distinct_outputs(results)
-    unique, consts, choices = _graph_parts(results, target)
+    unique, consts, choices = _graph_parts(results, target, reps)
     # a captured array (live: its owner may change it in place) is compared with what was uploaded on each call
     plan = input_plan + [("live" if isinstance(n.param("data"), LiveArray) else "const", constant_array(n))
                          for n in consts]
@@ -268,18 +278,20 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     return GpuExecutable(function, plan, slots, guards)
 
 
-def _graph_parts(results: list[Node], target: CudaTarget) -> tuple[list[Node], list[Node], dict]:
+def _graph_parts(results: list[Node], target: CudaTarget,
+                 reps: Mapping[Any, int] | None = None) -> tuple[list[Node], list[Node], dict]:
     """A traced graph's distinct results, its array constants and its templated nodes' (task, config)."""
     unique = list(dict.fromkeys(distinct_outputs(results)))
-    return unique, read_constants_of(unique), gpu_choices(unique, target)
+    return unique, read_constants_of(unique), gpu_choices(unique, target, reps)
 
 
 def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: list[Node],
-                target: CudaTarget, notes: list[str] | None = None) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
+                target: CudaTarget, notes: list[str] | None = None,
+                reps: Mapping[Any, int] | None = None) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
     """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
-    unique, consts, choices = _graph_parts(results, target)
+    unique, consts, choices = _graph_parts(results, target, reps)
     return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
 
 
@@ -290,7 +302,7 @@ def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target:
     from jitop.graph.explain import describe_gpu
     from jitop.graph.to_te import choice_line
     notes: list[str] = []
-    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes)
+    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes, trace.reps)
     templates = [choice_line(f"{task.template} #{k}", task, choice, target)
                  for k, (task, choice) in enumerate(choices.values())]
     return describe_gpu(name, trace, cached, target, templates, notes, exe.function.built.kernels, func, shapes)
@@ -308,21 +320,40 @@ def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_
     return None if graph is None else f"{graph}|{configs}|{target.key}|{llvm_version()}"
 
 
-def gpu_task(n: Node, target: CudaTarget) -> Task | None:
+def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None) -> Task | None:
     """The GPU template's task of a matmul or conv2d node ("cuda.matmul": 2-D float32 of constant, non-zero
     sizes; "cuda.conv2d": NCHW float32, groups 1, symmetric padding); None for any other node (the template's
-    workload type says which it takes: `from_cpu` of the node's CPU workload)."""
+    workload type says which it takes: `from_cpu` of the node's CPU workload).
+
+    A matmul whose rows (or A's batch) are symbolic and its n and k constant is the task at a representative row
+    count (`reps`: tasks.row_buckets', else DEFAULT_REP), built with the symbolic one (GpuToTE.built_workload).
+    A symbolic conv2d raises NotImplementedError: the GPU function is then traced with constant sizes (the
+    direct convolution, the one that takes symbolic sizes, is far slower than the implicit GEMM)."""
     name = GPU_TEMPLATES.get(n.prim)
     if name is None:
         return None
-    workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**prims.get(n.prim).workload(n)))
+    fields = prims.get(n.prim).workload(n)
+    if n.prim == "matmul" and not isinstance(_gemm_rows(n), int):
+        rep = (reps or {}).get(fields["m"], DEFAULT_REP) if not isinstance(fields["m"], int) else fields["m"]
+        batch = [d if isinstance(d, int) else DEFAULT_REP for d in fields["a_batch"]]
+        fields = {**fields, "m": rep, "a_batch": tuple(batch)}
+    elif n.prim == "conv2d" and not all(isinstance(d, int) for d in (*n.src[0].shape, *n.src[1].shape)):
+        raise NotImplementedError("a convolution with a symbolic size has no GPU template (the implicit GEMM takes "
+                                  "constant sizes): traced with constant sizes instead")
+    workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**fields))
     return None if workload is None else Task(name, workload, target)
 
 
-def gpu_choices(unique: list[Node], target: CudaTarget) -> dict[Node, tuple[Task, Choice]]:
+def _gemm_rows(n: Node) -> Any:
+    """A matmul's GEMM rows: A's rows times its batch (an int, or a symbolic expression)."""
+    return math.prod(n.src[0].shape[:-1]) if n.src[0].ndim >= 2 else 1
+
+
+def gpu_choices(unique: list[Node], target: CudaTarget,
+                reps: Mapping[Any, int] | None = None) -> dict[Node, tuple[Task, Choice]]:
     """Each node computed by a GPU template, with its task and the config `pick` chooses for it (a record applied
-    or tuned into the cache for this GPU Target, else the template's default)."""
-    tasks = {n: gpu_task(n, target) for n in toposort(unique)}
+    or tuned into the cache for this GPU Target, else the template's default); `reps`: see gpu_task."""
+    tasks = {n: gpu_task(n, target, reps) for n in toposort(unique)}
     return {n: (task, pick(task)) for n, task in tasks.items() if task is not None}
 
 

@@ -90,16 +90,22 @@ class ToTE:
         through `readers` (the producers inlined into them)."""
         task, choice = self.choices[n]
         template = registry.get(task.template)
-        stages = template.compute(task.workload, choice.config, self.target, readers,
+        built = self.built_workload(n, task)
+        stages = template.compute(built, choice.config, self.target, readers,
                                   name=self.fresh_name(task.template), binding=tasks.binding(n) or None,
                                   packed=self.packed.get(n, ()))
         out = stages.out
         self.st.kind[out] = task.template
         size = len(template.config_space(task.workload, self.target))
         self.st.chosen[out] = choice_line(out.name, task, choice, self.target, size)
-        self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, task.workload, choice.config,
+        self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, built, choice.config,
                                                                             self.target, epilogue)
         return out
+
+    def built_workload(self, n: Node, task: Any) -> Any:
+        """The workload the template's stages are built for: the task's (the GPU's may build a symbolic size
+        that its task holds at a representative one)."""
+        return task.workload
 
 
 def choice_line(label: str, task: Any, choice: Any, target: Any, size: int | None = None) -> str:

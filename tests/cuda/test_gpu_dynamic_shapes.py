@@ -67,7 +67,8 @@ def test_a_dim_that_varies_becomes_symbolic_and_later_sizes_trace_nothing(fn, sh
     for n in SIZES:
         xs, s = arguments(fn, n, shape, rng)
         close(k(*xs), fn(*xs), s[-1])
-    assert k.traces == 2, k.policy.refused()  # the first size, then the symbolic trace
+    buckets = 2 if fn is mlp and shape[0] is None else 1  # a symbolic matmul row count: up to 16, and more
+    assert k.traces == 1 + buckets, k.policy.refused()  # the first size, then the symbolic traces
     assert not k.policy.refused()
     symbolic = [ov for ov in k.dispatcher.overloads() if ov.accepts is not None]
     assert len(symbolic) >= 1 and all(ov.exe.function.symbols for ov in symbolic)
@@ -181,3 +182,24 @@ def test_explain_shows_the_symbols_and_the_grid_they_size(monkeypatch):
     assert "in-memory cache hit" in text  # size 7: the symbolic function
     assert "x_0 = x dim 0 (traced at 4): x dim 0: 3 at one call, 4 at another" in text
     assert "grid ('x_0', 1, 1)" in text
+
+
+def test_captured_weights_and_a_symbolic_batch_use_the_sgemm_template(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(8)
+    w, b = rng.standard_normal((20, 33)).astype(F4), rng.standard_normal(33).astype(F4)
+
+    def dense(x):
+        return np.maximum(x @ w + b, 0)
+    k = jitop.kernel(dense, target="cuda", fallback=False)
+    for n in (20, 21, 40, 300, 3, 17, 5):  # two row buckets: up to 16 rows and more
+        x = rng.standard_normal((n, 20)).astype(F4)
+        close(k(x), dense(x), 21)
+    assert k.traces == 3, k.traces  # it traced every new size (its captured weights made it guarded)
+    text = k.explain(rng.standard_normal((50, 20)).astype(F4))
+    assert "template cuda.matmul" in text and "maximum is computed from cuda.matmul's register tile" in text
+    assert "grid (1, '(x_0 + 63) // 64', 1)" in text  # the SGEMM with symbolic rows, not the 16x16 schedule
+    w = rng.standard_normal((20, 33)).astype(F4)  # rebound: traced again with it
+    for n in (50, 51):
+        x = rng.standard_normal((n, 20)).astype(F4)
+        close(k(x), dense(x), 21)

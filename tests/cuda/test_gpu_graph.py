@@ -140,3 +140,38 @@ def test_explain_shows_the_gpu_kernels_templates_and_loop_ir(capsys):
 def test_profile_of_a_gpu_kernel_says_what_to_use_instead():
     with pytest.raises(NotImplementedError, match="runs on the GPU"):
         jitop.kernel(mlp, target="cuda -arch=sm_90").profile(*args_of("mlp"))
+
+
+GPU_PROG = '''\
+import numpy as np
+import jitop
+
+
+@jitop.kernel(target="cuda")
+def gpu_scaled(x):
+    return np.tanh(x) * 2.0
+
+
+if __name__ == "__main__":
+    for n in (10, 11, 12):
+        gpu_scaled(np.ones(n, np.float32))
+'''
+
+
+def test_the_explain_command_lists_a_gpu_kernel_without_timing_it(monkeypatch, tmp_path, capsys):
+    from jitop.cli import main
+    from jitop.tuner import peak as peak_mod
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "cli"))
+    from test_figures import fake_peak
+    monkeypatch.setattr(peak_mod, "measure", lambda target=None, **kw: fake_peak(target))
+    peak_mod.forget()
+    prog = tmp_path / "gpu_prog.py"
+    prog.write_text(GPU_PROG)
+    try:
+        assert main(["explain", str(prog)]) == 0  # it raised AttributeError: a GPU function has no loop nests
+    finally:
+        peak_mod.forget()
+    first, symbolic = capsys.readouterr().out.split("gpu_scaled(")[1:]  # size 10, then the symbolic function
+    assert "launch(es) of 1 GPU kernel(s) for sm_" in first and "not measured for GPU kernels" in first
+    assert "symbolic shapes: traced at x_0 = 11; checks x_0 >= 2" in symbolic

@@ -370,3 +370,21 @@ def test_checked_accesses_in_a_symbolic_kernel_compile():
         x = np.linspace(-2, 2, 4 * n, dtype=F4).reshape(2, n, 2)
         close(f(x), softmax_last(x), 2)
     assert f.traces == 1 and not f.policy.refused()
+
+
+def test_a_function_reading_captured_weights_serves_new_sizes_without_tracing():
+    # each new batch size was traced again (a guarded overload did not serve sizes): closures over weights
+    rng = np.random.default_rng(8)
+    w, b = arrays(rng, 20, 9), arrays(rng, 9)
+
+    def mlp(x):
+        return np.maximum(x @ w + b, 0)
+    f = jitop.kernel(mlp)
+    for n in (20, 21, 40, 300, 33, 64):
+        x = arrays(rng, n, 20)
+        close(f(x), mlp(x), 21)
+    assert f.traces == 2, f.traces
+    w = arrays(rng, 20, 9)  # rebound: traced again, with the new weights, at this size and the next
+    for n in (50, 51):
+        x = arrays(rng, n, 20)
+        close(f(x), mlp(x), 21)
