@@ -95,8 +95,9 @@ def parameter_names(inputs: Sequence[ValueInfo]) -> list[str]:
 def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None],
                     target: str | None = None) -> tuple[KernelFunction, Program]:
     """The model as a @jitop.kernel (and the Program it traces): one positional parameter per input; the dims
-    that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call (on a CPU;
-    a GPU `target` compiles per shape)."""
+    that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call (on a GPU,
+    a convolution with a symbolic size is traced at the call's sizes instead: its template takes constant
+    ones)."""
     program = Program(graph)
     params = parameter_names(graph.inputs)
 
@@ -110,7 +111,7 @@ def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None],
     run.__module__ = "jitop.onnx"
     dynamic = {p: tuple(k for k, d in enumerate(s) if not isinstance(d, int))
                for p, s in zip(params, shapes) if s is not None}
-    dynamic = {p: d for p, d in dynamic.items() if d} if target is None else {}
+    dynamic = {p: d for p, d in dynamic.items() if d}
     return kernel(run, fallback=False, dynamic=dynamic or False, target=target), program
 
 

@@ -179,3 +179,34 @@ def test_a_gpu_model_takes_device_arrays_and_returns_them(monkeypatch):
         m(memory.to_device(feeds["x"].astype(np.float64)))
     with pytest.raises(ValueError, match=r"input 'x': expected shape \(2, 3, 13, 11\), got \(2, 3, 13, 12\)"):
         m(memory.to_device(np.zeros((2, 3, 13, 12), np.float32)))
+
+
+def test_a_symbolic_batch_is_one_gpu_function(monkeypatch):
+    """A dense model's symbolic batch is one GPU function per row bucket (up to 16 rows, more): the SGEMM with
+    symbolic rows."""
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(6)
+    model = make_model([node("MatMul", ["x", "w"], "mm"), node("Add", ["mm", "b"], "s"), node("Relu", ["s"], "y")],
+                       {"x": data((8, 24), salt=3)}, ["y"],
+                       {"w": rng.standard_normal((24, 10)).astype(np.float32),
+                        "b": rng.standard_normal(10).astype(np.float32)}, shapes={"x": ["batch", 24]})
+    m = jitop.onnx.load(model, target="cuda")
+    for batch in (8, 3, 5, 40):
+        x = data((batch, 24), salt=batch)
+        (got,) = m.run(None, {"x": x})
+        assert_matches(got, reference(model, {"x": x})[0], dot(25).bound(model, {"x": x}, 0))
+    assert m.kernel.traces == 2  # every batch compiled a function of its own
+    assert [t.template for t in gpu_sim.lower_traced(m.kernel, data((7, 24))).tasks] == ["cuda.matmul"]
+
+
+def test_a_convolution_with_a_varying_batch_is_traced_per_batch_with_its_template(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    k = jitop.kernel(lambda x: np.maximum(jitop.conv2d(x, w, padding=1), 0), target="cuda", fallback=False)
+    for batch in (2, 3, 4):
+        x = rng.standard_normal((batch, 3, 9, 7)).astype(np.float32)
+        got, want = k(x), np.maximum(jitop.conv2d(x, w, padding=1), 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    (reason,) = k.policy.refused().values()  # the direct convolution would take symbolic sizes, far slower
+    assert "convolution with a symbolic size" in reason and k.traces == 4
