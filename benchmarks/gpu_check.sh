@@ -16,7 +16,10 @@
 # 5. benchmarks/bench_gpu.py --out $OUT/bench_gpu.md (log: $OUT/bench_gpu.log), its SGEMM on TF32 tensor cores
 #    (section c'') included;
 # 6. benchmarks/bench_gpu_tune.py: jitop.tune on SGEMM 2048 for TUNE_BUDGET (60) s, default vs tuned GFLOP/s
-#    (log: $OUT/gpu_tune.log), only while the whole run stays under 8 minutes.
+#    (log: $OUT/gpu_tune.log), only while the whole run stays under 8 minutes;
+# 7. benchmarks/bench_gpu_shapes.py --tokens 8: a decode loop with a growing key/value cache, symbolic shapes
+#    against dynamic=False (log: $OUT/gpu_shapes.log), likewise only while there is time (its status is not
+#    the script's).
 # The benchmarks run even when tests fail; the exit status is the tests' (else the benchmark's, else the tuning's).
 set -uo pipefail
 
@@ -158,6 +161,16 @@ else
     tune_rc=0
 fi
 echo "tuning: exit $tune_rc"
+
+# ** 7. a decode loop with a growing cache: symbolic shapes on the GPU **
+SHAPES_TIMEOUT="${SHAPES_TIMEOUT:-150}"
+if [ $((SECONDS - start + SHAPES_TIMEOUT)) -le 480 ]; then
+    step "decode loop on the GPU: symbolic shapes vs dynamic=False (8 tokens)"
+    timeout -k 10 "$SHAPES_TIMEOUT" "$PY" benchmarks/bench_gpu_shapes.py --tokens 8 2>&1 | tee "$out/gpu_shapes.log"
+else
+    echo "decode loop skipped: $((SECONDS - start)) s spent, ${SHAPES_TIMEOUT} s more would pass 8 minutes" \
+        | tee "$out/gpu_shapes.log"
+fi
 
 step "done: tests exit $test_rc, benchmark exit $bench_rc, tuning exit $tune_rc; files in $out"
 ls -l "$out"
