@@ -372,6 +372,21 @@ def schedule_matmul_stage(s: Schedule, C: Tensor, cfg: dict[str, int] | None = N
     _schedule_gemm(s, out, i, j, CL, AA, BB, transposed, tiles, b_vec=4, out_vec=True, stages=full.get("stages", 1))
 
 
+def _same_dims(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two shapes are the same: equal ints, symbolic dims of one expression, in order ((2, n) and (2, n)
+    are; (2 * n,) and (n * 2,) may not be, which only costs a schedule choice).
+
+    >>> n = te.size_var("n")
+    >>> _same_dims((2, n * 3), (2, n * 3)), _same_dims((2, n), (2, 5)), _same_dims((4,), (4, 1))
+    (True, False, False)
+    """
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, int) or isinstance(y, int):
+            return isinstance(x, int) and isinstance(y, int) and x == y
+        return x is y or x.key == y.key  # one expression built twice: the same content hash
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
 def _written_stage(s: Schedule, result: Tensor, epilogue: Tensor | None, stacked: bool = False) -> Stage:
     """The stage that writes a GEMM's register tile: its result's, or an elementwise epilogue's of the same
     shape with the result inlined into it. With `stacked`, the epilogue may also have the shape of a 2-D
@@ -380,8 +395,8 @@ def _written_stage(s: Schedule, result: Tensor, epilogue: Tensor | None, stacked
     if epilogue is None:
         return s[result]
     shape, want = tuple(epilogue.shape), tuple(result.shape)
-    unstacked = stacked and len(shape) > 2 and shape[-1] == want[-1] and math.prod(shape[:-1]) == want[0]
-    if shape != want and not unstacked:
+    unstacked = stacked and len(shape) > 2 and _same_dims((math.prod(shape[:-1]), shape[-1]), want)
+    if not _same_dims(shape, want) and not unstacked:
         raise ValueError(f"epilogue '{epilogue.op.name}' has shape {epilogue.shape}, not {result.op.name}'s "
                          f"{result.shape}: an epilogue is computed from the register tile, element by element")
     s[result].compute_inline()

@@ -67,6 +67,9 @@ class GpuToTE(ToTE):
 
     vector_partials = False
 
+    def binding(self, n: Node) -> Any:
+        return None  # the GPU templates' workloads hold sizes (a symbolic row count: built_workload)
+
     def built_workload(self, n: Node, task: Task) -> Any:
         """A matmul whose row count is symbolic is built with it (its task holds a representative count)."""
         rows = _gemm_rows(n) if n.prim == "matmul" else None

@@ -92,7 +92,7 @@ class ToTE:
         template = registry.get(task.template)
         built = self.built_workload(n, task)
         stages = template.compute(built, choice.config, self.target, readers,
-                                  name=self.fresh_name(task.template), binding=tasks.binding(n) or None,
+                                  name=self.fresh_name(task.template), binding=self.binding(n),
                                   packed=self.packed.get(n, ()))
         out = stages.out
         self.st.kind[out] = task.template
@@ -101,6 +101,10 @@ class ToTE:
         self.st.templates[out] = lambda s, epilogue=None: template.schedule(s, stages, built, choice.config,
                                                                             self.target, epilogue)
         return out
+
+    def binding(self, n: Node) -> Any:
+        """A symbolic workload's names -> the dims they stand for (tasks.binding), or None."""
+        return tasks.binding(n) or None
 
     def built_workload(self, n: Node, task: Any) -> Any:
         """The workload the template's stages are built for: the task's (the GPU's may build a symbolic size

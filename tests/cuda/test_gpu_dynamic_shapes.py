@@ -203,3 +203,23 @@ def test_captured_weights_and_a_symbolic_batch_use_the_sgemm_template(monkeypatc
     for n in (50, 51):
         x = rng.standard_normal((n, 20)).astype(F4)
         close(k(x), dense(x), 21)
+
+
+@pytest.mark.parametrize("varying", [0, 1], ids=["batch", "tokens"])
+def test_a_dense_layer_of_a_varying_batch_or_length_is_one_sgemm_with_its_epilogue(varying, monkeypatch):
+    """[batch, tokens, k] @ [k, n] + bias, activation: the SGEMM of the stacked rows, symbolic, with the
+    elementwise tail written from its register tile (a symbolic batch was refused: traced per shape)."""
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(9)
+    w, b = rng.standard_normal((20, 33)).astype(F4), rng.standard_normal(33).astype(F4)
+
+    def dense(x):
+        return np.maximum(x @ w + b, 0) * 2
+    k = jitop.kernel(dense, target="cuda", fallback=False)
+    for n in (20, 21, 40, 23):
+        shape = (n, 7, 20) if varying == 0 else (3, n, 20)
+        x = rng.standard_normal(shape).astype(F4)
+        close(k(x), dense(x), 21)
+    assert k.traces == 2 and not k.policy.refused(), k.policy.refused()
+    text = k.explain(rng.standard_normal((50, 7, 20) if varying == 0 else (3, 50, 20)).astype(F4))
+    assert "in-memory cache hit" in text and "multiply is computed from cuda.matmul's register tile" in text
