@@ -188,6 +188,11 @@ def _compare(got, expected, exact: bool, scale: float, rtol: float) -> None:
                                                                   HealthCheck.data_too_large])
 @given(programs())
 def test_random_program_matches_numpy(prog) -> None:
+    check_program(prog, lambda fn: jitop.kernel(fn, fallback=False))
+
+
+def check_program(prog, compiled) -> None:
+    """Run a drawn program with numpy and as `compiled(fn)` (a kernel of it), and compare the results."""
     src, inputs, exact, all_values = prog
     note(src)
     note(f"inputs: {[(a.dtype, a.shape) for a in inputs]}")
@@ -197,7 +202,7 @@ def test_random_program_matches_numpy(prog) -> None:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         expected = fn(*[a.copy() for a in inputs])
-        got = jitop.kernel(fn, fallback=False)(*inputs)
+        got = compiled(fn)(*inputs)
     all_values = [np.asarray(v) for v in all_values]
     finite = [float(np.abs(v[np.isfinite(v)].astype(np.float64)).max()) for v in all_values
               if v.dtype.kind == "f" and v.size and np.isfinite(v).any()]
