@@ -419,7 +419,8 @@ class KernelFunction:
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
                                     tr.shape_guards, tr.reps)
             exe.set_result(tr.result)
-            return self._guarded(Overload(exe.call, exe, tr, native=False, accepts=exe.accepts if exe.symbolic else None))
+            return self._guarded(Overload(exe.call, exe, tr, native=False,
+                                          accepts=exe.accepts if exe.symbolic else None))
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        reps=tr.reps)
