@@ -653,8 +653,8 @@ def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any
         with kf.dispatcher.lock:
             if not holds(entry.trace.guards):
                 pos, kw = _split_values(kf, values, entry.trace.arg_tree)
-                try:
-                    new = kf._trace_and_build(list(values), entry.trace.arg_tree)
+                try:  # device arrays (a GPU kernel's) are traced as host stand-ins of their shapes
+                    new = kf._trace_and_build([_stand_in(v) for v in values], entry.trace.arg_tree)
                     if config.verify():
                         new = kf._verified(new, list(values), lambda: kf.fn(*pos, **kw))
                         if new is FALLBACK:

@@ -79,6 +79,10 @@ def test_a_rebound_global_is_traced_again_not_read_stale(monkeypatch):
     np.testing.assert_array_equal(gpu_call(k, a), 2 * a)
     scale = np.array([3.0])  # noqa: F841 - rebinds the closure cell the kernel reads
     np.testing.assert_array_equal(gpu_call(k, a), 3 * a)  # it returned 2 * a: the first trace's constant
+    scale = np.array([4.0])  # noqa: F841
+    # device arrays in: traced again with host stand-ins (it ran as numpy, which cannot read them: TypeError)
+    out = gpu_call(k, jitop.cuda.to_device(a))
+    assert isinstance(out, jitop.cuda.DeviceArray) and np.array_equal(out.get(), 4 * a)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
