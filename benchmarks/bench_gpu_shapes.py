@@ -35,18 +35,10 @@ WEIGHTS_ON_GPU = "symbolic, weights on the GPU"
 
 def _fake_gpu() -> None:
     """tests/fake_driver.py's libcuda stand-in in place of the real one (no GPU here)."""
-    import ctypes
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     from fake_driver import FakeDriver
     from jitop.runtime.cuda import driver
-
-    class NoLaunches(FakeDriver):
-        flag = ctypes.create_string_buffer(4)  # every module's out-of-bounds flag: never set
-
-        def cuModuleGetGlobal_v2(self, ptr, size, module, name):
-            ptr._obj.value, size._obj.value = ctypes.addressof(self.flag), 4
-            return 0
-    fake = NoLaunches()
+    fake = FakeDriver()
     driver.lib = lambda: fake
 
 

@@ -44,6 +44,12 @@ class FakeDriver:
         out._obj.value = ERRORS[code][1].encode() if code in ERRORS else None
         return 0 if code in ERRORS else 1
 
+    def cuModuleGetGlobal_v2(self, ptr, size, module, name):
+        """Every module global (a kernel module's out-of-bounds flag): one shared int32, 0 unless written."""
+        self.flag = getattr(self, "flag", None) or ctypes.create_string_buffer(4)
+        ptr._obj.value, size._obj.value = ctypes.addressof(self.flag), 4
+        return 0
+
     def cuDeviceGetCount(self, out):
         out._obj.value = 1
         return 0

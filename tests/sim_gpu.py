@@ -32,7 +32,6 @@ class SimGpu(FakeDriver):
         self.handles = itertools.count(0x1000)
         self.names: dict[int, str] = {}
         self.launched: list[str] = []
-        self.flag = ctypes.create_string_buffer(4)  # every module's error flag: 0
 
     def register(self, func, built) -> None:
         """The kernels of a compiled function: each name's nest (its first launch: the kernel emitted for it)."""
@@ -44,10 +43,6 @@ class SimGpu(FakeDriver):
     def cuModuleGetFunction(self, out, module, name):
         out._obj.value = next(self.handles)
         self.names[out._obj.value] = name.decode()
-        return 0
-
-    def cuModuleGetGlobal_v2(self, ptr, size, module, name):
-        ptr._obj.value, size._obj.value = ctypes.addressof(self.flag), 4
         return 0
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):

@@ -47,11 +47,6 @@ class FakeGemmGpu(FakeDriver):
         self.elapsed_us += LAUNCH_US * (1.0 + 256.0 / (bx * by))
         return self._record("cuLaunchKernel", ())
 
-    def cuModuleGetGlobal_v2(self, ptr, size, module, name):
-        self.flag = getattr(self, "flag", None) or ctypes.create_string_buffer(4)  # the out-of-bounds flag: 0
-        ptr._obj.value, size._obj.value = ctypes.addressof(self.flag), 4
-        return 0
-
     def cuEventCreate(self, out, flags):
         out._obj.value = next(self.handles)
         return 0
