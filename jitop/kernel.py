@@ -234,7 +234,11 @@ class KernelFunction:
             values, key, tree = self._bind(args, kwargs)
         except _CalledWhileTracing:  # the same, with tracers inside a list/tuple/dict argument
             return self.fn(*args, **kwargs)
-        ov = self._serving(key, values, tree, lambda: self.fn(*args, **kwargs))
+        ov = self.dispatcher.lookup(key)
+        if ov is None:  # a new size of a symbolic signature: served without tracing
+            ov = self.dispatcher.lookup(key, values, struct_key(key))
+        if ov is None:
+            ov = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
         if ov is FALLBACK:
             return self.fn(*args, **kwargs)
         if not kwargs and ov.spec is not None and not ov.native and self._positional \
@@ -244,14 +248,6 @@ class KernelFunction:
         if ov.seconds is None:
             return self.dispatcher.first_call(ov, values, lambda: self(*args, **kwargs))
         return ov.call(values)
-
-    def _serving(self, key: tuple, values: Sequence[Any], tree: Any, run_numpy: Callable[[], Any] | None) -> Any:
-        """The overload serving `key`: the dispatcher's, a symbolic one that accepts `values` (a new size, no
-        trace), else compiled (or FALLBACK)."""
-        ov = self.dispatcher.lookup(key)
-        if ov is None:
-            ov = self.dispatcher.lookup(key, values, struct_key(key))
-        return ov if ov is not None else self._compile(key, values, run_numpy, tree)
 
     def _call_on_device(self, args: tuple, kwargs: dict) -> Any:
         """A GPU kernel called with device arrays (jitop's, or anything with __cuda_array_interface__: torch,
@@ -265,7 +261,8 @@ class KernelFunction:
             device.update((id(s), leaf) for s, leaf in zip(keyed, leaves) if s is not leaf)
             return pytree.unflatten(tree, keyed)
         values, key, tree = self._bind(tuple(map(stand_in, args)), {k: stand_in(v) for k, v in kwargs.items()})
-        ov = self._serving(key, values, tree, None)
+        ov = self.dispatcher.lookup(key) or self.dispatcher.lookup(key, values, struct_key(key)) or \
+            self._compile(key, values, None, tree)
         if ov is FALLBACK:
             raise TypeError(f"jitop.kernel '{self.__name__}' does not compile for the GPU (see the warning), and "
                             "numpy cannot read device arrays: pass numpy arrays, or change the function")
