@@ -792,6 +792,9 @@ def section_launch(ctx: Ctx, rep: Report) -> None:
         traced = ctx.jitop.kernel(_tiny_numpy, target="cuda", fallback=False)
         assert np.allclose(traced(da, db).get(), a * b + 1, rtol=1e-6, atol=1e-6), "traced kernel: wrong result"
         rows.append([label, per_call_us(lambda: traced(da, db), 1000)])
+        symbolic = ctx.jitop.kernel(_tiny_numpy, target="cuda", dynamic=True, fallback=False)
+        assert np.allclose(symbolic(da, db).get(), a * b + 1, rtol=1e-6, atol=1e-6), "symbolic: wrong result"
+        rows.append([label + ", symbolic size (dynamic=True)", per_call_us(lambda: symbolic(da, db), 1000)])
     except Exception as err:  # noqa: BLE001
         traceback.print_exc()
         rows.append([label, f"error: {type(err).__name__}: {err}"[:120]])

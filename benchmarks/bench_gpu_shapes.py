@@ -77,8 +77,72 @@ def child(mode: str, tokens: int) -> dict:
     out = {"gpu": real, "cold_s": cold, "steady_step_ms": float(np.median(times)) * 1e3, "tokens": got}
     if mode != "numpy":
         out.update(traces=kernels[1].traces, compiles=sum(k.dispatcher.compiles for k in kernels),
-                   signatures=len(kernels[1].dispatcher.overloads()))
+                   signatures=len(kernels[1].dispatcher.overloads()),
+                   launches=_launches_per_step(lambda n: bs.generate(pre, step, layers, embed, prompt, n), tokens))
     return out
+
+
+def _launches_per_step(generate, tokens: int) -> float:
+    """Kernel launches per generated token (a run of `tokens` less one of none: the prefill's), counted at
+    the driver (cuLaunchKernel), after the timed runs."""
+    from jitop.runtime.cuda import driver
+    lib = driver.lib()
+    launch, count = lib.cuLaunchKernel, [0]
+
+    def counted(*args):
+        count[0] += 1
+        return launch(*args)
+    lib.cuLaunchKernel = counted
+    try:
+        generate(0)
+        prefill = count[0]
+        generate(tokens)
+        return (count[0] - 2 * prefill) / tokens
+    finally:
+        lib.cuLaunchKernel = launch
+
+
+CALLS = "host cost per call"
+
+
+def call_costs() -> dict:
+    """Microseconds per call of a 256-element kernel (a * b + 1) with device arrays, best of 3 runs of 3000
+    back-to-back calls: the raw driver launch, a `jitop.build` function (output given, and allocated per call),
+    and `@jitop.kernel(target="cuda")` traced for a constant and for a symbolic size."""
+    import bench_gpu
+    import jitop
+    from jitop import te
+    from jitop.runtime.cuda import driver, memory
+    from jitop.topi import cuda as topi_cuda
+    if not driver.available():
+        _fake_gpu()
+    n = 256
+    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    Y = te.compute((n,), lambda i: A[i] * B[i] + 1.0, name="Y")
+    target = jitop.Target("cuda") if driver.available() else jitop.Target.from_string("cuda -arch=sm_90")
+    f = jitop.build(topi_cuda.schedule_injective(Y, target=target), [A, B, Y], target=target)
+    da, db, dy = (memory.to_device(np.full(n, v, np.float32)) for v in (2, 3, 0))
+    constant = jitop.kernel(bench_gpu._tiny_numpy, target="cuda", dynamic=False, fallback=False)
+    symbolic = jitop.kernel(bench_gpu._tiny_numpy, target="cuda", dynamic=True, fallback=False)
+    calls = {"raw driver launch (no wrapper)": bench_gpu.raw_launcher(f, [da, db, dy]),
+             "jitop.build function, output given": lambda: f(da, db, dy),
+             "jitop.build function, output allocated": lambda: f(da, db),
+             "@jitop.kernel, constant shape": lambda: constant(da, db),
+             "@jitop.kernel, symbolic size": lambda: symbolic(da, db)}
+    out = {}
+    for name, call in calls.items():
+        for _ in range(50):
+            call()
+        driver.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(3000):
+                call()
+            driver.synchronize()
+            best = min(best, (time.perf_counter() - t0) / 3000 * 1e6)
+        out[name] = best
+    return {"gpu": driver.available(), "us": out}
 
 
 def run_child(mode: str, tokens: int, root: str) -> dict:
@@ -96,22 +160,30 @@ def main() -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.tokens)))
+        print(json.dumps(call_costs() if args.child == CALLS else child(args.child, args.tokens)))
         return
     with tempfile.TemporaryDirectory() as root:
         runs = {mode: run_child(mode, args.tokens, root) for mode in ("numpy", "symbolic (default)", WEIGHTS_ON_GPU,
                                                                       "dynamic=False")}
+        costs = run_child(CALLS, args.tokens, root)
     gpu = runs["symbolic (default)"]["gpu"]
     print(f"decode loop, {args.tokens} new tokens after a 16-token prompt; "
           + ("on this machine's GPU" if gpu else "no GPU: launches are no-ops, host work only"))
-    print("\n| run | cold program (s) | steady step (ms) | GPU compiles | decode_step traces | its functions |"
-          " tokens = numpy's |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| run | cold program (s) | steady step (ms) | launches per step | step per launch (us) | GPU compiles "
+          "| decode_step traces | its functions | tokens = numpy's |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode, r in runs.items():
         same = "-" if mode == "numpy" else ("yes" if r["tokens"] == runs["numpy"]["tokens"] else "NO") \
             if gpu else "not checked"
-        print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {r.get('compiles', '-')} | "
-              f"{r.get('traces', '-')} | {r.get('signatures', '-')} | {same} |")
+        launches = r.get("launches")
+        per_launch = f"{r['steady_step_ms'] * 1e3 / launches:.1f}" if launches else "-"
+        print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {launches or '-'} | {per_launch} | "
+              f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {same} |")
+    print(f"\nHost cost of a call: a 256-element kernel, device arrays in and out, best of 3 x 3000 calls "
+          f"({'this GPU' if costs['gpu'] else 'no GPU: the launch itself is a no-op stand-in'})\n")
+    print("| call | us per call |\n|---|---|")
+    for name, us in costs["us"].items():
+        print(f"| {name} | {us:.1f} |")
 
 
 if __name__ == "__main__":

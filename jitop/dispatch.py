@@ -37,6 +37,7 @@ __all__ = ["FALLBACK", "MAX_FAST_SIGNATURES", "PROMOTE_AFTER", "CallCount", "Dis
 
 MAX_FAST_SIGNATURES = 16  # overloads the native entry tries, newest first (each costs a few ns to rule out)
 PROMOTE_AFTER = 16       # slow calls before an overload displaces one from a full native entry (see promote)
+MAX_ACCEPTED = 1024      # keys remembered as served by a symbolic overload (Dispatcher._accepted)
 
 
 class _Fallback:
@@ -123,6 +124,7 @@ class Dispatcher:
         self._native_hits = ctypes.c_int64(0)
         self._memo: dict[Any, Overload | _Fallback] = {}
         self._symbolic: dict[Any, list[Overload]] = {}  # structure key -> symbolic overloads, newest first
+        self._accepts_memo: dict[Any, Overload] = {}  # key -> the symbolic overload that accepted it (`_accepted`)
         self._native: list[Overload] = []  # what `entry` serves, newest first
         # a collected function's unlogged calls still reach the workload log
         weakref.finalize(self, _retire, name, self._memo)
@@ -133,19 +135,23 @@ class Dispatcher:
         """Calls served by an overload already held (through the native entry or not)."""
         return self._hits + self._native_hits.value
 
-    def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
+    def lookup(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None,
+               by_shape: bool = False) -> Overload | _Fallback | None:
         """What serves `key` (counted as a hit), or None: the exact key's overload, else (given the call's
-        `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them."""
-        ov = self.find(key, leaves, struct)
+        `leaves` and `struct`, its structure key) the newest symbolic overload that accepts them. `by_shape`: the
+        key holds everything acceptance depends on (arrays only: their shapes and dtypes; a Python int's value
+        is not in a key), so the answer is remembered for the key."""
+        ov = self.find(key, leaves, struct, by_shape)
         if ov is not None:
             self._hits += 1
         return ov
 
-    def find(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None) -> Overload | _Fallback | None:
+    def find(self, key: Any, leaves: Sequence[Any] | None = None, struct: Any = None,
+             by_shape: bool = False) -> Overload | _Fallback | None:
         """`lookup` without counting a hit (for introspection)."""
         ov = self._memo.get(key)
         if ov is None and struct is not None:
-            ov = self._accepting(struct, leaves)
+            ov = self._accepted(key, struct, leaves) if by_shape else self._accepting(struct, leaves)
         return ov
 
     def _accepting(self, struct: Any, leaves: Sequence[Any] | None) -> Overload | None:
@@ -153,6 +159,18 @@ class Dispatcher:
             if ov.accepts(leaves):
                 return ov
         return None
+
+    def _accepted(self, key: Any, struct: Any, leaves: Sequence[Any] | None) -> Overload | None:
+        """`_accepting`, remembered per key (of arrays only: what acceptance depends on), so that a size served
+        twice is checked once. Forgotten whenever the symbolic overloads change."""
+        ov = self._accepts_memo.get(key)
+        if ov is None:
+            ov = self._accepting(struct, leaves)
+            if ov is not None:
+                if len(self._accepts_memo) >= MAX_ACCEPTED:
+                    self._accepts_memo.clear()
+                self._accepts_memo[key] = ov
+        return ov
 
     def get(self, key: Any, build: Callable[[], Overload | _Fallback], memo: bool = True,
             struct: Any = None, leaves: Sequence[Any] | None = None) -> Overload | _Fallback:
@@ -170,6 +188,7 @@ class Dispatcher:
                 if ov.accepts is not None and struct is not None and memo:
                     ov.struct = struct
                     self._symbolic.setdefault(struct, []).insert(0, ov)
+                    self._accepts_memo.clear()
             if memo:
                 self._memo[key] = ov
         return ov
@@ -187,6 +206,7 @@ class Dispatcher:
             _RETIRED.extend(_counts(self.name, [old]))  # the old kernel's calls go to the workload log first
             new.key = old.key
             self._memo[old.key] = new
+            self._accepts_memo.clear()
             if old.struct is not None:
                 held = self._symbolic.get(old.struct, [])
                 if new.accepts is not None:
@@ -197,8 +217,10 @@ class Dispatcher:
         return True
 
     def retire(self, ov: Overload) -> None:
-        """Move `ov`'s unlogged calls to the workload log's next flush now (its tasks are about to change)."""
+        """Move `ov`'s unlogged calls to the workload log's next flush now (its tasks, and what it accepts, are
+        about to change)."""
         _RETIRED.extend(_counts(self.name, [ov]))
+        self._accepts_memo.clear()
 
     def clear(self) -> None:
         """Forget every signature (each traces and builds again); calls not yet logged are kept for the log."""
@@ -207,6 +229,7 @@ class Dispatcher:
             self._publish([])
             self._memo.clear()
             self._symbolic.clear()
+            self._accepts_memo.clear()
 
     def overloads(self) -> list[Overload]:
         """The overloads serving a signature now (not the signatures that run as numpy)."""

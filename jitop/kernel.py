@@ -31,7 +31,7 @@ from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
 from jitop.driver import resolve_target
-from jitop.runtime.cuda.memory import declared_shape_dtype, is_device_array
+from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_device_array
 from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
@@ -228,7 +228,7 @@ class KernelFunction:
         the variables they capture, on every call) cost nothing on the native path: ~35 ns of a 0.27 µs call."""
         if any(isinstance(a, Tracer) for a in args) or any(isinstance(v, Tracer) for v in kwargs.values()):
             return self.fn(*args, **kwargs)  # called from inside another kernel's trace: trace through
-        if self.gpu is not None and pytree.any_leaf((args, kwargs), is_device_array):
+        if self.gpu is not None and (DeviceArray in map(type, args) or pytree.any_leaf((args, kwargs), is_device_array)):
             return self._call_on_device(args, kwargs)
         try:
             values, key, tree = self._bind(args, kwargs)
@@ -253,20 +253,36 @@ class KernelFunction:
         """A GPU kernel called with device arrays (jitop's, or anything with __cuda_array_interface__: torch,
         CuPy) among its arguments (by position or keyword, or inside lists, tuples and dicts): compiled for their
         shapes and dtypes, run on them in place; its results are device arrays."""
-        device: dict[int, Any] = {}  # id of a stand-in -> the device array it stands for
+        key = self._arrays_key(args) if not kwargs else None
+        if key is not None:  # arrays by position (the common call): keyed as `_bind` keys them, no stand-ins
+            values, tree, device = args, None, None
+        else:
+            device = {}  # id of a stand-in -> the device array it stands for
 
-        def stand_in(value: Any) -> Any:
-            leaves, tree = pytree.flatten(value)
-            keyed = [_stand_in(leaf) for leaf in leaves]
-            device.update((id(s), leaf) for s, leaf in zip(keyed, leaves) if s is not leaf)
-            return pytree.unflatten(tree, keyed)
-        values, key, tree = self._bind(tuple(map(stand_in, args)), {k: stand_in(v) for k, v in kwargs.items()})
-        ov = self.dispatcher.lookup(key) or self.dispatcher.lookup(key, values, struct_key(key)) or \
-            self._compile(key, values, None, tree)
+            def stand_in(value: Any) -> Any:
+                leaves, tree = pytree.flatten(value)
+                keyed = [_stand_in(leaf) for leaf in leaves]
+                device.update((id(s), leaf) for s, leaf in zip(keyed, leaves) if s is not leaf)
+                return pytree.unflatten(tree, keyed)
+            values, key, tree = self._bind(tuple(map(stand_in, args)), {k: stand_in(v) for k, v in kwargs.items()})
+        ov = self.dispatcher.lookup(key) or self.dispatcher.lookup(key, values, struct_key(key), device is None) \
+            or self._compile(key, values if device is not None else list(map(_stand_in, values)), None, tree)
         if ov is FALLBACK:
             raise TypeError(f"jitop.kernel '{self.__name__}' does not compile for the GPU (see the warning), and "
                             "numpy cannot read device arrays: pass numpy arrays, or change the function")
-        return ov.call([device.get(id(v), v) for v in values])
+        return ov.call(values if device is None else [device.get(id(v), v) for v in values])
+
+    def _arrays_key(self, args: tuple) -> tuple | None:
+        """The key `_bind` gives a call whose arguments are, by position, numpy arrays or jitop DeviceArrays
+        (each its (dtype, shape)); None for any other call."""
+        if not self._simple or len(args) != len(self._static_flags):
+            return None
+        key = []
+        for a in args:
+            if type(a) is not DeviceArray and type(a) is not np.ndarray:
+                return None
+            key.append((a.dtype, a.shape))
+        return tuple(key)
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[Sequence[Any], tuple, Any]:
         """(values, key, tree) of a call: what the kernel reads (each parameter's value, or in place of a

@@ -204,3 +204,37 @@ def test_dispatch_imports_only_the_runtime() -> None:
     path = ROOT / "jitop" / "dispatch.py"
     found = {i.module for i in imports(path, "jitop.dispatch") if i.module.startswith("jitop")}
     assert found == {"jitop.runtime.fastcall"}, found
+
+
+# ** symbolic overloads: a key of arrays accepted once is remembered until the symbolic overloads change **
+def symbolic(asked: list, accepts=lambda leaves: True, result: object = "s") -> Overload:
+    def counted(leaves):
+        asked.append(leaves)
+        return accepts(leaves)
+    return Overload(lambda values: result, accepts=counted)
+
+
+def test_a_key_accepted_by_shape_is_asked_once_and_forgotten_when_the_overloads_change() -> None:
+    d, asked = Dispatcher("t.sym"), []
+    ov = d.get("k1", lambda: symbolic(asked), struct="S")
+    assert d.lookup("k2", ["x2"], "S", by_shape=True) is ov and d.lookup("k2", ["x2"], "S", by_shape=True) is ov
+    assert asked == [["x2"]]  # the second call did not ask
+    assert d.lookup("k3", ["x3"], "S") is ov and d.lookup("k3", ["x3"], "S") is ov
+    assert asked == [["x2"], ["x3"], ["x3"]]  # not by shape (a Python int's value may matter): asked each time
+    d.retire(ov)  # what a re-trace of a rebound global does before it swaps the executable
+    d.lookup("k2", ["x2"], "S", by_shape=True)
+    assert asked[-1] == ["x2"] and len(asked) == 4
+    newer, asked2 = symbolic([], result="n"), []
+    assert d.replace(ov, newer)
+    assert d.lookup("k2", ["x2"], "S", by_shape=True) is newer  # not the replaced one it remembered
+    d.clear()
+    assert d.lookup("k2", ["x2"], "S", by_shape=True) is None
+
+
+def test_a_newer_symbolic_overload_clears_what_was_remembered() -> None:
+    d, asked = Dispatcher("t.sym2"), []
+    first = d.get("k1", lambda: symbolic(asked, accepts=lambda leaves: leaves != ["big"]), struct="S")
+    assert d.lookup("k2", ["x"], "S", by_shape=True) is first
+    second = d.get("k9", lambda: symbolic([], result="second"), struct="S", leaves=["big"])
+    assert d.lookup("k2", ["x"], "S", by_shape=True) is second  # the newest that accepts, as before remembering
+    assert d.lookup("k8", ["big"], "S", by_shape=True) is second

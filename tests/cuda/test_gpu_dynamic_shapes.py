@@ -85,6 +85,28 @@ def test_device_arrays_of_a_new_size_are_served_by_the_symbolic_function(monkeyp
     assert k.traces == 1
 
 
+def test_numpy_and_device_arguments_mixed_are_served_and_each_size_is_checked_once(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    k = jitop.kernel(mlp, target="cuda", dynamic=True, fallback=False)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((20, 9)).astype(F4)
+    dw = memory.to_device(w)
+    for n in (3, 17):  # traced with the row count symbolic: up to 16 rows, and more
+        k(rng.standard_normal((n, 20)).astype(F4), w)
+    asked = []
+    for ov in k.dispatcher.overloads():
+        if ov.accepts is not None:
+            monkeypatch.setattr(ov, "accepts", lambda leaves, was=ov.accepts: asked.append(leaves[0].shape)
+                                or was(leaves))
+    for n in (40, 5, 40, 5, 40, 18):
+        x = rng.standard_normal((n, 20)).astype(F4)
+        got = k(x, dw)  # a host array beside a device array: the result stays on the device
+        assert isinstance(got, memory.DeviceArray)
+        close(got.get(), mlp(x, w), 20)
+    assert sorted(set(asked)) == [(5, 20), (18, 20), (40, 20)] and len(asked) <= 2 * 3  # once per size and overload
+    assert k.traces == 2
+
+
 def test_a_decode_loop_with_a_growing_kv_cache_compiles_twice(monkeypatch):
     sim_gpu.gpu_or_simulated(monkeypatch)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))

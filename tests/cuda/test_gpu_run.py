@@ -147,15 +147,32 @@ def test_out_of_bounds_gather_raises_and_touches_nothing():
     np.testing.assert_array_equal(f(x, idx), ref(x, idx))  # the flag was reset
 
 
-def test_fast_path_serves_device_arrays_and_falls_back_for_the_rest():
+def test_device_array_calls_take_a_plan_per_shape_and_bad_ones_raise_each_time():
     f, ref = build(gpu_cases.elementwise, 1000)
     a, b = rand(1000), rand(1000, seed=5)
     da, db, dc = memory.to_device(a), memory.to_device(b), memory.empty((1000,), np.float32)
-    for _ in range(3):  # the first call builds the fast path, the others take it
+    for _ in range(3):  # the first call makes the plan, the others take it
         assert f(da, db, dc) is None
     np.testing.assert_allclose(dc.get(), ref(a, b), rtol=4 * EPS32, atol=4 * EPS32)
-    with pytest.raises(ValueError, match="shape"):  # not the compiled shape: the checked path says why
-        f(da, db, memory.empty((999,), np.float32))
-    with pytest.raises(TypeError, match="dtype"):
-        f(da, db, memory.empty((1000,), np.float64))
+    assert len(f._plans) == 1
+    for _ in range(2):  # a refused call keeps no plan: the second is checked (and refused) again
+        with pytest.raises(ValueError, match="shape"):
+            f(da, db, memory.empty((999,), np.float32))
+        with pytest.raises(TypeError, match="dtype"):
+            f(da, db, memory.empty((1000,), np.float64))
+    assert len(f._plans) == 1
     np.testing.assert_allclose(f(a, b), ref(a, b), rtol=4 * EPS32, atol=4 * EPS32)  # numpy: copies
+
+
+def test_a_symbolic_function_on_device_arrays_sizes_each_plan_at_its_call(monkeypatch):
+    monkeypatch.setattr(jitop.runtime.cuda.function, "MAX_PLANS", 3)
+    f, ref = build(gpu_cases.elementwise, te.size_var("n"), 64)
+    for n in (5, 300, 5, 1, 129, 64, 300, 0):
+        a, b = rand(n, seed=n), rand(n, seed=n + 1)
+        got = f(memory.to_device(a), memory.to_device(b))
+        assert isinstance(got, memory.DeviceArray) and got.shape == (n,)
+        np.testing.assert_allclose(got.get(), ref(a, b), rtol=4 * EPS32, atol=4 * EPS32)
+        assert len(f._plans) <= 3  # the oldest go first
+    out = memory.empty((7,), np.float32)
+    with pytest.raises(ValueError, match="must equal argument .A."):  # the output is tied to the inputs
+        f(memory.to_device(rand(9)), memory.to_device(rand(9)), out)

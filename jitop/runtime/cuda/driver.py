@@ -647,6 +647,30 @@ class Function:
             raise error("cuLaunchKernel", rc, f"launching {self.name} with grid {tuple(grid)}, block {tuple(block)}, "
                                               f"{shared_bytes} bytes of dynamic shared memory, {len(args)} arguments")
 
+    def prepared(self, grid: Sequence[int], block: Sequence[int], arg_types: Sequence[str],
+                 shared_bytes: int = 0) -> Callable[[Sequence[int]], None]:
+        """`launch` with the grid, block and argument types checked once: a function that queues the kernel on
+        the default stream with arguments given as ints (device addresses, integers) or floats. For a caller
+        that launches the same configuration on many arrays (a GPU function's call plan)."""
+        self.limits.check(grid, block, shared_bytes, self.dynamic_shared)
+        dims = tuple(map(operator.index, (*grid, *block, shared_bytes)))
+        types = tuple(arg_types)
+        packer = _PACKERS.get(types) or _PACKERS.setdefault(types, _Packer(types))
+        handle = self._handle_arg
+
+        def queue(args: Sequence[int]) -> None:
+            context()  # cheap once current; a thread's first launch makes the context current
+            buffer, params = packer.buffers()
+            try:
+                packer.struct.pack_into(buffer, 0, *args)
+            except (TypeError, struct.error):
+                raise _bad_argument(args, types) from None
+            rc = lib().cuLaunchKernel(handle, *dims, None, params, None)
+            if rc:
+                raise error("cuLaunchKernel", rc, f"launching {self.name} with grid {tuple(grid)}, block "
+                                                  f"{tuple(block)}, {len(args)} arguments")
+        return queue
+
 
 # ** timing and ordering **
 class Event:

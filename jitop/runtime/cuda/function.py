@@ -10,19 +10,50 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
 from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
+from jitop.runtime.cuda import driver, memory
+from jitop.runtime.cuda.memory import DeviceArray
 from jitop.runtime.module import flagged_error
 from jitop.target import CudaTarget
 
-if TYPE_CHECKING:
-    from jitop.runtime.cuda.memory import DeviceArray
-
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+MAX_PLANS = 64  # call plans kept per function (a decode loop makes one per sequence length)
+
+
+class CallPlan:
+    """What a GPU function's call on device arrays of given shapes does, worked out once: the outputs and
+    workspaces it allocates (shape, dtype) and its launches (a prepared kernel launch, the indices of the buffers
+    it takes: parameters then workspaces, and the symbols' values passed after them)."""
+
+    __slots__ = ("outputs", "workspaces", "launches", "error_symbol")
+
+    def __init__(self, outputs: list, workspaces: list, launches: list, error_symbol: str | None):
+        self.outputs, self.workspaces, self.launches, self.error_symbol = outputs, workspaces, launches, error_symbol
+
+    def run(self, function: "GpuFunction", args: Sequence[DeviceArray]) -> Any:
+        """Launch on `args` (inputs, or inputs then outputs); the outputs allocated (device arrays), or None
+        when they were given. Workspaces are freed when it returns: their blocks are reused in stream order."""
+        outs = [DeviceArray.allocate(shape, dtype) for shape, dtype in self.outputs]
+        workspaces = self.allocate_workspaces()
+        self.queue([a.ptr for a in args] + [o.ptr for o in outs] + [w.ptr for w in workspaces])
+        if self.error_symbol:
+            function.raise_if_flagged()
+        if not self.outputs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def allocate_workspaces(self) -> list[DeviceArray]:
+        return [DeviceArray.allocate(shape, dtype) for shape, dtype in self.workspaces]
+
+    def queue(self, buffers: Sequence[int]) -> None:
+        """Queue the launches on the addresses of every buffer: parameters, then workspaces."""
+        for launch, taken, values in self.launches:
+            launch([buffers[k] for k in taken] + values)
 
 
 class GpuFunction:
@@ -43,7 +74,7 @@ class GpuFunction:
         sized = [d for k in built.kernels for d in (*k.grid, *k.block)] + [d for *_, s in built.workspaces for d in s]
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
         self._loaded: tuple[Any, list[Any]] | None = None
-        self._fast: tuple | None = None  # see _fast_path
+        self._plans: dict[tuple, CallPlan] = {}  # the arguments' shapes and dtypes -> what such a call launches
 
     @property
     def name(self) -> str:
@@ -64,7 +95,6 @@ class GpuFunction:
     # ** loading **
     def _load(self) -> tuple[Any, list[Any]]:
         if self._loaded is None:
-            from jitop.runtime.cuda import driver
             driver.context()
             attrs = driver.device_attributes()
             self.target.check_runs_on(attrs["arch"], f"GPU function '{self.name}'")
@@ -76,50 +106,55 @@ class GpuFunction:
 
     # ** calling **
     def __call__(self, *args: Any) -> Any:
-        fast = self._fast if self._fast is not None else self._fast_path()
-        if fast and len(args) == len(self.params):
-            pointers = fast[0](args)
-            if pointers is not None:  # device arrays of the compiled shapes: launch, nothing else to do
-                for fn, grid, block, args, kinds in fast[1]:
-                    fn.launch(grid, block, pointers if args is None else [pointers[a] for a in args], kinds)
-                return None
+        if len(args) in (self.n_inputs, len(self.params)):
+            key = self._plan_key(args)
+            if key is not None:
+                plan = self._plans.get(key) or self._plan(args, key)
+                return plan.run(self, args)
         return self._call(args)
 
-    def _fast_path(self) -> tuple:
-        """For a function of constant shapes without workspaces or run-time checks: (pointers of the arguments
-        if each is a jitop DeviceArray of its parameter's shape and dtype, else None; the launches: kernel
-        function, grid, block, which of the pointers it takes (None: all) and their kinds). () for any other
-        function: every call takes `_call`."""
-        from jitop.runtime.cuda.memory import DeviceArray
-        if self.symbols or self.built.workspaces or self.built.error_symbol:
-            self._fast = ()
-            return self._fast
-        _, functions = self._load()
-        everything = tuple(range(len(self.params)))
-        launches = []
-        for k, fn in zip(self.built.kernels, functions):
-            if 0 not in k.grid:
-                self._check_grid(k, k.grid)
-                args = None if k.args in (None, everything) else k.args
-                launches.append((fn, k.grid, k.block, args, ["ptr"] * len(k.pointers(everything))))
-        expected = [(tuple(p.shape), p.dtype) for p in self.params]
+    def _plan_key(self, args: Sequence[Any]) -> tuple | None:
+        """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), the
+        key of its call plan: the arguments' shapes and dtypes; None for any other call."""
+        key = []
+        for a in args:
+            if type(a) is not DeviceArray or a.ptr % ALLOC_ALIGN:
+                return None
+            key.append((a.shape, a.dtype))
+        return tuple(key)
 
-        def pointers(args: Sequence[Any]) -> list[int] | None:
-            out = []
-            for a, (shape, dtype) in zip(args, expected):
-                if type(a) is not DeviceArray or a.shape != shape or a.dtype != dtype or a.ptr % ALLOC_ALIGN:
-                    return None
-                out.append(a.ptr)
-            return out
-        self._fast = (pointers, launches)
-        return self._fast
+    def _plan(self, args: Sequence[DeviceArray], key: tuple | None) -> "CallPlan":
+        """The call plan of the device arrays `args` (checked here as `_call` checks them: a bad call raises its
+        error), kept under `key` (unless None) for later calls of the same shapes; the oldest plans go first once
+        MAX_PLANS are held."""
+        _, functions = self._load()
+        arrays = [self._argument(k, a, a) for k, a in enumerate(args)]
+        values = self.binder.bind(arrays)
+        env = dict(zip((s.name for s in self.symbols), values))
+        outputs = [(self.binder.shape(k, values), self.params[k].dtype) for k in range(len(args), len(self.params))]
+        workspaces = [(self._extent(shape, env), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
+        everything = tuple(range(len(self.params) + len(workspaces)))
+        launches = []
+        for launch, fn in zip(self.built.kernels, functions):
+            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
+            if 0 not in grid:
+                self._check_grid(launch, grid)
+                taken = launch.pointers(everything)
+                queue = fn.prepared(grid, block, ["ptr"] * len(taken) + ["i64"] * len(values))
+                launches.append((queue, taken, list(values)))
+        plan = CallPlan(outputs, workspaces, launches, self.built.error_symbol)
+        if key is not None:
+            if len(self._plans) >= MAX_PLANS:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
+        return plan
 
     def _call(self, args: Sequence[Any]) -> Any:
-        from jitop.runtime.cuda import memory
+        """A call with numpy arrays, foreign device arrays (torch, CuPy) or a mix: numpy inputs copied in, the
+        outputs allocated (numpy results copied back), then launched through the call plan of their shapes."""
         if len(args) not in (self.n_inputs, len(self.params)):
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(args)}")
-        module, functions = self._load()
         given = [memory.as_device_array(a) for a in args]  # once each: a foreign array's view may synchronize
         on_device = any(dev is not None for dev in given)
         arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
@@ -127,11 +162,8 @@ class GpuFunction:
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
-        launches, _workspaces = self._launches(functions, device, values)
-        for fn, grid, block, pointers, kinds in launches:
-            fn.launch(grid, block, pointers, kinds)
-        if self.built.error_symbol:
-            self._raise_if_flagged(module)
+        key = tuple((d.shape, d.dtype) for d in device)
+        (self._plans.get(key) or self._plan(device, key)).run(self, device)
         return self._results(args, arrays, device, on_device)
 
     def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
@@ -143,39 +175,15 @@ class GpuFunction:
         >>> launch = f.launcher([a_dev, b_dev, c_dev])   # doctest: +SKIP
         >>> launch(); f.raise_if_flagged()                # doctest: +SKIP
         """
-        from jitop.runtime.cuda import memory
         if len(args) != len(self.params):
             raise TypeError(f"{self.name}.launcher() takes all {len(self.params)} arguments (inputs then outputs)")
-        _, functions = self._load()
         given = [memory.as_device_array(a) for a in args]
         if any(dev is None for dev in given):
             raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
-        arrays = [self._argument(k, a, dev) for k, (a, dev) in enumerate(zip(args, given))]
-        launches, workspaces = self._launches(functions, arrays, self.binder.bind(arrays))
-
-        def queue(keep: list = workspaces) -> None:  # the workspaces live as long as the launcher
-            for fn, grid, block, pointers, kinds in launches:
-                fn.launch(grid, block, pointers, kinds)
-        return queue
-
-    def _launches(self, functions: list[Any], device: Sequence[Any],
-                  values: Sequence[int]) -> tuple[list, list]:
-        """What a call on the device arrays `device` (every parameter's) with symbol `values` launches: [(kernel
-        function, grid, block, arguments, argument kinds)] of the kernels with work (an empty output has none;
-        the arguments: the pointers of the arrays and fresh workspaces the kernel takes, then the values), and
-        the workspaces, which the caller keeps alive while the kernels run."""
-        from jitop.runtime.cuda import memory
-        env = dict(zip((s.name for s in self.symbols), values))
-        workspaces = [memory.empty(self._extent(shape, env), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        buffers = [d.ptr for d in device] + [w.ptr for w in workspaces]
-        launches = []
-        for launch, fn in zip(self.built.kernels, functions):
-            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
-            if 0 not in grid:
-                self._check_grid(launch, grid)
-                ptrs = launch.pointers(buffers)
-                launches.append((fn, grid, block, ptrs + list(values), ["ptr"] * len(ptrs) + ["i64"] * len(values)))
-        return launches, workspaces
+        plan = self._plan(given, None)
+        workspaces = plan.allocate_workspaces()  # they live as long as the launcher
+        buffers = [a.ptr for a in given] + [w.ptr for w in workspaces]
+        return lambda keep=(given, workspaces): plan.queue(buffers)
 
     def raise_if_flagged(self) -> None:
         """IndexError if a kernel launched since the last check flagged an out-of-bounds access (it waits for
@@ -208,7 +216,6 @@ class GpuFunction:
         return dev
 
     def _to_device(self, k: int, a: Any, values: list[int]) -> Any:
-        from jitop.runtime.cuda import memory
         spec = self.params[k]
         if a is None:
             return memory.empty(self.binder.shape(k, values), spec.dtype)

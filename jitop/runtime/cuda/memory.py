@@ -206,7 +206,7 @@ def is_device_array(obj: Any) -> bool:
     >>> is_device_array(np.zeros(3)), is_device_array(type("T", (), {"__cuda_array_interface__": {}})())
     (False, True)
     """
-    return not isinstance(obj, np.ndarray) and hasattr(obj, "__cuda_array_interface__")
+    return type(obj) is DeviceArray or not isinstance(obj, np.ndarray) and hasattr(obj, "__cuda_array_interface__")
 
 
 def declared_shape_dtype(obj: Any) -> tuple[tuple[int, ...], np.dtype]:
