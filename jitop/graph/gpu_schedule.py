@@ -11,8 +11,10 @@ computed to memory, by kind, and one kernel per *row group*.
   by the block's threads. A row-long member (x - mean) is kept in shared memory; a reduction of the row is a
   cross-thread reduction whose result every thread holds; a per-row scalar (mean = sum / n) is computed by each
   thread in registers. The row is read from memory once per pass and written once, in one launch instead of
-  one per stage. A group whose row-long members would not fit in shared memory, whose row length is symbolic,
-  or whose member bound inference says is needed along more than one row, is scheduled stage by stage.
+  one per stage. Where the row-long members would not fit in shared memory, or the row length is symbolic (a
+  softmax over a growing key/value cache), they are computed again where they are read (inlined: a pass over
+  the row's inputs each, from the caches); still one launch. A group whose member bound inference says is
+  needed along more than one row is scheduled stage by stage.
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
     too), every other stage by its kind. `args`: the function's placeholders (bound inference of the groups);
     `notes`, if given, receives a line per row group saying what was decided."""
     stageable = {t for t, kind in st.kind.items() if kind != "view"} | set(args)  # never an inlined view
+    shared = {h for h, members in candidates.items() if _shared_rows(h, members, target)}
+    candidates = {h: members if h in shared else _inlinable(h, members) for h, members in candidates.items()}
     # head -> its inputs to stage in shared memory: each group with them, else without, else stage by stage
     plans: dict[Tensor, list[Tensor]] = {}
     for head, members in candidates.items():
@@ -51,11 +55,11 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
         if staged is not None:
             plans[head] = staged
     for _ in range(2 * len(plans) + 1):
-        s, copies = _schedule(st, tensors, epilogues, {h: candidates[h] for h in plans}, plans)
-        at_rows = [t for h in plans for t in (*candidates[h], *copies[h])]
+        s, copies = _schedule(st, tensors, epilogues, {h: candidates[h] for h in plans}, plans, shared)
+        at_rows = [t for h in plans for t in (*candidates[h], *copies[h]) if s[t].attach_type != "inline"]
         failed = _needed_along_rows(s, args, at_rows)
         if not failed:
-            _note_groups(notes, candidates, plans, copies)
+            _note_groups(notes, candidates, plans, copies, shared)
             return s
         for head in [h for h in plans if set(candidates[h]) & failed or set(copies.get(h, ())) & failed]:
             if plans[head]:
@@ -63,26 +67,29 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
             else:
                 del plans[head]
     _note_groups(notes, candidates, {}, {})
-    return _schedule(st, tensors, epilogues, {}, {})[0]
+    return _schedule(st, tensors, epilogues, {}, {}, set())[0]
 
 
 def _note_groups(notes: list[str] | None, candidates: dict[Tensor, list[Tensor]], plans: dict[Tensor, list],
-                 copies: dict[Tensor, list[Tensor]]) -> None:
+                 copies: dict[Tensor, list[Tensor]], shared: set[Tensor] = frozenset()) -> None:
     for head, members in candidates.items() if notes is not None else ():
         names = ", ".join(m.op.name for m in members)
         if head in plans:
             staged = [c.op.name for c in copies.get(head, [])]
             notes.append(f"row group: {head.op.name} computes {names} in its block per row"
-                         + (f", reading {', '.join(staged)} from shared memory" if staged else ""))
+                         + (f", reading {', '.join(staged)} from shared memory" if staged else "")
+                         + ("" if head in shared else ", its row-long members computed again where read (its rows "
+                            "do not fit in shared memory, or their length is symbolic)"))
         else:
-            notes.append(f"no row group for {head.op.name} ({names}): its rows do not fit in shared memory, its row "
-                         "length is symbolic, or a member is read along several rows; stage by stage")
+            notes.append(f"no row group for {head.op.name} ({names}): a member is read along several rows; stage "
+                         "by stage")
 
 
 def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
-              groups: dict[Tensor, list[Tensor]], staged: dict[Tensor, list[Tensor]]
+              groups: dict[Tensor, list[Tensor]], staged: dict[Tensor, list[Tensor]], shared: set[Tensor]
               ) -> tuple[Schedule, dict[Tensor, list[Tensor]]]:
-    """The schedule, and each group head's shared copies of its staged inputs."""
+    """The schedule, and each group head's shared copies of its staged inputs (`shared`: the heads whose
+    row-long members are kept in shared memory; the others' are inlined)."""
     s = create_schedule([t.op for t in tensors])
     members = {m for ms in groups.values() for m in ms}
     copies = {}
@@ -92,7 +99,7 @@ def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor]
         elif kind == "view" and t not in tensors:
             s[t].compute_inline()
         elif t in groups:
-            copies[t] = schedule_row_group(s[t], [s[m] for m in groups[t]], staged.get(t, []))
+            copies[t] = schedule_row_group(s[t], [s[m] for m in groups[t]], staged.get(t, []), t in shared)
         elif t.op in s.stage_map and t not in epilogues.values() and t not in members:
             schedule_stage(s[t], kind)
     return s, copies
@@ -106,7 +113,7 @@ def _row_length(head: Tensor) -> int | None:
 def _row_inputs(head: Tensor, members: list[Tensor], stageable: set[Tensor]) -> list[Tensor]:
     """The row-long tensors that two or more of the group's stages read (a layer norm's input: its mean and its
     centred values): staged in shared memory, they are read from global memory once per row. Nothing for a
-    symbolic row length (no group: `_fitting`)."""
+    symbolic row length (its size is not known when the kernel's shared memory is laid out)."""
     if _row_length(head) is None:
         return []
     reads: dict[Tensor, int] = {}
@@ -119,21 +126,38 @@ def _row_inputs(head: Tensor, members: list[Tensor], stageable: set[Tensor]) -> 
 
 def _fitting(head: Tensor, members: list[Tensor], staged: list[Tensor],
              target: CudaTarget) -> list[Tensor] | None:
-    """`staged` if the rows of the row-long members and of the staged inputs fit in a block's shared memory, []
-    if only the members' do, None if not even they do or the row length is symbolic."""
+    """`staged` if the rows of the row-long members and of the staged inputs fit in a block's shared memory,
+    [] if only the members' do or they are inlined (`_shared_rows`), None for no group (empty rows)."""
     n = _row_length(head)
-    if not n or not members:  # symbolic, or empty rows (nothing to group)
+    if not members or n == 0:
         return None
+    if not _shared_rows(head, members, target):
+        return []
     rows = sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH
-    if rows > target.shared_per_block:
-        return None
     return staged if rows + sum(n * x.dtype.itemsize for x in staged) <= target.shared_per_block else []
+
+
+def _shared_rows(head: Tensor, members: list[Tensor], target: CudaTarget) -> bool:
+    """Whether the group keeps its row-long members in shared memory: a constant row length whose rows of them
+    all fit (else they are inlined)."""
+    n = _row_length(head)
+    if n is None:
+        return False
+    return sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH \
+        <= target.shared_per_block
+
+
+def _inlinable(head: Tensor, members: list[Tensor]) -> list[Tensor]:
+    """The members of a group whose row-long members are inlined: all but the row-long reductions (an
+    attention's scores, q k^T), which cannot be; they are computed to memory before the group's kernel."""
+    return [m for m in members if not (m.op.reduce_axis and _row_long(m, head))]
 
 
 def _row_long(member: Tensor, head: Tensor) -> bool:
     """A member with a row of its own (not one value per row, shaped as the head's leading dims or with a last
-    dim of 1): kept in shared memory."""
-    return len(member.shape) == len(head.shape) and member.shape[-1] != 1
+    dim of 1): kept in shared memory, or inlined."""
+    last = member.shape[-1] if member.shape else 1
+    return len(member.shape) == len(head.shape) and not (isinstance(last, int) and last == 1)
 
 
 def row_threads(n: int) -> int:
@@ -146,17 +170,19 @@ def row_threads(n: int) -> int:
     return min(REDUCE_THREADS, max(32, 1 << max(0, (n - 1).bit_length())))
 
 
-def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tensor] = ()) -> list[Tensor]:
+def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tensor] = (),
+                       in_shared: bool = True) -> list[Tensor]:
     """One block per row of `head` (its leading axes fused on blockIdx.x, the row split over threadIdx.x), each
-    of `members` computed at the row: row-long ones in shared memory, their row split over the same threads;
-    a reduction's last reduce axis over the threads (every thread then holds the row's result); a value per row
-    in each thread's registers. Each tensor of `staged` is copied to shared memory at the row, once, and the
-    group's stages read the copy (the copies are returned)."""
+    of `members` computed at the row: row-long ones in shared memory, their row split over the same threads
+    (or, not `in_shared`, inlined where they are read); a reduction's last reduce axis over the threads (every
+    thread then holds the row's result); a value per row in each thread's registers. Each tensor of `staged`
+    is copied to shared memory at the row, once, and the group's stages read the copy (the copies are
+    returned)."""
     s = head.schedule
     group = [head, *members]
     copies = [s.cache_read(x, "shared", [st.op for st in group if x in st.input_tensors()]) for x in staged]
     *lead, last = head.op.axis
-    threads = row_threads(last.extent)
+    threads = row_threads(last.extent) if isinstance(last.extent, int) else REDUCE_THREADS
     row = head.fuse(*lead) if len(lead) > 1 else lead[0]
     _, thread = head.split(last, factor=threads)
     head.bind(row, BX)
@@ -167,8 +193,12 @@ def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tenso
         _, inner = copy.split(copy.op.axis[-1], factor=threads)
         copy.bind(inner, TX)
     for m in members:
+        row_long = _row_long(m.op.outputs[0], head.op.outputs[0])
+        if row_long and not in_shared:
+            m.compute_inline()
+            continue
         m.compute_at(head, row)
-        if _row_long(m.op.outputs[0], head.op.outputs[0]):
+        if row_long:
             m.set_scope("shared")  # written by every thread of the block, read by others
             _, inner = m.split(m.op.axis[-1], factor=threads)
         elif m.op.reduce_axis:

@@ -1,7 +1,7 @@
 """Row groups on the GPU (jitop/graph/gpu_schedule.py): a layer norm or a softmax traced with
 `@jitop.kernel(target="cuda")` is one kernel, a block per row computing the row's reductions and row-long
-intermediates (shared memory) and the result's row. Rows too long for shared memory, symbolic ones, and members
-read along more than one row are scheduled stage by stage instead. Results equal numpy's on this machine's GPU,
+intermediates (shared memory; inlined where rows are too long for it or of a symbolic length) and the result's
+row. A member read along more than one row makes its group stage by stage instead. Results equal numpy's on this machine's GPU,
 or on the simulated one (tests/sim_gpu.py); tolerances: a row of n float32 values summed in any order."""
 from __future__ import annotations
 
@@ -100,13 +100,52 @@ def test_a_member_read_along_other_rows_is_computed_stage_by_stage(monkeypatch) 
 
 
 @pytest.mark.usefixtures("private_cache")
-def test_rows_too_long_for_shared_memory_are_computed_stage_by_stage(monkeypatch) -> None:
+def test_rows_too_long_for_shared_memory_are_one_kernel_computing_members_again(monkeypatch) -> None:
     """Two row-long members (x - mu and its square's input) of 16k float32 need 128 KiB: more than a block's
-    48 KiB of static shared memory."""
+    48 KiB of static shared memory. They are inlined: computed again where read, nothing in shared memory."""
     args = _args(layer_norm, (2, 1 << 14), seed=4)
-    assert len(_kernels(layer_norm, args).kernels) > 1
+    (kernel,) = _kernels(layer_norm, args).kernels
+    assert kernel.grid == (2, 1, 1) and kernel.block == (256, 1, 1)
+    assert ".shared = allocate(float32[1, " not in _loop_ir(layer_norm, args)
     sim_gpu.gpu_or_simulated(monkeypatch)
     _check(layer_norm, args, np.asarray(jitop.kernel(layer_norm, target="cuda")(*args)))
+
+
+def masked_softmax(x, bias):
+    """A decode step's attention weights: scores plus a bias row, softmax over a row whose length grows."""
+    s = x + bias
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.parametrize("fn", [layer_norm, softmax, masked_softmax])
+def test_a_symbolic_row_length_is_one_kernel_for_every_length(fn, monkeypatch) -> None:
+    """The row length a symbol (a softmax over a growing cache): one block per row of REDUCE_THREADS threads,
+    the row-long members inlined; the kernel serves every length, 1 and lengths past the threads included."""
+    kf = jitop.kernel(fn, target=SM90, dynamic=True)
+    lengths = (1, 2, 31, 256, 257, 600)
+    arg_sets = [_args(fn, (3, n), seed=n) if fn is not masked_softmax
+                else _args(softmax, (3, n), seed=n) + (np.random.default_rng(n).standard_normal(n).astype("f4"),)
+                for n in lengths]
+    tr = kf.trace(list(arg_sets[2]), dynamic={k: range(a.ndim) for k, a in enumerate(arg_sets[2])})
+    from jitop.graph.gpu import compile_graph_gpu
+    built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+    (kernel,) = built.kernels
+    assert not isinstance(kernel.grid[0], int) and kernel.block == (256, 1, 1)  # a block per row, rows symbolic
+    if ptxas_path() is not None or os.environ.get("JITOP_REQUIRE_PTXAS") == "1":
+        check_ptx(built.ptx, "sm_90")
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    run = jitop.kernel(fn, target="cuda", dynamic=True, fallback=False)
+    for args in arg_sets:
+        if fn is masked_softmax:
+            x, bias = args
+            want = masked_softmax(x.astype(np.float64), bias.astype(np.float64))
+            got = np.asarray(run(*args))
+            np.testing.assert_allclose(got, want, rtol=0, atol=8 * (x.shape[-1] + 8) * EPS[np.float32])
+        else:
+            _check(fn, args, np.asarray(run(*args)))
+    assert run.traces == 2  # a length of 1 is a kernel of its own, every other length the symbolic one
 
 
 @pytest.mark.usefixtures("private_cache")
@@ -119,6 +158,34 @@ def test_row_groups_equal_numpy_on_any_shape(lead, n, which) -> None:
     with pytest.MonkeyPatch.context() as mp:
         sim_gpu.gpu_or_simulated(mp)
         _check(fn, args, np.asarray(jitop.kernel(fn, target="cuda", fallback=False)(*args)))
+
+
+def attention_weights(q, k):
+    s = q @ k.T * 0.125
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_attention_over_a_growing_cache_is_its_scores_then_one_row_kernel(monkeypatch) -> None:
+    """The scores q k^T are a row-long reduction, which cannot be inlined: with the cache length symbolic they
+    are computed to memory first, and the softmax over them is one kernel (with a constant length, the scores
+    are computed at the row too: one kernel in all)."""
+    kf = jitop.kernel(attention_weights, target=SM90)
+    rng = np.random.default_rng(8)
+    q, k = rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((20, 64)).astype(np.float32)
+    from jitop.graph.gpu import compile_graph_gpu
+    for dynamic, launches in ((None, 1), ({1: [0]}, 2)):
+        tr = kf.trace([q, k], dynamic=dynamic)
+        built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+        assert len(built.kernels) == launches
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    run = jitop.kernel(attention_weights, target="cuda", dynamic=True, fallback=False)
+    for n in (3, 20, 300):
+        k = rng.standard_normal((n, 64)).astype(np.float32)
+        want = attention_weights(q.astype(np.float64), k.astype(np.float64))
+        np.testing.assert_allclose(np.asarray(run(q, k)), want, rtol=0, atol=8 * (n + 64) * EPS[np.float32] * 8)
+    assert run.traces == 1
 
 
 def _loop_ir(fn, args) -> str:
@@ -188,15 +255,16 @@ def _program(steps):
 
 @pytest.mark.usefixtures("private_cache")
 @settings(max_examples=15, deadline=None)
-@given(program=row_programs())
-def test_random_row_programs_equal_numpy(program) -> None:
+@given(program=row_programs(), symbolic=st.booleans())
+def test_random_row_programs_equal_numpy(program, symbolic) -> None:
+    """`symbolic`: every dim traced as a symbol (the row-long members inlined, a block of 256 threads)."""
     steps, lead, n = program
     fn = _program(steps)
     rng = np.random.default_rng(n)
     x, w = rng.standard_normal((*lead, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
         sim_gpu.gpu_or_simulated(mp)
-        got = np.asarray(jitop.kernel(fn, target="cuda", fallback=False)(x, w))
+        got = np.asarray(jitop.kernel(fn, target="cuda", dynamic=symbolic or None, fallback=False)(x, w))
     want = fn(x.astype(np.float64), w.astype(np.float64))
     # each step: a row sum of n terms at most, so n eps per step of the values' scale
     scale = 1 + np.abs(want).max() + np.abs(x).sum(axis=-1).max() * (1 + np.abs(w).max()) ** len(steps)
