@@ -277,8 +277,11 @@ def _sum_dtype(dt: dtypes.DType) -> dtypes.DType:
 
 def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool = False, out: Any = None,
            initial: Any = None, where: Any = True) -> Any:
-    if out is not None or initial is not None or where is not True:
-        raise Unsupported(f"np.{op} with out=/initial=/where=")
+    """np.sum/prod/max/min/all/any: `initial` is cast to the result's dtype (a Python int beyond it raises
+    OverflowError, as numpy) and combined with the result; `where`'s False elements count as the reduction's
+    identity (max and min, which have none, take `initial`)."""
+    if out is not None:
+        raise Unsupported(f"np.{op} with out=")
     n = as_node(x)
     # a ufunc reduction takes axis=0 or -1 (not in a tuple) on a 0-d array: there is nothing to reduce
     axes = () if n.ndim == 0 and type(axis) is int and axis in (0, -1) else _axes(axis, n.ndim)
@@ -288,14 +291,49 @@ def reduce(x: Any, op: str, axis: Any = None, dtype: Any = None, keepdims: bool 
         out_dt = dtypes.bool_
     else:
         out_dt = n.dtype
-        if any(sh.known_zero(n.shape[a]) for a in axes):
+        name = "maximum" if op == "max" else "minimum"
+        if initial is None and where is not True:
+            raise ValueError(f"reduction operation '{name}' does not have an identity, so to use a where mask one "
+                             "has to specify 'initial'")
+        if initial is None and any(sh.known_zero(n.shape[a]) for a in axes):
             raise ValueError(f"zero-size array to reduction operation {op} which has no identity")
+    first = None if initial is None else Tracer(scalar_const(_initial_value(initial, out_dt), out_dt.np))
     src = cast_node(n, out_dt) if op not in ("all", "any") else cast_node(n, dtypes.bool_)
+    if where is not True:
+        identity = first if op in ("max", "min") else Tracer(scalar_const(_IDENTITY[op], out_dt.np))
+        src = as_node(np.where(_reduce_mask(where, n.shape), wrap(src), identity))
     if not axes:  # nothing to reduce (a 0-d array, or axis=()): the value itself
-        return wrap(src) if src is not n else wrap(node("copy", n.shape, n.dtype, (n,)))
-    shape = tuple(d for i, d in enumerate(n.shape) if i not in axes)
-    r = node("reduce", shape, out_dt, (src,), op=op, axes=axes)
-    return _keepdims(wrap(r), n.shape, axes, keepdims)
+        r = wrap(src) if src is not n else wrap(node("copy", n.shape, n.dtype, (n,)))
+    else:
+        shape = tuple(d for i, d in enumerate(n.shape) if i not in axes)
+        r = wrap(node("reduce", shape, out_dt, (src,), op=op, axes=axes))
+    if first is not None:
+        r = _COMBINE[op](r, first)
+    return _keepdims(r, n.shape, axes, keepdims)
+
+
+_IDENTITY = {"sum": 0, "prod": 1, "all": True, "any": False}
+_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _initial_value(initial: Any, dt: dtypes.DType) -> Any:
+    """A reduction's `initial` as numpy casts it to the result's dtype `dt` (a float to an int truncates; a
+    Python int beyond `dt` raises OverflowError)."""
+    if isinstance(initial, Tracer) or np.ndim(initial) != 0:
+        raise Unsupported("a reduction's initial= that is not a scalar constant")
+    with np.errstate(over="ignore"):  # 1e40 as float32 is inf, as numpy makes it
+        return np.array(initial, dtype=dt.np).item()
+
+
+def _reduce_mask(where: Any, shape: tuple) -> Tracer:
+    """A reduction's `where`: a boolean array that broadcasts to the reduced array's `shape`."""
+    mask = as_node(where)
+    if not mask.dtype.is_bool:
+        raise TypeError(f"where= of a reduction must be boolean, got {mask.dtype.name} (numpy casts it to bool "
+                        "only by the 'safe' rule)")
+    if mask.ndim > len(shape) or broadcast_shapes(mask.shape, shape) != tuple(shape):
+        raise ValueError(f"where= of shape {mask.shape} does not broadcast to the reduced array's shape {shape}")
+    return wrap(mask)
 
 
 def _keepdims(t: Tracer, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> Tracer:

@@ -41,6 +41,19 @@ def test_the_shape_cases_of_the_cpu_tests_equal_numpy_on_the_gpu(group, dtype, m
             raise AssertionError(f"{group}: {name}: {err}") from None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_reductions_with_initial_and_where_equal_numpy_on_the_gpu(dtype, monkeypatch):
+    from test_reductions import INITIAL_WHERE, data
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    x = data(dtype, (3, 4, 5), seed=3)
+    for name, fn in INITIAL_WHERE.items():
+        want = numpy_ref(fn, x)
+        try:
+            assert_same(gpu_call(gpu_kernel(fn), x), want, x.size * np.finfo(np.float32).eps)
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from None
+
+
 @pytest.mark.parametrize("value, dtype", [(300, "int8"), (-1, "uint8"), (-40000, "int16"), (-1, "uint64"),
                                           (2 ** 63, "int64")])
 def test_a_python_int_beyond_the_arrays_dtype_raises_numpys_overflow_error(value, dtype, monkeypatch):

@@ -2,7 +2,8 @@
 
 sum prod mean max min amax amin argmax argmin var std all any, as np.* functions and as array
 methods, over axis None / int / negative / tuple, with keepdims, dtype= (sum, mean), ddof (var, std),
-NaN handling, integer widening, empty reductions and long float32 sums.
+initial= and where= (sum prod max min all any), NaN handling, integer widening, empty reductions and long
+float32 sums.
 """
 from __future__ import annotations
 
@@ -365,17 +366,52 @@ def test_layernorm_and_logsumexp(axis: int) -> None:
         assert_same(x, e, 1e-12)
 
 
-# ** unsupported keyword arguments fall back to numpy's answer **
+# ** initial= and where= **
 
-def test_where_and_initial_fall_back_to_numpy() -> None:
-    @jitop.kernel
-    def f(a):
-        return np.sum(a, where=a > 0), np.max(a, initial=10.0)
-    x = data("float64", (3, 4))
-    with pytest.warns(jitop.JitopFallbackWarning):
-        got = f(x)
-    for g, e in zip(got, f.fn(x)):
-        assert_same(g, e)
+INITIAL_WHERE = {
+    "max-initial": lambda a: np.max(a, axis=-1, initial=0.5),
+    "min-initial-where": lambda a: np.min(a, axis=0, initial=1, where=a > 0),
+    "sum-where": lambda a: np.sum(a, axis=(0, 2), where=a > 0),
+    "sum-initial-where-keepdims": lambda a: a.sum(initial=7, where=np.array([True, False, True, True, False]),
+                                                  keepdims=True),
+    "prod-initial": lambda a: np.prod(a[:, :2, :1], axis=1, initial=3),
+    "max-initial-empty": lambda a: np.max(a[:, :0], axis=1, initial=2),
+    "any-where": lambda a: np.any(a > 1, axis=1, where=np.array([[True], [False], [True], [False]])),
+    "all-where": lambda a: np.all(a > -3, where=a < 2),
+    "maximum-reduce-initial": lambda a: np.maximum.reduce(a, axis=2, initial=1.5),
+    "axis-empty-tuple": lambda a: np.sum(a, axis=(), initial=2, where=a > 0),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int32", "uint8"])
+@pytest.mark.parametrize("name", list(INITIAL_WHERE))
+def test_initial_and_where_match_numpy(name, dtype) -> None:
+    """initial= is cast to the result's dtype (0.5 to an int truncates) and combined with it; where='s False
+    elements count as the identity (max/min: as `initial`). NaNs included: max(NaN, initial) is NaN."""
+    x = data(dtype, (3, 4, 5), seed=3)
+    if dtype.startswith("float"):
+        x[1, 2, 3] = np.nan
+    fn = INITIAL_WHERE[name]
+    want = numpy_ref(fn, x)
+    got = jit_call(jitop.kernel(fn), x)
+    terms = x.size  # a sum of at most every element
+    assert_same(got, want, terms * np.finfo(np.float32).eps if dtype.startswith("float") else None)
+
+
+@pytest.mark.parametrize("fn, error", [
+    (lambda a: np.max(a, initial=300), OverflowError),               # a Python int beyond int8, as numpy
+    (lambda a: np.max(a, where=a > 1), ValueError),                   # max has no identity: where needs initial
+    (lambda a: np.sum(a, where=np.array([1, 0, 1, 1, 0])), TypeError),  # where is not boolean
+    (lambda a: np.sum(a, where=np.ones((2, 4, 5), bool)), ValueError),  # where does not broadcast to a
+], ids=["initial-overflow", "max-where-no-initial", "where-int", "where-shape"])
+def test_initial_and_where_errors_are_numpys(fn, error) -> None:
+    x = data("int8", (4, 4, 5))
+    with pytest.raises(error):
+        fn(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jitop.JitopFallbackWarning)  # raised by the trace, not by a fallback
+        with pytest.raises(error):
+            jitop.kernel(fn)(x)
 
 
 # ** argmax / argmin: two vectorized reductions (the best value, then the first index holding it) **
