@@ -389,6 +389,8 @@ def any_(a, axis=None, out=None, keepdims=False, where=True):
 
 @implements(np.mean)
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
+    if where is not True:  # its divisor would be the mask's count, not the axes' sizes
+        raise Unsupported("np.mean with where=")
     n = as_node(a)
     axes = _axes(axis, n.ndim)
     count = _count(n, axes)
