@@ -206,6 +206,7 @@ MATMUL_KEYS = ("bm", "bn", "bk", "tm", "tn")
 # the "stages" key: 1 (one shared tile of A and of B, two barriers per K step) or 2 (double-buffered:
 # Stage.double_buffer, the next K step's loads in flight during this one's arithmetic, one barrier)
 STAGES = (1, 2)
+SYMBOLIC_BATCH = 8  # the batch a convolution of a symbolic batch takes its default tiles at
 
 
 def default_matmul_config(m: Any, n: Any, k: Any, target: CudaTarget | None = None) -> dict[str, int]:
@@ -489,8 +490,8 @@ def conv2d_nchw(X: Tensor, W: Tensor, stride: int | Sequence[int] = 1, padding: 
     """
     if len(X.shape) != 4 or len(W.shape) != 4:
         raise ValueError(f"conv2d_nchw takes X [N, C, H, W] and W [K, C, R, S], got shapes {X.shape} and {W.shape}")
-    if not all(isinstance(d, int) for d in (*X.shape, *W.shape)):
-        raise ValueError("conv2d_nchw: the shapes of X and W must be constant")
+    if not all(isinstance(d, int) for d in (*X.shape[1:], *W.shape)):
+        raise ValueError("conv2d_nchw: the shapes of X and W must be constant (X's batch may be symbolic)")
     if X.dtype is not W.dtype or not X.dtype.is_float:
         raise TypeError(f"conv2d_nchw takes X and W of one float dtype, got {X.dtype.name} and {W.dtype.name}")
     n, c, h, w = X.shape
@@ -614,6 +615,8 @@ def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = N
     if cfg is None and Y.dtype.name == "float32" and "workload" in Y.op.attrs:
         from jitop.topi.cuda_templates import CudaConv2dWorkload, tuned_cfg  # it imports this module
         cfg = tuned_cfg("cuda.conv2d", CudaConv2dWorkload(**Y.op.attrs["workload"]), target)
+    if not isinstance(npq, int):  # a symbolic batch: the default tiles of a batch of SYMBOLIC_BATCH
+        npq = SYMBOLIC_BATCH * math.prod(Y.shape[2:])
     cfg = {**default_conv2d_config(k, npq, crs, target), **(cfg or {})}
     if cfg.get("tc", 0):
         raise ValueError(f"schedule_conv2d: tc={cfg['tc']!r}; the implicit GEMM has no tensor-core schedule (tc=0)")

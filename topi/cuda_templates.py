@@ -106,6 +106,7 @@ class CudaConv2dWorkload:
 
     template: ClassVar[str] = "cuda.conv2d"
     default_cfg: ClassVar[Callable[..., dict[str, int]]] = staticmethod(cuda.default_conv2d_config)
+    symbolic_batch: ClassVar[int] = cuda.SYMBOLIC_BATCH  # the batch a symbolic one's task (config) is decided at
     n: int
     c: int
     h: int

@@ -71,7 +71,11 @@ class GpuToTE(ToTE):
         return None  # the GPU templates' workloads hold sizes (a symbolic row count: built_workload)
 
     def built_workload(self, n: Node, task: Task) -> Any:
-        """A matmul whose row count is symbolic is built with it (its task holds a representative count)."""
+        """A matmul whose row count is symbolic, or a convolution whose batch is, is built with it (its task holds
+        a representative size)."""
+        if n.prim == "conv2d":
+            batch = n.src[0].shape[0]
+            return task.workload if isinstance(batch, int) else replace(task.workload, n=batch)
         rows = _gemm_rows(n) if n.prim == "matmul" else None
         return task.workload if rows is None or isinstance(rows, int) else replace(task.workload, m=rows)
 
@@ -330,8 +334,9 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
 
     A matmul whose rows (or A's batch) are symbolic and its n and k constant is the task at a representative row
     count (`reps`: tasks.row_buckets', else DEFAULT_REP), built with the symbolic one (GpuToTE.built_workload).
-    A symbolic conv2d raises NotImplementedError: the GPU function is then traced with constant sizes (the
-    direct convolution, the one that takes symbolic sizes, is far slower than the implicit GEMM)."""
+    A conv2d of a symbolic batch is the task at its template's `symbolic_batch`, built with the symbolic one; one
+    with a symbolic image size raises NotImplementedError: the GPU function is then traced with constant sizes
+    (the direct convolution, the one that takes symbolic sizes, is far slower than the implicit GEMM)."""
     name = GPU_TEMPLATES.get(n.prim)
     if name is None:
         return None
@@ -340,10 +345,13 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
         rep = (reps or {}).get(fields["m"], DEFAULT_REP) if not isinstance(fields["m"], int) else fields["m"]
         batch = [d if isinstance(d, int) else DEFAULT_REP for d in fields["a_batch"]]
         fields = {**fields, "m": rep, "a_batch": tuple(batch)}
-    elif n.prim == "conv2d" and not all(isinstance(d, int) for d in (*n.src[0].shape, *n.src[1].shape)):
-        raise NotImplementedError("a convolution with a symbolic size has no GPU template (the implicit GEMM takes "
-                                  "constant sizes): traced with constant sizes instead")
-    workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**fields))
+    elif n.prim == "conv2d" and not all(isinstance(d, int) for d in (*n.src[0].shape[1:], *n.src[1].shape)):
+        raise NotImplementedError("a convolution with a symbolic image size or channel count has no GPU template "
+                                  "(the implicit GEMM takes a symbolic batch only): traced with constant sizes")
+    workload_type = registry.get(name).workload_type
+    if n.prim == "conv2d" and not isinstance(fields["n"], int):
+        fields = {**fields, "n": workload_type.symbolic_batch}
+    workload = workload_type.from_cpu(SimpleNamespace(**fields))
     return None if workload is None else Task(name, workload, target)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from jitop import dtypes, te
 from jitop.te.expr import Op, const, rewrite, var
 from jitop.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Store, seq
 from jitop.tir.passes import map_stmt
-from jitop.codegen.nvptx import build_ptx
+from jitop.codegen.nvptx import build_ptx, check_ptx, ptxas_path
 from jitop.target import CudaTarget
 from jitop.topi import cuda
 
@@ -108,6 +109,22 @@ def test_double_buffered_conv2d(rng):
     gpu_sim.run(jitop.lower(s, [X, W, Y]), x, w, y)
     exact, mag = conv2d_exact(x, w, 2, 1)
     assert_within(y, exact, 3 * 3 * 3 * EPS * mag)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_conv2d_of_a_symbolic_batch_serves_every_batch(batch, rng):
+    """One implicit GEMM for any batch: its columns N*P*Q symbolic, the last column tile partly outside."""
+    n = te.size_var("n")
+    X, W = te.placeholder((n, 3, 9, 7), name="X"), te.placeholder((8, 3, 3, 3), name="W")
+    Y = cuda.conv2d_nchw(X, W, stride=2, padding=1)
+    s = cuda.schedule_conv2d(Y, {"bm": 8, "bn": 32, "bk": 4, "tm": 2, "tn": 4})
+    x, w = normal(rng, batch, 3, 9, 7), normal(rng, 8, 3, 3, 3)
+    y = np.full((batch, 8, 5, 4), np.nan, np.float32)
+    gpu_sim.run(jitop.lower(s, [X, W, Y]), x, w, y)
+    exact, mag = conv2d_exact(x, w, 2, 1)
+    assert_within(y, exact, 3 * 3 * 3 * EPS * mag)
+    if batch == 1 and (ptxas_path() is not None or os.environ.get("JITOP_REQUIRE_PTXAS") == "1"):
+        check_ptx(jitop.build(s, [X, W, Y], target="cuda -arch=sm_90").get_source("ptx"), "sm_90")
 
 
 def test_sgemm_of_gpu_cases(rng):

@@ -199,14 +199,26 @@ def test_a_symbolic_batch_is_one_gpu_function(monkeypatch):
     assert [t.template for t in gpu_sim.lower_traced(m.kernel, data((7, 24))).tasks] == ["cuda.matmul"]
 
 
-def test_a_convolution_with_a_varying_batch_is_traced_per_batch_with_its_template(monkeypatch):
+def test_a_convolution_with_a_varying_batch_is_one_implicit_gemm_and_a_varying_image_is_traced_per_size(
+        monkeypatch):
     sim_gpu.gpu_or_simulated(monkeypatch)
     rng = np.random.default_rng(7)
     w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
     k = jitop.kernel(lambda x: np.maximum(jitop.conv2d(x, w, padding=1), 0), target="cuda", fallback=False)
-    for batch in (2, 3, 4):
+    bound = 27 * 8 * np.finfo(np.float32).eps * 27  # 27 products of |x|, |w| < ~4.5 each, any order
+    for batch in (2, 3, 4, 9):
         x = rng.standard_normal((batch, 3, 9, 7)).astype(np.float32)
         got, want = k(x), np.maximum(jitop.conv2d(x, w, padding=1), 0)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-    (reason,) = k.policy.refused().values()  # the direct convolution would take symbolic sizes, far slower
-    assert "convolution with a symbolic size" in reason and k.traces == 4
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+    assert k.traces == 2 and not k.policy.refused()  # the first batch, then a symbolic one
+    (symbolic,) = [ov for ov in k.dispatcher.overloads() if ov.accepts is not None]
+    from jitop.graph.gpu import lower_trace
+    tr = symbolic.trace
+    _, choices = lower_trace(k.__name__, tr.inputs, tr.names, tr.results, k.gpu)
+    assert [task.template for task, _ in choices.values()] == ["cuda.conv2d"]  # the implicit GEMM, batch symbolic
+    assert [p.shape[0] for p in symbolic.exe.function.params[:1]] == ["x_0"]
+    for hw in ((9, 7), (11, 5), (6, 8)):  # the image size varies: traced at each (the template takes a batch only)
+        x = rng.standard_normal((2, 3, *hw)).astype(np.float32)
+        np.testing.assert_allclose(k(x), np.maximum(jitop.conv2d(x, w, padding=1), 0), rtol=0, atol=bound)
+    (reason,) = k.policy.refused().values()
+    assert "symbolic image size" in reason
