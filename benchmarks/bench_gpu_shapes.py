@@ -5,6 +5,7 @@ stay there), and with `dynamic=False` (a compile per cache length, what every GP
 
     python benchmarks/bench_gpu_shapes.py                 # 16-token prompt, 32 new tokens
     python benchmarks/bench_gpu_shapes.py --tokens 8      # shorter
+    python benchmarks/bench_gpu_shapes.py --cnn /tmp/onnxm/resnet18.onnx   # an ONNX CNN at batches 1, 2, 4, 8, 3
 
 The program is benchmarks/bench_shapes.py's decode (2 GPT-2-width layers, C=768, 12 heads, float32): `prefill`
 and `decode_step` under `@jitop.kernel(target="cuda")`. Each mode runs in its own child process with its own
@@ -145,9 +146,45 @@ def call_costs() -> dict:
     return {"gpu": driver.available(), "us": out}
 
 
-def run_child(mode: str, tokens: int, root: str) -> dict:
+CNN = "cnn"
+
+
+def cnn_batches(model: str, batches: list[int]) -> dict:
+    """An ONNX CNN with a symbolic batch under target="cuda", called with each batch in turn (random images):
+    seconds per call (a first call at a new batch includes its compile, if any) and GPU compiles in all."""
+    import jitop
+    from jitop.runtime.cuda import driver
+    if not driver.available():
+        _fake_gpu()
+    import jitop.onnx
+    m = jitop.onnx.load(model, target="cuda")
+    rng = np.random.default_rng(0)
+    seconds = []
+    for batch in batches:
+        x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
+        t0 = time.perf_counter()
+        m(x)
+        seconds.append(time.perf_counter() - t0)
+    return {"gpu": driver.available(), "seconds": seconds, "compiles": m.kernel.dispatcher.compiles,
+            "traces": m.kernel.traces}
+
+
+CNN_BATCHES = [1, 2, 4, 8, 3]
+
+
+def print_cnn(model: str) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        r = run_child(CNN, 0, root, ["--cnn", os.path.abspath(model)])
+    print(f"{os.path.basename(model)} under target='cuda', batches in turn "
+          f"({'on this GPU' if r['gpu'] else 'no GPU: launches are no-ops, host work only'}): "
+          f"{r['compiles']} GPU compiles, {r['traces']} traces\n")
+    print("| batch | " + " | ".join(map(str, CNN_BATCHES)) + " |\n|---|" + "---|" * len(CNN_BATCHES))
+    print("| seconds (first call at this batch) | " + " | ".join(f"{t:.2f}" for t in r["seconds"]) + " |")
+
+
+def run_child(mode: str, tokens: int, root: str, extra: list[str] = ()) -> dict:
     env = {**os.environ, "JITOP_CACHE_DIR": os.path.join(root, mode.replace("=", "-"))}
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--tokens", str(tokens)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--tokens", str(tokens), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{done.stderr[-3000:]}")
@@ -157,10 +194,19 @@ def run_child(mode: str, tokens: int, root: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--cnn", metavar="MODEL.onnx", help="instead: an ONNX CNN of a symbolic batch (3x224x224 "
+                   "images, e.g. benchmarks/onnx_models.py's resnet18.onnx) called at batches " +
+                   ", ".join(map(str, CNN_BATCHES)))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child == CNN:
+        print(json.dumps(cnn_batches(args.cnn, CNN_BATCHES)))
+        return
     if args.child:
         print(json.dumps(call_costs() if args.child == CALLS else child(args.child, args.tokens)))
+        return
+    if args.cnn:
+        print_cnn(args.cnn)
         return
     with tempfile.TemporaryDirectory() as root:
         runs = {mode: run_child(mode, args.tokens, root) for mode in ("numpy", "symbolic (default)", WEIGHTS_ON_GPU,

@@ -32,7 +32,7 @@ def _pad(x: Any, axis: int, before: int, after: int, value: Any) -> Any:
         elif width > 0:
             shape = list(x.shape)
             shape[axis] = width
-            parts.append(np.full(tuple(shape), value, dtype=x.dtype))
+            parts.append(np.full_like(x, value, shape=tuple(shape)))  # shape= keeps a symbolic batch
     return np.concatenate(parts, axis=axis)
 
 

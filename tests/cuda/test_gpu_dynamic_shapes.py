@@ -107,6 +107,24 @@ def test_numpy_and_device_arguments_mixed_are_served_and_each_size_is_checked_on
     assert k.traces == 2
 
 
+def test_a_cnn_of_a_varying_batch_is_one_gpu_function(monkeypatch):
+    """A ResNet stem and block at batches 2, 3 and 5: one symbolic function (the convolutions implicit GEMMs of a
+    symbolic batch, the padded max pool symbolic too), equal to the CPU's float64 result within the sums' bounds."""
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    rng = np.random.default_rng(9)
+    w1, w2 = rng.standard_normal((8, 3, 3, 3)).astype(F4), rng.standard_normal((8, 8, 3, 3)).astype(F4)
+
+    def cnn(x):
+        h = jitop.max_pool2d(np.maximum(jitop.conv2d(x, w1, stride=2, padding=1), 0), 3, stride=2, padding=1)
+        return jitop.global_avg_pool2d(np.maximum(jitop.conv2d(h, w2, padding=1) + h, 0))
+    k = jitop.kernel(cnn, target="cuda", fallback=False)
+    for n in (2, 3, 5):
+        x = rng.standard_normal((n, 3, 12, 10)).astype(F4)
+        want = cnn(x.astype(np.float64)).astype(F4)  # jitop's CPU kernels in float64
+        close(k(x), want, 8 * 9 * 27)  # the second conv's 72 terms of values summing the first's 27
+    assert k.traces == 2 and not k.policy.static and not k.policy.refused()
+
+
 def test_a_decode_loop_with_a_growing_kv_cache_compiles_twice(monkeypatch):
     sim_gpu.gpu_or_simulated(monkeypatch)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))

@@ -331,6 +331,24 @@ def test_a_mean_over_a_varying_axis_stays_symbolic():
     assert f.traces == 2 and not f.policy.static
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_padded_max_pool_of_a_varying_batch_stays_symbolic(layout):
+    """ResNet's stem pool (3x3, stride 2, padding 1): its padding was made with np.full of the input's shape,
+    which turned a symbolic batch into an int (a trace per batch size, an ONNX ResNet's compile per batch)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    f = jitop.kernel(lambda x: jitop.max_pool2d(x, 3, stride=2, padding=1, layout=layout))
+    for n in (2, 3, 5, 8):
+        x = np.linspace(-1, 1, n * 4 * 9 * 7, dtype=F4).reshape((n, 4, 9, 7) if layout == "NCHW" else (n, 9, 7, 4))
+        axes = (2, 3) if layout == "NCHW" else (1, 2)
+        pad = [(0, 0)] * 4
+        for a in axes:
+            pad[a] = (1, 1)
+        win = sliding_window_view(np.pad(x, pad, constant_values=-np.inf), (3, 3), axis=axes)
+        want = win.max(axis=(-2, -1))[tuple(slice(None, None, 2) if k in axes else slice(None) for k in range(4))]
+        np.testing.assert_array_equal(f(x), want)
+    assert f.traces <= 2 and not f.policy.static  # the first batch (unless a run before found it varies), then one
+
+
 def test_a_convolution_with_varying_batch_and_image_size():
     from numpy.lib.stride_tricks import sliding_window_view
     rng = np.random.default_rng(7)
