@@ -18,8 +18,9 @@
 # 6. benchmarks/bench_gpu_tune.py: jitop.tune on SGEMM 2048 for TUNE_BUDGET (60) s, default vs tuned GFLOP/s
 #    (log: $OUT/gpu_tune.log), only while the whole run stays under 8 minutes;
 # 7. benchmarks/bench_gpu_shapes.py --tokens 8: a decode loop with a growing key/value cache, symbolic shapes
-#    against dynamic=False (log: $OUT/gpu_shapes.log), likewise only while there is time (its status is not
-#    the script's).
+#    against dynamic=False, and the host's cost of a small kernel's call (raw launch, jitop.build function,
+#    traced constant and symbolic) (log: $OUT/gpu_shapes.log), likewise only while there is time (its status
+#    is not the script's).
 # The benchmarks run even when tests fail; the exit status is the tests' (else the benchmark's, else the tuning's).
 set -uo pipefail
 

@@ -151,7 +151,10 @@ def _channels_last(n: Node, is_held: bool) -> Node:
 
 
 def _transposed(n: Node, perm: tuple[int, ...]) -> Node:
-    """transpose(n, perm), folded into n when n is itself a transpose (identity: its source)."""
+    """transpose(n, perm), folded into n when n is itself a transpose (identity: its source) or a scalar
+    broadcast (a padding's fill: the scalar broadcast to the permuted shape)."""
+    if n.prim == "broadcast" and n.src[0].ndim == 0:
+        return node("broadcast", _permuted(n.shape, perm), n.dtype, n.src, n.weak)
     if n.prim == "transpose":
         inner = n.param("perm")
         perm = tuple(inner[p] for p in perm)
