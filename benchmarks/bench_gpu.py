@@ -192,6 +192,22 @@ def raw_launcher(f, arrays) -> Callable[[], None] | None:
         return None
 
 
+def us_per_call(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 3000) -> float:
+    """Microseconds per call of `fn`: the best of 3 runs of `calls` back-to-back calls, each run ended by
+    `sync()` (the GPU's queue drained), after 50 calls of warm-up."""
+    for _ in range(50):
+        fn()
+    sync()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
 # ** sections **
 
 def section_env(ctx: Ctx, rep: Report) -> None:
@@ -763,17 +779,7 @@ def section_launch(ctx: Ctx, rep: Report) -> None:
     rows = []
 
     def per_call_us(fn, calls: int = 3000) -> float:
-        for _ in range(50):
-            fn()
-        ctx.sync()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            ctx.sync()
-            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        return best
+        return us_per_call(fn, ctx.sync, calls)
 
     rows.append(["jitop f(da, db, out) with device arrays", per_call_us(lambda: f(da, db, dy))])
     raw = raw_launcher(f, [da, db, dy])

@@ -130,19 +130,7 @@ def call_costs() -> dict:
              "jitop.build function, output allocated": lambda: f(da, db),
              "@jitop.kernel, constant shape": lambda: constant(da, db),
              "@jitop.kernel, symbolic size": lambda: symbolic(da, db)}
-    out = {}
-    for name, call in calls.items():
-        for _ in range(50):
-            call()
-        driver.synchronize()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(3000):
-                call()
-            driver.synchronize()
-            best = min(best, (time.perf_counter() - t0) / 3000 * 1e6)
-        out[name] = best
+    out = {name: bench_gpu.us_per_call(call, driver.synchronize) for name, call in calls.items() if call is not None}
     return {"gpu": driver.available(), "us": out}
 
 
