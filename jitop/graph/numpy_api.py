@@ -389,14 +389,15 @@ def any_(a, axis=None, out=None, keepdims=False, where=True):
 
 @implements(np.mean)
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
-    if where is not True:  # its divisor would be the mask's count, not the axes' sizes
-        raise Unsupported("np.mean with where=")
     n = as_node(a)
     axes = _axes(axis, n.ndim)
-    count = _count(n, axes)
     acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
     total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
-    quotient = np.true_divide(total, size_value(count))
+    if where is not True:  # divided by the count of where's True elements, in float64, as numpy divides
+        mask = np.broadcast_to(_reduce_mask(where, n.shape), n.shape)
+        count = reduce(mask, "sum", axis, np.int64, keepdims)
+        return _cast(np.true_divide(total, count), acc)
+    quotient = np.true_divide(total, size_value(_count(n, axes)))
     return quotient if dtype is None else _cast(quotient, dtype)
 
 

@@ -92,8 +92,8 @@ def out_argument(a):
     return np.add(a, 1, out=np.empty_like(a))
 
 
-def mean_where(a):
-    return np.mean(a, where=a > 0)
+def var_where(a):
+    return np.var(a, where=a > 0)
 
 
 def and_or(a):
@@ -113,7 +113,7 @@ FALLBACKS = {  # function -> (argument, words the warning must contain, source l
     "float(tracer)": (to_float, np.arange(3.0), "float()", "float(a.sum())"),
     ".item()": (item, np.arange(3.0), "item", ".item()"),
     "out=": (out_argument, np.arange(3.0), "out=", "out=np.empty_like"),
-    "mean(where=)": (mean_where, np.arange(-2.0, 3.0), "where", "where=a > 0"),
+    "var(where=)": (var_where, np.arange(-2.0, 3.0), "where", "where=a > 0"),
 }
 
 

@@ -2,7 +2,7 @@
 
 sum prod mean max min amax amin argmax argmin var std all any, as np.* functions and as array
 methods, over axis None / int / negative / tuple, with keepdims, dtype= (sum, mean), ddof (var, std),
-initial= and where= (sum prod max min all any), NaN handling, integer widening, empty reductions and long
+initial= and where= (sum prod max min all any; mean's where=), NaN handling, integer widening, empty reductions and long
 float32 sums.
 """
 from __future__ import annotations
@@ -380,6 +380,8 @@ INITIAL_WHERE = {
     "all-where": lambda a: np.all(a > -3, where=a < 2),
     "maximum-reduce-initial": lambda a: np.maximum.reduce(a, axis=2, initial=1.5),
     "axis-empty-tuple": lambda a: np.sum(a, axis=(), initial=2, where=a > 0),
+    "mean-where": lambda a: np.mean(a, axis=(0, 2), where=a > 0),  # divided by each count of True
+    "mean-where-none-true": lambda a: a.mean(axis=1, where=a > 1000, keepdims=True),  # 0 / 0: NaN
 }
 
 
