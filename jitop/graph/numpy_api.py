@@ -394,11 +394,15 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     acc = np.dtype(dtype) if dtype is not None else (np.dtype("float64") if n.dtype.kind in "biu" else n.dtype.np)
     total = reduce(a, "sum", axis, acc, keepdims, out, None, where)
     if where is not True:  # divided by the count of where's True elements, in float64, as numpy divides
-        mask = np.broadcast_to(_reduce_mask(where, n.shape), n.shape)
-        count = reduce(mask, "sum", axis, np.int64, keepdims)
-        return _cast(np.true_divide(total, count), acc)
+        return _cast(np.true_divide(total, _masked_count(n, where, axis, keepdims)), acc)
     quotient = np.true_divide(total, size_value(_count(n, axes)))
     return quotient if dtype is None else _cast(quotient, dtype)
+
+
+def _masked_count(n: Node, where: Any, axis: Any, keepdims: bool) -> Tracer:
+    """The number of elements a reduction of `n` with a `where` mask takes (int64, as numpy's count)."""
+    mask = np.broadcast_to(_reduce_mask(where, n.shape), n.shape)
+    return reduce(mask, "sum", axis, np.int64, keepdims)
 
 
 def _count(n: Node, axes: tuple[int, ...]) -> Any:
@@ -419,18 +423,22 @@ mean_ = mean  # var's `mean` parameter hides the function
 
 @implements(np.var)
 def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True, mean=None, correction=None):
-    if out is not None or where is not True or (mean is not None):
-        raise Unsupported("np.var/np.std with out=/where=/mean=")
+    if out is not None or (mean is not None):
+        raise Unsupported("np.var/np.std with out=/mean=")
     if correction is not None:
         if ddof != 0:
             raise ValueError("ddof and correction can't be provided simultaneously.")
         ddof = correction
-    m = mean_(a, axis, dtype, keepdims=True)
+    m = mean_(a, axis, dtype, keepdims=True, where=where)
     centered = np.subtract(a, m)
     n = as_node(a)
-    count = _count(n, _axes(axis, n.ndim))
     sq = np.multiply(centered, centered)
-    return np.true_divide(sum_(sq, axis, dtype, keepdims=keepdims), size_value(sh.sym_max(count - ddof, 0)))
+    total = sum_(sq, axis, dtype, keepdims=keepdims, where=where)
+    if where is not True:  # over the count of where's True elements less ddof, in float64, as numpy divides
+        divisor = np.maximum(np.subtract(_masked_count(n, where, axis, keepdims), ddof), 0)
+        return _cast(np.true_divide(total, divisor), as_node(total).dtype.np)
+    count = _count(n, _axes(axis, n.ndim))
+    return np.true_divide(total, size_value(sh.sym_max(count - ddof, 0)))
 
 
 @implements(np.std)

@@ -92,8 +92,8 @@ def out_argument(a):
     return np.add(a, 1, out=np.empty_like(a))
 
 
-def var_where(a):
-    return np.var(a, where=a > 0)
+def var_given_mean(a):
+    return np.var(a, mean=np.mean(a, keepdims=True))
 
 
 def and_or(a):
@@ -113,7 +113,7 @@ FALLBACKS = {  # function -> (argument, words the warning must contain, source l
     "float(tracer)": (to_float, np.arange(3.0), "float()", "float(a.sum())"),
     ".item()": (item, np.arange(3.0), "item", ".item()"),
     "out=": (out_argument, np.arange(3.0), "out=", "out=np.empty_like"),
-    "var(where=)": (var_where, np.arange(-2.0, 3.0), "where", "where=a > 0"),
+    "var(mean=)": (var_given_mean, np.arange(-2.0, 3.0), "mean=", "mean=np.mean"),
 }
 
 
