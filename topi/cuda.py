@@ -612,12 +612,11 @@ def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = N
     target = target or DEFAULT_TARGET
     k, npq = g.shape
     crs = gop.reduce_axis[0].extent
+    batch = Y.shape[0] if isinstance(Y.shape[0], int) else SYMBOLIC_BATCH  # a symbolic one's tiles: at this batch
     if cfg is None and Y.dtype.name == "float32" and "workload" in Y.op.attrs:
         from jitop.topi.cuda_templates import CudaConv2dWorkload, tuned_cfg  # it imports this module
-        cfg = tuned_cfg("cuda.conv2d", CudaConv2dWorkload(**Y.op.attrs["workload"]), target)
-    if not isinstance(npq, int):  # a symbolic batch: the default tiles of a batch of SYMBOLIC_BATCH
-        npq = SYMBOLIC_BATCH * math.prod(Y.shape[2:])
-    cfg = {**default_conv2d_config(k, npq, crs, target), **(cfg or {})}
+        cfg = tuned_cfg("cuda.conv2d", CudaConv2dWorkload(**{**Y.op.attrs["workload"], "n": batch}), target)
+    cfg = {**default_conv2d_config(k, batch * math.prod(Y.shape[2:]), crs, target), **(cfg or {})}
     if cfg.get("tc", 0):
         raise ValueError(f"schedule_conv2d: tc={cfg['tc']!r}; the implicit GEMM has no tensor-core schedule (tc=0)")
     tiles = _check_matmul_config(cfg, target)

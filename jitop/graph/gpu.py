@@ -341,15 +341,16 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
     if name is None:
         return None
     fields = prims.get(n.prim).workload(n)
+    workload_type = registry.get(name).workload_type
     if n.prim == "matmul" and not isinstance(_gemm_rows(n), int):
         rep = (reps or {}).get(fields["m"], DEFAULT_REP) if not isinstance(fields["m"], int) else fields["m"]
         batch = [d if isinstance(d, int) else DEFAULT_REP for d in fields["a_batch"]]
         fields = {**fields, "m": rep, "a_batch": tuple(batch)}
-    elif n.prim == "conv2d" and not all(isinstance(d, int) for d in (*n.src[0].shape[1:], *n.src[1].shape)):
-        raise NotImplementedError("a convolution with a symbolic image size or channel count has no GPU template "
-                                  "(the implicit GEMM takes a symbolic batch only): traced with constant sizes")
-    workload_type = registry.get(name).workload_type
-    if n.prim == "conv2d" and not isinstance(fields["n"], int):
+    elif n.prim == "conv2d" and not all(isinstance(d, int) for d in (*n.src[0].shape, *n.src[1].shape)):
+        if not all(isinstance(d, int) for d in (*n.src[0].shape[1:], *n.src[1].shape)):
+            raise NotImplementedError("a convolution with a symbolic image size or channel count has no GPU "
+                                      "template (the implicit GEMM takes a symbolic batch only): traced with "
+                                      "constant sizes")
         fields = {**fields, "n": workload_type.symbolic_batch}
     workload = workload_type.from_cpu(SimpleNamespace(**fields))
     return None if workload is None else Task(name, workload, target)

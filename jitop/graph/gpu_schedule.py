@@ -133,7 +133,7 @@ def _fitting(head: Tensor, members: list[Tensor], staged: list[Tensor],
         return None
     if not _shared_rows(head, members, target):
         return []
-    rows = sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH
+    rows = _shared_bytes(n, head, members)
     return staged if rows + sum(n * x.dtype.itemsize for x in staged) <= target.shared_per_block else []
 
 
@@ -141,10 +141,13 @@ def _shared_rows(head: Tensor, members: list[Tensor], target: CudaTarget) -> boo
     """Whether the group keeps its row-long members in shared memory: a constant row length whose rows of them
     all fit (else they are inlined)."""
     n = _row_length(head)
-    if n is None:
-        return False
-    return sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH \
-        <= target.shared_per_block
+    return n is not None and _shared_bytes(n, head, members) <= target.shared_per_block
+
+
+def _shared_bytes(n: int, head: Tensor, members: list[Tensor]) -> int:
+    """The shared memory a group's block needs for rows of `n`: its row-long members' rows and the scratch of
+    its cross-thread reductions."""
+    return sum(n * m.dtype.itemsize for m in members if _row_long(m, head)) + REDUCE_SCRATCH
 
 
 def _inlinable(head: Tensor, members: list[Tensor]) -> list[Tensor]:

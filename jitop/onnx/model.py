@@ -96,8 +96,8 @@ def compiled_kernel(graph: Graph, shapes: Sequence[tuple[Dim, ...] | None],
                     target: str | None = None) -> tuple[KernelFunction, Program]:
     """The model as a @jitop.kernel (and the Program it traces): one positional parameter per input; the dims
     that are not numbers in `shapes` (symbols, unknown) are traced as symbols from the first call (on a GPU,
-    a convolution with a symbolic size is traced at the call's sizes instead: its template takes constant
-    ones)."""
+    a convolution with a symbolic image size is traced at the call's sizes instead: its template takes a
+    symbolic batch only)."""
     program = Program(graph)
     params = parameter_names(graph.inputs)
 

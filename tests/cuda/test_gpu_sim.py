@@ -111,13 +111,15 @@ def test_double_buffered_conv2d(rng):
     assert_within(y, exact, 3 * 3 * 3 * EPS * mag)
 
 
+@pytest.mark.parametrize("cfg", [{"bm": 8, "bn": 32, "bk": 4, "tm": 2, "tn": 4}, None], ids=["cfg", "default"])
 @pytest.mark.parametrize("batch", [1, 2, 5])
-def test_conv2d_of_a_symbolic_batch_serves_every_batch(batch, rng):
-    """One implicit GEMM for any batch: its columns N*P*Q symbolic, the last column tile partly outside."""
+def test_conv2d_of_a_symbolic_batch_serves_every_batch(batch, cfg, rng):
+    """One implicit GEMM for any batch: its columns N*P*Q symbolic, the last column tile partly outside.
+    Without a cfg, the tiles are those of a batch of SYMBOLIC_BATCH (tuned or default)."""
     n = te.size_var("n")
     X, W = te.placeholder((n, 3, 9, 7), name="X"), te.placeholder((8, 3, 3, 3), name="W")
     Y = cuda.conv2d_nchw(X, W, stride=2, padding=1)
-    s = cuda.schedule_conv2d(Y, {"bm": 8, "bn": 32, "bk": 4, "tm": 2, "tn": 4})
+    s = cuda.schedule_conv2d(Y, cfg)
     x, w = normal(rng, batch, 3, 9, 7), normal(rng, 8, 3, 3, 3)
     y = np.full((batch, 8, 5, 4), np.nan, np.float32)
     gpu_sim.run(jitop.lower(s, [X, W, Y]), x, w, y)

@@ -544,6 +544,16 @@ class _Packer:
             found = self.local.buffers = values, (c_void_p * self.n)(*range(base, base + 8 * self.n, 8))
         return found
 
+    def pack(self, values: Sequence[Any], args: Sequence[Any], arg_types: Sequence[str]) -> tuple[Any, Any]:
+        """(kernelParams, the value buffer) holding `values` (ints and floats; pointers as addresses); a
+        TypeError or ValueError naming the first of the caller's `args` that does not fit its type."""
+        buffer, params = self.buffers()
+        try:
+            self.struct.pack_into(buffer, 0, *values)
+        except (TypeError, struct.error):
+            raise _bad_argument(args, arg_types) from None
+        return params, buffer
+
 
 _PACKERS: dict[tuple[str, ...], _Packer] = {}
 
@@ -592,11 +602,9 @@ def pack_params(args: Sequence[Any], arg_types: Sequence[str]) -> tuple[Any, Any
         for k in packer.pointers:
             if type(values[k]) is not int:
                 values[k] = device_pointer(values[k])
-        buffer, params = packer.buffers()
-        packer.struct.pack_into(buffer, 0, *values)
-    except (TypeError, struct.error):
+    except TypeError:
         raise _bad_argument(args, arg_types) from None
-    return params, buffer
+    return packer.pack(values, args, arg_types)
 
 
 def _stream_handle(stream: Any) -> c_void_p | None:
@@ -660,11 +668,7 @@ class Function:
 
         def queue(args: Sequence[int]) -> None:
             context()  # cheap once current; a thread's first launch makes the context current
-            buffer, params = packer.buffers()
-            try:
-                packer.struct.pack_into(buffer, 0, *args)
-            except (TypeError, struct.error):
-                raise _bad_argument(args, types) from None
+            params, _ = packer.pack(args, args, types)
             rc = lib().cuLaunchKernel(handle, *dims, None, params, None)
             if rc:
                 raise error("cuLaunchKernel", rc, f"launching {self.name} with grid {tuple(grid)}, block "
