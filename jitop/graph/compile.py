@@ -15,6 +15,7 @@ import numpy as np
 from jitop import dtypes, te
 from jitop.driver import compile_func, default_target, lower, printed_dim
 from jitop.graph import schedule_rules
+from jitop.graph.batching import batch_slices
 from jitop.graph.fusion import groups as fusion_groups
 from jitop.graph.fusion import fuse_operands, materialize
 from jitop.graph.ir import ConstData, Node, node, toposort
@@ -66,9 +67,8 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call;
     `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
-    # every returned array is its own buffer, even if two results are the same expression; convolutions run
-    # channels-last (jitop.graph.layout)
-    outputs = distinct_outputs(channels_last(results))
+    # every returned array is its own buffer, even if two results are the same expression (after `rewritten`)
+    outputs = distinct_outputs(rewritten(results))
     unique = list(dict.fromkeys(outputs))
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)
     why = materialize(unique, padded_tails=True)
@@ -185,8 +185,14 @@ def _pack_workers(sizes: list[int], target: Target) -> int:
 def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]:
     """The tasks (matmul/conv2d workloads) compiling `results` would pick configs for, in graph order, one
     per templated node (a task used twice is listed twice: it runs twice per call)."""
-    unique = list(dict.fromkeys(distinct_outputs(channels_last(results))))
+    unique = list(dict.fromkeys(distinct_outputs(rewritten(results))))
     return list(extract_tasks(materialize(unique, padded_tails=True), target or default_target()).values())
+
+
+def rewritten(results: list[Node]) -> list[Node]:
+    """The traced graph as the CPU compiles it: a loop over slices joined by a concatenation batched
+    (jitop.graph.batching), NCHW convolutions channels-last (jitop.graph.layout)."""
+    return channels_last(batch_slices(results))
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:

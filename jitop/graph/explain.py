@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from jitop.graph.ir import Node, toposort
-from jitop.graph.layout import channels_last
+from jitop.graph.compile import rewritten
 
 
 def _node_line(n: Node, names: dict[Node, str]) -> str:
@@ -74,12 +74,12 @@ def describe_gpu(name: str, trace: Any, cached: bool, target: Any, templates: li
 def describe(name: str, exe: Any, trace: Any, cached: bool, lookup: Any = None, func: Any = None,
              shapes: list[str] | None = None) -> str:
     lines, names = _graph_lines(name, trace, cached)
-    rewritten = [n for n in toposort(channels_last(trace.results)) if n not in names]
-    if rewritten:  # the nodes the compiled graph has in place of the traced ones, numbered after them
-        names.update((n, f"%{k}") for k, n in enumerate(rewritten, start=len(names)))
-        lines += ["", "compiled graph (convolutions channels-last, transposes pushed through elementwise ops and "
-                  "poolings):"]
-        lines += [_node_line(n, names) for n in rewritten]
+    new = [n for n in toposort(rewritten(trace.results)) if n not in names]
+    if new:  # the nodes the compiled graph has in place of the traced ones, numbered after them
+        names.update((n, f"%{k}") for k, n in enumerate(new, start=len(names)))
+        lines += ["", "compiled graph (loops over slices batched; convolutions channels-last, transposes pushed "
+                  "through elementwise ops and poolings):"]
+        lines += [_node_line(n, names) for n in new]
     if shapes:
         lines += ["", *shapes]
     lines += ["", "fusion groups (one loop nest each; inlined nodes run inside it):"]

@@ -39,6 +39,7 @@ from jitop import te
 from jitop.codegen.target import llvm_version
 from jitop.driver import compile_gpu_func, lower
 from jitop.graph import prims
+from jitop.graph.batching import batch_slices
 from jitop.graph.capture import LiveArray
 from jitop.graph.compile import Prepared, constant_array, distinct_outputs
 from jitop.graph.kernel_cache import ComponentStore, graph_key
@@ -264,6 +265,7 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     linked for this machine's GPU if it has one, and stored. `guards`: a symbolic graph's relations between
     its symbols, which the calls it serves must satisfy (GpuExecutable.accepts); `reps`: the size each symbolic
     matmul row count's config is decided at (tasks.row_buckets)."""
+    results = batch_slices(results)  # a loop over slices: one batched kernel per stage, not one per slice
     outputs = distinct_outputs(results)
     unique, consts, choices = _graph_parts(results, target, reps)
     # a captured array (live: its owner may change it in place) is compared with what was uploaded on each call
@@ -298,7 +300,7 @@ def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: 
     """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
-    unique, consts, choices = _graph_parts(results, target, reps)
+    unique, consts, choices = _graph_parts(batch_slices(results), target, reps)
     return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
 
 

@@ -191,6 +191,38 @@ def _exact(v: Any) -> Any:
     return ("float", struct.pack("<d", v)) if type(v) is float else v
 
 
+def _dims_key(shape: tuple) -> tuple:
+    # an Expr dim is keyed wrapped: an int never meets an Expr in a key comparison (whose truth would raise)
+    return tuple(("sym", id(d)) if isinstance(d, Expr) else d for d in shape)  # hash-consed: identity
+
+
+def _params_key(params: tuple) -> tuple:
+    return tuple((k, _exact(v)) for k, v in params)
+
+
+def same_op(a: Node, b: Node) -> bool:
+    """Whether `a` and `b` apply the same primitive with the same parameters, giving the same shape and dtype
+    (their sources aside).
+
+    >>> from jitop.dtypes import as_dtype
+    >>> x, y = (node("arg", (3,), as_dtype("float32"), index=k) for k in (0, 1))
+    >>> same_op(node("copy", (3,), x.dtype, (x,)), node("copy", (3,), x.dtype, (y,))), same_op(x, y)
+    (True, False)
+    """
+    return (a.prim == b.prim and a.dtype is b.dtype and a.weak == b.weak and len(a.src) == len(b.src)
+            and _dims_key(a.shape) == _dims_key(b.shape) and _params_key(a.params) == _params_key(b.params))
+
+
+def same_dims(a: tuple, b: tuple) -> bool:
+    """Whether two shapes are the same dims (a symbolic dim by identity: equal expressions are one object)."""
+    return _dims_key(a) == _dims_key(b)
+
+
+def same_value(x: Any, y: Any) -> bool:
+    """Whether two parameter values are the same (an expression by identity, -0.0 is not 0.0)."""
+    return _exact(x) == _exact(y)
+
+
 def node(prim: str, shape: Iterable[Any], dtype: DType, src: Iterable[Node] = (), weak: bool = False,
          **params: Any) -> Node:
     """The unique node for (prim, shape, dtype, src, params). Dims: ints (numpy integers too), or symbolic
@@ -198,9 +230,7 @@ def node(prim: str, shape: Iterable[Any], dtype: DType, src: Iterable[Node] = ()
     src = tuple(src)
     ps = tuple(sorted(params.items()))
     shape = tuple(as_dim(d) for d in shape)
-    # an Expr dim is keyed wrapped: an int never meets an Expr in a key comparison (whose truth would raise)
-    dims = tuple(("sym", id(d)) if isinstance(d, Expr) else d for d in shape)  # hash-consed: identity
-    key = (prim, dims, dtype, tuple(id(s) for s in src), tuple((k, _exact(v)) for k, v in ps), weak)
+    key = (prim, _dims_key(shape), dtype, tuple(id(s) for s in src), _params_key(ps), weak)
     found = Node._intern.get(key)
     if found is not None and all(a is b for a, b in zip(found.src, src)):
         return found

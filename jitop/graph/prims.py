@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from jitop.graph import batch_rules as batching
 from jitop.graph import te_rules as rules
 from jitop.graph.ir import Node
 
@@ -98,6 +99,8 @@ class Prim:
     workload: Callable[[Node], dict[str, Any]] | None = None
     symbolic_fields: tuple[str, ...] = ()    # the workload fields the template accepts symbolic
     rows: Callable[[Node], Any] | None = None  # the dim whose size bucket picks its config (tasks.ROW_BUCKETS)
+    # copies of it computed at once: (node, [(source, batched)]) -> the batched node, or None (batch_rules)
+    batch: Callable[..., Node | None] | None = None
 
     @property
     def is_input(self) -> bool:
@@ -120,23 +123,28 @@ PRIMS: dict[str, Prim] = {
     "const": Prim(_INJECTIVE, free=True, constant=True, emit=rules.emit_const),
     "dim": Prim(_INJECTIVE, free=True, constant=True, emit=rules.emit_dim),
     "iota": Prim(_INJECTIVE, free=True, emit=rules.emit_iota),
-    "copy": Prim(_INJECTIVE, free=True, emit=rules.emit_copy),
-    "cast": Prim(_INJECTIVE, free=True, elementwise=True, emit=rules.emit_cast),
-    "broadcast": Prim(_INJECTIVE, free=True, broadcasts=True, emit=rules.emit_broadcast),
-    "reshape": Prim(_INJECTIVE, free=True, emit=rules.emit_reshape),
-    "transpose": Prim(_INJECTIVE, free=True, emit=rules.emit_transpose),
-    "index": Prim(_INJECTIVE, free=True, emit=rules.emit_index),
+    "copy": Prim(_INJECTIVE, free=True, emit=rules.emit_copy, batch=batching.batch_broadcasting),
+    "cast": Prim(_INJECTIVE, free=True, elementwise=True, emit=rules.emit_cast, batch=batching.batch_broadcasting),
+    "broadcast": Prim(_INJECTIVE, free=True, broadcasts=True, emit=rules.emit_broadcast,
+                      batch=batching.batch_broadcast),
+    "reshape": Prim(_INJECTIVE, free=True, emit=rules.emit_reshape, batch=batching.batch_reshape),
+    "transpose": Prim(_INJECTIVE, free=True, emit=rules.emit_transpose, batch=batching.batch_transpose),
+    "index": Prim(_INJECTIVE, free=True, emit=rules.emit_index, batch=batching.batch_index),
     # ** injective: arithmetic and selection **
-    "ufunc": Prim(_INJECTIVE, broadcasts=True, elementwise=True, cost=_ufunc_cost, emit=rules.emit_ufunc),
-    "where": Prim(_INJECTIVE, broadcasts=True, elementwise=True, emit=rules.emit_where),
-    "take": Prim(_INJECTIVE, broadcasts=True, emit=rules.emit_take),
-    "concat": Prim(_INJECTIVE, cost=_concat_cost, levels=_concat_levels, emit=rules.emit_concat),
+    "ufunc": Prim(_INJECTIVE, broadcasts=True, elementwise=True, cost=_ufunc_cost, emit=rules.emit_ufunc,
+                  batch=batching.batch_broadcasting),
+    "where": Prim(_INJECTIVE, broadcasts=True, elementwise=True, emit=rules.emit_where,
+                  batch=batching.batch_broadcasting),
+    "take": Prim(_INJECTIVE, broadcasts=True, emit=rules.emit_take, batch=batching.batch_take),
+    "concat": Prim(_INJECTIVE, cost=_concat_cost, levels=_concat_levels, emit=rules.emit_concat,
+                   batch=batching.batch_concat),
     # ** reductions **
-    "reduce": Prim(Kind.REDUCTION, build=rules.build_reduce),
-    "argreduce": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_argreduce),
+    "reduce": Prim(Kind.REDUCTION, build=rules.build_reduce, batch=batching.batch_reduce),
+    "argreduce": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_argreduce,
+                      batch=batching.batch_argreduce),
     # ** complex-out-fusable: operator templates **
     "matmul": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_matmul, workload=_matmul_fields,
-                   symbolic_fields=("m", "n", "k"), rows=_matmul_rows),
+                   symbolic_fields=("m", "n", "k"), rows=_matmul_rows, batch=batching.batch_matmul),
     "conv2d": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_conv2d, workload=_conv2d_fields,
                    symbolic_fields=("n", "h", "w")),
 }
@@ -179,6 +187,8 @@ def problems(p: Prim) -> list[str]:
         out.append(f"{', '.join(flags)}: only injective primitives are inlined, so only they may say so")
     if p.constant and not p.free:
         out.append("a constant is free to recompute (free=True)")
+    if p.is_input and p.batch is not None:
+        out.append("an input has no sources to batch (batch is for computed primitives)")
     if template and p.row_fusable:
         out.append("a template computes tiles, not rows (row_fusable=False)")
     return out

@@ -187,7 +187,65 @@ def emit_broadcast(c: Lowerer, n: Node, idx: Index) -> Expr:
 
 def emit_reshape(c: Lowerer, n: Node, idx: Index) -> Expr:
     src = n.src[0]
-    return c.at(src, unravel(ravel(idx, n.shape), src.shape))
+    groups = reshape_groups(tuple(n.shape), tuple(src.shape))
+    if groups is None:
+        return c.at(src, unravel(ravel(idx, n.shape), src.shape))
+    src_idx: list[Expr] = []
+    for outs, srcs in groups:  # each group's index on its own: a unit dim or a kept dim needs no div/mod
+        if len(outs) == 1 and len(srcs) == 1:
+            src_idx.append(idx[outs[0]])
+        elif srcs:
+            src_idx.extend(unravel(ravel(tuple(idx[k] for k in outs), tuple(n.shape[k] for k in outs)),
+                                   tuple(src.shape[k] for k in srcs)))
+    return c.at(src, tuple(src_idx))
+
+
+def reshape_groups(out: tuple, src: tuple) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """A reshape's axes in groups (output axes, source axes) of equal sizes, each as small as it can be: a unit
+    dim alone, a dim both keep, or dims split or merged (constant sizes); None where symbolic sizes do not pair
+    up one to one.
+
+    >>> reshape_groups((4, 1, 20, 16), (4, 20, 16)), reshape_groups((6, 5), (2, 3, 5))
+    ([((0,), (0,)), ((1,), ()), ((2,), (1,)), ((3,), (2,))], [((0,), (0, 1)), ((1,), (2,))])
+    """
+    def unit(d: Any) -> bool:
+        return type(d) is int and d == 1
+
+    groups, i, j = [], 0, 0
+    while i < len(out) or j < len(src):
+        if i < len(out) and unit(out[i]):
+            groups.append(((i,), ()))
+            i += 1
+        elif j < len(src) and unit(src[j]):
+            groups.append(((), (j,)))
+            j += 1
+        elif i == len(out) or j == len(src):
+            return None
+        elif out[i] is src[j] or type(out[i]) is int and type(src[j]) is int and out[i] == src[j]:
+            groups.append(((i,), (j,)))
+            i, j = i + 1, j + 1
+        else:
+            span = _equal_products(out, src, i, j)
+            if span is None:
+                return None
+            groups.append((tuple(range(i, span[0])), tuple(range(j, span[1]))))
+            i, j = span
+    return groups
+
+
+def _equal_products(out: tuple, src: tuple, i: int, j: int) -> tuple[int, int] | None:
+    """The ends (i', j') of the shortest runs out[i:i'], src[j:j'] of constant sizes with equal products."""
+    po = ps = 1
+    i0, j0 = i, j
+    while True:
+        if po == ps and i > i0 and j > j0:
+            return i, j
+        if po <= ps and i < len(out) and type(out[i]) is int:
+            po, i = po * out[i], i + 1
+        elif ps < po and j < len(src) and type(src[j]) is int:
+            ps, j = ps * src[j], j + 1
+        else:
+            return None
 
 
 def emit_transpose(c: Lowerer, n: Node, idx: Index) -> Expr:

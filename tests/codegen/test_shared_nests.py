@@ -1,5 +1,6 @@
 """Identical loop nests of one program are generated once (jitop.codegen.instances): the heads of a multi-head
-attention become one function per nest, called once per head with its own slice of q, k and v."""
+attention become one function per nest, called once per head with its own slice of q, k and v. (The heads are
+returned one by one here: joined by np.hstack they would be one batched computation, jitop.graph.batching.)"""
 from __future__ import annotations
 
 import os
@@ -22,14 +23,15 @@ def softmax(x):
 
 
 def attention(qkv, mask):
-    """bench_models' multi-head attention: a Python loop over the heads, each on its columns of q, k and v."""
+    """bench_models' multi-head attention, a Python loop over the heads (each on its columns of q, k and v),
+    each head's result returned on its own."""
     q, k, v = np.split(qkv, 3, axis=-1)
     d = C // HEADS
     heads = []
     for h in range(HEADS):
         qh, kh, vh = q[:, h * d:(h + 1) * d], k[:, h * d:(h + 1) * d], v[:, h * d:(h + 1) * d]
         heads.append(softmax(qh @ kh.T / np.sqrt(d) + mask) @ vh)
-    return np.hstack(heads)
+    return tuple(heads)
 
 
 def compiled(fn, args: list, share: bool = True, dynamic: dict | None = None):
@@ -56,7 +58,7 @@ def decode_attention(q, k_cache, v_cache):
     for h in range(HEADS):
         s = q[:, h * d:(h + 1) * d] @ k_cache[:, h * d:(h + 1) * d].T / np.sqrt(d)
         heads.append(softmax(s) @ v_cache[:, h * d:(h + 1) * d])
-    return np.hstack(heads)
+    return tuple(heads)
 
 
 def test_heads_over_a_symbolic_cache_compile_once_and_match_the_unshared_build() -> None:
@@ -69,9 +71,9 @@ def test_heads_over_a_symbolic_cache_compile_once_and_match_the_unshared_build()
     assert shared_functions(unshared.module) == (0, 0)
     for rows in (2, 9, 17, 64, 301):
         args = make(rows)
-        (got,), (plain,) = shared(*args), unshared(*args)
+        got, plain = np.hstack(shared(*args)), np.hstack(unshared(*args))
         np.testing.assert_array_equal(got, plain)
-        np.testing.assert_allclose(got, decode_attention(*args), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, np.hstack(decode_attention(*args)), rtol=1e-5, atol=1e-6)
 
 
 def shared_functions(module) -> tuple[int, int]:
@@ -104,12 +106,12 @@ def test_heads_compile_once(attention_args) -> None:
 
 
 def test_heads_match_numpy_and_the_unshared_build(attention_args) -> None:
-    want = attention(*attention_args)
-    got, = compiled(attention, attention_args)(*attention_args)
+    want = np.hstack(attention(*attention_args))
+    got = np.hstack(compiled(attention, attention_args)(*attention_args))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     unshared = compiled(attention, attention_args, share=False)
     assert shared_functions(unshared.module) == (0, 0)
-    np.testing.assert_array_equal(got, unshared(*attention_args)[0])
+    np.testing.assert_array_equal(got, np.hstack(unshared(*attention_args)))
 
 
 def test_same_nest_on_different_buffers() -> None:

@@ -188,6 +188,35 @@ def test_attention_over_a_growing_cache_is_its_scores_then_one_row_kernel(monkey
     assert run.traces == 1
 
 
+def heads_of_attention(q, k):
+    """4 heads of 16 columns each, a Python loop over column slices (picoGPT's attention; k serves as v)."""
+    return np.hstack([attention_weights(q[:, 16 * i:16 * (i + 1)], k[:, 16 * i:16 * (i + 1)])
+                      @ k[:, 16 * i:16 * (i + 1)] for i in range(4)])
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_heads_in_a_python_loop_launch_the_kernels_of_one_head(monkeypatch) -> None:
+    """jitop.graph.batching computes the loop's copies at once: the kernels of one head (batched), not four
+    times as many, over a growing cache too; the weights are numpy's."""
+    rng = np.random.default_rng(9)
+    q, k = rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((20, 64)).astype(np.float32)
+    from jitop.graph.gpu import compile_graph_gpu
+    # one head's kernels (3, or 4 with the cache length symbolic), and the product's copy into hstack's layout
+    for dynamic, launches in ((None, 4), ({1: [0]}, 5)):  # the loop of 4 heads: 13 and 17
+        kf = jitop.kernel(heads_of_attention, target=SM90)
+        tr = kf.trace([q, k], dynamic=dynamic)
+        built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+        assert len(built.kernels) == launches
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    run = jitop.kernel(heads_of_attention, target="cuda", dynamic=True, fallback=False)
+    for n in (3, 20, 70):
+        k = rng.standard_normal((n, 64)).astype(np.float32)
+        want = heads_of_attention(q.astype(np.float64), k.astype(np.float64))
+        bound = 8 * (n + 16) * EPS[np.float32] * 8 * np.abs(k).max()
+        np.testing.assert_allclose(np.asarray(run(q, k)), want, rtol=0, atol=bound)
+    assert run.traces == 1
+
+
 def _loop_ir(fn, args) -> str:
     import gpu_sim
     return str(gpu_sim.lower_traced(jitop.kernel(fn, target=SM90), *args).func)
