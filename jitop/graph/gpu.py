@@ -180,6 +180,8 @@ class GpuExecutable:
         self.guards = [(g, compile_guard(g)) for g in guards]
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, tuple[Any, Any]] = {}  # input -> (its device copy, the host bytes copied)
+        # the argument each input is, when every input is one as it is (no constants, casts or scalars)
+        self._plain = [what for _, what in inputs] if all(kind == "arg" for kind, _ in inputs) else None
 
     @property
     def symbolic(self) -> bool:
@@ -210,7 +212,10 @@ class GpuExecutable:
         self._rebuild = rebuilder(tree, len(self.result_slots)) if tree is not None else None
 
     def call(self, values: Sequence[Any]) -> Any:
-        arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
+        if self._plain is not None:
+            arrays = [values[k] for k in self._plain]
+        else:
+            arrays = [self._argument(k, kind, what, values) for k, (kind, what) in enumerate(self.inputs)]
         outs = self.function(*arrays)
         outs = outs if isinstance(outs, tuple) else (outs,)
         if not any(map(is_device_array, values)):

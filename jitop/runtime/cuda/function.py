@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -33,12 +34,14 @@ class CallPlan:
     __slots__ = ("outputs", "workspaces", "launches", "error_symbol")
 
     def __init__(self, outputs: list, workspaces: list, launches: list, error_symbol: str | None):
-        self.outputs, self.workspaces, self.launches, self.error_symbol = outputs, workspaces, launches, error_symbol
+        # (shape, dtype, elements) of each: checked once here, allocated on every call without checks
+        self.outputs, self.workspaces = _exact(outputs), _exact(workspaces)
+        self.launches, self.error_symbol = launches, error_symbol
 
     def run(self, function: "GpuFunction", args: Sequence[DeviceArray]) -> Any:
         """Launch on `args` (inputs, or inputs then outputs); the outputs allocated (device arrays), or None
         when they were given. Workspaces are freed when it returns: their blocks are reused in stream order."""
-        outs = [DeviceArray.allocate(shape, dtype) for shape, dtype in self.outputs]
+        outs = [DeviceArray.allocate_exact(*spec) for spec in self.outputs]
         workspaces = self.allocate_workspaces()
         self.queue([a.ptr for a in args] + [o.ptr for o in outs] + [w.ptr for w in workspaces])
         if self.error_symbol:
@@ -48,12 +51,22 @@ class CallPlan:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def allocate_workspaces(self) -> list[DeviceArray]:
-        return [DeviceArray.allocate(shape, dtype) for shape, dtype in self.workspaces]
+        return [DeviceArray.allocate_exact(*spec) for spec in self.workspaces]
 
     def queue(self, buffers: Sequence[int]) -> None:
         """Queue the launches on the addresses of every buffer: parameters, then workspaces."""
         for launch, taken, values in self.launches:
             launch([buffers[k] for k in taken] + values)
+
+
+def _exact(arrays: list) -> list[tuple[tuple[int, ...], np.dtype, int]]:
+    """(shape, dtype) of each array to allocate as DeviceArray.allocate_exact takes them, checked as the
+    DeviceArray constructor checks them."""
+    out = []
+    for shape, dtype in arrays:
+        DeviceArray(shape, dtype, 0)  # a negative size or an object dtype raises here, once per plan
+        out.append((tuple(map(int, shape)), np.dtype(dtype), math.prod(shape)))
+    return out
 
 
 class GpuFunction:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 import weakref
 from typing import Any, Sequence
@@ -59,10 +60,21 @@ class DeviceArray:
         """A new array whose memory it owns (uninitialized; no allocation at all when it is empty). Its memory
         comes from, and returns to, the pool of freed blocks (`POOL`)."""
         arr = cls(shape, dtype, 0)
-        if arr.nbytes:
-            arr.ptr, size = POOL.take(arr.nbytes)
-            weakref.finalize(arr, POOL.give, driver.lib(), arr.ptr, size).atexit = False
-        return arr
+        return arr._pooled() if arr.nbytes else arr
+
+    @classmethod
+    def allocate_exact(cls, shape: tuple[int, ...], dtype: np.dtype, size: int) -> "DeviceArray":
+        """`allocate` of a shape and dtype already checked (a call plan's outputs: ints >= 0, a numeric numpy
+        dtype, `size` elements), without checking them again on every call."""
+        arr = cls.__new__(cls)
+        arr.shape, arr.dtype, arr.size, arr.ptr, arr.owner = shape, dtype, size, 0, None
+        arr.nbytes = size * dtype.itemsize
+        return arr._pooled() if arr.nbytes else arr
+
+    def _pooled(self) -> "DeviceArray":
+        self.ptr, size = POOL.take(self.nbytes)
+        self.owner = _PooledBlock(POOL, driver.lib(), self.ptr, size)
+        return self
 
     @property
     def ndim(self) -> int:
@@ -115,6 +127,20 @@ class DeviceArray:
         work on the legacy default stream, so consumers on other streams are told to wait for that one."""
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "strides": None,
                 "version": 3, "stream": _LEGACY_STREAM}
+
+
+class _PooledBlock:
+    """The block of an array that owns its memory: back to the pool it came from when the array, its only
+    holder, is collected (cheaper per array than a weakref.finalize; never at interpreter exit)."""
+
+    __slots__ = ("pool", "lib", "ptr", "size")
+
+    def __init__(self, pool: "BlockPool", lib: Any, ptr: int, size: int):
+        self.pool, self.lib, self.ptr, self.size = pool, lib, ptr, size
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            self.pool.give(self.lib, self.ptr, self.size)
 
 
 class BlockPool:
