@@ -20,8 +20,9 @@ but free index arithmetic (fusion already makes that one loop).
 >>> parts = [node("reduce", (4,), x.dtype, (node("index", (4, 3), x.dtype, (x,),
 ...           spec=(("slice", 0, 1, 0), ("slice", 3 * i, 1, 1))),), op="sum", axes=(1,)) for i in range(2)]
 >>> both = node("concat", (8,), x.dtype, parts, axis=0)
->>> [n.prim for n in toposort(batch_slices([both])) if n.prim in ("reduce", "concat")]
-['reduce']
+>>> notes = []
+>>> [n.prim for n in toposort(batch_slices([both], notes)) if n.prim in ("reduce", "concat")], notes
+(['reduce'], ['concat[8]:float32 of 2 copies: batched (1 loop nests for all the copies, not 1 per copy)'])
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from jitop.graph.batch_rules import shifted_entry
 from jitop.graph.ir import Node, consumers, node, same_dims, same_op, same_value, toposort
 
 
-def batch_slices(results: list[Node]) -> list[Node]:
+def batch_slices(results: list[Node], notes: list[str] | None = None) -> list[Node]:
     """`results` with each concatenation of copies of one computation over slices batched (module docstring);
-    the nodes themselves when there is none."""
+    the nodes themselves when there is none. `notes`, if given, receives a line per concatenation of copies:
+    batched, or why not."""
     order = toposort(results)
     concats = [n for n in order if n.prim == "concat" and len(n.src) >= 2]
     if not concats:
@@ -40,37 +42,41 @@ def batch_slices(results: list[Node]) -> list[Node]:
     readers = consumers(order)
     batched = {}
     for c in concats:
-        b = batched_concat(c, readers)
+        b, why = batched_concat(c, readers)
         if b is not None:
             batched[c] = b
+        if notes is not None and why:
+            notes.append(f"{c} of {len(c.src)} copies: {why}")
     return _substituted(results, batched) if batched else results
 
 
-def batched_concat(c: Node, readers: dict[Node, list[Node]]) -> Node | None:
-    """The batched form of concat `c`, or None where its parts are not copies over slices (module docstring)."""
+def batched_concat(c: Node, readers: dict[Node, list[Node]]) -> tuple[Node | None, str]:
+    """The batched form of concat `c` (None where its parts are not copies over slices, module docstring), and
+    what was decided: empty where the parts are not copies of one computation at all."""
     parts = c.src
-    if c.dtype is not parts[0].dtype:
-        return None
     matches = [_Match() for _ in parts[1:]]
-    if not all(m.unify(parts[0], p) for m, p in zip(matches, parts[1:])):
-        return None
+    if c.dtype is not parts[0].dtype or not all(m.unify(parts[0], p) for m, p in zip(matches, parts[1:])):
+        return None, ""
     varying = set(matches[0].pairs)
     if parts[0] not in varying or any(set(m.pairs) != varying for m in matches):
-        return None
-    if not any(prims.get(n.prim).own_stage for n in varying):
-        return None  # index arithmetic alone: fusion computes the concatenation in one loop already
+        return None, ""
+    stages = sum(prims.get(n.prim).own_stage for n in varying)
+    if not stages:
+        return None, "index arithmetic only, one loop already (not batched)"
     if not _read_only_here(c, parts, matches, varying, readers):
-        return None
+        return None, "a copy's intermediate is read outside the concatenation (not batched: computed twice)"
     leaves = {}
     for leaf, (entry, delta) in matches[0].deltas.items():
         if any(m.deltas.get(leaf) != (entry, delta * (k + 1)) for k, m in enumerate(matches)):
-            return None  # offsets not in step with the copy's number
+            return None, "slice offsets not in step with the copy's number (not batched)"
         wide = _all_slices(leaf, entry, delta, len(parts))
         if wide is None:
-            return None
+            return None, "slices that do not tile their array: gaps or overlaps (not batched)"
         leaves[leaf] = wide
     stacked = _batched(parts[0], varying, leaves)
-    return None if stacked is None else _joined(stacked, c)
+    if stacked is None:
+        return None, "a primitive without a batch rule (not batched)"
+    return _joined(stacked, c), f"batched ({stages} loop nests for all the copies, not {stages} per copy)"
 
 
 class _Match:

@@ -49,6 +49,7 @@ class Prepared:
     guards: list[str] = field(default_factory=list)  # relations the shape symbols must satisfy ("x_0 >= 5")
     # templated node -> its constant weights as its template packs them (made once here, not on each call)
     packed: dict[Node, list[np.ndarray]] = field(default_factory=dict)
+    rewrites: list[str] = field(default_factory=list)  # what the graph rewrites decided (`rewritten`'s notes)
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
@@ -68,7 +69,8 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression (after `rewritten`)
-    outputs = distinct_outputs(rewritten(results))
+    rewrites: list[str] = []
+    outputs = distinct_outputs(rewritten(results, rewrites))
     unique = list(dict.fromkeys(outputs))
     # fuse: which nodes get their own loop nest, and why (TVM's operator classes)
     why = materialize(unique, padded_tails=True)
@@ -79,7 +81,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     # prepack: a template's copy of constant weights (packed panels) is made now, once
     packed = prepack_all(choices, target)
     return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards),
-                    packed)
+                    packed, rewrites)
 
 
 def build(prep: Prepared, profile: bool = False) -> Executable:
@@ -117,7 +119,8 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     return Executable(module, plan, groups=fusion_groups(unique, why), func=func,
                       templates=list(st.chosen.values()),
                       decisions=[f"storage: {storage(func)}", f"padding: {padding(func)}"]
-                      + [f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"])
+                      + [f"operand fusion: {d}" for d in operand_decisions] + [f"row fusion: {row_decision}"]
+                      + [f"slice batching: {d}" for d in prep.rewrites])
 
 
 def _printed(shape: tuple) -> tuple[int | str, ...]:
@@ -189,10 +192,11 @@ def graph_tasks(results: list[Node], target: Target | None = None) -> list[Task]
     return list(extract_tasks(materialize(unique, padded_tails=True), target or default_target()).values())
 
 
-def rewritten(results: list[Node]) -> list[Node]:
+def rewritten(results: list[Node], notes: list[str] | None = None) -> list[Node]:
     """The traced graph as the CPU compiles it: a loop over slices joined by a concatenation batched
-    (jitop.graph.batching), NCHW convolutions channels-last (jitop.graph.layout)."""
-    return channels_last(batch_slices(results))
+    (jitop.graph.batching; `notes`, if given, receives its decisions), NCHW convolutions channels-last
+    (jitop.graph.layout)."""
+    return channels_last(batch_slices(results, notes))
 
 
 def distinct_outputs(results: list[Node]) -> list[Node]:

@@ -305,7 +305,10 @@ def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: 
     """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
-    unique, consts, choices = _graph_parts(batch_slices(results), target, reps)
+    batch_notes: list[str] = []
+    unique, consts, choices = _graph_parts(batch_slices(results, batch_notes), target, reps)
+    if notes is not None:
+        notes += [f"slice batching: {d}" for d in batch_notes]
     return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
 
 

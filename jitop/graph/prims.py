@@ -3,8 +3,9 @@
 An entry says how fusion treats the primitive (its TVM operator class, whether it is free to recompute,
 whether it rereads a smaller source, what one element costs), how it lowers to tensor expressions (an
 injective primitive's expression emitter, or the stage builder of one with a loop nest of its own) and, for
-a primitive an operator template computes, its workload fields. jitop.graph's fusion, tasks, to_te and
-schedule_rules ask this table; none keeps a list of primitive names of its own. Adding a primitive is one
+a primitive an operator template computes, its workload fields, and how it computes many copies of itself at
+once (its batch rule, jitop.graph.batch_rules). jitop.graph's fusion, tasks, to_te, schedule_rules and batching
+ask this table; none keeps a list of primitive names of its own. Adding a primitive is one
 entry in PRIMS (tests/graph/test_prims.py checks that every primitive the front ends build has one).
 
 >>> get("transpose").kind is Kind.INJECTIVE, get("transpose").free, get("matmul").symbolic_fields

@@ -180,3 +180,13 @@ def test_random_loops_over_slices_match_numpy(case):
     assert got.dtype == np.float32 and got.shape == want.shape
     scale = (np.abs(x).max() + 1) * (np.abs(w).max() + 1)
     np.testing.assert_allclose(got, want, rtol=0, atol=EPS * (cols + 4) * scale)
+
+
+def test_explain_says_what_was_batched_and_why_not(capsys):
+    q = np.random.default_rng(3).standard_normal((3, 20)).astype(np.float32)
+    text = jitop.kernel(lambda q, k, v: heads(q, k, v, 0.0, 4)).explain(q, q, q)
+    assert "slice batching: concat[3, 20]:float32 of 4 copies: batched" in text
+    text = jitop.kernel(reused_part).explain(np.ones((4, 9), np.float32))
+    assert "of 3 copies: a copy's intermediate is read outside the concatenation" in text
+    text = jitop.kernel(lambda q, k: heads(q, k, k, 0.0, 4), target="cuda -arch=sm_90").explain(q, q)
+    assert "slice batching: concat[3, 20]:float32 of 4 copies: batched" in text
