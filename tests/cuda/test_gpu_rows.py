@@ -166,26 +166,34 @@ def attention_weights(q, k):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _over_a_growing_cache(monkeypatch, fn, launches: tuple[int, int], lengths, bound) -> None:
+    """fn(q, k)'s kernels for sm_90 with the cache length k.shape[0] constant, then symbolic (`launches`), and
+    its results on this machine's GPU (or the simulated one) at each of `lengths`, one trace for them all,
+    within bound(n, k) of numpy's in float64."""
+    rng = np.random.default_rng(8)
+    q, k = rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((20, 64)).astype(np.float32)
+    from jitop.graph.gpu import compile_graph_gpu
+    for dynamic, count in zip((None, {1: [0]}), launches):
+        kf = jitop.kernel(fn, target=SM90)
+        tr = kf.trace([q, k], dynamic=dynamic)
+        built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
+        assert len(built.kernels) == count
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    run = jitop.kernel(fn, target="cuda", dynamic=True, fallback=False)
+    for n in lengths:
+        k = rng.standard_normal((n, 64)).astype(np.float32)
+        want = fn(q.astype(np.float64), k.astype(np.float64))
+        np.testing.assert_allclose(np.asarray(run(q, k)), want, rtol=0, atol=bound(n, k))
+    assert run.traces == 1
+
+
 @pytest.mark.usefixtures("private_cache")
 def test_attention_over_a_growing_cache_is_its_scores_then_one_row_kernel(monkeypatch) -> None:
     """The scores q k^T are a row-long reduction, which cannot be inlined: with the cache length symbolic they
     are computed to memory first, and the softmax over them is one kernel (with a constant length, the scores
     are computed at the row too: one kernel in all)."""
-    kf = jitop.kernel(attention_weights, target=SM90)
-    rng = np.random.default_rng(8)
-    q, k = rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((20, 64)).astype(np.float32)
-    from jitop.graph.gpu import compile_graph_gpu
-    for dynamic, launches in ((None, 1), ({1: [0]}, 2)):
-        tr = kf.trace([q, k], dynamic=dynamic)
-        built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
-        assert len(built.kernels) == launches
-    sim_gpu.gpu_or_simulated(monkeypatch)
-    run = jitop.kernel(attention_weights, target="cuda", dynamic=True, fallback=False)
-    for n in (3, 20, 300):
-        k = rng.standard_normal((n, 64)).astype(np.float32)
-        want = attention_weights(q.astype(np.float64), k.astype(np.float64))
-        np.testing.assert_allclose(np.asarray(run(q, k)), want, rtol=0, atol=8 * (n + 64) * EPS[np.float32] * 8)
-    assert run.traces == 1
+    _over_a_growing_cache(monkeypatch, attention_weights, (1, 2), (3, 20, 300),
+                          lambda n, k: 8 * (n + 64) * EPS[np.float32] * 8)
 
 
 def heads_of_attention(q, k):
@@ -196,25 +204,11 @@ def heads_of_attention(q, k):
 
 @pytest.mark.usefixtures("private_cache")
 def test_heads_in_a_python_loop_launch_the_kernels_of_one_head(monkeypatch) -> None:
-    """jitop.graph.batching computes the loop's copies at once: the kernels of one head (batched), not four
-    times as many, over a growing cache too; the weights are numpy's."""
-    rng = np.random.default_rng(9)
-    q, k = rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((20, 64)).astype(np.float32)
-    from jitop.graph.gpu import compile_graph_gpu
-    # one head's kernels (3, or 4 with the cache length symbolic), and the product's copy into hstack's layout
-    for dynamic, launches in ((None, 4), ({1: [0]}, 5)):  # the loop of 4 heads: 13 and 17
-        kf = jitop.kernel(heads_of_attention, target=SM90)
-        tr = kf.trace([q, k], dynamic=dynamic)
-        built = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function.built
-        assert len(built.kernels) == launches
-    sim_gpu.gpu_or_simulated(monkeypatch)
-    run = jitop.kernel(heads_of_attention, target="cuda", dynamic=True, fallback=False)
-    for n in (3, 20, 70):
-        k = rng.standard_normal((n, 64)).astype(np.float32)
-        want = heads_of_attention(q.astype(np.float64), k.astype(np.float64))
-        bound = 8 * (n + 16) * EPS[np.float32] * 8 * np.abs(k).max()
-        np.testing.assert_allclose(np.asarray(run(q, k)), want, rtol=0, atol=bound)
-    assert run.traces == 1
+    """jitop.graph.batching computes the loop's copies at once: one head's kernels (3, or 4 with the cache length
+    symbolic) and the product's copy into hstack's layout, not four times as many (13 and 17 as a loop); over a
+    growing cache too; the results are numpy's."""
+    _over_a_growing_cache(monkeypatch, heads_of_attention, (4, 5), (3, 20, 70),
+                          lambda n, k: 8 * (n + 16) * EPS[np.float32] * 8 * np.abs(k).max())
 
 
 def _loop_ir(fn, args) -> str:
