@@ -62,7 +62,7 @@ def batched_concat(c: Node, readers: dict[Node, list[Node]]) -> tuple[Node | Non
         return None, ""
     stages = sum(prims.get(n.prim).own_stage for n in varying)
     if not stages:
-        return None, "index arithmetic only, one loop already (not batched)"
+        return None, "elementwise and index arithmetic only: fused into one loop already (not batched)"
     if not _read_only_here(c, parts, matches, varying, readers):
         return None, "a copy's intermediate is read outside the concatenation (not batched: computed twice)"
     leaves = {}
