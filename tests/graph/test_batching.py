@@ -190,3 +190,26 @@ def test_explain_says_what_was_batched_and_why_not(capsys):
     assert "of 3 copies: a copy's intermediate is read outside the concatenation" in text
     text = jitop.kernel(lambda q, k: heads(q, k, k, 0.0, 4), target="cuda -arch=sm_90").explain(q, q)
     assert "slice batching: concat[3, 20]:float32 of 4 copies: batched" in text
+
+
+ODD_LOOPS = {
+    "0-d parts": lambda x: np.stack([x[i].sum() for i in range(x.shape[0])]),
+    "argmax": lambda x: np.stack([np.argmax(x[:, 2 * i:2 * i + 2], axis=1) for i in range(3)], axis=1),
+    "rows of one": lambda x: np.concatenate([(x[i:i + 1] * 3).max(axis=1) for i in range(x.shape[0])]),
+    "int and slice reads": lambda x: np.stack([x[:, i] @ x[:, i:i + 1] for i in range(2)], axis=1),
+    "where": lambda x: np.hstack([np.where(x[:, 3 * i:3 * i + 3] > 0, x[:, 3 * i:3 * i + 3], 0)
+                                  .sum(axis=1, keepdims=True) for i in range(2)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64])
+@pytest.mark.parametrize("name", list(ODD_LOOPS))
+def test_loops_of_other_primitives_and_dtypes(name, dtype):
+    fn = ODD_LOOPS[name]
+    x = (np.random.default_rng(4).standard_normal((4, 6)) * 5).astype(dtype)
+    kf = jitop.kernel(fn, fallback=False)
+    assert loop_nests(rewritten(kf.trace([x]).results)) == 1
+    got, want = kf(x), fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 0 if dtype == np.int32 else 8 * np.finfo(dtype).eps * (np.abs(x).max() + 1) ** 2
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
