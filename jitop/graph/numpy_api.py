@@ -694,6 +694,8 @@ def atleast_2d(*arys):
 
 @implements(np.split)
 def split(a, indices_or_sections, axis=0):
+    if isinstance(indices_or_sections, Tracer):
+        indices_or_sections._concrete("np.split's indices_or_sections")
     n = as_node(a)
     ax = _axes(axis, n.ndim)[0]
     size = n.shape[ax]

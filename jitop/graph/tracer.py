@@ -166,6 +166,10 @@ class Tracer:
         self._concrete("formatting (an f-string)")
 
     def _concrete(self, what: str):
+        if self.node.weak:  # a Python int or float argument: a run-time value of the kernel, unknown here
+            raise Unsupported(f"{what} of a Python scalar argument, which jitop traces as a run-time value (unknown "
+                              "while tracing)", "mark the argument static (@jitop.kernel(static_argnames=['n'])): "
+                              "one compile per value, as JAX's static_argnames")
         raise Unsupported(f"{what} of a traced array (its value is only known when the kernel runs)")
 
     def __int__(self): self._concrete("int()")

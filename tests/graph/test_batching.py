@@ -213,3 +213,29 @@ def test_loops_of_other_primitives_and_dtypes(name, dtype):
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = 0 if dtype == np.int32 else 8 * np.finfo(dtype).eps * (np.abs(x).max() + 1) ** 2
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+def pico_mha(x, n_head):
+    """picoGPT's multi-head attention: np.split into q, k, v, then each into heads, hstack of the heads."""
+    qkv_heads = [np.split(t, n_head, axis=-1) for t in np.split(x, 3, axis=-1)]
+    mask = (1 - np.tri(x.shape[0], dtype=x.dtype)) * -1e10
+    return np.hstack([heads(q, k, v, mask, 1) for q, k, v in zip(*qkv_heads)])
+
+
+def test_picogpt_heads_split_by_a_static_n_head_are_batched():
+    x = np.random.default_rng(5).standard_normal((7, 3 * 4 * 6)).astype(np.float32)
+    kf = jitop.kernel(pico_mha, static_argnames=["n_head"], fallback=False)
+    tr = kf.trace([x, 4])
+    assert loop_nests(rewritten(tr.results)) * 4 == loop_nests(tr.results)
+    q, k, v = np.split(x, 3, axis=-1)
+    want = pico_mha(x.astype(np.float64), 4)
+    np.testing.assert_allclose(kf(x, 4), want, rtol=0, atol=_attention_bound(q, k, v, 6))
+
+
+def test_a_python_int_used_as_a_size_says_to_make_it_static():
+    """n_head traced as a run-time scalar cannot size np.split's parts: the error names the fix."""
+    x = np.ones((3, 24), np.float32)
+    with pytest.raises(jitop.FallbackError, match=r"np.split's indices_or_sections of a Python scalar.*static_argnames"):
+        jitop.kernel(pico_mha, fallback=False)(x, 4)
+    with pytest.warns(jitop.JitopFallbackWarning, match="static_argnames"):
+        np.testing.assert_allclose(jitop.kernel(pico_mha)(x, 4), pico_mha(x, 4))
