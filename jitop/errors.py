@@ -26,6 +26,15 @@ class Unsupported(JitopError):
         self.construct = construct
 
 
+class ScalarNeeded(Unsupported):
+    """A Python scalar argument, traced as a run-time value, was used where its value is needed while tracing
+    (a size, an index, int()): `leaves` are the argument leaves it came from, which the kernel can make static."""
+
+    def __init__(self, construct: str, hint: str, leaves: tuple[int, ...]):
+        super().__init__(construct, hint)
+        self.leaves = leaves
+
+
 class TracerConversionError(JitopError, TypeError):
     """A traced array was used where a concrete value is needed."""
 

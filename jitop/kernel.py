@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jitop import dtypes, pytree
-from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning
+from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning, ScalarNeeded
 from jitop.graph.capture import capture, holds, reading
 from jitop import config
 from jitop import dispatch
@@ -52,6 +52,10 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MISS = fastcall.MISS
 _GUARDED_DEPTH = 5  # the same from a guarded call: _fall_back, call, _call, __call__ above the caller
 _BUILD_DEPTH = 7  # a warning while building names the caller's line: 6 frames of jitop (_build, get, ...) above it
+
+
+class _Restart(Exception):
+    """Raised out of a build whose trace made a parameter static: the call is keyed again and built anew."""
 
 
 def argspec(value: Any, static: bool) -> tuple:
@@ -177,14 +181,8 @@ class KernelFunction:
         self.__doc__ = fn.__doc__
         self.signature = inspect.signature(fn)
         names = list(self.signature.parameters)
-        self.static = {names[i] for i in static_argnums} | set(static_argnames)
-        self._static_flags = tuple(n in self.static for n in names)
-        params = list(self.signature.parameters.values())
-        self._simple = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-        # the native entry can serve a signature whose leaves are exactly the positional arguments
-        self._positional = not self.static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                              p.VAR_POSITIONAL) for p in params)
-        self._binder = _positional_binder(params)
+        self._set_static({names[i] for i in static_argnums} | set(static_argnames))
+        self._binder = _positional_binder(list(self.signature.parameters.values()))
         self.fallback = fallback
         self._warned: set[str] = set()
         # signature -> overload, the call log and the native entry (checks the arguments itself and returns
@@ -195,6 +193,30 @@ class KernelFunction:
                                   functools.partial(kernel_cache.save_dynamic, self.qualified_name))
         self.policy.check_names(names)
         self.traces = 0  # how many times the function was traced (a new size of a symbolic signature is not)
+
+    def _set_static(self, static: set[str]) -> None:
+        """The parameters whose Python value is part of the key (traced as constants), and the fast paths that
+        only a function without any may take."""
+        params = list(self.signature.parameters.values())
+        self.static = static
+        self._static_flags = tuple(p.name in static for p in params)
+        self._simple = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        # the native entry can serve a signature whose leaves are exactly the positional arguments
+        self._positional = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                         p.VAR_POSITIONAL) for p in params)
+
+    def _made_static(self, err: ScalarNeeded, tree: Any) -> bool:
+        """After a Python scalar argument was used as a size (`err`): its parameters made static (a compile per
+        value, as torch.compile specialises an int used as a size), True; False where its leaves are not whole
+        parameters (inside a list, or a *args tuple) or are static already."""
+        params = list(self.signature.parameters.values())
+        if tree is not None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            return False
+        names = {params[k].name for k in err.leaves if k < len(params)}
+        if not names or names <= self.static:
+            return False
+        self._set_static(self.static | names)
+        return True
 
     @property
     def cache(self) -> Mapping[tuple, Overload | Any]:
@@ -340,7 +362,10 @@ class KernelFunction:
         verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
         struct = struct_key(key)
         build = functools.partial(self._build, values, run_numpy, tree, struct)
-        ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
+        try:
+            ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
+        except _Restart:  # a parameter became static: the call's key holds its value now
+            return self._compile(self._flatten_params(values)[1], values, run_numpy, tree)
         workloads.maybe_flush()
         if self.autotune == "background" and ov is not FALLBACK and ov.tasks:
             watch_for_autotune(self)
@@ -358,6 +383,10 @@ class KernelFunction:
             if config.verify() and run_numpy is not None:
                 ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
             return ov
+        except ScalarNeeded as err:
+            if self._made_static(err, tree):
+                raise _Restart from None
+            return self._fall_back(err, _BUILD_DEPTH)
         except (Unsupported, TracerConversionError, NotImplementedError) as err:
             return self._fall_back(err, _BUILD_DEPTH)
         except Exception as err:
@@ -525,6 +554,8 @@ class KernelFunction:
                 with reading(cap.live):
                     result = cap.fn(*pos, **kw)
                 break
+            except ScalarNeeded:
+                raise  # the same without live arrays: make the scalar static instead
             except (Unsupported, TracerConversionError):
                 if not (live and cap.live):
                     raise

@@ -16,9 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jitop import dtypes
-from jitop.errors import TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
+from jitop.errors import ScalarNeeded, TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
 from jitop.graph import shapes
-from jitop.graph.ir import ConstData, Node, node
+from jitop.graph.ir import ConstData, Node, node, toposort
 from jitop.graph.shapes import ShapeEnv, SymInt
 
 
@@ -166,10 +166,12 @@ class Tracer:
         self._concrete("formatting (an f-string)")
 
     def _concrete(self, what: str):
-        if self.node.weak:  # a Python int or float argument: a run-time value of the kernel, unknown here
-            raise Unsupported(f"{what} of a Python scalar argument, which jitop traces as a run-time value (unknown "
-                              "while tracing)", "mark the argument static (@jitop.kernel(static_argnames=['n'])): "
-                              "one compile per value, as JAX's static_argnames")
+        args = tuple(sorted({n.param("index") for n in toposort([self.node]) if n.prim == "scalar_arg"})) \
+            if self.node.weak else ()
+        if args:  # from Python scalar arguments: run-time values of the kernel, unknown here
+            raise ScalarNeeded(f"{what} of a Python scalar argument, which jitop traces as a run-time value (unknown "
+                               "while tracing)", "mark the argument static (@jitop.kernel(static_argnames=['n'])): "
+                               "one compile per value, as JAX's static_argnames", args)
         raise Unsupported(f"{what} of a traced array (its value is only known when the kernel runs)")
 
     def __int__(self): self._concrete("int()")

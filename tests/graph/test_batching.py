@@ -222,20 +222,11 @@ def pico_mha(x, n_head):
     return np.hstack([heads(q, k, v, mask, 1) for q, k, v in zip(*qkv_heads)])
 
 
-def test_picogpt_heads_split_by_a_static_n_head_are_batched():
+def test_picogpt_heads_split_by_n_head_are_batched():
     x = np.random.default_rng(5).standard_normal((7, 3 * 4 * 6)).astype(np.float32)
-    kf = jitop.kernel(pico_mha, static_argnames=["n_head"], fallback=False)
-    tr = kf.trace([x, 4])
-    assert loop_nests(rewritten(tr.results)) * 4 == loop_nests(tr.results)
+    kf = jitop.kernel(pico_mha, fallback=False)
     q, k, v = np.split(x, 3, axis=-1)
     want = pico_mha(x.astype(np.float64), 4)
     np.testing.assert_allclose(kf(x, 4), want, rtol=0, atol=_attention_bound(q, k, v, 6))
-
-
-def test_a_python_int_used_as_a_size_says_to_make_it_static():
-    """n_head traced as a run-time scalar cannot size np.split's parts: the error names the fix."""
-    x = np.ones((3, 24), np.float32)
-    with pytest.raises(jitop.FallbackError, match=r"np.split's indices_or_sections of a Python scalar.*static_argnames"):
-        jitop.kernel(pico_mha, fallback=False)(x, 4)
-    with pytest.warns(jitop.JitopFallbackWarning, match="static_argnames"):
-        np.testing.assert_allclose(jitop.kernel(pico_mha)(x, 4), pico_mha(x, 4))
+    tr = kf.trace([x, 4])  # n_head, used as a size, was made static by the call
+    assert loop_nests(rewritten(tr.results)) * 4 == loop_nests(tr.results)

@@ -64,8 +64,9 @@ def test_new_int_value_does_not_recompile_but_int_vs_float_does() -> None:
     assert f.misses == 5
 
 
-def test_scalar_argument_used_in_shape_logic_falls_back_or_needs_static() -> None:
-    # a runtime scalar cannot decide a shape; static_argnums makes it a compile-time value
+def test_scalar_argument_used_in_shape_logic_is_static() -> None:
+    # a runtime scalar cannot decide a shape: static_argnums makes it a compile-time value, and without it the
+    # parameter is made static on the first call that needs its value (tests/graph/test_static_scalars.py)
     def fn(a, n):
         return a[:n] * 2
 
@@ -76,9 +77,10 @@ def test_scalar_argument_used_in_shape_logic_falls_back_or_needs_static() -> Non
     assert_same(jit_call(f, a, 4), a[:4] * 2)
     assert (f.misses, f.hits) == (2, 1)
 
-    g = jitop.kernel(fn)
-    with pytest.warns(jitop.JitopFallbackWarning):
-        assert_same(g(a, 3), a[:3] * 2)
+    g = jitop.kernel(fn, fallback=False)
+    assert_same(g(a, 3), a[:3] * 2)
+    assert_same(g(a, 5), a[:5] * 2)
+    assert g.static == {"n"} and g.traces == 3  # the first call traced twice: n a run-time value, then static
 
 
 def test_huge_python_int_argument() -> None:

@@ -1,0 +1,64 @@
+"""A Python scalar argument is a run-time value of the kernel (a new value does not recompile), unless its value
+is needed while tracing: as a size (np.split's sections, a reshape, range()), an index, int(). Then its parameter
+becomes static, as torch.compile specialises an int used as a size (JAX asks for static_argnames): the call is
+traced again with the value, one compile per value, later values keyed by it. Where the scalar is not a whole
+parameter (inside a list, a *args tuple), the error says to mark it static."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitop
+
+
+def heads(x, n_head):
+    return np.hstack([np.tanh(h).sum(axis=-1, keepdims=True) for h in np.split(x, n_head, axis=-1)])
+
+
+def rows(x, n):
+    return x.reshape(n, -1) * 2
+
+
+def first(x, n):
+    return sum(x[i] for i in range(n))
+
+
+def along(x, axis):
+    return x.sum(axis=axis)
+
+
+@pytest.mark.parametrize("fn, values", [(heads, (4, 2, 4, 3)), (rows, (2, 8, 2, 4)), (first, (3, 1, 3, 2)),
+                                        (along, (0, 1, 1, -1))])
+def test_a_scalar_used_as_a_size_is_made_static_and_keyed_by_value(fn, values):
+    x = np.random.default_rng(0).standard_normal((4, 24)).astype(np.float32)
+    kf = jitop.kernel(fn, fallback=False)
+    seen = set()
+    for n in values:
+        before = kf.traces
+        got, want = kf(x, n), fn(x, n)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * 24)
+        # a new value traces (the first call twice: as a run-time value, then static); a seen one does not
+        assert kf.traces - before == (0 if n in seen else 2 if not seen else 1)
+        seen.add(n)
+    names = list(kf.signature.parameters)
+    assert kf.static == {names[1]}
+
+
+def test_a_scalar_only_read_as_a_value_stays_a_run_time_argument():
+    kf = jitop.kernel(lambda x, s: x * s, fallback=False)
+    x = np.ones(5, np.float32)
+    for s in (2, 3, 7):
+        np.testing.assert_array_equal(kf(x, s), x * s)
+    assert kf.traces == 1 and not kf.static
+
+
+def test_a_scalar_that_is_not_a_whole_parameter_says_to_mark_it_static():
+    """Inside a *args tuple the scalar has no parameter of its own to make static: the error names the fix."""
+    def star(*args):
+        return heads(*args)
+    x = np.ones((3, 24), np.float32)
+    with pytest.raises(jitop.FallbackError, match=r"np.split's indices_or_sections of a Python scalar.*static_argn"):
+        jitop.kernel(star, fallback=False)(x, 4)
+    with pytest.warns(jitop.JitopFallbackWarning, match="static_argnames"):
+        np.testing.assert_allclose(jitop.kernel(star)(x, 4), heads(x, 4))
