@@ -57,6 +57,10 @@ _BUILD_DEPTH = 7  # a warning while building names the caller's line: 6 frames o
 class _Restart(Exception):
     """Raised out of a build whose trace made a parameter static: the call is keyed again and built anew."""
 
+    def __init__(self, err: ScalarNeeded):
+        super().__init__(str(err))
+        self.err = err
+
 
 def argspec(value: Any, static: bool) -> tuple:
     """The part of the cache key one argument (or pytree leaf) contributes: shape/dtype for arrays, the type for
@@ -207,15 +211,16 @@ class KernelFunction:
 
     def _made_static(self, err: ScalarNeeded, tree: Any) -> bool:
         """After a Python scalar argument was used as a size (`err`): its parameters made static (a compile per
-        value, as torch.compile specialises an int used as a size), True; False where its leaves are not whole
-        parameters (inside a list, or a *args tuple) or are static already."""
+        value, as torch.compile specialises an int used as a size; another thread's call may have made them so
+        already), True; False where its leaves are not whole parameters (inside a list, or a *args tuple)."""
         params = list(self.signature.parameters.values())
         if tree is not None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             return False
         names = {params[k].name for k in err.leaves if k < len(params)}
-        if not names or names <= self.static:
+        if not names:
             return False
-        self._set_static(self.static | names)
+        if not names <= self.static:
+            self._set_static(self.static | names)
         return True
 
     @property
@@ -364,8 +369,11 @@ class KernelFunction:
         build = functools.partial(self._build, values, run_numpy, tree, struct)
         try:
             ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
-        except _Restart:  # a parameter became static: the call's key holds its value now
-            return self._compile(self._flatten_params(values)[1], values, run_numpy, tree)
+        except _Restart as restart:  # a parameter became static: the call's key holds its value now
+            static_key = self._flatten_params(values)[1]
+            if static_key == key:  # never: a static parameter is traced as its value
+                return self._fall_back(restart.err, _BUILD_DEPTH - 1)
+            return self._compile(static_key, values, run_numpy, tree)
         workloads.maybe_flush()
         if self.autotune == "background" and ov is not FALLBACK and ov.tasks:
             watch_for_autotune(self)
@@ -385,7 +393,7 @@ class KernelFunction:
             return ov
         except ScalarNeeded as err:
             if self._made_static(err, tree):
-                raise _Restart from None
+                raise _Restart(err) from None
             return self._fall_back(err, _BUILD_DEPTH)
         except (Unsupported, TracerConversionError, NotImplementedError) as err:
             return self._fall_back(err, _BUILD_DEPTH)
