@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jitop import dtypes
-from jitop.errors import ScalarNeeded, TracerConversionError, Unsupported  # noqa: F401 - raised here, imported from here
+from jitop.errors import ScalarNeeded, TracerConversionError, Unsupported  # noqa: F401 - raised here, imported here
 from jitop.graph import shapes
 from jitop.graph.ir import ConstData, Node, node, toposort
 from jitop.graph.shapes import ShapeEnv, SymInt
