@@ -610,7 +610,7 @@ def schedule_conv2d_stage(s: Schedule, Y: Tensor, cfg: dict[str, int] | None = N
     if not isinstance(gop, ComputeOp) or gop.tag != CONV_GEMM or len(gop.input_tensors) != 2:
         raise ValueError(f"schedule_conv2d: '{Y.op.name}' does not read a conv2d_nchw GEMM stage")
     target = target or DEFAULT_TARGET
-    k, npq = g.shape
+    k = g.shape[0]
     crs = gop.reduce_axis[0].extent
     batch = Y.shape[0] if isinstance(Y.shape[0], int) else SYMBOLIC_BATCH  # a symbolic one's tiles: at this batch
     if cfg is None and Y.dtype.name == "float32" and "workload" in Y.op.attrs:

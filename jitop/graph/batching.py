@@ -29,6 +29,7 @@ from __future__ import annotations
 from jitop.graph import prims
 from jitop.graph.batch_rules import shifted_entry
 from jitop.graph.ir import Node, consumers, node, same_dims, same_op, same_value, toposort
+from jitop.graph.layout import transposed
 
 
 def batch_slices(results: list[Node], notes: list[str] | None = None) -> list[Node]:
@@ -142,8 +143,7 @@ def _all_slices(leaf: Node, entry: int, delta: int, h: int) -> Node | None:
     shape = tuple(leaf.shape)
     whole = _read(src, shape[:ax] + (h * d,) + shape[ax + 1:], spec)
     split = node("reshape", shape[:ax] + (h, d) + shape[ax + 1:], leaf.dtype, (whole,))
-    perm = (ax,) + tuple(k for k in range(len(shape) + 1) if k != ax)
-    return node("transpose", tuple(split.shape[p] for p in perm), leaf.dtype, (split,), perm=perm)
+    return transposed(split, (ax,) + tuple(k for k in range(len(shape) + 1) if k != ax))
 
 
 def _read(src: Node, shape: tuple, spec: tuple) -> Node:
@@ -167,11 +167,9 @@ def _batched(first: Node, varying: set[Node], leaves: dict[Node, Node]) -> Node 
 
 def _joined(stacked: Node, c: Node) -> Node:
     """The concatenation along c's axis of the copies stacked on the leading axis of `stacked`."""
-    ax, rank = c.param("axis"), c.ndim
-    if ax:
-        perm = tuple(range(1, ax + 1)) + (0,) + tuple(range(ax + 1, rank + 1))
-        stacked = node("transpose", tuple(stacked.shape[p] for p in perm), c.dtype, (stacked,), perm=perm)
-    return node("reshape", c.shape, c.dtype, (stacked,))
+    ax = c.param("axis")
+    at_axis = transposed(stacked, tuple(range(1, ax + 1)) + (0,) + tuple(range(ax + 1, c.ndim + 1)))
+    return node("reshape", c.shape, c.dtype, (at_axis,))
 
 
 def _read_only_here(c: Node, parts: tuple[Node, ...], matches: list["_Match"], varying: set[Node],

@@ -270,9 +270,7 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     linked for this machine's GPU if it has one, and stored. `guards`: a symbolic graph's relations between
     its symbols, which the calls it serves must satisfy (GpuExecutable.accepts); `reps`: the size each symbolic
     matmul row count's config is decided at (tasks.row_buckets)."""
-    results = batch_slices(results)  # a loop over slices: one batched kernel per stage, not one per slice
-    outputs = distinct_outputs(results)
-    unique, consts, choices = _graph_parts(results, target, reps)
+    outputs, unique, consts, choices = _graph_parts(results, target, reps)
     # a captured array (live: its owner may change it in place) is compared with what was uploaded on each call
     plan = input_plan + [("live" if isinstance(n.param("data"), LiveArray) else "const", constant_array(n))
                          for n in consts]
@@ -292,11 +290,14 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     return GpuExecutable(function, plan, slots, guards)
 
 
-def _graph_parts(results: list[Node], target: CudaTarget,
-                 reps: Mapping[Any, int] | None = None) -> tuple[list[Node], list[Node], dict]:
-    """A traced graph's distinct results, its array constants and its templated nodes' (task, config)."""
-    unique = list(dict.fromkeys(distinct_outputs(results)))
-    return unique, read_constants_of(unique), gpu_choices(unique, target, reps)
+def _graph_parts(results: list[Node], target: CudaTarget, reps: Mapping[Any, int] | None = None,
+                 notes: list[str] | None = None) -> tuple[list[Node], list[Node], list[Node], dict]:
+    """A traced graph as the GPU compiles it (a loop over slices batched: one kernel per stage, not one per slice;
+    `notes`, if given, receives batching's decisions): its results (one node each), its distinct results, its
+    array constants and its templated nodes' (task, config)."""
+    outputs = distinct_outputs(batch_slices(results, notes))
+    unique = list(dict.fromkeys(outputs))
+    return outputs, unique, read_constants_of(unique), gpu_choices(unique, target, reps)
 
 
 def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: list[Node],
@@ -306,7 +307,7 @@ def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: 
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
     batch_notes: list[str] = []
-    unique, consts, choices = _graph_parts(batch_slices(results, batch_notes), target, reps)
+    _, unique, consts, choices = _graph_parts(results, target, reps, batch_notes)
     if notes is not None:
         notes += [f"slice batching: {d}" for d in batch_notes]
     return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices

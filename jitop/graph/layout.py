@@ -139,18 +139,18 @@ def _operand(s: Node, value: tuple[Node, bool]) -> Node:
         return n
     if n.ndim < 4:
         n = node("reshape", (1,) * (4 - n.ndim) + tuple(n.shape), n.dtype, (n,), n.weak)
-    return _transposed(n, TO_NHWC)
+    return transposed(n, TO_NHWC)
 
 
 def _logical(n: Node, is_held: bool) -> Node:
-    return _transposed(n, TO_NCHW) if is_held else n
+    return transposed(n, TO_NCHW) if is_held else n
 
 
 def _channels_last(n: Node, is_held: bool) -> Node:
-    return n if is_held else _transposed(n, TO_NHWC)
+    return n if is_held else transposed(n, TO_NHWC)
 
 
-def _transposed(n: Node, perm: tuple[int, ...]) -> Node:
+def transposed(n: Node, perm: tuple[int, ...]) -> Node:
     """transpose(n, perm), folded into n when n is itself a transpose (identity: its source) or a scalar
     broadcast (a padding's fill: the scalar broadcast to the permuted shape)."""
     if n.prim == "broadcast" and n.src[0].ndim == 0:

@@ -194,6 +194,8 @@ def emit_reshape(c: Lowerer, n: Node, idx: Index) -> Expr:
     for outs, srcs in groups:  # each group's index on its own: a unit dim or a kept dim needs no div/mod
         if len(outs) == 1 and len(srcs) == 1:
             src_idx.append(idx[outs[0]])
+        elif not outs:  # a unit dim of the source
+            src_idx.append(const(0))
         elif srcs:
             src_idx.extend(unravel(ravel(tuple(idx[k] for k in outs), tuple(n.shape[k] for k in outs)),
                                    tuple(src.shape[k] for k in srcs)))
