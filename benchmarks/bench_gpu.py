@@ -7,6 +7,8 @@
       as @jitop.kernel(target="cuda") on device arrays: a row group, one kernel) vs torch;
   (c) SGEMM float32 at 1024, 2048, 4096, 8192 (schedule_matmul's default tiles) vs torch.mm with TF32 off (cuBLAS
       FP32) and, for reference, with TF32 on; a sweep of tile configs at 4096 and 2048;
+  (c0) one row times GPT-2's weight matrices (a decode step's GEMVs): topi.cuda_gemv's schedule vs the SGEMM tiles
+      the traced graph used for them before vs torch.mm, in GB/s and % of the copy bandwidth;
   (c'') the same SGEMMs on TF32 tensor cores (topi.cuda.matmul(A, B, tc="tf32"): the best of TC_CONFIGS) vs
       torch.mm with TF32 on (cuBLAS TF32; issue 25's target: >= 60 %), and on BF16 tensor cores (tc="bf16") vs
       cuBLAS on bfloat16 copies with float32 accumulation (torch.mm(..., out_dtype=float32) where torch has it,
@@ -474,6 +476,40 @@ def section_sgemm(ctx: Ctx, rep: Report, sizes, deadline: float) -> None:
               "error / bound: max |C - C_float64| / (K eps sum|a||b|), at most 1 when correct.")
 
 
+GEMV_SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257)]  # GPT-2 small's decode (k, n)
+
+
+def section_gemv(ctx: Ctx, rep: Report) -> None:
+    """One row times GPT-2's weights (a decode step's dense layers): the "cuda.gemv" schedule (the graph's choice
+    for at most GEMV_ROWS rows), the SGEMM tiles the graph used before it, torch.mm (FP32); a read of B, so GB/s
+    against the copy bandwidth."""
+    from jitop.topi import cuda_gemv
+    te, topi, mem, torch = ctx.jitop.te, ctx.topi, ctx.memory, ctx.torch
+    rows: list[list[Any]] = []
+    for k, n in GEMV_SHAPES:
+        a, b = ctx.rand((1, k), 8), ctx.rand((k, n), 9)
+        da, db, dc = mem.to_device(a), mem.to_device(b), mem.empty((1, n), np.float32)
+        nbytes = 4 * (k * n + k + n)
+        want = a.astype(np.float64) @ b
+        A, B = te.placeholder((1, k), name="A"), te.placeholder((k, n), name="B")
+        label = f"1x{k}x{n}"
+        cfg = cuda_gemv.default_gemv_config(1, n, k, ctx.target)
+        G = cuda_gemv.gemv(A, B)
+        _jitop_rows(ctx, rows, f"{label} jitop gemv {cfg['cols']}x{cfg['ks']}", lambda: ctx.build(
+            cuda_gemv.schedule_gemv(G, cfg, ctx.target), [A, B, G]), [da, db, dc], want, nbytes, raw=False)
+        C = topi.matmul(A, B)
+        _jitop_rows(ctx, rows, f"{label} jitop SGEMM tiles (before)", lambda: ctx.build(
+            topi.schedule_matmul(C, target=ctx.target), [A, B, C]), [da, db, dc], want, nbytes, raw=False)
+        if torch is not None:
+            ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+            got = torch.mm(ta, tb).cpu().numpy()
+            rows.append(_bandwidth_row(ctx, f"{label} torch.mm", ctx.time_ms(lambda: torch.mm(ta, tb), "torch"),
+                                       nbytes, f"{np.abs(got - want).max():.1e}"))
+        del da, db, dc
+    rep.table("(c0) One row times a weight matrix (GEMV), float32", ["kernel", "time (us)", "GB/s", "% of copy",
+                                                                   "max error", "build (s)"], rows)
+
+
 def _tc_error_ratio(ctx: Ctx, got: Any, ta, tb, mode: str) -> float:
     """max |C - C64| / ((u + K eps) sum_k |a||b|), u = TC_PRODUCT_ERROR[mode]: at most 1 for a correct TF32 / BF16
     product (each operand rounded to 11 / 8 significant bits, the sum in float32)."""
@@ -835,6 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         ("copy bandwidth", lambda: section_copy(ctx, rep)),
         ("elementwise", lambda: section_elementwise(ctx, rep)),
         ("softmax / layer norm", lambda: section_rows(ctx, rep)),
+        ("GEMV", lambda: section_gemv(ctx, rep)),
         ("SGEMM", lambda: section_sgemm(ctx, rep, args.sizes, deadline)),
     ]
     if not args.no_tc:

@@ -29,9 +29,9 @@ It catches (each error names the buffer, the index and the threads):
   It is not an error because correct GPU code reads unwritten elements too: the SGEMM's threads of a tail block
   compute garbage rows of their register tile from the unfilled rows of the shared tile, and never store them.
 
-Semantics as the PTX back end emits them: a thread_reduce combines its threads' values with a butterfly within
-each warp of 32 lanes, then the warps' results in order; it is a barrier for shared memory only when it spans
-more than one warp (only then does the emitted code synchronise). Integer division and modulo follow the IR's ops
+Semantics as the PTX back end emits them: a thread_reduce (along threadIdx.x, y or z) combines its threads'
+values with a butterfly among those one warp holds, then the warps' results in order; it is a barrier for shared
+memory only when it spans more than one warp (only then does the emitted code synchronise). Integer division and modulo follow the IR's ops
 (FLOORDIV/FLOORMOD: Python's and numpy's, TRUNCDIV/TRUNCMOD: C's; by zero: 0), min/max propagate NaN, casts are
 numpy's astype. A call that raises at run time (raise_if, a negative integer power) raises the error the GPU
 call would when an active thread meets it. Not supported: the tensor-core marker calls of jitop.codegen.mma /
@@ -672,28 +672,34 @@ class _Chunk:
 
     # ** cross-thread reduction **
     def _thread_reduce(self, s: ThreadReduce, ctx: _Ctx) -> None:
-        """Every thread gets its row's combined buffer[0]: butterflies within warps, then the warps in order."""
-        sync = s.extent > WARP  # the emitted code passes barriers only when the row spans several warps
+        """Every thread gets its reduction's combined buffer[0] (the threads along s.kind, the other indices
+        fixed): butterflies among the lanes one warp holds (where their stride is a power of two under a warp),
+        then those groups in order."""
+        axis = THREAD_KINDS.index(s.kind)
+        block = self.geo.block
+        stride = math.prod(block[:axis])
+        in_warp = min(s.extent, WARP // stride) if stride < WARP and stride & (stride - 1) == 0 else 1
+        sync = s.extent > in_warp  # the emitted code passes barriers only when the reduction spans several warps
         self._barrier(ctx, f"thread_reduce of '{s.buffer.name}'", sync=sync)
-        if s.kind is not ForKind.THREAD_X or self.geo.block[0] != s.extent or s.extent & (s.extent - 1):
+        if block[axis] != s.extent or s.extent & (s.extent - 1):
             raise GpuSimError(f"'{s.buffer.name}' is reduced across {s.extent} threads of {s.kind.value}, but the "
-                              f"block is {self.geo.block}: the GPU back end reduces a power-of-two threadIdx.x only, "
-                              "the whole of it")
+                              f"block is {block}: the GPU back end reduces a power-of-two threadIdx axis, the whole "
+                              "of it")
         mem = self._allocated(self.local, s.buffer)
-        width = min(s.extent, WARP)
-        v = mem[ctx.lanes, 0].reshape(-1, s.extent // width, width)
+        # lanes in linear order: [rest, groups, in-warp, stride]
+        v = mem[ctx.lanes, 0].reshape(-1, s.extent // in_warp, in_warp, stride)
         a, b = var("a", s.buffer.dtype), var("b", s.buffer.dtype)
         combine = s.reducer.combine(a, b)
 
         def both(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             return self.eval.value(combine, _Ctx(ctx.lanes, {a: x, b: y}), {})
 
-        lane = np.arange(width)
-        offset = width // 2
+        lane = np.arange(in_warp)
+        offset = in_warp // 2
         while offset:
-            v = both(v, v[..., lane ^ offset])
+            v = both(v, v[:, :, lane ^ offset, :])
             offset //= 2
-        total = v[:, 0, 0]
-        for w in range(1, v.shape[1]):
-            total = both(total, v[:, w, 0])
-        mem[ctx.lanes, 0] = np.repeat(total, s.extent)
+        total = v[:, 0, 0, :]
+        for g in range(1, v.shape[1]):
+            total = both(total, v[:, g, 0, :])
+        mem[ctx.lanes, 0] = np.broadcast_to(total[:, None, :], (total.shape[0], s.extent, stride)).reshape(-1)

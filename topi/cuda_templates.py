@@ -1,5 +1,5 @@
-"""The GPU GEMM schedules as templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul) and
-"cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered with jitop.tuner.registry like the CPU
+"""The GPU GEMM schedules as templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul), "cuda.gemv" (a
+product of few rows: topi.cuda_gemv) and "cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered with jitop.tuner.registry like the CPU
 templates, so `jitop.tune` searches their spaces (topi.cuda_space) for a GPU Target and measures them on the
 GPU (jitop.tuner.measure_gpu).
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar
 from jitop import te
 from jitop.schedule.schedule import Schedule
 from jitop.target import CudaTarget
-from jitop.topi import cuda
+from jitop.topi import cuda, cuda_gemv
 from jitop.topi.cuda_mma import MODES, tc_available, tc_tolerance
 from jitop.topi.cuda_space import gemm_space, launchable_default, to_cfg, to_config
 from jitop.tuner import registry
@@ -98,6 +98,42 @@ class CudaMatmulWorkload:
         if wl.b_batch or wl.dtype != DTYPE or not all(isinstance(d, int) and d > 0 for d in sizes):
             return None
         return CudaMatmulWorkload(wl.m * math.prod(wl.a_batch), wl.n, wl.k)
+
+
+@dataclass(frozen=True)
+class CudaGemvWorkload:
+    """C[m, n] = A[m, k] @ B[k, n] in float32 of a few rows (m <= topi.cuda_gemv.GEMV_ROWS: a decode step's
+    dense layers)."""
+
+    template: ClassVar[str] = "cuda.gemv"
+    m: int
+    n: int
+    k: int
+    dtype: str = DTYPE
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def describe(self) -> str:
+        """"cuda.gemv 1x768x2304 float32"."""
+        return f"cuda.gemv {self.m}x{self.n}x{self.k} {self.dtype}"
+
+    @staticmethod
+    def from_cpu(wl: Any) -> "CudaGemvWorkload | None":
+        """The GEMV workload of a CPU "matmul" workload of constant sizes, B unbatched, float32 and at most
+        GEMV_ROWS rows (a batched A's rows stacked); None otherwise.
+
+        >>> from types import SimpleNamespace as W
+        >>> CudaGemvWorkload.from_cpu(W(m=1, n=768, k=3072, dtype="float32", a_batch=(), b_batch=()))
+        CudaGemvWorkload(m=1, n=768, k=3072, dtype='float32')
+        >>> CudaGemvWorkload.from_cpu(W(m=5, n=768, k=3072, dtype="float32", a_batch=(), b_batch=())) is None
+        True
+        """
+        gemm = CudaMatmulWorkload.from_cpu(wl)
+        if gemm is None or gemm.m > cuda_gemv.GEMV_ROWS:
+            return None
+        return CudaGemvWorkload(gemm.m, gemm.n, gemm.k, gemm.dtype)
 
 
 @dataclass(frozen=True)
@@ -250,6 +286,54 @@ def matmul_reads(wl: CudaMatmulWorkload, config: Config, target: CudaTarget) -> 
     return -(-wl.n // cfg["bn"]), -(-wl.m // cfg["bm"])
 
 
+# ** cuda.gemv **
+
+def _gemv_default_cfg(wl: CudaGemvWorkload, target: Any) -> dict[str, Any]:
+    return cuda_gemv.default_gemv_config(wl.m, wl.n, wl.k, _check_target(wl.template, target))
+
+
+def gemv_config_space(wl: CudaGemvWorkload, target: Any) -> ConfigSpace:
+    """topi.cuda_gemv.gemv_space of the workload on `target`."""
+    return cuda_gemv.gemv_space(wl.m, wl.n, wl.k, target, _gemv_default_cfg(wl, target))
+
+
+def gemv_default(wl: CudaGemvWorkload, target: Any) -> Config:
+    """topi.cuda_gemv.default_gemv_config as a point of the space."""
+    cfg = _gemv_default_cfg(wl, target)
+    return Config.of(block=(cfg["cols"], cfg["ks"]), lanes=cfg["lanes"], unroll=cfg["unroll"])
+
+
+def gemv_build(wl: CudaGemvWorkload, config: Config, target: CudaTarget,
+               prepacked: bool = False) -> tuple[Schedule, list[te.Tensor]]:
+    """Placeholders A, B and the product C, scheduled with `config`: (Schedule, [A, B, C])."""
+    A = te.placeholder((wl.m, wl.k), wl.dtype, name="A")
+    B = te.placeholder((wl.k, wl.n), wl.dtype, name="B")
+    C = cuda_gemv.gemv(A, B)
+    return cuda_gemv.schedule_gemv(C, cuda_gemv.to_gemv_cfg(config), _check_target("cuda.gemv", target)), [A, B, C]
+
+
+def gemv_compute(wl: CudaGemvWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
+                 name: str = "gemv", binding: Any = None, packed: Any = ()) -> GemmStages:
+    """C = A @ B (topi.cuda_gemv.gemv) with A and B read through `readers`, as `matmul_compute`."""
+    read_a, read_b = readers
+    a = te.compute((wl.m, wl.k), lambda i, kk: read_a((), i, kk).astype(wl.dtype), name=f"{name}.A")
+    b = te.compute((wl.k, wl.n), lambda kk, j: read_b((), kk, j).astype(wl.dtype), name=f"{name}.B")
+    return GemmStages(cuda_gemv.gemv(a, b, name=name), (a, b))
+
+
+def gemv_schedule(s: Schedule, t: GemmStages, wl: CudaGemvWorkload, config: Config, target: CudaTarget,
+                  epilogue: te.Tensor | None = None) -> None:
+    """topi.cuda_gemv's schedule with `config` on the stages of `gemv_compute` inside the graph's schedule `s`:
+    the operand views are computed where the reduction reads them."""
+    _schedule_in_graph("cuda.gemv", cuda_gemv.schedule_gemv_stage, s, t, cuda_gemv.to_gemv_cfg(config), target,
+                       epilogue)
+
+
+def gemv_reads(wl: CudaGemvWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
+    """Every column's threads read all of A's row; each row's blocks read all of B."""
+    return wl.n, wl.m
+
+
 # ** cuda.conv2d **
 
 def conv2d_build(wl: CudaConv2dWorkload, config: Config, target: CudaTarget,
@@ -309,8 +393,11 @@ def tuned_cfg(template: str, workload: Any, target: CudaTarget) -> dict[str, int
 MATMUL = registry.register(registry.Template("cuda.matmul", CudaMatmulWorkload, gemm_config_space, gemm_default,
                                              matmul_compute, matmul_schedule, matmul_build,
                                              matmul_reads, kind_fields=("dtype",)))
+GEMV = registry.register(registry.Template("cuda.gemv", CudaGemvWorkload, gemv_config_space, gemv_default,
+                                           gemv_compute, gemv_schedule, gemv_build, gemv_reads,
+                                           kind_fields=("dtype",)))
 CONV2D = registry.register(registry.Template("cuda.conv2d", CudaConv2dWorkload, gemm_config_space, gemm_default,
                                              conv2d_compute, conv2d_schedule, conv2d_build,
                                              conv2d_reads, kind_fields=("r", "s", "stride", "dilation", "dtype")))
 
-__all__ = ["CudaMatmulWorkload", "CudaConv2dWorkload", "tuned_cfg", "MATMUL", "CONV2D"]
+__all__ = ["CudaMatmulWorkload", "CudaGemvWorkload", "CudaConv2dWorkload", "tuned_cfg", "MATMUL", "GEMV", "CONV2D"]

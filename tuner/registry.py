@@ -24,7 +24,7 @@ A template is plain functions over a frozen, JSON-serialisable workload:
 >>> from jitop.tuner import registry
 >>> import jitop   # importing jitop registers its templates
 >>> sorted(registry.names())
-['conv2d', 'cuda.conv2d', 'cuda.matmul', 'matmul']
+['conv2d', 'cuda.conv2d', 'cuda.gemv', 'cuda.matmul', 'matmul']
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
     `cache`: save the best record of each task in the persistent cache (JITOP_CACHE_DIR), where every later
     process's `pick` finds it with no code change. `cluster`: a `distributed.Client` to measure on its workers
     (jitop.tuner.measure_dask) instead of this machine. `target`: "cuda" (this machine's GPU) or a CudaTarget
-    tunes the GPU templates ("cuda.matmul", "cuda.conv2d") of the tasks instead, measured on this GPU
+    tunes the GPU templates ("cuda.matmul", "cuda.gemv", "cuda.conv2d") of the tasks instead, measured on this GPU
     (jitop.tuner.measure_gpu; CudaUnavailableError without a driver); topi.cuda's schedule_matmul /
     schedule_conv2d then use the configs found. Returns a TuneReport (print it for the table).
 
@@ -128,18 +128,21 @@ def tune(fn: Callable | Sequence[WeightedTask], *example_args: Any, budget: str 
 
 def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[WeightedTask]:
     """The GPU tasks of `weighted` for `target` ("cuda": this machine's GPU, "cuda -arch=sm_80", a CudaTarget):
-    each task's template "X" becomes the GPU template "cuda.X" (its workload converted by the GPU workload
-    type's `from_cpu`, an NHWC convolution as the NCHW one the GPU graph computes: `_as_on_gpu`); a task the GPU
-    template does not take (B batched, grouped, symbolic, not float32) is left out with one warning, a GPU task
+    each task's template "X" becomes the GPU template the GPU graph computes it with (the first of
+    jitop.graph.gpu.GPU_TEMPLATES["X"] whose workload type's `from_cpu` takes it: a product of few rows is a
+    "cuda.gemv", else a "cuda.matmul"; an NHWC convolution as the NCHW one the GPU graph computes: `_as_on_gpu`);
+    a task no GPU template takes (B batched, grouped, symbolic, not float32) is left out with one warning, a GPU task
     keeps its template and gets `target`.
 
     >>> import jitop
     >>> from jitop.tuner.registry import get
-    >>> wl = get("matmul").workload_type(m=64, n=64, k=64)
-    >>> [w.task.template for w in on_gpu([WeightedTask(Task("matmul", wl, jitop.Target.host()), 2)], "cuda")]
-    ['cuda.matmul']
+    >>> tasks = [WeightedTask(Task("matmul", get("matmul").workload_type(m=m, n=64, k=64), jitop.Target.host()), 2)
+    ...          for m in (64, 1)]
+    >>> [w.task.template for w in on_gpu(tasks, "cuda")]
+    ['cuda.matmul', 'cuda.gemv']
     """
     from jitop.driver import resolve_target
+    from jitop.graph.gpu import GPU_TEMPLATES
     from jitop.tuner import registry
     gpu = resolve_target(target) if isinstance(target, str) else target
     if not isinstance(gpu, CudaTarget):
@@ -147,13 +150,16 @@ def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[W
                          "CPU tasks are tuned for the Target they were compiled for")
     out, left = [], []
     for w in weighted:
-        name = w.task.template if w.task.template.startswith("cuda.") else f"cuda.{w.task.template}"
-        wl_type = registry.get(name).workload_type
-        wl = w.task.workload if isinstance(w.task.workload, wl_type) else wl_type.from_cpu(_as_on_gpu(w.task.workload))
-        if wl is None:
+        if w.task.template.startswith("cuda."):
+            out.append(WeightedTask(Task(w.task.template, w.task.workload, gpu), w.count))
+            continue
+        converted = ((name, registry.get(name).workload_type.from_cpu(_as_on_gpu(w.task.workload)))
+                     for name in GPU_TEMPLATES.get(w.task.template, ()))
+        found = next(((name, wl) for name, wl in converted if wl is not None), None)
+        if found is None:
             left.append(str(w.task))
         else:
-            out.append(WeightedTask(Task(name, wl, gpu), w.count))
+            out.append(WeightedTask(Task(found[0], found[1], gpu), w.count))
     if left:
         warnings.warn(f"jitop.tune: {len(left)} task(s) have no GPU template for their workload and are not tuned "
                       f"for {gpu.arch}: {'; '.join(left[:3])}", RuntimeWarning, stacklevel=3)

@@ -352,48 +352,61 @@ class _Emitter(LoopEmitter):
 
     # ** cross-thread reduction: butterfly shuffles within a warp, then the warps' results through shared memory **
     def thread_reduce(self, s: ThreadReduce) -> None:
+        """Combine buffer[0] of the `extent` threads along threadIdx.x, y or z (the others' indices fixed). The
+        threads of one reduction are `stride` apart in the block's linear order (the block's size below the
+        axis): where that is a power of two under a warp, the lanes one warp holds combine by butterfly
+        shuffles first; what spans several warps goes through shared memory, read back by every thread."""
+        axis = AXES.index(s.kind.value[-1])
         block = [self.k.dims.get(ForKind(f"threadIdx.{a}"), const(1)) for a in AXES]
-        if block[0] != const(s.extent):
-            raise ScheduleError(f"'{s.buffer.name}' is reduced across {s.extent} threads of threadIdx.x, but the "
-                                f"block has {expr_str(block[0])} along x: bind loops of equal extents")
-        threads = 1
-        for d in block:
-            threads *= int(d.value)
+        if block[axis] != const(s.extent):
+            raise ScheduleError(f"'{s.buffer.name}' is reduced across {s.extent} threads of {s.kind.value}, but the "
+                                f"block has {expr_str(block[axis])} along {AXES[axis]}: bind loops of equal extents")
+        sizes = [int(d.value) for d in block]
+        threads, stride = math.prod(sizes), math.prod(sizes[:axis])
+        in_warp = min(s.extent, 32 // stride) if stride < 32 and stride & (stride - 1) == 0 else 1
         mask = 0xFFFFFFFF if threads >= 32 else (1 << threads) - 1
         b, dt = self.b, s.buffer.dtype
         at = (const(0),)
         self._memo = {}
         value = self.expr(s.buffer.load(at))
-        offset = min(s.extent, 32) // 2
+        offset = in_warp // 2
         while offset:
-            value = self._combine(s.reducer, dt, value, self._shuffle(value, dt, offset, mask))
+            value = self._combine(s.reducer, dt, value, self._shuffle(value, dt, offset * stride, mask))
             offset //= 2
-        if s.extent > 32:
-            value = self._across_warps(s, dt, value, threads, block)
+        if s.extent > in_warp:
+            value = self._across_warps(s, dt, value, sizes, axis, in_warp)
         b.store(ops.to_memory(b, dt, value), self._address(s.buffer, at))
         self._memo = {}
 
-    def _across_warps(self, s: ThreadReduce, dt: DType, value: ir.Value, threads: int, block: list[Expr]) -> ir.Value:
-        """Lane 0 of each warp writes its warp's result to shared memory; each thread combines its row's warps."""
+    def _across_warps(self, s: ThreadReduce, dt: DType, value: ir.Value, sizes: list[int], axis: int,
+                      in_warp: int) -> ir.Value:
+        """The first thread of each in-warp group writes the group's value to shared memory (slot: the thread's
+        linear index with its axis index divided by `in_warp`); each thread combines its reduction's groups in
+        order."""
         b, elem = self.b, ops.memory_type(dt)
-        scratch = ir.GlobalVariable(self.module, ir.ArrayType(elem, threads // 32),
+        threads, stride, groups = math.prod(sizes), math.prod(sizes[:axis]), s.extent // in_warp
+        scratch = ir.GlobalVariable(self.module, ir.ArrayType(elem, threads // in_warp),
                                     f"{self.k.fn.name}.reduce.{len(self.module.globals)}", addrspace=SHARED)
         scratch.linkage, scratch.align = "internal", 16
         scratch.type = ir.PointerType(addrspace=SHARED)
-        self.k.shared_bytes += threads // 32 * dt.itemsize
+        self.k.shared_bytes += threads // in_warp * dt.itemsize
         tid = [b.zext(self._sreg("tid", a), I64) for a in AXES]
-        linear = b.add(tid[0], b.mul(ir.Constant(I64, int(block[0].value)),
-                                     b.add(tid[1], b.mul(ir.Constant(I64, int(block[1].value)), tid[2]))))
-        warp, lane = b.lshr(linear, ir.Constant(I64, 5)), b.and_(linear, ir.Constant(I64, 31))
-        with b.if_then(b.icmp_unsigned("==", lane, ir.Constant(I64, 0))):
-            b.store(ops.to_memory(b, dt, value), b.gep(scratch, [warp], source_etype=elem))
+        linear = b.add(tid[0], b.mul(ir.Constant(I64, sizes[0]), b.add(tid[1], b.mul(ir.Constant(I64, sizes[1]),
+                                                                                       tid[2]))))
+        low = b.urem(linear, ir.Constant(I64, stride))
+        # the slot of group g of this thread's reduction
+        first = b.add(low, b.mul(b.udiv(linear, ir.Constant(I64, stride * s.extent)),
+                                 ir.Constant(I64, stride * groups)))
+
+        def slot(group: ir.Value) -> ir.Value:
+            return b.gep(scratch, [b.add(first, b.mul(group, ir.Constant(I64, stride)))], source_etype=elem)
+        mine = b.udiv(tid[axis], ir.Constant(I64, in_warp))
+        with b.if_then(b.icmp_unsigned("==", b.urem(tid[axis], ir.Constant(I64, in_warp)), ir.Constant(I64, 0))):
+            b.store(ops.to_memory(b, dt, value), slot(mine))
         self._barrier()
-        warps = s.extent // 32
-        first = b.mul(b.udiv(linear, ir.Constant(I64, s.extent)), ir.Constant(I64, warps))
         total = None
-        for w in range(warps):
-            ptr = b.gep(scratch, [b.add(first, ir.Constant(I64, w))], source_etype=elem)
-            part = ops.from_memory(b, dt, b.load(ptr, typ=elem))
+        for g in range(groups):
+            part = ops.from_memory(b, dt, b.load(slot(ir.Constant(I64, g)), typ=elem))
             total = part if total is None else self._combine(s.reducer, dt, total, part)
         self._barrier()  # the scratch is free again for the next reduction
         return total

@@ -12,6 +12,9 @@ to memory or per row group (`@jitop.kernel(target="cuda")`); jitop/graph/gpu_sch
   Producers fused into an operand (a transpose, a cast, a scale) are computed in the shared tiles' fill, its
   elementwise tail (bias, activation, residual: the CPU's epilogue rule) from the register tile, written in its
   place;
+- a float32 matmul of constant sizes and at most GEMV_ROWS rows (a decode step's dense layers): the "cuda.gemv"
+  template (topi.cuda_gemv: a block per few columns of a row, the reduction split over its threads and combined
+  across them; no 64-row tile of padding), its operands read where the reduction reads them;
 - other matmuls (B batched, other dtypes, an empty size): shared-memory tiles of views of A and B (whatever
   reshape or transpose produces them is computed in the fill), 16 x 16 outputs per block, one per thread, the
   batch on blockIdx.z;
@@ -58,8 +61,10 @@ from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
-# a graph primitive -> its GPU template (topi.cuda's SGEMM and implicit-GEMM conv2d, found through the registry)
-GPU_TEMPLATES = {"matmul": "cuda.matmul", "conv2d": "cuda.conv2d"}
+# a graph primitive -> its GPU templates (topi.cuda's GEMV, SGEMM and implicit-GEMM conv2d, found through the
+# registry)
+# (the first whose workload type takes the node's sizes: a product of few rows is a GEMV)
+GPU_TEMPLATES = {"matmul": ("cuda.gemv", "cuda.matmul"), "conv2d": ("cuda.conv2d",)}
 
 
 class GpuToTE(ToTE):
@@ -339,19 +344,26 @@ def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_
 
 
 def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None) -> Task | None:
-    """The GPU template's task of a matmul or conv2d node ("cuda.matmul": 2-D float32 of constant, non-zero
-    sizes; "cuda.conv2d": NCHW float32, groups 1, symmetric padding); None for any other node (the template's
-    workload type says which it takes: `from_cpu` of the node's CPU workload).
+    """The GPU template's task of a matmul or conv2d node: the first of its GPU_TEMPLATES whose workload type
+    takes the node's sizes ("cuda.gemv": a float32 matmul of constant sizes and at most GEMV_ROWS rows;
+    "cuda.matmul": 2-D float32 of constant, non-zero sizes; "cuda.conv2d": NCHW float32, groups 1, symmetric
+    padding: `from_cpu` of the node's CPU workload); None for any other node.
 
-    A matmul whose rows (or A's batch) are symbolic and its n and k constant is the task at a representative row
-    count (`reps`: tasks.row_buckets', else DEFAULT_REP), built with the symbolic one (GpuToTE.built_workload).
-    A conv2d of a symbolic batch is the task at its template's `symbolic_batch`, built with the symbolic one; one
-    with a symbolic image size raises NotImplementedError: the GPU function is then traced with constant sizes
-    (the direct convolution, the one that takes symbolic sizes, is far slower than the implicit GEMM)."""
-    name = GPU_TEMPLATES.get(n.prim)
-    if name is None:
+    A matmul whose rows (or A's batch) are symbolic and its n and k constant is the SGEMM's task at a
+    representative row count (`reps`: tasks.row_buckets', else DEFAULT_REP), built with the symbolic one
+    (GpuToTE.built_workload). A conv2d of a symbolic batch is the task at its template's `symbolic_batch`, built
+    with the symbolic one; one with a symbolic image size raises NotImplementedError: the GPU function is then
+    traced with constant sizes (the direct convolution, the one that takes symbolic sizes, is far slower than
+    the implicit GEMM)."""
+    names = GPU_TEMPLATES.get(n.prim, ())
+    if not names:
         return None
     fields = prims.get(n.prim).workload(n)
+    for name in names:
+        workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**fields))
+        if workload is not None:
+            return Task(name, workload, target)
+    name = names[-1]  # the general template, at representative sizes
     workload_type = registry.get(name).workload_type
     if n.prim == "matmul" and not isinstance(_gemm_rows(n), int):
         rep = (reps or {}).get(fields["m"], DEFAULT_REP) if not isinstance(fields["m"], int) else fields["m"]
@@ -363,6 +375,8 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
                                       "template (the implicit GEMM takes a symbolic batch only): traced with "
                                       "constant sizes")
         fields = {**fields, "n": workload_type.symbolic_batch}
+    else:
+        return None
     workload = workload_type.from_cpu(SimpleNamespace(**fields))
     return None if workload is None else Task(name, workload, target)
 

@@ -5,7 +5,8 @@ computed to memory, by kind, and one kernel per *row group*.
 - reduction: one block per output element (or row), its last reduce axis split over the block's threads, which
   combine their partial results (a cross-thread reduction: warp shuffles, then shared memory across warps);
 - matmul without a template: MATMUL_TILE x MATMUL_TILE outputs per block, one per thread, shared tiles of A and
-  B (the operand views inlined into their fill), the batch on blockIdx.z;
+  B (the operand views inlined into their fill), the batch on blockIdx.z; of at most FEW_ROWS rows, a block per
+  FEW_ROWS_COLS columns of a row, the reduction split over threadIdx.y and combined across it;
 - row group (a layer norm, a softmax: an injective head and the row-shaped stages only it reads, found by the
   CPU's rule `schedule_rules.row_candidates`): one block per row of the head, every member computed at the row
   by the block's threads. A row-long member (x - mean) is kept in shared memory; a reduction of the row is a
@@ -35,6 +36,8 @@ REDUCE_THREADS = 256   # most threads sharing one reduction (or one row of a row
 MATMUL_TILE = 16       # a matmul block computes MATMUL_TILE x MATMUL_TILE outputs (without the SGEMM template)
 MATMUL_OPERAND = "gpu.matmul.operand"  # the tag of such a matmul's operand views (inlined into its shared tiles)
 REDUCE_SCRATCH = 1024  # shared bytes a block keeps for its cross-thread reductions' partials
+FEW_ROWS = 4           # a matmul of at most this many rows (without the GEMV template): schedule_few_rows
+FEW_ROWS_COLS = 32     # its columns per block (a warp: one 128-byte row segment of B per load)
 
 
 def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
@@ -259,7 +262,11 @@ def schedule_reduce(stage: Stage) -> None:
 
 
 def schedule_matmul(stage: Stage) -> None:
-    """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z."""
+    """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z. A
+    product of at most FEW_ROWS rows: `schedule_few_rows`."""
+    rows = stage.op.axis[-2].extent
+    if isinstance(rows, int) and rows <= FEW_ROWS:
+        return schedule_few_rows(stage)
     s, t = stage.schedule, stage.outputs[0]
     axes = list(stage.op.axis)
     (k,) = stage.op.reduce_axis
@@ -286,3 +293,33 @@ def schedule_matmul(stage: Stage) -> None:
         *lead, rows, cols = copy.op.axis
         copy.bind(rows, TY)
         copy.bind(cols, TX)
+
+
+def schedule_few_rows(stage: Stage) -> None:
+    """A matmul of few rows (a decode step's attention weights times the value cache, per head): a 16-row tile
+    would leave all but a row of its threads idle. A block takes FEW_ROWS_COLS columns of one row of one batch
+    (the batch and row axes fused on blockIdx.y), its threadIdx.y threads split the reduction (each sums every
+    ks-th k), and the partial sums meet in a cross-thread reduction; the operand views are computed where read."""
+    s = stage.schedule
+    for x in stage.input_tensors():
+        if x.op.tag == MATMUL_OPERAND:
+            s[x].compute_inline()
+    *lead, j = stage.op.axis
+    (k,) = stage.op.reduce_axis
+    n, depth = j.extent, k.extent
+    cols = min(FEW_ROWS_COLS, _pow2_at_least(n)) if isinstance(n, int) else FEW_ROWS_COLS
+    ks = THREADS // cols
+    if isinstance(depth, int):
+        ks = min(ks, _pow2_at_least(max(depth, 1)))
+    rows = stage.fuse(*lead) if len(lead) > 1 else lead[0]
+    bx, tx = stage.split(j, factor=cols)
+    ko, kt = stage.split(k, factor=ks)
+    stage.reorder(rows, bx, tx, ko, kt)
+    stage.bind(rows, BY)
+    stage.bind(bx, BX)
+    stage.bind(tx, TX)
+    stage.bind(kt, TY)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

@@ -358,7 +358,6 @@ class Lowering:
         problem = ("it has several outputs" if len(stage.outputs) != 1 else
                    "data loops are inside its reduction loops (reorder them outside)" if any(iv.kind != "reduce" for iv in rest) else
                    "two reduction loops are bound to threads" if len(bound) != 1 else
-                   f"it is bound to {kind.value}; bind threadIdx.x" if kind is not ForKind.THREAD_X else
                    f"{extent} threads is not a power of two up to 1024" if not isinstance(extent, int) or extent & (extent - 1) or extent > 1024 else "")
         if problem:
             raise LoweringError(f"stage '{stage.name}' reduces across GPU threads (loop '{bound[0].name}'), but {problem}")

@@ -83,9 +83,9 @@ class Barrier(Stmt):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ThreadReduce(Stmt):
-    """GPU: combine `buffer[0]` of the `extent` threads along `kind` (threadIdx.x) with `reducer` (a te Reducer);
-    afterwards every one of those threads holds the result in its `buffer[0]` (warp shuffles, then shared
-    memory across warps). Every thread of the block must reach it, as a barrier."""
+    """GPU: combine `buffer[0]` of the `extent` threads along `kind` (threadIdx.x, y or z) with `reducer` (a te
+    Reducer); afterwards every one of those threads holds the result in its `buffer[0]` (warp shuffles, then
+    shared memory across warps). Every thread of the block must reach it, as a barrier."""
 
     buffer: Buffer
     reducer: object

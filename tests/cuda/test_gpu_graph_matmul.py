@@ -29,8 +29,9 @@ from jitop.tuner.task import Task
 SM90 = Target.from_string("cuda -arch=sm_90")
 SM90_NAME = "cuda -arch=sm_90"
 EPS32 = np.finfo(np.float32).eps
-# (m, k, n): square, primes, one row (1 x N x K), one column (M x 1)
-SHAPES = [(1024, 1024, 1024), (127, 61, 253), (1, 300, 77), (50, 40, 1)]
+# (m, k, n): square, primes, five rows (the fewest the SGEMM takes: fewer are a GEMV, tests/cuda/test_gemv.py),
+# one column (M x 1)
+SHAPES = [(1024, 1024, 1024), (127, 61, 253), (5, 300, 77), (50, 40, 1)]
 
 
 def mm(a, b):
