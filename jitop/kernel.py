@@ -12,11 +12,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hashlib
 import inspect
 import math
 import operator
 import re
 import traceback
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -25,7 +27,7 @@ import numpy as np
 
 from jitop import dtypes, pytree
 from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning, ScalarNeeded
-from jitop.graph.capture import capture, holds, reading
+from jitop.graph.capture import capture, code_objects, holds, reading
 from jitop import config
 from jitop import dispatch
 from jitop import workloads
@@ -186,6 +188,8 @@ class KernelFunction:
         self.signature = inspect.signature(fn)
         names = list(self.signature.parameters)
         self._set_static({names[i] for i in static_argnums} | set(static_argnames))
+        self._static_on_use: set[str] = set()  # made static by a call, and kept for the next process
+        self._static_loaded = False
         self._binder = _positional_binder(list(self.signature.parameters.values()))
         self.fallback = fallback
         self._warned: set[str] = set()
@@ -221,7 +225,31 @@ class KernelFunction:
             return False
         if not names <= self.static:
             self._set_static(self.static | names)
+            self._static_on_use |= names
+            kernel_cache.save_static(self.qualified_name, self._code_digest(), sorted(self._static_on_use))
         return True
+
+    def _code_digest(self) -> str:
+        """What identifies this version of the function's code (a record of what its calls made static on use
+        serves only the code that made it)."""
+        code = getattr(self.fn, "__code__", None)
+        h = hashlib.sha256(repr(self.fn).encode() if code is None else b"")
+        for c in code_objects(code) if code is not None else ():  # its comprehensions' and lambdas' too
+            consts = [x for x in c.co_consts if not isinstance(x, types.CodeType)]  # (their repr has an address)
+            h.update(repr((c.co_code, consts, c.co_names, c.co_varnames)).encode())
+        return h.hexdigest()
+
+    def _learned_static(self) -> set[str]:
+        """Once per process, at the first compile: the parameters an earlier process's calls of this code made
+        static on use (so its first call traces once, not twice) that are not static yet."""
+        if self._static_loaded:
+            return set()
+        self._static_loaded = True
+        params = {p.name for p in self.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL,
+                                                                                       p.VAR_KEYWORD)}
+        names = set(kernel_cache.load_static(self.qualified_name, self._code_digest())) & params
+        self._static_on_use |= names
+        return names - self.static
 
     @property
     def cache(self) -> Mapping[tuple, Overload | Any]:
@@ -365,6 +393,10 @@ class KernelFunction:
                  tree: Any = None) -> Overload | Any:
         """What serves `key`: the dispatcher's, else traced and built (the disk cache, else compiled and saved),
         verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
+        learned = self._learned_static() if tree is None else set()
+        if learned:
+            self._set_static(self.static | learned)
+            return self._compile(self._flatten_params(values)[1], values, run_numpy, tree)
         struct = struct_key(key)
         build = functools.partial(self._build, values, run_numpy, tree, struct)
         try:

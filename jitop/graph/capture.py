@@ -22,7 +22,7 @@ import math
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -148,17 +148,18 @@ def snapshot(v: Any) -> Any:
 
 # ** what the function reads **
 
-def _code_objects(code: types.CodeType):
+def code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    """`code` and every code object nested in it (comprehensions, lambdas, inner functions)."""
     yield code
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            yield from _code_objects(c)
+            yield from code_objects(c)
 
 
 def _names(fn: Callable) -> tuple[set[str], set[str]]:
     """The global names fn's code (and its comprehensions/lambdas) loads, and those it assigns."""
     loads, stores = set(), set()
-    for code in _code_objects(fn.__code__):
+    for code in code_objects(fn.__code__):
         for ins in dis.get_instructions(code):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
                 loads.add(ins.argval)

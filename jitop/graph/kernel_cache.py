@@ -411,6 +411,36 @@ def save_dynamic(function: str, struct: Any, dims: list[tuple[int, int]]) -> Non
         pass
 
 
+# ** the parameters a function's calls made static on use (jitop.kernel), kept across processes **
+STATIC = "static/"
+
+
+def _static_key(function: str, code: str) -> str:
+    return STATIC + hashlib.sha256(f"{function}\n{code}".encode()).hexdigest()
+
+
+def load_static(function: str, code: str) -> list[str]:
+    """The parameters an earlier run of `function` (its code's digest `code`) made static because a Python scalar
+    argument was used as a size ([] if none, or if the record is not a list of identifiers: it only ever decides
+    what is traced as a constant)."""
+    try:
+        raw = store().get(_static_key(function, code))
+        names = json.loads(raw) if raw is not None else []
+    except (ValueError, OSError):
+        return []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        return []
+    return names
+
+
+def save_static(function: str, code: str, names: list[str]) -> None:
+    """Keep the parameters `function`'s calls made static for the next process (never fails a call)."""
+    try:
+        store().put(_static_key(function, code), json.dumps(sorted(names)).encode())
+    except OSError:
+        pass
+
+
 def mark_verified(key: Key, how: str) -> None:
     """Record how a stored kernel was verified (e.g. "numpy": checked against numpy before first use)."""
     def change(old: bytes | None) -> bytes | None:

@@ -68,7 +68,7 @@ def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[
     last = src.ndim - 1
     # heuristics on a symbolic width decide at its representative size (lanes only where vectors are kept:
     # a GPU target has none)
-    if c.vector_partials and axes and axes[-1] == last and op in REDUCERS \
+    if c.vector_partials and axes and axes[-1] == last and op in REDUCERS and not _in_order(op, lanes_of) \
             and rep(src.shape[last]) >= 2 * (vec := c.lanes(lanes_of)):
         return _rfactor(c, shape, vec, src, axes, op, value, name or op)
     rs = [te.reduce_axis((0, src.shape[a]), f"k{a}") for a in axes]
@@ -79,6 +79,13 @@ def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[
     # reducing leading axes leaves the contiguous last axis as a data axis: vectorize along it
     c.st.kind[t] = "reduce" if last in axes else "reduce_outer"
     return t
+
+
+def _in_order(op: str, n: Node) -> bool:
+    """A float product is computed in numpy's order, one element after another: which partial product overflows
+    to inf before another meets a zero decides between nan and 0 (a row of 257 values up to 10 with a 0 among
+    them: numpy's running product is inf, then nan), and lanes of partials would decide otherwise."""
+    return op == "prod" and not (n.dtype.is_int or n.dtype.is_bool)
 
 
 def _rfactor(c: Lowerer, shape: tuple, vec: int, src: Node, axes: tuple[int, ...], op: str,

@@ -64,6 +64,7 @@ def test_new_int_value_does_not_recompile_but_int_vs_float_does() -> None:
     assert f.misses == 5
 
 
+@pytest.mark.usefixtures("private_cache")  # (a parameter made static on use is remembered in the cache)
 def test_scalar_argument_used_in_shape_logic_is_static() -> None:
     # a runtime scalar cannot decide a shape: static_argnums makes it a compile-time value, and without it the
     # parameter is made static on the first call that needs its value (tests/graph/test_static_scalars.py)

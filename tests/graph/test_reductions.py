@@ -454,3 +454,20 @@ def test_a_reduction_over_rows_carries_four_vectors_of_columns() -> None:
         np.testing.assert_allclose(got[0], want[0], rtol=0, atol=bound)
         assert_same(got[1], want[1])
         assert_same(got[2], want[2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_float_product_overflows_and_meets_zero_in_numpys_order(dtype) -> None:
+    """numpy multiplies a row one element after another: a running product that overflows to inf and then meets a
+    0 is nan, one that meets the 0 first stays 0. Partial products per SIMD lane would decide otherwise (and round
+    otherwise): the product is computed in numpy's order, bit for bit."""
+    big = np.sqrt(np.finfo(dtype).max) * 2  # big * big overflows
+    rows = np.ones((4, 67), dtype)
+    rows[0, [3, 5, 40]] = big, big, 0       # inf, then 0: nan
+    rows[1, [3, 40, 50]] = 0, big, big      # 0, then inf: 0 (0 * finite, 0 * big)
+    rows[2, [10, 18, 26]] = 0, big, big     # a 0 and two big values a vector's lanes apart: 0
+    rows[3] = np.round(np.random.default_rng(3).uniform(-10, 10, 67) * 8) / 8  # 10**60 overflows float32
+    k = jitop.kernel(lambda a: np.prod(a, axis=-1), fallback=False)
+    got, want = jit_call(k, rows), numpy_ref(np.prod, rows, -1)
+    np.testing.assert_array_equal(got, want, strict=True)
+    assert np.isnan(got[0]) and got[1] == 0

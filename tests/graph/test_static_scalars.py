@@ -10,6 +10,9 @@ import pytest
 
 import jitop
 
+# each test's own persistent cache: a parameter made static on use is remembered there for the next process
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 
 def heads(x, n_head):
     return np.hstack([np.tanh(h).sum(axis=-1, keepdims=True) for h in np.split(x, n_head, axis=-1)])
@@ -62,3 +65,34 @@ def test_a_scalar_that_is_not_a_whole_parameter_says_to_mark_it_static():
         jitop.kernel(star, fallback=False)(x, 4)
     with pytest.warns(jitop.JitopFallbackWarning, match="static_argnames"):
         np.testing.assert_allclose(jitop.kernel(star)(x, 4), heads(x, 4))
+
+
+def test_a_parameter_made_static_is_remembered_for_the_next_process():
+    """A new KernelFunction of the same code (a new process) makes it static before its first trace: one trace
+    per value from the first call on. Another version of the code does not inherit it."""
+    x = np.random.default_rng(1).standard_normal((4, 24)).astype(np.float32)
+    first = jitop.kernel(heads, fallback=False)
+    first(x, 4)
+    assert first.traces == 2 and first.static == {"n_head"}
+    again = jitop.kernel(heads, fallback=False)
+    np.testing.assert_allclose(again(x, 3), heads(x, 3), rtol=1e-6, atol=1e-6 * 24)
+    assert again.traces == 1 and again.static == {"n_head"}
+
+    def edited(x, n_head):  # the same function edited: its record does not apply
+        return np.hstack([np.cos(h).sum(axis=-1, keepdims=True) for h in np.split(x, n_head, axis=-1)])
+    edited.__qualname__, edited.__module__ = heads.__qualname__, heads.__module__
+    other = jitop.kernel(edited, fallback=False)
+    assert other.qualified_name == first.qualified_name
+    np.testing.assert_allclose(other(x, 2), edited(x, 2), rtol=1e-6, atol=1e-6 * 24)
+    assert other.traces == 2
+
+
+def test_a_damaged_record_of_static_parameters_is_ignored(private_cache):
+    """What was stored is only ever a list of parameter names; anything else is read as nothing learned."""
+    from jitop.graph import kernel_cache
+    kf = jitop.kernel(rows, fallback=False)
+    for bad in (b"not json", b'{"n": 1}', b'["n", 3]', b'["os.system"]'):
+        kernel_cache.store().put(kernel_cache._static_key(kf.qualified_name, kf._code_digest()), bad)
+        assert kernel_cache.load_static(kf.qualified_name, kf._code_digest()) == []
+    x = np.ones((4, 6), np.float32)
+    np.testing.assert_array_equal(jitop.kernel(rows, fallback=False)(x, 2), rows(x, 2))
