@@ -1,7 +1,7 @@
 """The GPU GEMM schedules as templates: "cuda.matmul" (topi.cuda.matmul + schedule_matmul), "cuda.gemv" (a
-product of few rows: topi.cuda_gemv) and "cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered with jitop.tuner.registry like the CPU
-templates, so `jitop.tune` searches their spaces (topi.cuda_space) for a GPU Target and measures them on the
-GPU (jitop.tuner.measure_gpu).
+product of few rows: topi.cuda_gemv) and "cuda.conv2d" (topi.cuda.conv2d_nchw + schedule_conv2d), registered
+with jitop.tuner.registry like the CPU templates, so `jitop.tune` searches their spaces (topi.cuda_space,
+topi.cuda_gemv.gemv_space) for a GPU Target and measures them on the GPU (jitop.tuner.measure_gpu).
 
 Their tasks are (workload, CudaTarget): a record tuned for one GPU Target (its architecture and limits, the
 Target's key) is never used for another architecture or a CPU. `schedule_matmul(C)` / `schedule_conv2d(Y)`
@@ -266,10 +266,18 @@ def matmul_compute(wl: CudaMatmulWorkload, config: Config, target: CudaTarget, r
     >>> t.out.shape, [x.name for x in t.operands]
     ((64, 48), ['matmul.A', 'matmul.B'])
     """
+    a, b = _operand_views(wl, readers, name)
+    return GemmStages(cuda.matmul(a, b, name=name), (a, b))
+
+
+def _operand_views(wl: "CudaMatmulWorkload | CudaGemvWorkload", readers: tuple[Callable, Callable],
+                   name: str) -> tuple[te.Tensor, te.Tensor]:
+    """A [m, k] and B [k, n] read through the graph's `readers` (2-D: no batch index), cast to the workload's
+    dtype."""
     read_a, read_b = readers
     a = te.compute((wl.m, wl.k), lambda i, kk: read_a((), i, kk).astype(wl.dtype), name=f"{name}.A")
     b = te.compute((wl.k, wl.n), lambda kk, j: read_b((), kk, j).astype(wl.dtype), name=f"{name}.B")
-    return GemmStages(cuda.matmul(a, b, name=name), (a, b))
+    return a, b
 
 
 def matmul_schedule(s: Schedule, t: GemmStages, wl: CudaMatmulWorkload, config: Config, target: CudaTarget,
@@ -315,9 +323,7 @@ def gemv_build(wl: CudaGemvWorkload, config: Config, target: CudaTarget,
 def gemv_compute(wl: CudaGemvWorkload, config: Config, target: CudaTarget, readers: tuple[Callable, Callable],
                  name: str = "gemv", binding: Any = None, packed: Any = ()) -> GemmStages:
     """C = A @ B (topi.cuda_gemv.gemv) with A and B read through `readers`, as `matmul_compute`."""
-    read_a, read_b = readers
-    a = te.compute((wl.m, wl.k), lambda i, kk: read_a((), i, kk).astype(wl.dtype), name=f"{name}.A")
-    b = te.compute((wl.k, wl.n), lambda kk, j: read_b((), kk, j).astype(wl.dtype), name=f"{name}.B")
+    a, b = _operand_views(wl, readers, name)
     return GemmStages(cuda_gemv.gemv(a, b, name=name), (a, b))
 
 
