@@ -142,8 +142,7 @@ def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[W
     ['cuda.matmul', 'cuda.gemv']
     """
     from jitop.driver import resolve_target
-    from jitop.graph.gpu import GPU_TEMPLATES
-    from jitop.tuner import registry
+    from jitop.graph.gpu import gpu_workload
     gpu = resolve_target(target) if isinstance(target, str) else target
     if not isinstance(gpu, CudaTarget):
         raise ValueError(f"tune(target={target!r}): target= takes a GPU target ('cuda', 'cuda -arch=sm_90'); "
@@ -153,13 +152,11 @@ def on_gpu(weighted: Sequence[WeightedTask], target: str | CudaTarget) -> list[W
         if w.task.template.startswith("cuda."):
             out.append(WeightedTask(Task(w.task.template, w.task.workload, gpu), w.count))
             continue
-        converted = ((name, registry.get(name).workload_type.from_cpu(_as_on_gpu(w.task.workload)))
-                     for name in GPU_TEMPLATES.get(w.task.template, ()))
-        found = next(((name, wl) for name, wl in converted if wl is not None), None)
+        found = gpu_workload(w.task.template, _as_on_gpu(w.task.workload))
         if found is None:
             left.append(str(w.task))
         else:
-            out.append(WeightedTask(Task(found[0], found[1], gpu), w.count))
+            out.append(WeightedTask(Task(*found, gpu), w.count))
     if left:
         warnings.warn(f"jitop.tune: {len(left)} task(s) have no GPU template for their workload and are not tuned "
                       f"for {gpu.arch}: {'; '.join(left[:3])}", RuntimeWarning, stacklevel=3)

@@ -61,9 +61,8 @@ from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
-# a graph primitive -> its GPU templates (topi.cuda's GEMV, SGEMM and implicit-GEMM conv2d, found through the
-# registry)
-# (the first whose workload type takes the node's sizes: a product of few rows is a GEMV)
+# a graph primitive (or CPU template) -> its GPU templates, found through the registry, in order of preference:
+# the first whose workload type takes the sizes computes it (a product of few rows is a GEMV: `gpu_workload`)
 GPU_TEMPLATES = {"matmul": ("cuda.gemv", "cuda.matmul"), "conv2d": ("cuda.conv2d",)}
 
 
@@ -359,10 +358,9 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
     if not names:
         return None
     fields = prims.get(n.prim).workload(n)
-    for name in names:
-        workload = registry.get(name).workload_type.from_cpu(SimpleNamespace(**fields))
-        if workload is not None:
-            return Task(name, workload, target)
+    found = gpu_workload(n.prim, SimpleNamespace(**fields))
+    if found is not None:
+        return Task(*found, target)
     name = names[-1]  # the general template, at representative sizes
     workload_type = registry.get(name).workload_type
     if n.prim == "matmul" and not isinstance(_gemm_rows(n), int):
@@ -379,6 +377,16 @@ def gpu_task(n: Node, target: CudaTarget, reps: Mapping[Any, int] | None = None)
         return None
     workload = workload_type.from_cpu(SimpleNamespace(**fields))
     return None if workload is None else Task(name, workload, target)
+
+
+def gpu_workload(kind: str, cpu_workload: Any) -> tuple[str, Any] | None:
+    """The first of GPU_TEMPLATES[kind] whose workload type takes `cpu_workload` (a CPU workload, or its fields
+    as attributes), and the GPU workload it makes of it; None where none does."""
+    for name in GPU_TEMPLATES.get(kind, ()):
+        workload = registry.get(name).workload_type.from_cpu(cpu_workload)
+        if workload is not None:
+            return name, workload
+    return None
 
 
 def _gemm_rows(n: Node) -> Any:

@@ -173,7 +173,11 @@ def row_threads(n: int) -> int:
     >>> row_threads(768), row_threads(128), row_threads(5), row_threads(4096)
     (256, 128, 32, 256)
     """
-    return min(REDUCE_THREADS, max(32, 1 << max(0, (n - 1).bit_length())))
+    return min(REDUCE_THREADS, max(32, _pow2_at_least(n)))
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tensor] = (),
@@ -253,7 +257,7 @@ def schedule_reduce(stage: Stage) -> None:
     last = stage.op.reduce_axis[-1]
     width = last.extent if isinstance(last.extent, int) else REDUCE_THREADS
     empty = any(isinstance(r.extent, int) and r.extent == 0 for r in stage.op.reduce_axis)  # nothing to sum
-    threads = 1 if empty else min(REDUCE_THREADS, 1 << max(0, (width - 1).bit_length()))
+    threads = 1 if empty else min(REDUCE_THREADS, _pow2_at_least(width))
     outer, inner = stage.split(last, factor=threads)
     if axes:
         fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
@@ -319,7 +323,3 @@ def schedule_few_rows(stage: Stage) -> None:
     stage.bind(bx, BX)
     stage.bind(tx, TX)
     stage.bind(kt, TY)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
