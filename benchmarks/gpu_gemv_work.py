@@ -6,7 +6,9 @@ few-row schedule) and before (the SGEMM's default tiles, the graph's 16 x 16 til
 - blocks and threads launched, and how many of a block's threads compute (the grid must cover the GPU's 132 SMs several times over to stream B at full
   bandwidth);
 - multiply-adds issued in all (the SGEMM computes its whole 64-row tile, 63 rows of padding for one row);
-- multiply-adds one thread does in sequence (the kernel's critical path: a thread's chain of dependent adds).
+- multiply-adds one thread does in sequence (the kernel's critical path: a thread's chain of dependent adds);
+- how many times the kernels evaluate a GELU between two dense layers (GPT-2's MLP: [1, 768] @ [768, 3072], GELU,
+  @ [3072, 768]), counted by running them on the simulated GPU (tests/gpu_sim.py: a tanh per active thread).
 
     python benchmarks/gpu_gemv_work.py
 """
@@ -15,6 +17,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import Counter
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,13 +79,51 @@ def attention_rows() -> list[list[str]]:
     return [after, before]
 
 
+def _gelu(h, root):
+    return 0.5 * h * (1 + np.tanh(root * (h + 0.044715 * h ** 3)))
+
+
+def mlp_f32(x, w1, w2):
+    return _gelu(x @ w1, 0.7978845608) @ w2
+
+
+def mlp_picogpt(x, w1, w2):
+    """picoGPT's GELU: np.sqrt(2 / np.pi) is a float64 scalar: numpy computes the GELU and the second product in
+    float64 (the graph's few-row schedule, not the float32 GEMV)."""
+    return _gelu(x @ w1, np.sqrt(2 / np.pi)) @ w2
+
+
+def gelu_rows() -> list[list[str]]:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import gpu_sim
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((1, C), (C, 4 * C), (4 * C, C))]
+    rows = []
+    for fn in (mlp_f32, mlp_picogpt):
+        traced = gpu_sim.lower_traced(jitop.kernel(fn, target="cuda -arch=sm_90"), *args)
+        calls: Counter = Counter()
+        gpu_sim.run(traced.func, *traced.arrays, *traced.outputs, calls=calls)
+        tanh = calls["tanh"]
+        error = np.abs(traced.outputs[0] - fn(*(a.astype(np.float64) for a in args))).max()
+        rows.append([f"{fn.__name__} ({traced.outputs[0].dtype})", f"{tanh:,}", f"{tanh / (4 * C):,.0f}",
+                     f"{error:.1e}"])
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> None:
     header = ["kernel", "blocks", "threads computing / block", "multiply-adds issued", "issued / needed",
               "multiply-adds per thread (in sequence)"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in dense_rows() + attention_rows():
-        print("| " + " | ".join(row) + " |")
+    _table(header, dense_rows() + attention_rows())
+    print()
+    _table(["GPT-2's MLP, one row", "GELU evaluations (tanh calls)", "per element of the hidden row (3072)",
+            "max error vs float64 numpy"], gelu_rows())
 
 
 if __name__ == "__main__":

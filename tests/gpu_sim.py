@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -78,10 +79,12 @@ class DivergenceError(GpuSimError):
 
 
 def run(func: PrimFunc, *arrays: np.ndarray, symbols: dict[str, int] | None = None,
-        max_lanes: int = MAX_LANES) -> None:
+        max_lanes: int = MAX_LANES, calls: Counter | None = None) -> None:
     """Execute every kernel of the lowered GPU function `func` on `arrays` (its parameters in order; outputs are
     written in place). `symbols`: the values of the function's symbols by name (default: read from the arrays'
-    shapes). Raises RaceError, OutOfBoundsError or DivergenceError where the code is wrong (see the module)."""
+    shapes). `calls`, if given, counts the intrinsic calls the threads evaluate (name -> evaluations, one per
+    active thread: what a kernel recomputes). Raises RaceError, OutOfBoundsError or DivergenceError where the code
+    is wrong (see the module)."""
     if len(arrays) != len(func.params):
         raise TypeError(f"{func.name} takes {len(func.params)} arrays ({', '.join(b.name for b in func.params)}), "
                         f"got {len(arrays)}")
@@ -91,7 +94,7 @@ def run(func: PrimFunc, *arrays: np.ndarray, symbols: dict[str, int] | None = No
         memory[buf] = _poison(buf.dtype, (math.prod(_dims(buf, env)),))
     with np.errstate(all="ignore"):
         for nest in kernel_nests(func):
-            _launch(nest, memory, env, func.attrs.get("ranges", {}), max_lanes)
+            _launch(nest, memory, env, func.attrs.get("ranges", {}), max_lanes, calls)
 
 
 @dataclass
@@ -174,7 +177,7 @@ def _poison_value(dt: DType) -> Any:
     return np.iinfo(dt.np).min
 
 
-def _launch(nest: Stmt, memory: dict, env: dict, ranges: dict, max_lanes: int) -> None:
+def _launch(nest: Stmt, memory: dict, env: dict, ranges: dict, max_lanes: int, calls: Counter | None = None) -> None:
     """One kernel launch: its blocks in chunks of at most `max_lanes` threads, run one chunk after another."""
     dims = launch_dims(nest, ranges)
     extent = {k: int(_Eval.standalone(dims[k], env)) if k in dims else 1 for k in BLOCK_KINDS + THREAD_KINDS}
@@ -184,7 +187,7 @@ def _launch(nest: Stmt, memory: dict, env: dict, ranges: dict, max_lanes: int) -
     per_chunk = max(1, max_lanes // math.prod(block))
     for first in range(0, math.prod(grid), per_chunk):
         geometry = _Geometry(grid, block, first, min(per_chunk, math.prod(grid) - first))
-        _Chunk(geometry, memory, trackers, env).stmt(nest, _Ctx(np.arange(geometry.lanes), dict(env)))
+        _Chunk(geometry, memory, trackers, env, calls).stmt(nest, _Ctx(np.arange(geometry.lanes), dict(env)))
 
 
 # ** where the threads are **
@@ -420,8 +423,8 @@ def _reads_memory(e: Expr) -> bool:
 class _Eval:
     """Evaluates expressions over the active lanes; loads go to `memory(e, ctx, memo)`."""
 
-    def __init__(self, load: Callable[[Expr, _Ctx, dict], np.ndarray]):
-        self.load = load
+    def __init__(self, load: Callable[[Expr, _Ctx, dict], np.ndarray], calls: Counter | None = None):
+        self.load, self.calls = load, calls
 
     @staticmethod
     def standalone(e: Expr, env: dict) -> np.ndarray:
@@ -486,6 +489,8 @@ class _Eval:
             raise flagged_error(name, [NEGATIVE_POWER], 1)
         if name not in _CALLS:
             raise NotImplementedError(f"the GPU simulator has no numpy version of the intrinsic '{name}'")
+        if self.calls is not None:
+            self.calls[name] += len(ctx.lanes)
         return _typed(_CALLS[name](*(self.value(x, ctx, memo) for x in e.src)), e.dtype)
 
 
@@ -498,7 +503,7 @@ def _no_memory(e: Expr, ctx: _Ctx, memo: dict) -> np.ndarray:
 class _Chunk:
     """Runs a kernel nest for the blocks of one chunk, all their threads in lockstep."""
 
-    def __init__(self, geo: _Geometry, memory: dict, trackers: dict, env: dict):
+    def __init__(self, geo: _Geometry, memory: dict, trackers: dict, env: dict, calls: Counter | None = None):
         self.geo, self.memory, self.symbols = geo, memory, env
         self.trackers = dict(trackers)  # the launch's, for global memory; the chunk's shared ones join them
         self.block_of = np.arange(geo.lanes) // geo.threads   # each lane's block within the chunk
@@ -508,7 +513,7 @@ class _Chunk:
         self.shared: dict[Buffer, np.ndarray] = {}           # [block, element]
         self.local: dict[Buffer, np.ndarray] = {}            # [lane, element]
         self.shapes: dict[Buffer, tuple[int, ...]] = {}
-        self.eval = _Eval(self._load)
+        self.eval = _Eval(self._load, calls)
 
     def stmt(self, s: Stmt, ctx: _Ctx) -> None:
         if not len(ctx.lanes):

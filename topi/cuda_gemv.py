@@ -5,7 +5,9 @@ The SGEMM's block tiles are 64 rows high at the least: for one row, 63 of every 
 and its few column blocks leave most SMs idle while B streams through them. A GEMV is a read of B, once: here
 a block takes `cols` columns of one row (blockIdx.x, blockIdx.y = the row) and splits the reduction over `ks`
 threads, each summing every ks-th k (unrolled by `unroll`); the ks partial sums meet in a cross-thread
-reduction. `lanes` says which of the two is threadIdx.x, the consecutive lanes of a warp: "n" (columns, the
+reduction. The block first computes its row of A into shared memory, all its threads together (where the row
+takes at most half of it: `stages_row`), so a costly view of A (a GELU between two dense layers) is evaluated
+once per block of columns, not once per column. `lanes` says which of the two is threadIdx.x, the consecutive lanes of a warp: "n" (columns, the
 default: a warp reads a row segment of B, contiguous when B is [k, n]) or "k" (a warp reads along k, the
 partial sums meet by warp shuffles: the better order where B's k is contiguous, a transposed view the tuner
 finds). (`x @ W.T` of a few rows never gets here: the tracer computes it as dot products of rows, which read
@@ -26,8 +28,8 @@ from typing import Any
 from jitop import te
 from jitop.schedule.schedule import Schedule, create_schedule
 from jitop.target import CudaTarget
-from jitop.te.tensor import Tensor
-from jitop.topi.cuda import DEFAULT_TARGET, _pow2_at_least, _written_stage, inline_injective
+from jitop.te.tensor import Tensor, read_along
+from jitop.topi.cuda import DEFAULT_TARGET, _cooperative_fetch, _pow2_at_least, _written_stage, inline_injective
 from jitop.tuner.space import ConfigSpace
 
 GEMV_ROWS = 4            # products of at most this many rows (A's rows, a batch's stacked) take this schedule
@@ -119,6 +121,9 @@ def schedule_gemv_stage(s: Schedule, C: Tensor, cfg: dict[str, Any] | None = Non
     cols, ks, unroll = (int(full[x]) for x in ("cols", "ks", "unroll"))
     col_axis, k_axis = (_AXES["x"], _AXES["y"]) if full["lanes"] == "n" else (_AXES["y"], _AXES["x"])
     CL = s.cache_write(C, "local")
+    a_in = next(iter(read_along(C.op, red)), None)
+    stage_a = a_in is not None and stages_row(red.extent, a_in.dtype.itemsize, target)
+    AS = s.cache_read(a_in, "shared", [CL]) if stage_a else None
     out = _written_stage(s, C, epilogue, stacked=True)
     *rows, j = out.op.axis
     i = out.fuse(*rows) if len(rows) > 1 else rows[0]
@@ -135,6 +140,24 @@ def schedule_gemv_stage(s: Schedule, C: Tensor, cfg: dict[str, Any] | None = Non
         _, ku = acc.split(ko, factor=unroll)
         acc.unroll(ku)
     acc.bind(kt, k_axis)
+    if AS is not None:  # the block's row of A, computed once by all its threads (a barrier before it is read)
+        s[AS].compute_at(out, bx)
+        row, kk = s[AS].op.axis
+        x_threads, y_threads = (cols, ks) if full["lanes"] == "n" else (ks, cols)
+        _cooperative_fetch(s, s[AS], row, kk, y_threads, x_threads, 4 if red.extent % 4 == 0 else 1)
+
+
+def stages_row(k: int, itemsize: int, target: CudaTarget) -> bool:
+    """Whether a block keeps its row of A (k elements) in shared memory: when the row takes at most half of a
+    block's shared memory (more would cap the blocks an SM holds, and a GEMV needs many in flight to stream B).
+
+    Without it, every thread computes the A elements its k's need, so each element of A's view (a GELU between
+    two dense layers: a tanh, a pow) is evaluated once per column of C; with it, once per block of columns.
+
+    >>> stages_row(3072, 4, DEFAULT_TARGET), stages_row(16384, 4, DEFAULT_TARGET)
+    (True, False)
+    """
+    return isinstance(k, int) and k * itemsize <= target.shared_per_block // 2
 
 
 def _block(config: Any) -> tuple[int, int]:
@@ -148,4 +171,4 @@ def to_gemv_cfg(config: Any) -> dict[str, Any]:
 
 
 __all__ = ["gemv", "schedule_gemv", "schedule_gemv_stage", "default_gemv_config", "gemv_space", "gemv_problems",
-           "to_gemv_cfg", "GEMV_ROWS"]
+           "to_gemv_cfg", "stages_row", "GEMV_ROWS"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from jitop import te
+from jitop.dtypes import as_dtype
 from jitop.schedule.schedule import Schedule
 from jitop.target import CudaTarget
 from jitop.topi import cuda, cuda_gemv
@@ -336,8 +337,11 @@ def gemv_schedule(s: Schedule, t: GemmStages, wl: CudaGemvWorkload, config: Conf
 
 
 def gemv_reads(wl: CudaGemvWorkload, config: Config, target: CudaTarget) -> tuple[int, int]:
-    """Every column's threads read all of A's row; each row's blocks read all of B."""
-    return wl.n, wl.m
+    """A's row is computed once per block of columns (into shared memory: topi.cuda_gemv.stages_row), else once
+    per column; each row's blocks read all of B."""
+    cfg = cuda_gemv.to_gemv_cfg(config)
+    staged = cuda_gemv.stages_row(wl.k, as_dtype(wl.dtype).itemsize, _check_target(wl.template, target))
+    return (-(-wl.n // cfg["cols"]) if staged else wl.n), wl.m
 
 
 # ** cuda.conv2d **

@@ -26,7 +26,7 @@ from jitop.graph.schedule_rules import one_row
 from jitop.graph.to_te import Stages
 from jitop.schedule.schedule import Schedule, Stage, create_schedule
 from jitop.target import CudaTarget
-from jitop.te.tensor import Tensor
+from jitop.te.tensor import Tensor, read_along
 from jitop.tir.lower import Lowering
 
 BX, TX = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
@@ -58,7 +58,7 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
         if staged is not None:
             plans[head] = staged
     for _ in range(2 * len(plans) + 1):
-        s, copies = _schedule(st, tensors, epilogues, {h: candidates[h] for h in plans}, plans, shared)
+        s, copies = _schedule(st, tensors, epilogues, {h: candidates[h] for h in plans}, plans, shared, target)
         at_rows = [t for h in plans for t in (*candidates[h], *copies[h]) if s[t].attach_type != "inline"]
         failed = _needed_along_rows(s, args, at_rows)
         if not failed:
@@ -70,7 +70,7 @@ def schedule_graph(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Te
             else:
                 del plans[head]
     _note_groups(notes, candidates, {}, {})
-    return _schedule(st, tensors, epilogues, {}, {}, set())[0]
+    return _schedule(st, tensors, epilogues, {}, {}, set(), target)[0]
 
 
 def _note_groups(notes: list[str] | None, candidates: dict[Tensor, list[Tensor]], plans: dict[Tensor, list],
@@ -89,8 +89,8 @@ def _note_groups(notes: list[str] | None, candidates: dict[Tensor, list[Tensor]]
 
 
 def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor],
-              groups: dict[Tensor, list[Tensor]], staged: dict[Tensor, list[Tensor]], shared: set[Tensor]
-              ) -> tuple[Schedule, dict[Tensor, list[Tensor]]]:
+              groups: dict[Tensor, list[Tensor]], staged: dict[Tensor, list[Tensor]], shared: set[Tensor],
+              target: CudaTarget) -> tuple[Schedule, dict[Tensor, list[Tensor]]]:
     """The schedule, and each group head's shared copies of its staged inputs (`shared`: the heads whose
     row-long members are kept in shared memory; the others' are inlined)."""
     s = create_schedule([t.op for t in tensors])
@@ -104,7 +104,7 @@ def _schedule(st: Stages, tensors: list[Tensor], epilogues: dict[Tensor, Tensor]
         elif t in groups:
             copies[t] = schedule_row_group(s[t], [s[m] for m in groups[t]], staged.get(t, []), t in shared)
         elif t.op in s.stage_map and t not in epilogues.values() and t not in members:
-            schedule_stage(s[t], kind)
+            schedule_stage(s[t], kind, target)
     return s, copies
 
 
@@ -231,10 +231,10 @@ def _needed_along_rows(s: Schedule, args: Sequence[Tensor], at_rows: list[Tensor
 
 # ** one stage per kernel **
 
-def schedule_stage(stage: Stage, kind: str) -> None:
+def schedule_stage(stage: Stage, kind: str, target: CudaTarget) -> None:
     """The GPU schedule of one materialized stage, by its kind."""
     if kind == "matmul":
-        return schedule_matmul(stage)
+        return schedule_matmul(stage, target)
     if kind == "reduce" and stage.op.reduce_axis:
         return schedule_reduce(stage)
     schedule_elementwise(stage)
@@ -265,12 +265,12 @@ def schedule_reduce(stage: Stage) -> None:
     stage.bind(inner, TX)
 
 
-def schedule_matmul(stage: Stage) -> None:
+def schedule_matmul(stage: Stage, target: CudaTarget) -> None:
     """Tiles of MATMUL_TILE x MATMUL_TILE outputs per block, one per thread; the batch fused on blockIdx.z. A
     product of at most FEW_ROWS rows: `schedule_few_rows`."""
     rows = stage.op.axis[-2].extent
     if isinstance(rows, int) and rows <= FEW_ROWS:
-        return schedule_few_rows(stage)
+        return schedule_few_rows(stage, target)
     s, t = stage.schedule, stage.outputs[0]
     axes = list(stage.op.axis)
     (k,) = stage.op.reduce_axis
@@ -299,18 +299,25 @@ def schedule_matmul(stage: Stage) -> None:
         copy.bind(cols, TX)
 
 
-def schedule_few_rows(stage: Stage) -> None:
-    """A matmul of few rows (a decode step's attention weights times the value cache, per head): a 16-row tile
-    would leave all but a row of its threads idle. A block takes FEW_ROWS_COLS columns of one row of one batch
-    (the batch and row axes fused on blockIdx.y), its threadIdx.y threads split the reduction (each sums every
-    ks-th k), and the partial sums meet in a cross-thread reduction; the operand views are computed where read."""
+def schedule_few_rows(stage: Stage, target: CudaTarget) -> None:
+    """A matmul of few rows (a decode step's attention weights times the value cache, per head; a float64
+    one's dense layers): a 16-row tile would leave all but a row of its threads idle. A block takes FEW_ROWS_COLS
+    columns of one row of one batch (the batch and row axes fused on blockIdx.y), its threadIdx.y threads split
+    the reduction (each sums every ks-th k), and the partial sums meet in a cross-thread reduction. The block's
+    row of A is computed once into shared memory where k is constant and the row takes at most half of it (else
+    where read: each of its elements once per column); B's view is computed where read (once per row)."""
     s = stage.schedule
-    for x in stage.input_tensors():
-        if x.op.tag == MATMUL_OPERAND:
-            s[x].compute_inline()
-    *lead, j = stage.op.axis
     (k,) = stage.op.reduce_axis
-    n, depth = j.extent, k.extent
+    depth = k.extent
+    views = [x for x in stage.input_tensors() if x.op.tag == MATMUL_OPERAND]
+    a_view = next(iter(read_along(stage.op, k)), None)
+    fits = a_view is not None and isinstance(depth, int) \
+        and depth * a_view.dtype.itemsize <= target.shared_per_block // 2
+    row = s.cache_read(a_view, "shared", [stage.outputs[0]]) if fits else None
+    for x in views:
+        s[x].compute_inline()
+    *lead, j = stage.op.axis
+    n = j.extent
     cols = min(FEW_ROWS_COLS, _pow2_at_least(n)) if isinstance(n, int) else FEW_ROWS_COLS
     ks = THREADS // cols
     if isinstance(depth, int):
@@ -323,3 +330,11 @@ def schedule_few_rows(stage: Stage) -> None:
     stage.bind(bx, BX)
     stage.bind(tx, TX)
     stage.bind(kt, TY)
+    if row is not None:  # all the block's threads fill the row, one element each per pass
+        copy = s[row]
+        copy.compute_at(stage, bx)
+        row_k = copy.op.axis[-1]
+        _, flat = copy.split(row_k, factor=cols * ks)
+        ty, tx = copy.split(flat, factor=cols)
+        copy.bind(ty, TY)
+        copy.bind(tx, TX)

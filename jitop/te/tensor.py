@@ -220,6 +220,20 @@ def read_tensors(bodies: Sequence[Expr]) -> list[Tensor]:
     return list(found.values())
 
 
+def read_along(op: ComputeOp, axis: IterVar) -> list[Tensor]:
+    """The tensors `op` reads with `axis` as their last index, in first-read order: of a product
+    sum_k A[i, k] * B[k, j], the row operand A (the one a GPU block of a few rows keeps whole in shared memory).
+
+    >>> from jitop import te
+    >>> A, B = te.placeholder((2, 8), name="A"), te.placeholder((8, 3), name="B")
+    >>> k = te.reduce_axis((0, 8), "k")
+    >>> C = te.compute((2, 3), lambda i, j: te.sum(B[k, j] * A[i, k], axis=k), name="C")
+    >>> [t.name for t in read_along(C.op, k)]
+    ['A']
+    """
+    return read_tensors([n for b in op.body for n in tensor_loads(b) if n.src and n.src[-1] is axis.var])
+
+
 def _shape(shape: Any, what: str) -> tuple[Dim, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer, Expr, IterVar)) else tuple(shape)
     return tuple(as_dim(d, f"{what}, dimension {k} of shape {tuple(dims)}") for k, d in enumerate(dims))

@@ -8,6 +8,7 @@ summed in any order, K eps of |A| @ |B|."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import sim_gpu
 from jitop import te
 from jitop.codegen.nvptx import check_ptx, ptxas_path
 from jitop.graph.gpu import compile_graph_gpu
+from jitop.graph.gpu_schedule import FEW_ROWS_COLS
 from jitop.target import Target
 from jitop.topi import cuda_gemv
 from jitop.topi.cuda_templates import CudaGemvWorkload
@@ -291,3 +293,75 @@ def test_a_growing_value_cache_is_one_kernel_for_every_length(monkeypatch) -> No
         p, v = rng.standard_normal((4, 1, s)).astype(np.float32), rng.standard_normal((4, s, 40)).astype(np.float32)
         _close(np.asarray(run(p, v)), p, v)
     assert run.traces == 1
+
+
+# ** a costly row operand is computed once per block, not once per column **
+
+def mlp_down(x, w1, b1, w2):
+    """A GELU between two dense layers (float32 throughout: a Python float's constants keep the dtype)."""
+    h = x @ w1 + b1
+    return (0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h ** 3)))) @ w2
+
+
+def mlp_down_float64(x, w1, b1, w2):
+    """picoGPT's GELU: np.sqrt(2 / np.pi) is a float64 scalar, so numpy computes the GELU and the second product
+    in float64 (the graph's few-row schedule, not the float32 GEMV)."""
+    h = x @ w1 + b1
+    return (0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))) @ w2
+
+
+def tanh_weights_times_values(p, v):
+    return np.tanh(p) @ v
+
+
+def _tanh_calls(fn, args) -> tuple[int, list[np.ndarray], gpu_sim.Traced]:
+    traced = gpu_sim.lower_traced(jitop.kernel(fn, target="cuda -arch=sm_90"), *args)
+    calls: Counter = Counter()
+    gpu_sim.run(traced.func, *traced.arrays, *traced.outputs, calls=calls)
+    return calls["tanh"], traced.outputs, traced
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.parametrize("fn", [mlp_down, mlp_down_float64], ids=lambda f: f.__name__)
+def test_a_gelu_between_dense_layers_is_evaluated_once_per_block(fn) -> None:
+    """Read where the reduction reads it, the second product's operand was evaluated once per column of its
+    result (a tanh and a pow per multiply-add); each block now computes its row into shared memory first."""
+    rng = np.random.default_rng(5)
+    hidden, n = 256, 96
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((1, 64), (64, hidden), (hidden,), (hidden, n))]
+    tanh, (got,), traced = _tanh_calls(fn, args)
+    assert [t.template for t in traced.tasks] == ["cuda.gemv"] * (2 if fn is mlp_down else 1)
+    cols = cuda_gemv.default_gemv_config(1, n, hidden, SM90)["cols"] if fn is mlp_down else FEW_ROWS_COLS
+    assert tanh == -(-n // cols) * hidden < n * hidden  # blocks x k, not columns x k
+    want = fn(*[a.astype(np.float64) for a in args])
+    assert got.dtype == fn(*args).dtype
+    h = np.abs(args[0].astype(np.float64)) @ np.abs(args[1]) + np.abs(args[2])
+    scale = (h + 1) @ np.abs(args[3].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=0, atol=float((hidden + 80) * EPS32 * scale.max()))
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_batched_product_of_few_rows_computes_its_row_operand_once_per_block() -> None:
+    rng = np.random.default_rng(6)
+    p, v = rng.standard_normal((3, 2, 1, 40)).astype(np.float32), rng.standard_normal((2, 40, 70)).astype(np.float32)
+    tanh, (got,), _ = _tanh_calls(tanh_weights_times_values, [p, v])
+    assert tanh == 3 * 2 * -(-70 // FEW_ROWS_COLS) * 40
+    _close(got, np.tanh(p), v)
+
+
+def test_a_row_past_half_the_shared_memory_is_read_where_needed() -> None:
+    """k = 8192 float32 (32 KiB) would cap the blocks an SM holds: the GEMV reads A in place, and is right."""
+    k = 8192
+    assert not cuda_gemv.stages_row(k, 4, SM90) and cuda_gemv.stages_row(k // 2, 4, SM90)
+    A, B = te.placeholder((1, k), name="A"), te.placeholder((k, 9), name="B")
+    G = te.compute((1, k), lambda i, j: te.tanh(A[i, j]), name="G")
+    C = cuda_gemv.gemv(G, B)
+    func = jitop.lower(cuda_gemv.schedule_gemv(C, {"cols": 8, "ks": 32}, SM90), [A, B, C])
+    assert "shared" not in str(func).split("thread_reduce")[0]
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((1, k)).astype(np.float32), rng.standard_normal((k, 9)).astype(np.float32)
+    c = np.zeros((1, 9), np.float32)
+    calls: Counter = Counter()
+    gpu_sim.run(func, a, b, c, calls=calls)
+    assert calls["tanh"] == 9 * k
+    _close(c, np.tanh(a), b)
