@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import pickle
+import subprocess
 import sys
 import threading
 
@@ -459,3 +461,17 @@ def test_pool_keeps_blocks_up_to_its_limit(fake, monkeypatch):
     assert fake.freed == [pc] and memory.POOL.held == 1024
     again = [memory.empty(128, np.float32), memory.empty(101, np.float32)]  # both held: two blocks
     assert {x.ptr for x in again} == {pa, pb}
+
+
+def test_an_array_kept_until_exit_is_collected_quietly(tmp_path):
+    """A device array in a module's global is collected at interpreter exit, after that module's globals were set
+    to None: its block's return to the pool printed "Exception ignored ... 'NoneType' object has no attribute
+    'is_finalizing'" on every such program's exit."""
+    script = tmp_path / "kept.py"
+    script.write_text("import numpy as np\nfrom fake_driver import FakeDriver\nfrom jitop.runtime.cuda import driver\n"
+                      "fake = FakeDriver()\ndriver.lib = lambda: fake\nimport jitop\n"
+                      "kept = jitop.cuda.to_device(np.ones(10, np.float32))\n")
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr

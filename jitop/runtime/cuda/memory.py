@@ -8,7 +8,7 @@ import math
 import sys
 import threading
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -138,8 +138,10 @@ class _PooledBlock:
     def __init__(self, pool: "BlockPool", lib: Any, ptr: int, size: int):
         self.pool, self.lib, self.ptr, self.size = pool, lib, ptr, size
 
-    def __del__(self) -> None:
-        if not sys.is_finalizing():
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        # bound when the class is made: an array kept in a module's global is collected at exit after that
+        # module's globals (`sys` here) were set to None
+        if not _finalizing():
             self.pool.give(self.lib, self.ptr, self.size)
 
 
