@@ -506,8 +506,37 @@ def section_gemv(ctx: Ctx, rep: Report) -> None:
             rows.append(_bandwidth_row(ctx, f"{label} torch.mm", ctx.time_ms(lambda: torch.mm(ta, tb), "torch"),
                                        nbytes, f"{np.abs(got - want).max():.1e}"))
         del da, db, dc
+    _gelu_gemv_rows(ctx, rows)
     rep.table("(c0) One row times a weight matrix (GEMV), float32", ["kernel", "time (us)", "GB/s", "% of copy",
                                                                    "max error", "build (s)"], rows)
+
+
+def _gelu_gemv_rows(ctx: Ctx, rows: list[list[Any]], k: int = 3072, n: int = 768) -> None:
+    """GPT-2's MLP down-projection of one token, GELU(h) @ W: jitop's GEMV computes the GELU of its block's row
+    into shared memory (once per block of columns), torch runs the GELU and the product as two kernels."""
+    from jitop.topi import cuda_gemv
+    te, mem, torch = ctx.jitop.te, ctx.memory, ctx.torch
+    h, b = ctx.rand((1, k), 10), ctx.rand((k, n), 11)
+    h64 = h.astype(np.float64)
+    want = (0.5 * h64 * (1 + np.tanh(0.7978845608 * (h64 + 0.044715 * h64 ** 3)))) @ b
+    dh, db, dc = mem.to_device(h), mem.to_device(b), mem.empty((1, n), np.float32)
+    nbytes = 4 * (k * n + k + n)
+    H, B = te.placeholder((1, k), name="H"), te.placeholder((k, n), name="B")
+    A = te.compute((1, k), lambda i, j: 0.5 * H[i, j] * (1.0 + te.tanh(0.7978845608 * (
+        H[i, j] + 0.044715 * H[i, j] * H[i, j] * H[i, j]))), name="gelu")
+    G = cuda_gemv.gemv(A, B)
+    cfg = cuda_gemv.default_gemv_config(1, n, k, ctx.target)
+    _jitop_rows(ctx, rows, f"GELU(1x{k}) x {k}x{n} jitop gemv {cfg['cols']}x{cfg['ks']}", lambda: ctx.build(
+        cuda_gemv.schedule_gemv(G, cfg, ctx.target), [H, B, G]), [dh, db, dc], want, nbytes, raw=False)
+    if torch is not None:
+        th, tb = torch.from_numpy(h).cuda(), torch.from_numpy(b).cuda()
+
+        def torch_gelu_mm():
+            return torch.mm(torch.nn.functional.gelu(th, approximate="tanh"), tb)
+        got = torch_gelu_mm().cpu().numpy()
+        rows.append(_bandwidth_row(ctx, f"GELU(1x{k}) x {k}x{n} torch gelu + mm",
+                                   ctx.time_ms(torch_gelu_mm, "torch"), nbytes, f"{np.abs(got - want).max():.1e}"))
+    del dh, db, dc
 
 
 def _tc_error_ratio(ctx: Ctx, got: Any, ta, tb, mode: str) -> float:
