@@ -14,7 +14,8 @@ import math
 
 from jitop.te.expr import Expr, Op, as_expr, binary, free_vars
 from jitop.tir.nodes import Buffer
-from jitop.tir.simplify import Lin, Ranges, bounds, from_lin, is_symbol, prove, simplify, symbolic_upper, to_lin
+from jitop.tir.simplify import (Lin, Ranges, bounds, from_lin, is_symbol, max_over, prove, simplify, symbolic_upper,
+                                to_lin)
 
 
 def facts(cond: Expr, positive: bool = True) -> list[tuple[Expr, int]]:
@@ -46,6 +47,25 @@ def _clamp_ends(idx: Expr) -> tuple[Expr, tuple[Expr, ...]] | None:
     return None
 
 
+def _relaxed(lin: Lin, ranges: Ranges) -> tuple[Expr, int] | None:
+    """(R, L): an expression R >= L * lin without floor divisions, L the lcm of lin's divisors by constants
+    (None when it has none). k (x // c) = k (x - x % c) / c, and x % c lies in [0, c - 1]: times L it is at
+    most (L k / c) x for k > 0, (L k / c) x + (L |k| / c)(c - 1) for k < 0. Its loop variables then stand
+    alone, so a symbolic upper bound can replace them by their ends (the fused index f = 256 o + t of
+    f // 768 - n, o < 3 n + 3: 768 (f // 768) - 768 n <= 256 (3 n + 2) + 255 - 768 n = 767)."""
+    divs = {a for a in lin.terms if a.op is Op.FLOORDIV and a.src[1].op is Op.CONST and a.src[1].value > 0}
+    if not divs:
+        return None
+    scale = math.lcm(*(int(a.src[1].value) for a in divs))
+    out = Lin({a: k * scale for a, k in lin.terms.items() if a not in divs}, lin.const * scale)
+    for a in divs:
+        c, k = int(a.src[1].value), lin.terms[a]
+        per = k * scale // c
+        out = out + to_lin(a.src[0], ranges).scale(per) + Lin({}, -per * (c - 1) if k < 0 else 0)
+    dtype = next(iter(divs)).dtype
+    return from_lin(out, dtype), scale
+
+
 class BoundsCheck:
     """Loop ranges plus a stack of facts from the guards enclosing the current point."""
 
@@ -62,8 +82,8 @@ class BoundsCheck:
         if ends is not None and self.in_bounds(ends[0], dim) and any(self.in_bounds(e, dim) for e in ends[1]):
             return True
         b = bounds(idx, self.ranges)
-        if b is None:
-            return False
+        if b is None:  # an index of symbols (a concatenation's row past a cache of n rows: f // 768 - n)
+            return self._at_most(-idx, 0) and self._at_most(idx - dim, -1)
         lo, hi = b
         symbolic = not isinstance(dim, int)
         if not symbolic and hi >= dim:
@@ -75,7 +95,8 @@ class BoundsCheck:
                     lo = max(lo, d[0] - bound)
         if symbolic:
             return lo >= 0 and self._below(idx, dim)
-        return lo >= 0 and hi < dim
+        # an index of symbols has only huge constant bounds (a symbol may be up to SYMBOL_MAX): prove it from them
+        return lo >= 0 and hi < dim or self._at_most(-idx, 0) and self._at_most(idx - dim, -1)
 
     def _upper(self, idx: Expr, hi: int) -> int:
         """`hi` (idx's bound from the ranges) tightened by the facts: idx = e + (idx - e) <= bound + max(idx - e).
@@ -115,15 +136,66 @@ class BoundsCheck:
         return hi
 
     def _below(self, idx: Expr, dim: Expr) -> bool:
-        """idx < dim for a symbolic dim, from the ranges or from a fact e <= bound:
-        idx - dim = (idx - dim - e) + e <= max(idx - dim - e) + bound."""
-        if prove(idx < dim, self.ranges) is True:
+        """idx < dim for a symbolic dim."""
+        return self._at_most(idx - dim, -1)
+
+    def _at_most(self, z: Expr, hi: int) -> bool:
+        """z <= hi for an integer expression of symbols, from the ranges or from a fact e <= bound, scaled by the
+        lcm L of z's floor divisors (1 too): L z = (L z - e) + e <= max(L z - e) + bound, below L (hi + 1) proves
+        it. The scale lets a guard on a fused index meet its quotient: under `if f < 768 n + 768`, f // 768 - n
+        <= 0, as 768 (f // 768) - f <= 0."""
+        if prove(z <= hi, self.ranges) is True:
             return True
-        for e, bound in self.facts:
-            d = symbolic_upper(idx - dim - e, self.ranges)
-            if d is not None and d + bound < 0:
+        z = self._symbolic_divisions_bounded(to_lin(z, self.ranges))
+        forms = [(z, 1)]
+        relaxed = _relaxed(to_lin(z, self.ranges), self.ranges)
+        if relaxed is not None:
+            forms.append(relaxed)
+        for form, scale in forms:
+            d = symbolic_upper(form, self.ranges)
+            if d is not None and d < scale * (hi + 1):
                 return True
+            for e, bound in self.facts:
+                d = symbolic_upper(form - e, self.ranges)
+                if d is not None and d + bound < scale * (hi + 1):
+                    return True
         return False
+
+    def _symbolic_divisions_bounded(self, lin: Lin) -> Expr:
+        """An expression >= `lin` with its quotients and remainders by a symbolic divisor d >= 1 bounded (a fused
+        index g over 12 heads of n + 1 cache rows: g // (n + 1), g % (n + 1)): x % d by d - 1 (positive
+        coefficient) or 0; x // d by m - 1 for an m proved to give x < m d (positive coefficient), or by 0 where
+        x >= 0. A term it cannot bound stays."""
+        out = Lin({}, lin.const)
+        for atom, k in lin.terms.items():
+            by = None
+            if atom.op in (Op.FLOORDIV, Op.FLOORMOD) and atom.src[1].op is not Op.CONST \
+                    and prove(atom.src[1] >= 1, self.ranges) is True:
+                x, d = atom.src
+                if k < 0:
+                    by = Lin({}, 0) if atom.op is Op.FLOORMOD or prove(x >= 0, self.ranges) is True else None
+                elif atom.op is Op.FLOORMOD:
+                    by = to_lin(d, self.ranges) + Lin({}, -1)
+                else:
+                    m = self._quotient_bound(x, d)
+                    by = None if m is None else Lin({}, m - 1)
+            out = out + (by.scale(k) if by is not None else Lin({atom: k}))
+        return from_lin(out, next(iter(lin.terms)).dtype if lin.terms else as_expr(0).dtype)
+
+    def _quotient_bound(self, x: Expr, d: Expr) -> int | None:
+        """An m with x < m d (d >= 1 symbolic), proved; candidates from x's upper end in symbols, by its loop
+        variables' ends or by a guard's fact (f < 4 n + 4 over blocks of 256: 4 for d = n + 1). None if none."""
+        loops = {v for v in free_vars(x) if v in self.ranges and not is_symbol(v, self.ranges)}
+        den = to_lin(d, self.ranges)
+        ends = [to_lin(x, self.ranges)] + [to_lin(x - e, self.ranges) + Lin({}, bound) for e, bound in self.facts]
+        for end in ends:
+            top = max_over(end, loops, self.ranges)
+            if top is None or not den.terms or any(den.terms.get(a, 0) <= 0 for a in top.terms):
+                continue
+            m = max([-(-c // den.terms[a]) for a, c in top.terms.items()] + [1])
+            if self._at_most(x - d * m, -1):
+                return m
+        return None
 
     def proves(self, buf: Buffer, indices: tuple[Expr, ...]) -> bool:
         """True if every index is within the buffer's shape under the current facts."""

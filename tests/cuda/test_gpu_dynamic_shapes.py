@@ -251,3 +251,31 @@ def test_a_dense_layer_of_a_varying_batch_or_length_is_one_sgemm_with_its_epilog
     assert k.traces == 2 and not k.policy.refused(), k.policy.refused()
     text = k.explain(rng.standard_normal((50, 7, 20) if varying == 0 else (3, 50, 20)).astype(F4))
     assert "in-memory cache hit" in text and "multiply is computed from cuda.matmul's register tile" in text
+
+
+def append_and_score(cache, row, q):
+    """A decode step's cache update and attention scores: the cache one row longer, each of 4 heads' scores."""
+    cache = np.vstack([cache, row])
+    heads = [q[:, h * 16:(h + 1) * 16] @ cache[:, h * 16:(h + 1) * 16].T for h in range(4)]
+    return cache, np.stack(heads)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_growing_cache_s_kernels_carry_no_run_time_checks(monkeypatch):
+    """Every access of the symbolic-length kernels is proved in bounds (the concatenation's rows f // 64 past the
+    cache, the heads g // (n + 1) and rows g % (n + 1) of the scores): no run-time check, so a call does not read
+    an error flag back from the GPU (a synchronization per call). Results equal numpy's at several lengths."""
+    rng = np.random.default_rng(12)
+    kf = jitop.kernel(append_and_score, target="cuda -arch=sm_90", dynamic={"cache": (0,)}, fallback=False)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((7, 64), (1, 64), (1, 64))]
+    tr = kf.trace(args, dynamic={0: [0]})
+    function = compile_graph_gpu(kf.__name__, tr.inputs, tr.names, tr.plan, tr.results, kf.gpu).function
+    assert function.built.checked == () and not function.built.error_symbol
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    run = jitop.kernel(append_and_score, target="cuda", dynamic={"cache": (0,)}, fallback=False)
+    for n in (7, 2, 12):
+        args = [rng.standard_normal(s).astype(np.float32) for s in ((n, 64), (1, 64), (1, 64))]
+        (cache, scores), (want_cache, want_scores) = run(*args), append_and_score(*args)
+        np.testing.assert_array_equal(np.asarray(cache), want_cache)
+        close(np.asarray(scores), want_scores, 16)
+    assert run.traces == 1

@@ -313,3 +313,36 @@ def test_bounds_check_divides_a_guarded_fused_index():
     assert check.in_bounds(f // 37, 1000) and not check.in_bounds(f // 37, 999)
     assert check.in_bounds(f % 37, 37) and not check.in_bounds(f // 36, 1000)
     check.pop(k)
+
+
+def test_bounds_check_proves_a_concatenation_s_rows_of_a_symbolic_length():
+    """np.vstack([cache, row]) of an n-row cache, 768 wide, split over blocks of 256 threads (f = 256 o + t,
+    o < 3 n + 3: no guard, the split is exact): the row f // 768 is below n + 1, and past the select that takes
+    the cache's rows (f // 768 < n), the new row's index f // 768 - n is 0. Each with a near miss refused."""
+    from jitop.tir.bounds import BoundsCheck
+    from jitop.tir.simplify import SYMBOL_MAX
+    n, o, t = te.var("n"), te.var("o"), te.var("t")
+    check = BoundsCheck({n: (2, SYMBOL_MAX), o: (0, n * 3 + 2), t: (0, 255)})
+    f = o * 256 + t
+    assert check.in_bounds(f // 768, n + 1) and not check.in_bounds(f // 768, n)
+    assert not check.in_bounds(f // 768 - n, 1)  # rows below n give negative indices
+    k = check.push(f // 768 < n, False)
+    assert check.in_bounds(f // 768 - n, 1) and not check.in_bounds(f // 768 - n + 1, 1)
+    assert not check.in_bounds(f // 768 - n - 1, 1)
+    check.pop(k)
+    assert not check.in_bounds(f // 768 - n, 1)
+
+
+def test_bounds_check_proves_quotients_and_remainders_by_a_symbolic_divisor():
+    """Scores of 12 heads over n + 1 cache rows, one block each (g < 12 (n + 1)): the head g // (n + 1) is below
+    12 (its 64 columns below 768) and the row g % (n + 1) below n + 1; not for 13 heads' blocks."""
+    from jitop.tir.bounds import BoundsCheck
+    from jitop.tir.simplify import SYMBOL_MAX
+    n, g, c = te.var("n"), te.var("g"), te.var("c")
+    check = BoundsCheck({n: (2, SYMBOL_MAX), g: (0, n * 12 + 11), c: (0, 63)})
+    assert check.in_bounds(g // (n + 1), 12) and not check.in_bounds(g // (n + 1), 11)
+    assert check.in_bounds(g // (n + 1) * 64 + c, 768) and not check.in_bounds(g // (n + 1) * 64 + c, 767)
+    assert check.in_bounds(g % (n + 1), n + 1) and not check.in_bounds(g % (n + 1), n)
+    assert not check.in_bounds(g // n, 12)  # g // n reaches 12 at g = 12 n
+    wide = BoundsCheck({n: (2, SYMBOL_MAX), g: (0, n * 13 + 12)})
+    assert not wide.in_bounds(g // (n + 1), 12)
