@@ -245,6 +245,15 @@ class CudaTarget:
         """Everything compiled GPU code depends on, as one string (part of every GPU cache key)."""
         return f"cuda-{self.arch}-{hashlib.sha256(self.to_json().encode()).hexdigest()[:16]}"
 
+    def holds_row(self, nbytes: int) -> bool:
+        """Whether a block keeps a row of `nbytes` in shared memory (a few-row product's row of A): at most half
+        of a block's, as more would cap the blocks an SM holds, and such a product needs many in flight.
+
+        >>> CudaTarget().holds_row(3072 * 4), CudaTarget().holds_row(8192 * 4)
+        (True, False)
+        """
+        return nbytes <= self.shared_per_block // 2
+
     def describe(self) -> str:
         """One line for benchmark headers and `explain`."""
         return (f"cuda {self.arch}: {self.sm_count} SMs, {self.max_threads_per_block} threads and "

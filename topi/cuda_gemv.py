@@ -7,8 +7,9 @@ a block takes `cols` columns of one row (blockIdx.x, blockIdx.y = the row) and s
 threads, each summing every ks-th k (unrolled by `unroll`); the ks partial sums meet in a cross-thread
 reduction. The block first computes its row of A into shared memory, all its threads together (where the row
 takes at most half of it: `stages_row`), so a costly view of A (a GELU between two dense layers) is evaluated
-once per block of columns, not once per column. `lanes` says which of the two is threadIdx.x, the consecutive lanes of a warp: "n" (columns, the
-default: a warp reads a row segment of B, contiguous when B is [k, n]) or "k" (a warp reads along k, the
+once per block of columns, not once per column. `lanes` says which of the two is threadIdx.x, the consecutive
+lanes of a warp: "n" (columns, the default: a warp reads a row segment of B, contiguous when B is [k, n]) or
+"k" (a warp reads along k, the
 partial sums meet by warp shuffles: the better order where B's k is contiguous, a transposed view the tuner
 finds). (`x @ W.T` of a few rows never gets here: the tracer computes it as dot products of rows, which read
 W's rows in place.)
@@ -148,8 +149,8 @@ def schedule_gemv_stage(s: Schedule, C: Tensor, cfg: dict[str, Any] | None = Non
 
 
 def stages_row(k: int, itemsize: int, target: CudaTarget) -> bool:
-    """Whether a block keeps its row of A (k elements) in shared memory: when the row takes at most half of a
-    block's shared memory (more would cap the blocks an SM holds, and a GEMV needs many in flight to stream B).
+    """Whether a block keeps its row of A (k elements) in shared memory: `target.holds_row` (at most half of a
+    block's shared memory: more would cap the blocks an SM holds, and a GEMV needs many in flight to stream B).
 
     Without it, every thread computes the A elements its k's need, so each element of A's view (a GELU between
     two dense layers: a tanh, a pow) is evaluated once per column of C; with it, once per block of columns.
@@ -157,7 +158,7 @@ def stages_row(k: int, itemsize: int, target: CudaTarget) -> bool:
     >>> stages_row(3072, 4, DEFAULT_TARGET), stages_row(16384, 4, DEFAULT_TARGET)
     (True, False)
     """
-    return isinstance(k, int) and k * itemsize <= target.shared_per_block // 2
+    return isinstance(k, int) and target.holds_row(k * itemsize)
 
 
 def _block(config: Any) -> tuple[int, int]:

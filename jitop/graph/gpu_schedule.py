@@ -304,15 +304,14 @@ def schedule_few_rows(stage: Stage, target: CudaTarget) -> None:
     one's dense layers): a 16-row tile would leave all but a row of its threads idle. A block takes FEW_ROWS_COLS
     columns of one row of one batch (the batch and row axes fused on blockIdx.y), its threadIdx.y threads split
     the reduction (each sums every ks-th k), and the partial sums meet in a cross-thread reduction. The block's
-    row of A is computed once into shared memory where k is constant and the row takes at most half of it (else
-    where read: each of its elements once per column); B's view is computed where read (once per row)."""
+    row of A is computed once into shared memory where k is constant and the target holds the row (else where
+    read: each of its elements once per column); B's view is computed where read (once per row)."""
     s = stage.schedule
     (k,) = stage.op.reduce_axis
     depth = k.extent
     views = [x for x in stage.input_tensors() if x.op.tag == MATMUL_OPERAND]
     a_view = next(iter(read_along(stage.op, k)), None)
-    fits = a_view is not None and isinstance(depth, int) \
-        and depth * a_view.dtype.itemsize <= target.shared_per_block // 2
+    fits = a_view is not None and isinstance(depth, int) and target.holds_row(depth * a_view.dtype.itemsize)
     row = s.cache_read(a_view, "shared", [stage.outputs[0]]) if fits else None
     for x in views:
         s[x].compute_inline()

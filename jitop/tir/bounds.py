@@ -146,9 +146,9 @@ class BoundsCheck:
         <= 0, as 768 (f // 768) - f <= 0."""
         if prove(z <= hi, self.ranges) is True:
             return True
-        z = self._symbolic_divisions_bounded(to_lin(z, self.ranges))
-        forms = [(z, 1)]
-        relaxed = _relaxed(to_lin(z, self.ranges), self.ranges)
+        bounded = self._symbolic_divisions_bounded(to_lin(z, self.ranges))
+        forms = [(from_lin(bounded, z.dtype), 1)]
+        relaxed = _relaxed(bounded, self.ranges)
         if relaxed is not None:
             forms.append(relaxed)
         for form, scale in forms:
@@ -161,8 +161,8 @@ class BoundsCheck:
                     return True
         return False
 
-    def _symbolic_divisions_bounded(self, lin: Lin) -> Expr:
-        """An expression >= `lin` with its quotients and remainders by a symbolic divisor d >= 1 bounded (a fused
+    def _symbolic_divisions_bounded(self, lin: Lin) -> Lin:
+        """A linear form >= `lin` with its quotients and remainders by a symbolic divisor d >= 1 bounded (a fused
         index g over 12 heads of n + 1 cache rows: g // (n + 1), g % (n + 1)): x % d by d - 1 (positive
         coefficient) or 0; x // d by m - 1 for an m proved to give x < m d (positive coefficient), or by 0 where
         x >= 0. A term it cannot bound stays."""
@@ -180,7 +180,7 @@ class BoundsCheck:
                     m = self._quotient_bound(x, d)
                     by = None if m is None else Lin({}, m - 1)
             out = out + (by.scale(k) if by is not None else Lin({atom: k}))
-        return from_lin(out, next(iter(lin.terms)).dtype if lin.terms else as_expr(0).dtype)
+        return out
 
     def _quotient_bound(self, x: Expr, d: Expr) -> int | None:
         """An m with x < m d (d >= 1 symbolic), proved; candidates from x's upper end in symbols, by its loop
