@@ -79,28 +79,41 @@ def child(mode: str, tokens: int) -> dict:
     if mode != "numpy":
         out.update(traces=kernels[1].traces, compiles=sum(k.dispatcher.compiles for k in kernels),
                    signatures=len(kernels[1].dispatcher.overloads()),
-                   launches=_launches_per_step(lambda n: bs.generate(pre, step, layers, embed, prompt, n), tokens))
+                   **_driver_calls_per_step(lambda n: bs.generate(pre, step, layers, embed, prompt, n), tokens))
     return out
 
 
-def _launches_per_step(generate, tokens: int) -> float:
-    """Kernel launches per generated token (a run of `tokens` less one of none: the prefill's), counted at
-    the driver (cuLaunchKernel), after the timed runs."""
-    from jitop.runtime.cuda import driver
-    lib = driver.lib()
-    launch, count = lib.cuLaunchKernel, [0]
+COUNTED = {"launches": "cuLaunchKernel", "allocations": "cuMemAlloc_v2", "frees": "cuMemFree_v2"}
 
-    def counted(*args):
-        count[0] += 1
-        return launch(*args)
-    lib.cuLaunchKernel = counted
-    try:
-        generate(0)
-        prefill = count[0]
-        generate(tokens)
-        return (count[0] - 2 * prefill) / tokens
-    finally:
-        lib.cuLaunchKernel = launch
+
+def _driver_calls_per_step(generate, tokens: int) -> dict[str, float]:
+    """Kernel launches, device allocations and frees per generated token (a run of `tokens` less one of none:
+    the prefill's), counted at the driver, after the timed runs. The pool of freed blocks is emptied (uncounted)
+    before each run, as if the cache lengths were new: the timed runs left a block of every length in it."""
+    from jitop.runtime.cuda import driver, memory
+    lib = driver.lib()
+    originals = {name: getattr(lib, name) for name in COUNTED.values()}
+    counts = dict.fromkeys(COUNTED.values(), 0)
+
+    def counted(name):
+        def call(*args):
+            counts[name] += 1
+            return originals[name](*args)
+        return call
+
+    def run(n: int) -> dict[str, int]:
+        memory.POOL.drain()
+        counts.update(dict.fromkeys(counts, 0))
+        for name in originals:
+            setattr(lib, name, counted(name))
+        try:
+            generate(n)
+        finally:
+            for name, fn in originals.items():
+                setattr(lib, name, fn)
+        return dict(counts)
+    prefill, both = run(0), run(tokens)
+    return {key: (both[name] - prefill[name]) / tokens for key, name in COUNTED.items()}
 
 
 CALLS = "host cost per call"
@@ -179,6 +192,10 @@ def run_child(mode: str, tokens: int, root: str, extra: list[str] = ()) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _allocs(run: dict) -> str:
+    return f"{run['allocations']:.2f}, {run['frees']:.2f}" if "allocations" in run else "-"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=32)
@@ -204,15 +221,15 @@ def main() -> None:
     print(f"decode loop, {args.tokens} new tokens after a 16-token prompt; "
           + ("on this machine's GPU" if gpu else "no GPU: launches are no-ops, host work only"))
     print("\n| run | cold program (s) | steady step (ms) | launches per step | step per launch (us) | GPU compiles "
-          "| decode_step traces | its functions | tokens = numpy's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| decode_step traces | its functions | allocations, frees per step | tokens = numpy's |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in runs.items():
         same = "-" if mode == "numpy" else ("yes" if r["tokens"] == runs["numpy"]["tokens"] else "NO") \
             if gpu else "not checked"
         launches = r.get("launches")
         per_launch = f"{r['steady_step_ms'] * 1e3 / launches:.1f}" if launches else "-"
         print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {launches or '-'} | {per_launch} | "
-              f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {same} |")
+              f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {_allocs(r)} | {same} |")
     print(f"\nHost cost of a call: a 256-element kernel, device arrays in and out, best of 3 x 3000 calls "
           f"({'this GPU' if costs['gpu'] else 'no GPU: the launch itself is a no-op stand-in'})\n")
     print("| call | us per call |\n|---|---|")

@@ -463,6 +463,34 @@ def test_pool_keeps_blocks_up_to_its_limit(fake, monkeypatch):
     assert {x.ptr for x in again} == {pa, pb}
 
 
+def test_an_array_growing_a_row_per_call_reuses_its_predecessors_blocks(fake):
+    """A decode loop's cache, one 768-float row longer per call, its predecessor collected after each: an exact
+    size per block made every call allocate (and the pool fill with blocks no later call could take)."""
+    cache = memory.empty((16, 768), np.float32)
+    for rows in range(17, 517):
+        cache = memory.empty((rows, 768), np.float32)
+    gc.collect()
+    allocated = [args[0] for name, args in fake.calls if name == "cuMemAlloc_v2"]
+    classes = {memory.BlockPool.rounded(rows * 768 * 4) for rows in range(16, 517)}
+    assert len(allocated) <= 2 * len(classes) < 100  # two blocks per class at most: the array and its predecessor
+    assert all(rows * 768 * 4 <= memory.BlockPool.rounded(rows * 768 * 4) <= rows * 768 * 4 * 9 / 8
+               for rows in range(1, 517))
+    assert fake.freed == []
+
+
+def test_a_full_pool_frees_the_blocks_given_back_longest_ago(fake, monkeypatch):
+    monkeypatch.setattr(memory, "POOL", memory.BlockPool(limit=2048))
+    arrays = [memory.empty(128 * (k + 1), np.float32) for k in range(3)]  # 512, 1024, 1536 bytes
+    ptrs = [a.ptr for a in arrays]
+    for k in range(3):
+        arrays[k] = None  # given back in order: the third overflows the pool
+        gc.collect()
+    assert fake.freed == [ptrs[0], ptrs[1]] and memory.POOL.held == 1536
+    assert memory.empty(384, np.float32).ptr == ptrs[2]  # of the third's class; given back again when collected
+    memory.POOL.drain()
+    assert fake.freed == ptrs and memory.POOL.held == 0
+
+
 def test_an_array_kept_until_exit_is_collected_quietly(tmp_path):
     """A device array in a module's global is collected at interpreter exit, after that module's globals were set
     to None: its block's return to the pool printed "Exception ignored ... 'NoneType' object has no attribute

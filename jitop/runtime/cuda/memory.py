@@ -146,14 +146,18 @@ class _PooledBlock:
 
 
 class BlockPool:
-    """Freed device blocks kept for reuse, by size (rounded up to GRANULE bytes), up to `limit` bytes in all.
-    cuMemAlloc costs microseconds and cuMemFree waits for the whole device, so an array's memory comes back here
-    when it is collected and the next array of that size takes it. Reuse is safe in stream order: jitop's work
-    runs on the legacy default stream, after whatever the block's last owner queued. A block is kept per driver
-    library, so a test's stand-in library never hands its blocks to the real one.
+    """Freed device blocks kept for reuse, by size class, up to `limit` bytes in all (the blocks given back longest
+    ago are freed first once it is full). cuMemAlloc costs microseconds and cuMemFree waits for the whole device,
+    so an array's memory comes back here when it is collected and the next array of its class takes it. Reuse is
+    safe in stream order: jitop's work runs on the legacy default stream, after whatever the block's last owner
+    queued. A block is kept per driver library, so a test's stand-in library never hands its blocks to the real one.
 
-    >>> BlockPool.rounded(1), BlockPool.rounded(513)
-    (512, 1024)
+    Classes are multiples of GRANULE bytes below 4 KiB and eight per doubling above it (at most 1/8 wasted), so an
+    array that grows a little per call (a decode loop's key/value cache, one row longer per token) takes the block
+    its predecessor of the same class gave back instead of allocating every call.
+
+    >>> [BlockPool.rounded(n) for n in (1, 513, 4096, 4097, 3 << 20)]
+    [512, 1024, 4096, 4608, 3145728]
     """
 
     GRANULE = 512
@@ -161,12 +165,14 @@ class BlockPool:
     def __init__(self, limit: int = 1 << 30):
         self.limit, self.held = limit, 0
         self.blocks: dict[tuple[int, int], list[int]] = {}
+        self.given: dict[tuple[int, int, int], None] = {}  # (library id, size, address), oldest first
         self.libraries: dict[int, Any] = {}  # id -> library, kept alive so its id is never reused
         self.lock = threading.Lock()
 
     @staticmethod
     def rounded(nbytes: int) -> int:
-        return -(-nbytes // BlockPool.GRANULE) * BlockPool.GRANULE
+        step = max(BlockPool.GRANULE, 1 << max(nbytes.bit_length() - 4, 0))
+        return -(-nbytes // step) * step
 
     def take(self, nbytes: int) -> tuple[int, int]:
         """(address, size) of a block of at least `nbytes`: a pooled one, else a new allocation (after giving
@@ -175,8 +181,10 @@ class BlockPool:
         with self.lock:
             free = self.blocks.get((id(lib), size))
             if free:
+                ptr = free.pop()
+                del self.given[id(lib), size, ptr]
                 self.held -= size
-                return free.pop(), size
+                return ptr, size
         try:
             return driver.mem_alloc(size), size
         except driver.CudaError as err:
@@ -186,22 +194,41 @@ class BlockPool:
         return driver.mem_alloc(size), size
 
     def give(self, lib: Any, ptr: int, size: int) -> None:
-        """A collected array's block: kept if the pool has room, else freed."""
+        """A collected array's block: kept, after freeing the blocks given back longest ago if the pool would hold
+        more than its limit; freed itself if it is larger than the limit."""
+        if size > self.limit:
+            driver._release(lib.cuMemFree_v2, ptr)
+            return
         with self.lock:
-            if self.held + size <= self.limit:
-                self.libraries.setdefault(id(lib), lib)
-                self.blocks.setdefault((id(lib), size), []).append(ptr)
-                self.held += size
-                return
-        driver._release(lib.cuMemFree_v2, ptr)
+            evicted = self._evict(self.held + size - self.limit)
+            self.libraries.setdefault(id(lib), lib)
+            self.blocks.setdefault((id(lib), size), []).append(ptr)
+            self.given[id(lib), size, ptr] = None
+            self.held += size
+        self._free(evicted)
+
+    def _evict(self, nbytes: int) -> list[tuple[int, int, int]]:
+        """Take at least `nbytes` of the oldest blocks out of the pool (under the lock); the caller frees them."""
+        evicted = []
+        while nbytes > 0:
+            key = next(iter(self.given))
+            del self.given[key]
+            lib_id, size, ptr = key
+            self.blocks[lib_id, size].remove(ptr)
+            self.held -= size
+            nbytes -= size
+            evicted.append(key)
+        return evicted
+
+    def _free(self, blocks: list[tuple[int, int, int]]) -> None:
+        for lib_id, _, ptr in blocks:
+            driver._release(self.libraries[lib_id].cuMemFree_v2, ptr)
 
     def drain(self) -> None:
         """Free every pooled block."""
         with self.lock:
-            blocks, self.blocks, self.held = self.blocks, {}, 0
-        for (lib_id, _), ptrs in blocks.items():
-            for ptr in ptrs:
-                driver._release(self.libraries[lib_id].cuMemFree_v2, ptr)
+            blocks, self.blocks, self.given, self.held = list(self.given), {}, {}, 0
+        self._free(blocks)
 
 
 POOL = BlockPool()
