@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -19,54 +18,11 @@ from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
 from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
 from jitop.runtime.cuda import driver, memory
 from jitop.runtime.cuda.memory import DeviceArray
+from jitop.runtime.cuda.plan import CallPlan, LaunchTemplate, Planner
 from jitop.runtime.module import flagged_error
 from jitop.target import CudaTarget
 
-MAX_GRID = (2 ** 31 - 1, 65535, 65535)
 MAX_PLANS = 64  # call plans kept per function (a decode loop makes one per sequence length)
-
-
-class CallPlan:
-    """What a GPU function's call on device arrays of given shapes does, worked out once: the outputs and
-    workspaces it allocates (shape, dtype) and its launches (a prepared kernel launch, the indices of the buffers
-    it takes: parameters then workspaces, and the symbols' values passed after them)."""
-
-    __slots__ = ("outputs", "workspaces", "launches", "error_symbol")
-
-    def __init__(self, outputs: list, workspaces: list, launches: list, error_symbol: str | None):
-        # (shape, dtype, elements) of each: checked once here, allocated on every call without checks
-        self.outputs, self.workspaces = _exact(outputs), _exact(workspaces)
-        self.launches, self.error_symbol = launches, error_symbol
-
-    def run(self, function: "GpuFunction", args: Sequence[DeviceArray]) -> Any:
-        """Launch on `args` (inputs, or inputs then outputs); the outputs allocated (device arrays), or None
-        when they were given. Workspaces are freed when it returns: their blocks are reused in stream order."""
-        outs = [DeviceArray.allocate_exact(*spec) for spec in self.outputs]
-        workspaces = self.allocate_workspaces()
-        self.queue([a.ptr for a in args] + [o.ptr for o in outs] + [w.ptr for w in workspaces])
-        if self.error_symbol:
-            function.raise_if_flagged()
-        if not self.outputs:
-            return None
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def allocate_workspaces(self) -> list[DeviceArray]:
-        return [DeviceArray.allocate_exact(*spec) for spec in self.workspaces]
-
-    def queue(self, buffers: Sequence[int]) -> None:
-        """Queue the launches on the addresses of every buffer: parameters, then workspaces."""
-        for launch, taken, values in self.launches:
-            launch([buffers[k] for k in taken] + values)
-
-
-def _exact(arrays: list) -> list[tuple[tuple[int, ...], np.dtype, int]]:
-    """(shape, dtype) of each array to allocate as DeviceArray.allocate_exact takes them, checked as the
-    DeviceArray constructor checks them."""
-    out = []
-    for shape, dtype in arrays:
-        DeviceArray(shape, dtype, 0)  # a negative size or an object dtype raises here, once per plan
-        out.append((tuple(map(int, shape)), np.dtype(dtype), math.prod(shape)))
-    return out
 
 
 class GpuFunction:
@@ -86,7 +42,7 @@ class GpuFunction:
         self.n_inputs = sum(not p.is_output for p in self.params)
         sized = [d for k in built.kernels for d in (*k.grid, *k.block)] + [d for *_, s in built.workspaces for d in s]
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
-        self._loaded: tuple[Any, list[Any]] | None = None
+        self._loaded: tuple[Any, Planner] | None = None
         self._plans: dict[tuple, CallPlan] = {}  # the arguments' shapes and dtypes -> what such a call launches
 
     @property
@@ -106,7 +62,8 @@ class GpuFunction:
         return f"<jitop GPU function {self.name}({sig}) for {self.target.arch}, {len(self.built.kernels)} kernel(s)>"
 
     # ** loading **
-    def _load(self) -> tuple[Any, list[Any]]:
+    def _load(self) -> tuple[Any, Planner]:
+        """The loaded module and the planner of this function's calls (linked and loaded on the first call)."""
         if self._loaded is None:
             driver.context()
             attrs = driver.device_attributes()
@@ -114,7 +71,13 @@ class GpuFunction:
             if self.cubin is None:
                 self.cubin = driver.link_ptx(self.built.ptx, self.target.arch)
             module = driver.Module.load(self.cubin)
-            self._loaded = module, [module.function(k.name) for k in self.built.kernels]
+            n_buffers = len(self.params) + len(self.built.workspaces)
+            templates = [LaunchTemplate(module.function(k.name), k, n_buffers, len(self.symbols), self._dims)
+                         for k in self.built.kernels]
+            planner = Planner(templates, [s.name for s in self.symbols], self.n_inputs,
+                              [p.dtype for p in self.params[self.n_inputs:]], self.binder.shape,
+                              self.built.workspaces, self._dims, self.built.error_symbol)
+            self._loaded = module, planner
         return self._loaded
 
     # ** calling **
@@ -123,7 +86,7 @@ class GpuFunction:
             key = self._plan_key(args)
             if key is not None:
                 plan = self._plans.get(key) or self._plan(args, key)
-                return plan.run(self, args)
+                return plan.run(self.raise_if_flagged, args)
         return self._call(args)
 
     def _plan_key(self, args: Sequence[Any]) -> tuple | None:
@@ -136,26 +99,17 @@ class GpuFunction:
             key.append((a.shape, a.dtype))
         return tuple(key)
 
-    def _plan(self, args: Sequence[DeviceArray], key: tuple | None) -> "CallPlan":
-        """The call plan of the device arrays `args` (checked here as `_call` checks them: a bad call raises its
-        error), kept under `key` (unless None) for later calls of the same shapes; the oldest plans go first once
-        MAX_PLANS are held."""
-        _, functions = self._load()
-        arrays = [self._argument(k, a, a) for k, a in enumerate(args)]
-        values = self.binder.bind(arrays)
-        env = dict(zip((s.name for s in self.symbols), values))
-        outputs = [(self.binder.shape(k, values), self.params[k].dtype) for k in range(len(args), len(self.params))]
-        workspaces = [(self._extent(shape, env), np.dtype(dt)) for _, dt, shape in self.built.workspaces]
-        everything = tuple(range(len(self.params) + len(workspaces)))
-        launches = []
-        for launch, fn in zip(self.built.kernels, functions):
-            grid, block = self._extent(launch.grid, env), self._extent(launch.block, env)
-            if 0 not in grid:
-                self._check_grid(launch, grid)
-                taken = launch.pointers(everything)
-                queue = fn.prepared(grid, block, ["ptr"] * len(taken) + ["i64"] * len(values))
-                launches.append((queue, taken, list(values)))
-        plan = CallPlan(outputs, workspaces, launches, self.built.error_symbol)
+    def _plan(self, args: Sequence[DeviceArray], key: tuple | None) -> CallPlan:
+        """The call plan of the device arrays `args`, checked here as `_call` checks them (a bad call raises its
+        error)."""
+        values = self.binder.bind([self._argument(k, a, a) for k, a in enumerate(args)])
+        return self._plan_checked(values, len(args), key)
+
+    def _plan_checked(self, values: list[int], n_args: int, key: tuple | None) -> CallPlan:
+        """The call plan of `n_args` arguments already checked, whose shapes gave the symbols `values`, kept under
+        `key` (unless None) for later calls of the same shapes; the oldest plans go first once MAX_PLANS are
+        held."""
+        plan = self._load()[1].plan(values, n_args)
         if key is not None:
             if len(self._plans) >= MAX_PLANS:
                 del self._plans[next(iter(self._plans))]
@@ -176,7 +130,7 @@ class GpuFunction:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
         key = tuple((d.shape, d.dtype) for d in device)
-        (self._plans.get(key) or self._plan(device, key)).run(self, device)
+        (self._plans.get(key) or self._plan_checked(values, len(device), key)).run(self.raise_if_flagged, device)
         return self._results(args, arrays, device, on_device)
 
     def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
@@ -194,9 +148,9 @@ class GpuFunction:
         if any(dev is None for dev in given):
             raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
         plan = self._plan(given, None)
-        workspaces = plan.allocate_workspaces()  # they live as long as the launcher
-        buffers = [a.ptr for a in given] + [w.ptr for w in workspaces]
-        return lambda keep=(given, workspaces): plan.queue(buffers)
+        arena = plan.allocate_arena()  # it lives as long as the launcher
+        buffers = [a.ptr for a in given] + plan.workspace_pointers(arena)
+        return lambda keep=(given, arena): plan.queue(buffers)
 
     def raise_if_flagged(self) -> None:
         """IndexError if a kernel launched since the last check flagged an out-of-bounds access (it waits for
@@ -249,17 +203,6 @@ class GpuFunction:
         if len(args) == len(self.params):
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _extent(self, dims: Sequence[int | str], env: dict[str, int]) -> tuple[int, ...]:
-        """A grid, block or workspace shape at the symbols' values `env`."""
-        return tuple(d if isinstance(d, int) else max(0, self._dims[d](env)) for d in dims)
-
-    @staticmethod
-    def _check_grid(launch: Launch, grid: tuple[int, int, int]) -> None:
-        for axis, (n, limit) in enumerate(zip(grid, MAX_GRID)):
-            if n > limit:
-                raise ValueError(f"kernel {launch.name} needs {n} blocks along {'xyz'[axis]}, more than a GPU "
-                                 f"launches ({limit}); bind a larger factor to threadIdx or use blockIdx.x")
 
     def _raise_if_flagged(self, module: Any) -> None:
         flag = module.read_global_i32(self.built.error_symbol)

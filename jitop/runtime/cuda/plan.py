@@ -1,0 +1,130 @@
+"""Call plans of a GPU function: what a call on device arrays of given shapes allocates and launches.
+
+A function's `Planner` works out once what no call changes (each kernel's buffers, its argument types, the grid
+and block sizes that are constants, the workspaces' layout in one arena); a plan for the symbols' values of a
+call then only evaluates the sizes that depend on them. A decode loop, whose cache is one row longer per call,
+makes a plan per call: that is why a plan is cheap to make.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitop.codegen.nvptx import Launch
+from jitop.runtime.args import DimFn
+from jitop.runtime.cuda import driver
+from jitop.runtime.cuda.memory import DeviceArray
+
+MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+ARENA_ALIGN = 256  # bytes between workspaces in the arena: what cuMemAlloc aligns an allocation to
+_UINT8 = np.dtype(np.uint8)
+
+Sizer = Callable[[dict], tuple]
+
+
+class CallPlan:
+    """A call on device arrays of given shapes, worked out: the outputs it allocates (shape, dtype, elements),
+    one arena for its workspaces (bytes, each workspace's offset) and its launches (a prepared kernel launch, the
+    indices of the buffers it takes: parameters then workspaces, and the symbols' values passed after them)."""
+
+    __slots__ = ("outputs", "arena_bytes", "offsets", "launches", "error_symbol")
+
+    def __init__(self, outputs: list, arena_bytes: int, offsets: list[int], launches: list,
+                 error_symbol: str | None):
+        self.outputs, self.arena_bytes, self.offsets = outputs, arena_bytes, offsets
+        self.launches, self.error_symbol = launches, error_symbol
+
+    def run(self, raise_if_flagged: Callable[[], None], args: Sequence[DeviceArray]) -> Any:
+        """Launch on `args` (inputs, or inputs then outputs); the outputs allocated (device arrays), or None
+        when they were given. The arena is freed when it returns: its block is reused in stream order."""
+        outs = [DeviceArray.allocate_exact(*spec) for spec in self.outputs]
+        arena = self.allocate_arena()
+        self.queue([a.ptr for a in args] + [o.ptr for o in outs] + self.workspace_pointers(arena))
+        if self.error_symbol:
+            raise_if_flagged()
+        if not self.outputs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def allocate_arena(self) -> DeviceArray:
+        """The workspaces' memory (a 0-byte array, holding no memory, when they need none)."""
+        return DeviceArray.allocate_exact((self.arena_bytes,), _UINT8, self.arena_bytes)
+
+    def workspace_pointers(self, arena: DeviceArray) -> list[int]:
+        return [arena.ptr + at for at in self.offsets]
+
+    def queue(self, buffers: Sequence[int]) -> None:
+        """Queue the launches on the addresses of every buffer: parameters, then workspaces."""
+        for launch, taken, values in self.launches:
+            launch([buffers[k] for k in taken] + values)
+
+
+class LaunchTemplate:
+    """One kernel's launch with what no call changes worked out: the loaded kernel, the buffers it takes, its
+    argument types, its grid and block as functions of the symbols' values (constants where they are)."""
+
+    __slots__ = ("kernel", "launch", "taken", "arg_types", "grid", "block")
+
+    def __init__(self, kernel: driver.Function, launch: Launch, n_buffers: int, n_symbols: int,
+                 dims: dict[str, DimFn]):
+        self.kernel, self.launch = kernel, launch
+        self.taken = launch.pointers(range(n_buffers))
+        self.arg_types = ["ptr"] * len(self.taken) + ["i64"] * n_symbols
+        self.grid, self.block = sizer(launch.grid, dims), sizer(launch.block, dims)
+
+    def prepared(self, env: dict[str, int]) -> Callable[[Sequence[int]], None] | None:
+        """The launch at the symbols' values `env`, checked; None for an empty grid (nothing to launch)."""
+        grid = self.grid(env)
+        if 0 in grid:
+            return None
+        for axis, (n, limit) in enumerate(zip(grid, MAX_GRID)):
+            if n > limit:
+                raise ValueError(f"kernel {self.launch.name} needs {n} blocks along {'xyz'[axis]}, more than a GPU "
+                                 f"launches ({limit}); bind a larger factor to threadIdx or use blockIdx.x")
+        return self.kernel.prepared(grid, self.block(env), self.arg_types)
+
+
+class Planner:
+    """Makes a GPU function's call plans. Its parameters are `n_inputs` inputs, then outputs of `output_dtypes`;
+    `output_shape(k, values)` is parameter k's shape at the symbols' values (checked: no negative size);
+    `workspaces` are the build's (name, dtype, shape)."""
+
+    def __init__(self, templates: list[LaunchTemplate], symbol_names: list[str], n_inputs: int,
+                 output_dtypes: list[np.dtype], output_shape: Callable[[int, Sequence[int]], tuple[int, ...]],
+                 workspaces: Sequence[tuple], dims: dict[str, DimFn], error_symbol: str | None):
+        self.templates, self.symbol_names, self.n_inputs = templates, symbol_names, n_inputs
+        self.output_dtypes, self.output_shape = output_dtypes, output_shape
+        self.workspaces = [(np.dtype(dt).itemsize, sizer(shape, dims)) for _, dt, shape in workspaces]
+        self.error_symbol = error_symbol
+
+    def plan(self, values: Sequence[int], n_args: int) -> CallPlan:
+        """The plan of a call with `n_args` arguments (the inputs alone, or all parameters) whose shapes gave the
+        symbols `values` (already checked against every parameter)."""
+        env = dict(zip(self.symbol_names, values))
+        outputs = []
+        if n_args == self.n_inputs:  # else the outputs were given
+            for k, dtype in enumerate(self.output_dtypes, start=n_args):
+                shape = self.output_shape(k, values)
+                outputs.append((shape, dtype, math.prod(shape)))
+        offsets, end = [], 0
+        for itemsize, size in self.workspaces:
+            offsets.append(end)
+            end += -(-math.prod(size(env)) * itemsize // ARENA_ALIGN) * ARENA_ALIGN
+        launches = []
+        for template in self.templates:
+            queue = template.prepared(env)
+            if queue is not None:
+                launches.append((queue, template.taken, list(values)))
+        return CallPlan(outputs, end, offsets, launches, self.error_symbol)
+
+
+def sizer(dims: Sequence[int | str], compiled: dict[str, DimFn]) -> Sizer:
+    """A function of the symbols' values giving `dims` (ints, or symbolic sizes compiled in `compiled`), each
+    at least 0; a constant's function returns one tuple."""
+    if all(type(d) is int for d in dims):
+        fixed = tuple(dims)
+        return lambda env: fixed
+    parts = [d if type(d) is int else compiled[d] for d in dims]
+    return lambda env: tuple(d if type(d) is int else max(0, d(env)) for d in parts)
