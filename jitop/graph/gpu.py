@@ -40,6 +40,7 @@ import numpy as np
 
 from jitop import te
 from jitop.codegen.target import llvm_version
+from jitop.codegen.merge_kernels import merge_kernels
 from jitop.driver import compile_gpu_func, lower
 from jitop.graph import prims
 from jitop.graph.batching import batch_slices
@@ -442,7 +443,7 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
     if notes is not None:
         notes[:0] = [f"{e.op.name} is computed from {t.op.name}'s register tile (its epilogue)"
                      for t, e in epilogues.items()]
-    return lower(s, placeholders + tensors, name=name)
+    return merge_kernels(lower(s, placeholders + tensors, name=name), target, notes)
 
 
 def read_constants_of(unique: list[Node]) -> list[Node]:

@@ -166,6 +166,18 @@ def _row_long(member: Tensor, head: Tensor) -> bool:
     return len(member.shape) == len(head.shape) and not (isinstance(last, int) and last == 1)
 
 
+def _group_width(head: Tensor, members: list[Tensor]) -> int | None:
+    """The longest loop a row group's threads share: the head's row, a row-long member's, a member's last
+    reduce axis (a variance's group whose head is one value per row still sums a whole row); None if symbolic."""
+    widths = [head.shape[-1] if head.shape else 1]
+    for m in members:
+        if m.op.reduce_axis:
+            widths.append(m.op.reduce_axis[-1].extent)
+        elif _row_long(m, head):
+            widths.append(m.shape[-1])
+    return None if any(not isinstance(w, int) for w in widths) else max(widths)
+
+
 def row_threads(n: int) -> int:
     """The threads of a row group's block for rows of `n` elements: a power of two from a warp (32) to
     REDUCE_THREADS.
@@ -192,7 +204,8 @@ def schedule_row_group(head: Stage, members: list[Stage], staged: Sequence[Tenso
     group = [head, *members]
     copies = [s.cache_read(x, "shared", [st.op for st in group if x in st.input_tensors()]) for x in staged]
     *lead, last = head.op.axis
-    threads = row_threads(last.extent) if isinstance(last.extent, int) else REDUCE_THREADS
+    width = _group_width(head.op.outputs[0], [m.op.outputs[0] for m in members])
+    threads = REDUCE_THREADS if width is None else row_threads(width)
     row = head.fuse(*lead) if len(lead) > 1 else lead[0]
     _, thread = head.split(last, factor=threads)
     head.bind(row, BX)

@@ -180,8 +180,9 @@ def _chain(ops, a, b):
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(chains())
 def test_random_chains_on_two_inputs_share_kernels_and_equal_numpy(case):
-    """The same chain on two pairs of inputs in one function: the second pair's kernels are the first's, and
-    both results are numpy's (elementwise float32: a few ulps, exp's growth included)."""
+    """The same chain on two pairs of inputs in one function: the second pair's kernels are the first's (or one
+    launch runs both: independent kernels of one launch shape merge), and both results are numpy's (elementwise
+    float32: a few ulps, exp's growth included)."""
     shape, ops = case
     mp = pytest.MonkeyPatch()
     try:
@@ -194,6 +195,7 @@ def test_random_chains_on_two_inputs_share_kernels_and_equal_numpy(case):
         for g, args in zip(got, ((a, b), (c, d))):
             want = _chain(ops, *args)
             np.testing.assert_allclose(g, want, rtol=16 * np.finfo(np.float32).eps, atol=1e-30)
-        assert gpu is None or len(gpu.launched) == 2 * len(set(gpu.launched)) > 0
+        distinct = len(set(gpu.launched)) if gpu else 0
+        assert gpu is None or len(gpu.launched) in (distinct, 2 * distinct) and distinct > 0
     finally:
         mp.undo()
