@@ -6,6 +6,9 @@ the GPU's work, and a traced graph makes a kernel per materialized stage. Two me
 - two **single-block** kernels of one block shape, one after the other: the block runs the first, waits at a
   barrier (which also makes the first's global writes visible to the whole block), then runs the second; so the
   second may read what the first wrote (a layer norm's centred row, then its variance);
+- two kernels launching the same blocks along one block index, where each block touches only its own slice
+  (first index: the block's) of every buffer one writes and the other touches (a softmax's per-row statistics,
+  then its rows): each block runs the first body, a barrier, then the second;
 - two kernels of one launch shape that share no buffer either writes (two concatenations of a decode step's
   caches): the later one moves up past the kernels between them that share no such buffer with it, and one
   launch runs both bodies, each block its own part of each. Only kernels without shared memory or barriers
@@ -18,8 +21,9 @@ from __future__ import annotations
 from jitop.codegen.kernel import top_level_nests
 from jitop.codegen.nvptx import launch_dims
 from jitop.target import CudaTarget
-from jitop.te.expr import Op
-from jitop.tir.nodes import Allocate, Barrier, For, PrimFunc, Seq, Stmt, Store, ThreadReduce, seq, walk_stmts
+from jitop.te.expr import Expr, Op, walk
+from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, IfThenElse, PrimFunc, Seq, Stmt, Store, ThreadReduce,
+                             seq, walk_stmts)
 from jitop.tir.passes import substitute_stmt
 from jitop.tir.storage import touched
 
@@ -39,6 +43,7 @@ def merge_kernels(func: PrimFunc, target: CudaTarget, notes: list[str] | None = 
         if isinstance(nest, Seq) and not nest.stmts:
             continue
         if not (_after_single_block(kernels, nest, ranges, target, notes)
+                or _after_same_rows(kernels, nest, ranges, target, notes)
                 or _beside_independent(kernels, nest, ranges, target, notes)):
             kernels.append(nest)
     merged: Stmt = Seq(tuple(kernels))  # not seq(): a kernel that is a sequence stays one
@@ -60,6 +65,53 @@ def _after_single_block(kernels: list[Stmt], nest: Stmt, ranges: dict, target: C
     if notes is not None:
         notes.append(f"kernels merged: {_first_store(nest)} runs in {_first_store(last)}'s single block, after it")
     return True
+
+
+def _after_same_rows(kernels: list[Stmt], nest: Stmt, ranges: dict, target: CudaTarget,
+                     notes: list[str] | None) -> bool:
+    """Append `nest`'s block body to the last kernel's, after a barrier, where both launch the same blocks along
+    one block index and each block touches only its own slice of what the two share (a softmax's statistics
+    per row, then its rows: block r writes and reads row r alone)."""
+    if not kernels or not isinstance(nest, For) or not nest.kind.is_gpu_index or nest.kind.is_thread:
+        return False
+    last, dims = kernels[-1], _launch(nest, ranges)
+    if not (isinstance(last, For) and last.kind is nest.kind and last.extent is nest.extent and len(dims) > 0
+            and sum(not k.is_thread for k in dims) == 1 and _same(dims, _launch(last, ranges))
+            and _fits(last, nest, target)):
+        return False
+    shared = (_written(last) & touched(nest)) | (_written(nest) & touched(last))
+    if not all(_sliced(last, last.var, buf) and _sliced(nest, nest.var, buf) for buf in shared):
+        return False
+    body = substitute_stmt(nest.body, {nest.var: last.var})
+    kernels[-1] = For(last.var, last.extent, last.kind, seq(last.body, Barrier(), body))
+    if notes is not None:
+        notes.append(f"kernels merged: {_first_store(nest)} runs after {_first_store(last)} in the same blocks "
+                     "(each block its own rows)")
+    return True
+
+
+def _sliced(nest: Stmt, block: Expr, buf: Buffer) -> bool:
+    """Whether every access of `nest` to `buf` has the block index `block` itself as its first index (so a
+    block touches only its own slice of it)."""
+    return all(index and index[0] is block for index in _accesses(nest, buf))
+
+
+def _accesses(nest: Stmt, buf: Buffer) -> list[tuple[Expr, ...]]:
+    """The index tuples of every store to and load of `buf` in `nest` (loads in indices, conditions and loop
+    extents included)."""
+    found = []
+    for s in walk_stmts(nest):
+        exprs: tuple[Expr, ...] = ()
+        if isinstance(s, Store):
+            if s.buffer is buf:
+                found.append(s.indices)
+            exprs = (*s.indices, s.value)
+        elif isinstance(s, IfThenElse):
+            exprs = (s.cond,)
+        elif isinstance(s, For):
+            exprs = (s.extent,)
+        found += [e.src for x in exprs for e in walk(x) if e.op is Op.LOAD and e.arg is buf]
+    return found
 
 
 def _beside_independent(kernels: list[Stmt], nest: Stmt, ranges: dict, target: CudaTarget,

@@ -122,3 +122,30 @@ def test_a_single_block_kernel_reading_what_another_thread_wrote_runs_after_a_ba
     b, c = np.empty_like(a), np.empty_like(a)
     gpu_sim.run(merged, a, b, c)
     np.testing.assert_array_equal(c, a[::-1] * 2 + 1)
+
+
+def _rows(m, n, read_row):
+    """B = 2 A, then C[i, j] = B[read_row(i), n - 1 - j] + 1: a block per row, a thread per column, each kernel."""
+    from jitop import te
+    A = te.placeholder((m, n), name="A")
+    B = te.compute((m, n), lambda i, j: A[i, j] * 2.0, name="B")
+    C = te.compute((m, n), lambda i, j: B[read_row(i), n - 1 - j] + 1.0, name="C")
+    s = jitop.create_schedule(C.op)
+    for T in (B, C):
+        s[T].bind(T.op.axis[0], te.thread_axis("blockIdx.x"))
+        s[T].bind(T.op.axis[1], te.thread_axis("threadIdx.x"))
+    return jitop.lower(s, [A, B, C])
+
+
+def test_kernels_whose_blocks_touch_only_their_own_rows_run_in_one_launch():
+    """Each block reads its own row of B, mirrored (another thread's element): one launch, a barrier between
+    the two bodies (the simulator reports the race without it). A kernel reading the next row (another block's)
+    stays a launch of its own."""
+    m, n = 5, 64
+    merged = merge_kernels(_rows(m, n, lambda i: i), SM90)
+    assert len(kernel_nests(merged)) == 1
+    a = np.arange(m * n, dtype=np.float32).reshape(m, n)
+    b, c = np.empty_like(a), np.empty_like(a)
+    gpu_sim.run(merged, a, b, c)
+    np.testing.assert_array_equal(c, a[:, ::-1] * 2 + 1)
+    assert len(kernel_nests(merge_kernels(_rows(m, n, lambda i: (i + 1) % m), SM90))) == 2
