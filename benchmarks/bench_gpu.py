@@ -185,7 +185,8 @@ def raw_launcher(f, arrays) -> Callable[[], None] | None:
         (launch,) = f.built.kernels
         if not all(isinstance(d, int) for d in (*launch.grid, *launch.block)):
             return None
-        _, (fn,) = f._load()
+        _, planner = f._load()
+        (fn,) = [t.kernel for t in planner.templates]
         ptrs = launch.pointers([int(a.ptr) for a in arrays])  # the arrays the kernel takes
         kinds = ["ptr"] * len(ptrs)
         return lambda: fn.launch(launch.grid, launch.block, ptrs, kinds, shared_bytes=0)

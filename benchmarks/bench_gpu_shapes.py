@@ -6,6 +6,7 @@ stay there), and with `dynamic=False` (a compile per cache length, what every GP
     python benchmarks/bench_gpu_shapes.py                 # 16-token prompt, 32 new tokens
     python benchmarks/bench_gpu_shapes.py --tokens 8      # shorter
     python benchmarks/bench_gpu_shapes.py --cnn /tmp/onnxm/resnet18.onnx   # an ONNX CNN at batches 1, 2, 4, 8, 3
+    python benchmarks/bench_gpu_shapes.py --long 600      # 600 tokens, weights on the GPU: the memory pool's work
 
 The program is benchmarks/bench_shapes.py's decode (2 GPT-2-width layers, C=768, 12 heads, float32): `prefill`
 and `decode_step` under `@jitop.kernel(target="cuda")`. Each mode runs in its own child process with its own
@@ -147,6 +148,63 @@ def call_costs() -> dict:
     return {"gpu": driver.available(), "us": out}
 
 
+LONG = "long"
+
+
+def long_decode(tokens: int) -> dict:
+    """`tokens` decode steps after the prompt, weights on the GPU, numpy's activations in and out of each layer:
+    per quarter of the run, the device allocations and frees per token (counted at the driver) and the median
+    host time of a token's layer calls; the bytes the memory pool holds at the end."""
+    import bench_shapes as bs
+    import jitop
+    from jitop.runtime.cuda import driver, memory
+    if not driver.available():
+        _fake_gpu()
+    lib = driver.lib()
+    counts = {"cuMemAlloc_v2": 0, "cuMemFree_v2": 0}
+    for name in counts:
+        def counted(*args, _fn=getattr(lib, name), _name=name):
+            counts[_name] += 1
+            return _fn(*args)
+        setattr(lib, name, counted)
+    rng = np.random.default_rng(23)
+    layers, embed = bs.decode_weights(rng)
+    layers = [[jitop.cuda.to_device(w) for w in params] for params in layers]
+    pre, step = (jitop.kernel(f, target="cuda") for f in (bs.prefill, bs.decode_step))
+    x, caches = embed[:bs.PROMPT], []
+    for params in layers:
+        x, k, v = pre(x, *params)
+        x = x.get()
+        caches.append((k, v))
+    rows = []
+    for t in range(tokens):
+        before, t0 = dict(counts), time.perf_counter()
+        h = embed[t % bs.VOCAB][None, :]
+        for i, params in enumerate(layers):
+            h, k, v = step(h, *caches[i], *params)
+            h = h.get()
+            caches[i] = (k, v)
+        rows.append((counts["cuMemAlloc_v2"] - before["cuMemAlloc_v2"],
+                     counts["cuMemFree_v2"] - before["cuMemFree_v2"], time.perf_counter() - t0))
+    quarter = max(1, tokens // 4)
+    parts = [rows[k:k + quarter] for k in range(0, tokens, quarter)]
+    return {"gpu": driver.available(), "held_mib": memory.POOL.held / 2 ** 20,
+            "parts": [[k * quarter, sum(r[0] for r in p) / len(p), sum(r[1] for r in p) / len(p),
+                       float(np.median([r[2] for r in p])) * 1e3] for k, p in enumerate(parts)]}
+
+
+def print_long(tokens: int) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        r = run_child(LONG, tokens, root)
+    print(f"decode of {tokens} tokens after a 16-token prompt, 2 layers, weights on the GPU "
+          f"({'on this GPU' if r['gpu'] else 'no GPU: launches are no-ops, host work only'}); the pool holds "
+          f"{r['held_mib']:.0f} MiB at the end\n")
+    print("| tokens | allocations per token | frees per token | median host time of a token's layer calls (ms) |")
+    print("|---|---|---|---|")
+    for first, allocs, frees, ms in r["parts"]:
+        print(f"| {first}-{first + tokens // 4 - 1} | {allocs:.2f} | {frees:.2f} | {ms:.2f} |")
+
+
 CNN = "cnn"
 
 
@@ -202,16 +260,24 @@ def main() -> None:
     p.add_argument("--cnn", metavar="MODEL.onnx", help="instead: an ONNX CNN of a symbolic batch (3x224x224 "
                    "images, e.g. benchmarks/onnx_models.py's resnet18.onnx) called at batches " +
                    ", ".join(map(str, CNN_BATCHES)))
+    p.add_argument("--long", type=int, metavar="TOKENS", help="instead: a decode of TOKENS tokens with the weights "
+                   "on the GPU, its device allocations, frees and host time per token by quarter")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child == CNN:
         print(json.dumps(cnn_batches(args.cnn, CNN_BATCHES)))
+        return
+    if args.child == LONG:
+        print(json.dumps(long_decode(args.tokens)))
         return
     if args.child:
         print(json.dumps(call_costs() if args.child == CALLS else child(args.child, args.tokens)))
         return
     if args.cnn:
         print_cnn(args.cnn)
+        return
+    if args.long:
+        print_long(args.long)
         return
     with tempfile.TemporaryDirectory() as root:
         runs = {mode: run_child(mode, args.tokens, root) for mode in ("numpy", "symbolic (default)", WEIGHTS_ON_GPU,
