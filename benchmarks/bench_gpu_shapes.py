@@ -295,7 +295,8 @@ def main() -> None:
         launches = r.get("launches")
         per_launch = f"{r['steady_step_ms'] * 1e3 / launches:.1f}" if launches else "-"
         print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {launches or '-'} | {per_launch} | "
-              f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {_allocs(r)} | {same} |")
+              f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {_allocs(r)} | "
+              f"{same} |")
     print(f"\nHost cost of a call: a 256-element kernel, device arrays in and out, best of 3 x 3000 calls "
           f"({'this GPU' if costs['gpu'] else 'no GPU: the launch itself is a no-op stand-in'})\n")
     print("| call | us per call |\n|---|---|")

@@ -20,7 +20,8 @@
 # 7. benchmarks/bench_gpu_shapes.py --tokens 8: a decode loop with a growing key/value cache, symbolic shapes
 #    against dynamic=False, and the host's cost of a small kernel's call (raw launch, jitop.build function,
 #    traced constant and symbolic) (log: $OUT/gpu_shapes.log), likewise only while there is time (its status
-#    is not the script's).
+#    is not the script's); then, time left, --long 300: a 300-token decode's device allocations, frees and host
+#    time per token, weights on the GPU (appended to the same log).
 # The benchmarks run even when tests fail; the exit status is the tests' (else the benchmark's, else the tuning's).
 set -uo pipefail
 
@@ -168,6 +169,9 @@ SHAPES_TIMEOUT="${SHAPES_TIMEOUT:-150}"
 if [ $((SECONDS - start + SHAPES_TIMEOUT)) -le 480 ]; then
     step "decode loop on the GPU: symbolic shapes vs dynamic=False (8 tokens)"
     timeout -k 10 "$SHAPES_TIMEOUT" "$PY" benchmarks/bench_gpu_shapes.py --tokens 8 2>&1 | tee "$out/gpu_shapes.log"
+    if [ $((SECONDS - start + 60)) -le 480 ]; then
+        timeout -k 10 60 "$PY" benchmarks/bench_gpu_shapes.py --long 300 2>&1 | tee -a "$out/gpu_shapes.log"
+    fi
 else
     echo "decode loop skipped: $((SECONDS - start)) s spent, ${SHAPES_TIMEOUT} s more would pass 8 minutes" \
         | tee "$out/gpu_shapes.log"

@@ -1,7 +1,7 @@
 """Kernels of a GPU graph function merged where one launch can do the work of two.
 
 A small model's decode step is bound by the host's launches (each one Python call and a driver call), not by
-the GPU's work, and a traced graph makes a kernel per materialized stage. Two merges are always safe:
+the GPU's work, and a traced graph makes a kernel per materialized stage. Three merges are always safe:
 
 - two **single-block** kernels of one block shape, one after the other: the block runs the first, waits at a
   barrier (which also makes the first's global writes visible to the whole block), then runs the second; so the
@@ -21,11 +21,10 @@ from __future__ import annotations
 from jitop.codegen.kernel import top_level_nests
 from jitop.codegen.nvptx import launch_dims
 from jitop.target import CudaTarget
-from jitop.te.expr import Expr, Op, walk
-from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, IfThenElse, PrimFunc, Seq, Stmt, Store, ThreadReduce,
-                             seq, walk_stmts)
+from jitop.te.expr import Expr, Op
+from jitop.tir.nodes import Allocate, Barrier, Buffer, For, PrimFunc, Seq, Stmt, Store, ThreadReduce, seq, walk_stmts
 from jitop.tir.passes import substitute_stmt
-from jitop.tir.storage import touched
+from jitop.tir.storage import loads_of, touched
 
 REDUCE_SCRATCH = 1024  # bytes of shared memory a kernel's cross-warp reductions may add to its allocations
 
@@ -101,16 +100,9 @@ def _accesses(nest: Stmt, buf: Buffer) -> list[tuple[Expr, ...]]:
     extents included)."""
     found = []
     for s in walk_stmts(nest):
-        exprs: tuple[Expr, ...] = ()
-        if isinstance(s, Store):
-            if s.buffer is buf:
-                found.append(s.indices)
-            exprs = (*s.indices, s.value)
-        elif isinstance(s, IfThenElse):
-            exprs = (s.cond,)
-        elif isinstance(s, For):
-            exprs = (s.extent,)
-        found += [e.src for x in exprs for e in walk(x) if e.op is Op.LOAD and e.arg is buf]
+        if isinstance(s, Store) and s.buffer is buf:
+            found.append(s.indices)
+        found += [e.src for e in loads_of(s) if e.arg is buf]
     return found
 
 
@@ -157,7 +149,7 @@ def _light(nest: Stmt) -> bool:
 
 
 def _fits(a: Stmt, b: Stmt, target: CudaTarget) -> bool:
-    """Whether the shared memory of both kernels fits one block (None: a size not known here)."""
+    """Whether the shared memory of both kernels fits one block (not if a size is symbolic)."""
     total = 0
     for s in (*walk_stmts(a), *walk_stmts(b)):
         if isinstance(s, ThreadReduce):

@@ -90,17 +90,24 @@ def touched(s: Stmt) -> set[Buffer]:
     """The buffers a statement stores to or loads from (also in indices, conditions and loop extents)."""
     out: set[Buffer] = set()
     for st in walk_stmts(s):
-        exprs: tuple[Expr, ...] = ()
         if isinstance(st, Store):
             out.add(st.buffer)
-            exprs = (*st.indices, st.value)
-        elif isinstance(st, IfThenElse):
-            exprs = (st.cond,)
-        elif isinstance(st, For):
-            exprs = (st.extent,)
-        for e in exprs:
-            out.update(n.arg for n in walk(e) if n.op is Op.LOAD)
+        out.update(n.arg for n in loads_of(st))
     return out
+
+
+def loads_of(st: Stmt) -> list[Expr]:
+    """The loads in a statement's own expressions (a store's indices and value, a condition, a loop's extent;
+    not its children's)."""
+    if isinstance(st, Store):
+        exprs: tuple[Expr, ...] = (*st.indices, st.value)
+    elif isinstance(st, IfThenElse):
+        exprs = (st.cond,)
+    elif isinstance(st, For):
+        exprs = (st.extent,)
+    else:
+        return []
+    return [n for e in exprs for n in walk(e) if n.op is Op.LOAD]
 
 
 def place(buffers: Sequence[Buffer], spans: dict[Buffer, tuple[int, int]],

@@ -491,6 +491,22 @@ def test_a_full_pool_frees_the_blocks_given_back_longest_ago(fake, monkeypatch):
     assert fake.freed == ptrs and memory.POOL.held == 0
 
 
+def test_a_block_given_back_while_its_thread_holds_the_pool_s_lock_does_not_deadlock(fake):
+    """A garbage collection can run inside the pool's locked regions (any allocation may start one) and collect
+    a device array there, whose block comes back to the same pool from the same thread."""
+    arrays = [memory.empty(100, np.float32)]
+    done = threading.Event()
+
+    def collect_under_the_lock():
+        with memory.POOL.lock:
+            arrays.clear()  # the array's last reference: collected here
+        done.set()
+    worker = threading.Thread(target=collect_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done.is_set() and memory.POOL.held == 512
+
+
 def test_an_array_kept_until_exit_is_collected_quietly(tmp_path):
     """A device array in a module's global is collected at interpreter exit, after that module's globals were set
     to None: its block's return to the pool printed "Exception ignored ... 'NoneType' object has no attribute

@@ -167,7 +167,8 @@ class BlockPool:
         self.blocks: dict[tuple[int, int], list[int]] = {}
         self.given: dict[tuple[int, int, int], None] = {}  # (library id, size, address), oldest first
         self.libraries: dict[int, Any] = {}  # id -> library, kept alive so its id is never reused
-        self.lock = threading.Lock()
+        # reentrant: a garbage collection inside a locked region may collect an array, whose block comes back here
+        self.lock = threading.RLock()
 
     @staticmethod
     def rounded(nbytes: int) -> int:
