@@ -358,6 +358,11 @@ class KernelFunction:
             bound = self.signature.bind(*args, **kwargs)  # raises Python's TypeError for a call that cannot bind
             bound.apply_defaults()
             values = list(bound.arguments.values())
+        return self._keyed(values)
+
+    def _keyed(self, values: Sequence[Any]) -> tuple[list[Any], tuple, Any]:
+        """(leaves, cache key, structure) of bound parameter values; a key holding an unhashable static value
+        (a list, an array) is the leaves' identities."""
         leaves, specs, tree = self._flatten_params(values)
         key = specs if tree is None else ("pytree", tree, specs)
         try:
@@ -396,7 +401,7 @@ class KernelFunction:
         learned = self._learned_static() if tree is None else set()
         if learned:
             self._set_static(self.static | learned)
-            return self._compile(self._flatten_params(values)[1], values, run_numpy, tree)
+            return self._compile(self._keyed(values)[1], values, run_numpy, tree)
         struct = struct_key(key)
         build = functools.partial(self._build, values, run_numpy, tree, struct)
         try:
