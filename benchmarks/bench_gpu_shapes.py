@@ -19,6 +19,7 @@ host's work alone: tracing, PTX compiles, argument checks, copies into host memo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -87,32 +88,39 @@ def child(mode: str, tokens: int) -> dict:
 COUNTED = {"launches": "cuLaunchKernel", "allocations": "cuMemAlloc_v2", "frees": "cuMemFree_v2"}
 
 
-def _driver_calls_per_step(generate, tokens: int) -> dict[str, float]:
-    """Kernel launches, device allocations and frees per generated token (a run of `tokens` less one of none:
-    the prefill's), counted at the driver, after the timed runs. The pool of freed blocks is emptied (uncounted)
-    before each run, as if the cache lengths were new: the timed runs left a block of every length in it."""
-    from jitop.runtime.cuda import driver, memory
+@contextlib.contextmanager
+def driver_calls(names=tuple(COUNTED.values())):
+    """Counts, while the block runs, the calls of the driver functions `names` (a dict by name, live)."""
+    from jitop.runtime.cuda import driver
     lib = driver.lib()
-    originals = {name: getattr(lib, name) for name in COUNTED.values()}
-    counts = dict.fromkeys(COUNTED.values(), 0)
+    originals = {name: getattr(lib, name) for name in names}
+    counts = dict.fromkeys(names, 0)
 
     def counted(name):
         def call(*args):
             counts[name] += 1
             return originals[name](*args)
         return call
+    for name in names:
+        setattr(lib, name, counted(name))
+    try:
+        yield counts
+    finally:
+        for name, fn in originals.items():
+            setattr(lib, name, fn)
+
+
+def _driver_calls_per_step(generate, tokens: int) -> dict[str, float]:
+    """Kernel launches, device allocations and frees per generated token (a run of `tokens` less one of none:
+    the prefill's), counted at the driver, after the timed runs. The pool of freed blocks is emptied (uncounted)
+    before each run, as if the cache lengths were new: the timed runs left a block of every length in it."""
+    from jitop.runtime.cuda import memory
 
     def run(n: int) -> dict[str, int]:
         memory.POOL.drain()
-        counts.update(dict.fromkeys(counts, 0))
-        for name in originals:
-            setattr(lib, name, counted(name))
-        try:
+        with driver_calls() as counts:
             generate(n)
-        finally:
-            for name, fn in originals.items():
-                setattr(lib, name, fn)
-        return dict(counts)
+        return counts
     prefill, both = run(0), run(tokens)
     return {key: (both[name] - prefill[name]) / tokens for key, name in COUNTED.items()}
 
@@ -155,18 +163,17 @@ def long_decode(tokens: int) -> dict:
     """`tokens` decode steps after the prompt, weights on the GPU, numpy's activations in and out of each layer:
     per quarter of the run, the device allocations and frees per token (counted at the driver) and the median
     host time of a token's layer calls; the bytes the memory pool holds at the end."""
+    from jitop.runtime.cuda import driver
+    if not driver.available():
+        _fake_gpu()
+    with driver_calls(("cuMemAlloc_v2", "cuMemFree_v2")) as counts:
+        return _long_decode_counted(tokens, counts)
+
+
+def _long_decode_counted(tokens: int, counts: dict) -> dict:
     import bench_shapes as bs
     import jitop
     from jitop.runtime.cuda import driver, memory
-    if not driver.available():
-        _fake_gpu()
-    lib = driver.lib()
-    counts = {"cuMemAlloc_v2": 0, "cuMemFree_v2": 0}
-    for name in counts:
-        def counted(*args, _fn=getattr(lib, name), _name=name):
-            counts[_name] += 1
-            return _fn(*args)
-        setattr(lib, name, counted)
     rng = np.random.default_rng(23)
     layers, embed = bs.decode_weights(rng)
     layers = [[jitop.cuda.to_device(w) for w in params] for params in layers]

@@ -38,12 +38,13 @@ def merge_kernels(func: PrimFunc, target: CudaTarget, notes: list[str] | None = 
         body = body.body
     ranges = func.attrs.get("ranges", {})
     kernels: list[Stmt] = []
+    footprints = _Footprints()
     for nest in top_level_nests(body):
         if isinstance(nest, Seq) and not nest.stmts:
             continue
         if not (_after_single_block(kernels, nest, ranges, target, notes)
                 or _after_same_rows(kernels, nest, ranges, target, notes)
-                or _beside_independent(kernels, nest, ranges, target, notes)):
+                or _beside_independent(kernels, nest, ranges, footprints, notes)):
             kernels.append(nest)
     merged: Stmt = Seq(tuple(kernels))  # not seq(): a kernel that is a sequence stays one
     for a in reversed(allocations):
@@ -106,17 +107,32 @@ def _accesses(nest: Stmt, buf: Buffer) -> list[tuple[Expr, ...]]:
     return found
 
 
-def _beside_independent(kernels: list[Stmt], nest: Stmt, ranges: dict, target: CudaTarget,
+class _Footprints:
+    """Each kernel's buffers touched and written, worked out once per kernel (a candidate is checked against
+    every earlier kernel)."""
+
+    def __init__(self):
+        self._known: dict[int, tuple[Stmt, set, set]] = {}  # id -> (the kernel, kept alive; touched; written)
+
+    def of(self, nest: Stmt) -> tuple[set, set]:
+        if id(nest) not in self._known:
+            self._known[id(nest)] = (nest, touched(nest), _written(nest))
+        _, all_touched, written = self._known[id(nest)]
+        return all_touched, written
+
+
+def _beside_independent(kernels: list[Stmt], nest: Stmt, ranges: dict, footprints: _Footprints,
                         notes: list[str] | None) -> bool:
     """Put `nest`'s body in the latest earlier kernel of its launch shape that it can join: no buffer written by
     one is touched by the other, nor by a kernel between them."""
     if not _light(nest) or not isinstance(nest, For) or not nest.kind.is_gpu_index or nest.kind.is_thread:
         return False
     dims = _launch(nest, ranges)
-    mine, writes = touched(nest), _written(nest)
+    mine, writes = footprints.of(nest)
     for k in range(len(kernels) - 1, -1, -1):
         other = kernels[k]
-        if writes & touched(other) or _written(other) & mine:
+        other_touched, other_writes = footprints.of(other)
+        if writes & other_touched or other_writes & mine:
             return False
         if isinstance(other, For) and other.kind is nest.kind and other.extent is nest.extent and _light(other) \
                 and _same(_launch(other, ranges), dims):
@@ -155,11 +171,9 @@ def _fits(a: Stmt, b: Stmt, target: CudaTarget) -> bool:
         if isinstance(s, ThreadReduce):
             total += REDUCE_SCRATCH
         elif isinstance(s, Allocate) and s.buffer.scope == "shared":
-            if not all(isinstance(d, int) for d in s.buffer.shape):
+            size = s.buffer.size
+            if not isinstance(size, int):
                 return False
-            size = 1
-            for d in s.buffer.shape:
-                size *= d
             total += max(size, 1) * s.buffer.dtype.itemsize
     return total <= target.shared_per_block
 

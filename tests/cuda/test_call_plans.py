@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+import jitop
+import sim_gpu
+from jitop import te
 from jitop.runtime.args import compile_dim
 from jitop.runtime.cuda import plan
 
@@ -31,3 +35,18 @@ def test_workspaces_never_overlap_and_start_aligned(spec, n):
                    for at, (dt, rank_n, size) in zip(p.offsets, spec))
     assert all(at % plan.ARENA_ALIGN == 0 for at in p.offsets)
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])) and spans[-1][1] <= p.arena_bytes
+
+
+def test_a_grid_over_the_gpus_limit_is_refused_with_the_kernel_and_a_remedy_named(monkeypatch):
+    sim_gpu.install(monkeypatch)
+    n = te.size_var("n")
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] + 1.0, name="B")
+    s = jitop.create_schedule(B)
+    outer, inner = s[B].split(B.op.axis[0], factor=32)
+    s[B].bind(outer, te.thread_axis("blockIdx.y"))
+    s[B].bind(inner, te.thread_axis("threadIdx.x"))
+    f = jitop.build(s, [A, B], target=jitop.Target.from_string("cuda -arch=sm_90"))
+    np.testing.assert_array_equal(f(np.arange(64, dtype=np.float32)), np.arange(64, dtype=np.float32) + 1)
+    with pytest.raises(ValueError, match=r"grid dimension y of 70000 exceeds .* 65535; in kernel \S+, bind a larger"):
+        f(np.zeros(32 * 70000, np.float32))

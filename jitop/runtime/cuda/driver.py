@@ -480,8 +480,9 @@ class LaunchLimits:
                             attrs["shared_per_block"], attrs["shared_per_block_optin"])
 
     def check(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int = 0,
-              dynamic_limit: int | None = None) -> None:
-        """ValueError unless the launch fits this GPU (`dynamic_limit`: the kernel's opted-in shared memory)."""
+              dynamic_limit: int | None = None, grid_hint: str = "") -> None:
+        """ValueError unless the launch fits this GPU (`dynamic_limit`: the kernel's opted-in shared memory;
+        `grid_hint`: what the message of a grid over the limits advises)."""
         if len(grid) != 3 or len(block) != 3:
             raise ValueError(f"grid and block must be 3 integers (x, y, z) each, got grid={grid!r}, block={block!r}")
         (gx, gy, gz), (bx, by, bz), (mgx, mgy, mgz), (mbx, mby, mbz) = grid, block, self.max_grid_dim, self.max_block_dim
@@ -490,9 +491,10 @@ class LaunchLimits:
         if (0 < bx <= mbx and 0 < by <= mby and 0 < bz <= mbz and bx * by * bz <= self.max_threads_per_block
                 and 0 < gx <= mgx and 0 < gy <= mgy and 0 < gz <= mgz and 0 <= shared_bytes <= limit):
             return
-        self._diagnose(grid, block, shared_bytes, limit)
+        self._diagnose(grid, block, shared_bytes, limit, grid_hint)
 
-    def _diagnose(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int, limit: int) -> None:
+    def _diagnose(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int, limit: int,
+                  grid_hint: str) -> None:
         for what, dims in (("grid", grid), ("block", block)):
             for axis, n in zip("xyz", dims):
                 if operator.index(n) < 1:
@@ -505,7 +507,8 @@ class LaunchLimits:
         for what, dims, limits in (("grid", grid, self.max_grid_dim), ("block", block, self.max_block_dim)):
             for axis, n, most in zip("xyz", dims, limits):
                 if n > most:
-                    raise ValueError(f"{what} dimension {axis} of {n} exceeds this GPU's limit of {most}")
+                    advice = f"; {grid_hint}" if what == "grid" and grid_hint else ""
+                    raise ValueError(f"{what} dimension {axis} of {n} exceeds this GPU's limit of {most}{advice}")
         self._check_shared(shared_bytes, limit)
 
     def _check_shared(self, shared_bytes: int, limit: int) -> None:
@@ -656,11 +659,12 @@ class Function:
                                               f"{shared_bytes} bytes of dynamic shared memory, {len(args)} arguments")
 
     def prepared(self, grid: Sequence[int], block: Sequence[int], arg_types: Sequence[str],
-                 shared_bytes: int = 0) -> Callable[[Sequence[int]], None]:
+                 shared_bytes: int = 0, grid_hint: str = "") -> Callable[[Sequence[int]], None]:
         """`launch` with the grid, block and argument types checked once: a function that queues the kernel on
         the default stream with arguments given as ints (device addresses, integers) or floats. For a caller
-        that launches the same configuration on many arrays (a GPU function's call plan)."""
-        self.limits.check(grid, block, shared_bytes, self.dynamic_shared)
+        that launches the same configuration on many arrays (a GPU function's call plan). `grid_hint` is added
+        to the error of a grid over the GPU's limits."""
+        self.limits.check(grid, block, shared_bytes, self.dynamic_shared, grid_hint)
         dims = tuple(map(operator.index, (*grid, *block, shared_bytes)))
         types = tuple(arg_types)
         packer = _PACKERS.get(types) or _PACKERS.setdefault(types, _Packer(types))

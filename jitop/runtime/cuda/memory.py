@@ -164,8 +164,9 @@ class BlockPool:
 
     def __init__(self, limit: int = 1 << 30):
         self.limit, self.held = limit, 0
-        self.blocks: dict[tuple[int, int], list[int]] = {}
-        self.given: dict[tuple[int, int, int], None] = {}  # (library id, size, address), oldest first
+        # both ordered oldest first: a class's blocks (the newest is taken) and all blocks (the oldest are freed)
+        self.blocks: dict[tuple[int, int], dict[int, None]] = {}  # (library id, size) -> addresses
+        self.given: dict[tuple[int, int, int], None] = {}  # (library id, size, address)
         self.libraries: dict[int, Any] = {}  # id -> library, kept alive so its id is never reused
         # reentrant: a garbage collection inside a locked region may collect an array, whose block comes back here
         self.lock = threading.RLock()
@@ -182,7 +183,7 @@ class BlockPool:
         with self.lock:
             free = self.blocks.get((id(lib), size))
             if free:
-                ptr = free.pop()
+                ptr, _ = free.popitem()
                 del self.given[id(lib), size, ptr]
                 self.held -= size
                 return ptr, size
@@ -203,7 +204,7 @@ class BlockPool:
         with self.lock:
             evicted = self._evict(self.held + size - self.limit)
             self.libraries.setdefault(id(lib), lib)
-            self.blocks.setdefault((id(lib), size), []).append(ptr)
+            self.blocks.setdefault((id(lib), size), {})[ptr] = None
             self.given[id(lib), size, ptr] = None
             self.held += size
         self._free(evicted)
@@ -215,7 +216,7 @@ class BlockPool:
             key = next(iter(self.given))
             del self.given[key]
             lib_id, size, ptr = key
-            self.blocks[lib_id, size].remove(ptr)
+            del self.blocks[lib_id, size][ptr]
             self.held -= size
             nbytes -= size
             evicted.append(key)

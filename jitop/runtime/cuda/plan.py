@@ -17,7 +17,7 @@ from jitop.runtime.args import DimFn
 from jitop.runtime.cuda import driver
 from jitop.runtime.cuda.memory import DeviceArray
 
-MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+GRID_HINT = "bind a larger factor to threadIdx, or the loop to blockIdx.x (up to 2**31 - 1 blocks)"
 ARENA_ALIGN = 256  # bytes between workspaces in the arena: what cuMemAlloc aligns an allocation to
 _UINT8 = np.dtype(np.uint8)
 
@@ -79,11 +79,8 @@ class LaunchTemplate:
         grid = self.grid(env)
         if 0 in grid:
             return None
-        for axis, (n, limit) in enumerate(zip(grid, MAX_GRID)):
-            if n > limit:
-                raise ValueError(f"kernel {self.launch.name} needs {n} blocks along {'xyz'[axis]}, more than a GPU "
-                                 f"launches ({limit}); bind a larger factor to threadIdx or use blockIdx.x")
-        return self.kernel.prepared(grid, self.block(env), self.arg_types)
+        return self.kernel.prepared(grid, self.block(env), self.arg_types,
+                                    grid_hint=f"in kernel {self.launch.name}, {GRID_HINT}")
 
 
 class Planner:
