@@ -21,7 +21,7 @@ def test_workspaces_share_one_arena_each_at_an_aligned_offset_of_its_own():
     p = _planner([("a", "float32", ("n", 3)), ("b", "int8", (5,)), ("c", "float64", (0,)),
                   ("d", "float16", ("n * 2",))]).plan([7], 1)
     assert p.offsets == [0, 256, 512, 512] and p.arena_bytes == 768  # 84, 5, 0 and 28 bytes
-    assert p.outputs == [((7, 2), np.dtype("f4"), 14)]
+    assert p.outputs == [((7, 2), np.dtype("f4"), 14, 512)]  # 56 bytes: the smallest size class
     assert _planner([("a", "float32", ("n",))]).plan([3], 2).outputs == []  # the outputs were given
 
 
@@ -50,3 +50,44 @@ def test_a_grid_over_the_gpus_limit_is_refused_with_the_kernel_and_a_remedy_name
     np.testing.assert_array_equal(f(np.arange(64, dtype=np.float32)), np.arange(64, dtype=np.float32) + 1)
     with pytest.raises(ValueError, match=r"grid dimension y of 70000 exceeds .* 65535; in kernel \S+, bind a larger"):
         f(np.zeros(32 * 70000, np.float32))
+
+
+def _add_one(n=None):
+    n = n if n is not None else te.size_var("n")
+    A, B = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    C = te.compute((n,), lambda i: A[i] * B[i] + 1.0, name="C")
+    s = jitop.create_schedule(C)
+    outer, inner = s[C].split(C.op.axis[0], factor=32)
+    s[C].bind(outer, te.thread_axis("blockIdx.x"))
+    s[C].bind(inner, te.thread_axis("threadIdx.x"))
+    return jitop.build(s, [A, B, C], target=jitop.Target.from_string("cuda -arch=sm_90"))
+
+
+def test_numpy_and_device_inputs_mixed_give_device_results_and_numpy_alone_numpy_results(monkeypatch):
+    sim_gpu.install(monkeypatch)
+    f = _add_one()
+    a, b = np.arange(37, dtype=np.float32), np.linspace(-1, 1, 74, dtype=np.float32)[::2]  # b: a strided view
+    want = a * b + 1
+    host = f(a, b)
+    assert type(host) is np.ndarray and host.dtype == np.float32
+    np.testing.assert_array_equal(host, want)
+    mixed = f(jitop.cuda.to_device(a), b)
+    assert isinstance(mixed, jitop.cuda.DeviceArray)
+    np.testing.assert_array_equal(mixed.get(), want)
+    with pytest.raises(TypeError, match=r"argument 'B' \(position 1\) must have dtype float32, got float64"):
+        f(a, b.astype(np.float64))
+    with pytest.raises(ValueError, match=r"argument 'B' \(position 1\) dimension 0 is 36, but it must equal"):
+        f(jitop.cuda.to_device(a), b[:36])
+
+
+def test_a_launch_shape_seen_before_reuses_its_prepared_launch(monkeypatch):
+    from jitop.runtime.cuda import driver
+    sim_gpu.install(monkeypatch)
+    prepared, counted = [], driver.Function.prepared
+    monkeypatch.setattr(driver.Function, "prepared", lambda self, grid, *a, **k: prepared.append(grid) or
+                        counted(self, grid, *a, **k))
+    f = _add_one()
+    for n in (37, 40, 64, 100, 37):  # 2, 2, 2, 4, 2 blocks of 32
+        a = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(f(a, a), a * a + 1)
+    assert [g[0] for g in prepared] == [2, 4]

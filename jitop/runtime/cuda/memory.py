@@ -63,13 +63,17 @@ class DeviceArray:
         return arr._pooled() if arr.nbytes else arr
 
     @classmethod
-    def allocate_exact(cls, shape: tuple[int, ...], dtype: np.dtype, size: int) -> "DeviceArray":
+    def allocate_exact(cls, shape: tuple[int, ...], dtype: np.dtype, size: int, block: int = 0) -> "DeviceArray":
         """`allocate` of a shape and dtype already checked (a call plan's outputs: ints >= 0, a numeric numpy
-        dtype, `size` elements), without checking them again on every call."""
+        dtype, `size` elements), without checking them again on every call; `block`, if given, is the pool's
+        size class of its bytes (`BlockPool.rounded`)."""
         arr = cls.__new__(cls)
         arr.shape, arr.dtype, arr.size, arr.ptr, arr.owner = shape, dtype, size, 0, None
-        arr.nbytes = size * dtype.itemsize
-        return arr._pooled() if arr.nbytes else arr
+        arr.nbytes = nbytes = size * dtype.itemsize
+        if nbytes:
+            arr.ptr, block = POOL.take_class(block or POOL.rounded(nbytes))
+            arr.owner = _PooledBlock(POOL, driver.lib(), arr.ptr, block)
+        return arr
 
     def _pooled(self) -> "DeviceArray":
         self.ptr, size = POOL.take(self.nbytes)
@@ -179,7 +183,11 @@ class BlockPool:
     def take(self, nbytes: int) -> tuple[int, int]:
         """(address, size) of a block of at least `nbytes`: a pooled one, else a new allocation (after giving
         the pool's blocks back to the driver if it is out of memory)."""
-        size, lib = self.rounded(nbytes), driver.lib()
+        return self.take_class(self.rounded(nbytes))
+
+    def take_class(self, size: int) -> tuple[int, int]:
+        """`take` of a size already `rounded` (a call plan rounds its outputs' sizes once)."""
+        lib = driver.lib()
         with self.lock:
             free = self.blocks.get((id(lib), size))
             if free:
@@ -202,12 +210,14 @@ class BlockPool:
             driver._release(lib.cuMemFree_v2, ptr)
             return
         with self.lock:
-            evicted = self._evict(self.held + size - self.limit)
+            over = self.held + size - self.limit
+            evicted = self._evict(over) if over > 0 else None
             self.libraries.setdefault(id(lib), lib)
             self.blocks.setdefault((id(lib), size), {})[ptr] = None
             self.given[id(lib), size, ptr] = None
             self.held += size
-        self._free(evicted)
+        if evicted:
+            self._free(evicted)
 
     def _evict(self, nbytes: int) -> list[tuple[int, int, int]]:
         """Take at least `nbytes` of the oldest blocks out of the pool (under the lock); the caller frees them."""

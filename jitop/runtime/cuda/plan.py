@@ -15,9 +15,10 @@ import numpy as np
 from jitop.codegen.nvptx import Launch
 from jitop.runtime.args import DimFn
 from jitop.runtime.cuda import driver
-from jitop.runtime.cuda.memory import DeviceArray
+from jitop.runtime.cuda.memory import BlockPool, DeviceArray
 
 GRID_HINT = "bind a larger factor to threadIdx, or the loop to blockIdx.x (up to 2**31 - 1 blocks)"
+MAX_QUEUES = 64  # prepared launches a template keeps (the oldest go first)
 ARENA_ALIGN = 256  # bytes between workspaces in the arena: what cuMemAlloc aligns an allocation to
 _UINT8 = np.dtype(np.uint8)
 
@@ -29,19 +30,26 @@ class CallPlan:
     one arena for its workspaces (bytes, each workspace's offset) and its launches (a prepared kernel launch, the
     indices of the buffers it takes: parameters then workspaces, and the symbols' values passed after them)."""
 
-    __slots__ = ("outputs", "arena_bytes", "offsets", "launches", "error_symbol")
+    __slots__ = ("outputs", "arena_bytes", "offsets", "launches", "error_symbol", "_no_arena")
 
     def __init__(self, outputs: list, arena_bytes: int, offsets: list[int], launches: list,
                  error_symbol: str | None):
-        self.outputs, self.arena_bytes, self.offsets = outputs, arena_bytes, offsets
+        # an output: (shape, dtype, elements, the pool's size class of its bytes)
+        self.outputs = [(shape, dtype, n, BlockPool.rounded(n * dtype.itemsize)) for shape, dtype, n in outputs]
+        self.arena_bytes, self.offsets = arena_bytes, offsets
         self.launches, self.error_symbol = launches, error_symbol
+        self._no_arena = [0] * len(offsets)  # the workspaces' addresses when all are empty
 
     def run(self, raise_if_flagged: Callable[[], None], args: Sequence[DeviceArray]) -> Any:
         """Launch on `args` (inputs, or inputs then outputs); the outputs allocated (device arrays), or None
         when they were given. The arena is freed when it returns: its block is reused in stream order."""
         outs = [DeviceArray.allocate_exact(*spec) for spec in self.outputs]
-        arena = self.allocate_arena()
-        self.queue([a.ptr for a in args] + [o.ptr for o in outs] + self.workspace_pointers(arena))
+        buffers = [a.ptr for a in args] + [o.ptr for o in outs]
+        if self.arena_bytes:
+            arena = self.allocate_arena()
+            self.queue(buffers + self.workspace_pointers(arena))
+        else:
+            self.queue(buffers + self._no_arena)
         if self.error_symbol:
             raise_if_flagged()
         if not self.outputs:
@@ -65,7 +73,7 @@ class LaunchTemplate:
     """One kernel's launch with what no call changes worked out: the loaded kernel, the buffers it takes, its
     argument types, its grid and block as functions of the symbols' values (constants where they are)."""
 
-    __slots__ = ("kernel", "launch", "taken", "arg_types", "grid", "block")
+    __slots__ = ("kernel", "launch", "taken", "arg_types", "grid", "block", "_queues")
 
     def __init__(self, kernel: driver.Function, launch: Launch, n_buffers: int, n_symbols: int,
                  dims: dict[str, DimFn]):
@@ -73,14 +81,22 @@ class LaunchTemplate:
         self.taken = launch.pointers(range(n_buffers))
         self.arg_types = ["ptr"] * len(self.taken) + ["i64"] * n_symbols
         self.grid, self.block = sizer(launch.grid, dims), sizer(launch.block, dims)
+        # prepared launches by (grid, block): a decode step's new cache length changes few kernels' launch shapes
+        self._queues: dict[tuple, Callable[[Sequence[int]], None]] = {}
 
     def prepared(self, env: dict[str, int]) -> Callable[[Sequence[int]], None] | None:
         """The launch at the symbols' values `env`, checked; None for an empty grid (nothing to launch)."""
-        grid = self.grid(env)
-        if 0 in grid:
-            return None
-        return self.kernel.prepared(grid, self.block(env), self.arg_types,
-                                    grid_hint=f"in kernel {self.launch.name}, {GRID_HINT}")
+        grid, block = self.grid(env), self.block(env)
+        queue = self._queues.get((grid, block))
+        if queue is None:
+            if 0 in grid:
+                return None
+            queue = self.kernel.prepared(grid, block, self.arg_types,
+                                         grid_hint=f"in kernel {self.launch.name}, {GRID_HINT}")
+            if len(self._queues) >= MAX_QUEUES:
+                del self._queues[next(iter(self._queues))]
+            self._queues[grid, block] = queue
+        return queue
 
 
 class Planner:
