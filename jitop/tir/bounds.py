@@ -14,8 +14,8 @@ import math
 
 from jitop.te.expr import Expr, Op, as_expr, binary, free_vars
 from jitop.tir.nodes import Buffer
-from jitop.tir.simplify import (Lin, Ranges, bounds, from_lin, is_symbol, max_over, prove, simplify, symbolic_upper,
-                                to_lin)
+from jitop.tir.simplify import (Lin, Memo, Ranges, bounds, from_lin, is_symbol, max_over, prove, simplify,
+                                symbolic_upper, to_lin)
 
 
 def facts(cond: Expr, positive: bool = True) -> list[tuple[Expr, int]]:
@@ -76,12 +76,19 @@ class BoundsCheck:
         # answers by (facts, buffer, indices): the narrowed ranges follow from the facts, and an unrolled
         # register tile asks the same few questions in every copy of its body
         self._proved: dict[tuple, bool] = {}
+        # what the simplifier worked out (linear forms, bounds), one memo per level of guards: valid while the
+        # ranges are that level's (a push narrows them, its pop restores them)
+        self._memos: list[Memo] = [{}]
+
+    @property
+    def memo(self) -> Memo:
+        return self._memos[-1]
 
     def in_bounds(self, idx: Expr, dim: int | Expr) -> bool:
         ends = _clamp_ends(idx)  # a clamp lies between its ends, whatever it clamps (a gather's loaded index)
         if ends is not None and self.in_bounds(ends[0], dim) and any(self.in_bounds(e, dim) for e in ends[1]):
             return True
-        b = bounds(idx, self.ranges)
+        b = bounds(idx, self.ranges, self.memo)
         if b is None:  # an index of symbols (a concatenation's row past a cache of n rows: f // 768 - n)
             return self._at_most(-idx, 0) and self._at_most(idx - dim, -1)
         lo, hi = b
@@ -90,7 +97,7 @@ class BoundsCheck:
             hi = self._upper(idx, hi)
         for e, bound in self.facts:
             if lo < 0:
-                d = bounds(idx + e, self.ranges)  # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
+                d = bounds(idx + e, self.ranges, self.memo)  # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
                 if d is not None:
                     lo = max(lo, d[0] - bound)
         if symbolic:
@@ -103,13 +110,13 @@ class BoundsCheck:
         A floor division by a constant c is bounded by its numerator's tightened bound // c (a fused index
         `f // 37` under `if f < 37000` is below 1000)."""
         for e, bound in self.facts:
-            d = bounds(idx - e, self.ranges)
+            d = bounds(idx - e, self.ranges, self.memo)
             if d is not None:
                 hi = min(hi, bound + d[1])
         hi = self._upper_relaxed(idx, hi)
         num, div = idx.src if idx.op is Op.FLOORDIV else (None, None)
         if num is not None and div.op is Op.CONST and div.value > 0:
-            b = bounds(num, self.ranges)
+            b = bounds(num, self.ranges, self.memo)
             if b is not None:
                 hi = min(hi, self._upper(num, b[1]) // int(div.value))
         return hi
@@ -119,7 +126,7 @@ class BoundsCheck:
         x / c: L idx <= relaxed for L the divisors' lcm, so idx <= (bound + max(relaxed - e)) // L. A fused
         index's row `8 o + t // 2` under the guard `16 o + t < 64` is at most 31; an im2col channel
         `(y + 46) // 49 + 2` under `y + 144 < 147` at most 2."""
-        lin = to_lin(idx, self.ranges)
+        lin = to_lin(idx, self.ranges, self.memo)
         divs = {a: k for a, k in lin.terms.items()
                 if k > 0 and a.op is Op.FLOORDIV and a.src[1].op is Op.CONST and a.src[1].value > 0}
         if not divs or not self.facts:
@@ -127,10 +134,10 @@ class BoundsCheck:
         lcm = math.lcm(*(int(a.src[1].value) for a in divs))
         relaxed = Lin({a: k * lcm for a, k in lin.terms.items() if a not in divs}, lin.const * lcm)
         for a, k in divs.items():
-            relaxed = relaxed + to_lin(a.src[0], self.ranges).scale(k * lcm // int(a.src[1].value))
+            relaxed = relaxed + to_lin(a.src[0], self.ranges, self.memo).scale(k * lcm // int(a.src[1].value))
         upper = from_lin(relaxed, idx.dtype)
         for e, bound in self.facts:
-            d = bounds(upper - e, self.ranges)
+            d = bounds(upper - e, self.ranges, self.memo)
             if d is not None:
                 hi = min(hi, (bound + d[1]) // lcm)
         return hi
@@ -144,19 +151,19 @@ class BoundsCheck:
         lcm L of z's floor divisors (1 too): L z = (L z - e) + e <= max(L z - e) + bound, below L (hi + 1) proves
         it. The scale lets a guard on a fused index meet its quotient: under `if f < 768 n + 768`, f // 768 - n
         <= 0, as 768 (f // 768) - f <= 0."""
-        if prove(z <= hi, self.ranges) is True:
+        if prove(z <= hi, self.ranges, self.memo) is True:
             return True
-        bounded = self._symbolic_divisions_bounded(to_lin(z, self.ranges))
+        bounded = self._symbolic_divisions_bounded(to_lin(z, self.ranges, self.memo))
         forms = [(from_lin(bounded, z.dtype), 1)]
         relaxed = _relaxed(bounded, self.ranges)
         if relaxed is not None:
             forms.append(relaxed)
         for form, scale in forms:
-            d = symbolic_upper(form, self.ranges)
+            d = symbolic_upper(form, self.ranges, self.memo)
             if d is not None and d < scale * (hi + 1):
                 return True
             for e, bound in self.facts:
-                d = symbolic_upper(form - e, self.ranges)
+                d = symbolic_upper(form - e, self.ranges, self.memo)
                 if d is not None and d + bound < scale * (hi + 1):
                     return True
         return False
@@ -170,12 +177,12 @@ class BoundsCheck:
         for atom, k in lin.terms.items():
             by = None
             if atom.op in (Op.FLOORDIV, Op.FLOORMOD) and atom.src[1].op is not Op.CONST \
-                    and prove(atom.src[1] >= 1, self.ranges) is True:
+                    and prove(atom.src[1] >= 1, self.ranges, self.memo) is True:
                 x, d = atom.src
                 if k < 0:
-                    by = Lin({}, 0) if atom.op is Op.FLOORMOD or prove(x >= 0, self.ranges) is True else None
+                    by = Lin({}, 0) if atom.op is Op.FLOORMOD or prove(x >= 0, self.ranges, self.memo) is True else None
                 elif atom.op is Op.FLOORMOD:
-                    by = to_lin(d, self.ranges) + Lin({}, -1)
+                    by = to_lin(d, self.ranges, self.memo) + Lin({}, -1)
                 else:
                     m = self._quotient_bound(x, d)
                     by = None if m is None else Lin({}, m - 1)
@@ -186,10 +193,10 @@ class BoundsCheck:
         """An m with x < m d (d >= 1 symbolic), proved; candidates from x's upper end in symbols, by its loop
         variables' ends or by a guard's fact (f < 4 n + 4 over blocks of 256: 4 for d = n + 1). None if none."""
         loops = {v for v in free_vars(x) if v in self.ranges and not is_symbol(v, self.ranges)}
-        den = to_lin(d, self.ranges)
-        ends = [to_lin(x, self.ranges)] + [to_lin(x - e, self.ranges) + Lin({}, bound) for e, bound in self.facts]
+        den = to_lin(d, self.ranges, self.memo)
+        ends = [to_lin(x, self.ranges, self.memo)] + [to_lin(x - e, self.ranges, self.memo) + Lin({}, bound) for e, bound in self.facts]
         for end in ends:
-            top = max_over(end, loops, self.ranges)
+            top = max_over(end, loops, self.ranges, self.memo)
             if top is None or not den.terms or any(den.terms.get(a, 0) <= 0 for a in top.terms):
                 continue
             m = max([-(-c // den.terms[a]) for a, c in top.terms.items()] + [1])
@@ -220,6 +227,7 @@ class BoundsCheck:
         found = facts(cond, positive)
         self.facts.extend(found)
         self.narrowed.append([self._narrow(e, bound) for e, bound in found])
+        self._memos.append({})
         return len(found)
 
     def _narrow(self, e: Expr, bound: int) -> tuple[Expr, tuple[int, int]] | None:
@@ -261,6 +269,7 @@ class BoundsCheck:
         return v, old
 
     def pop(self, n: int) -> None:
+        self._memos.pop()
         del self.facts[len(self.facts) - n:]
         for undo in reversed(self.narrowed.pop()):
             if undo is not None:

@@ -47,3 +47,18 @@ def test_a_fused_index_s_row_is_bounded_by_the_guard_on_the_fused_index():
     k = check.push(o * 16 + t < 64)
     assert check.in_bounds(row, 32) and not check.in_bounds(row, 31) and not check.in_bounds(row + 1, 32)
     check.pop(k)
+
+
+def test_what_is_worked_out_under_a_guard_is_forgotten_when_the_guard_ends():
+    """The prover keeps the simplifier's work (bounds of each node) per level of guards: inside `if i < 10` the
+    index i is at most 9; outside, after it, at most 99 again."""
+    i = te.var("i")
+    row = Buffer("row", float32, (10,), "global")
+    check = BoundsCheck({i: (0, 99)})
+    k = check.push(i < 10)
+    assert check.proves(row, (i * 1,)) and check.in_bounds(i + 0, 10)
+    check.pop(k)
+    assert not check.in_bounds(i * 1, 10) and not check.in_bounds(i + 0, 10)
+    k = check.push(i < 11)
+    assert not check.in_bounds(i + 0, 10)
+    check.pop(k)
