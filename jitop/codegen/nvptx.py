@@ -570,7 +570,7 @@ class _Emitter(LoopEmitter):
         coefficient and the constant (an unrolled lane's constant offset included). Stated on the access, it lets
         LLVM merge neighbouring accesses into vector ones where its own inference loses track (an index through a
         loop variable that is a rotated loop's phi)."""
-        lin = to_lin(flat, self.ranges)
+        lin = to_lin(flat, self.ranges, self.bounds.memo)  # the prover's ranges: its memo holds for them
         step = functools.reduce(math.gcd, [*lin.terms.values(), lin.const], ALLOC_ALIGN // buf.dtype.itemsize or 1)
         return min(ALLOC_ALIGN, (step & -step) * buf.dtype.itemsize)
 

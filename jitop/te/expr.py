@@ -451,8 +451,9 @@ def rebuild(node: Expr, src: tuple[Expr, ...]) -> Expr:
     return Expr(node.op, node.dtype, src, node.arg)
 
 
-def substitute(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
-    """Replace variables (or any nodes) by expressions."""
+def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict[Expr, Expr] | None = None) -> Expr:
+    """Replace variables (or any nodes) by expressions; `memo` (node -> its replacement) may be shared by calls
+    with one mapping, so a subexpression several expressions share is rebuilt once."""
     if not mapping:
         return e
-    return rewrite(e, lambda n: mapping.get(n))
+    return rewrite(e, mapping.get, memo)

@@ -62,15 +62,17 @@ def _simplified(e: Expr) -> Expr:
 
 def substitute_stmt(s: Stmt, mapping: dict[Expr, Expr], ranges: Ranges | None = None) -> Stmt:
     """Replace variables in every expression of `s` (and re-simplify with `ranges`)."""
+    rebuilt: dict[Expr, Expr] = {}  # shared by the statements' expressions: an unrolled body's loads share indices
+
     def simple(e: Expr) -> Expr:
+        e = substitute(e, mapping, rebuilt)
         return simplify(e, ranges) if ranges else _simplified(e)
 
     def visit(n: Stmt) -> Stmt:
         if isinstance(n, Store):
-            return Store(n.buffer, tuple(simple(substitute(i, mapping)) for i in n.indices),
-                         simple(substitute(n.value, mapping)))
+            return Store(n.buffer, tuple(simple(i) for i in n.indices), simple(n.value))
         if isinstance(n, IfThenElse):
-            cond = simple(substitute(n.cond, mapping))
+            cond = simple(n.cond)
             if cond.op is Op.CONST:
                 return n.then if cond.value else n.else_
             return IfThenElse(cond, n.then, n.else_)
