@@ -97,7 +97,8 @@ class BoundsCheck:
             hi = self._upper(idx, hi)
         for e, bound in self.facts:
             if lo < 0:
-                d = bounds(idx + e, self.ranges, self.memo)  # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
+                # -e <= bound  ->  idx = (idx + e) - e >= min(idx + e) - bound
+                d = bounds(idx + e, self.ranges, self.memo)
                 if d is not None:
                     lo = max(lo, d[0] - bound)
         if symbolic:
@@ -194,7 +195,8 @@ class BoundsCheck:
         variables' ends or by a guard's fact (f < 4 n + 4 over blocks of 256: 4 for d = n + 1). None if none."""
         loops = {v for v in free_vars(x) if v in self.ranges and not is_symbol(v, self.ranges)}
         den = to_lin(d, self.ranges, self.memo)
-        ends = [to_lin(x, self.ranges, self.memo)] + [to_lin(x - e, self.ranges, self.memo) + Lin({}, bound) for e, bound in self.facts]
+        ends = [to_lin(x, self.ranges, self.memo)] + [to_lin(x - e, self.ranges, self.memo) + Lin({}, bound)
+                                                      for e, bound in self.facts]
         for end in ends:
             top = max_over(end, loops, self.ranges, self.memo)
             if top is None or not den.terms or any(den.terms.get(a, 0) <= 0 for a in top.terms):

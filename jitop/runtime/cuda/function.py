@@ -119,8 +119,7 @@ class GpuFunction:
     def _call(self, args: Sequence[Any]) -> Any:
         """A call with numpy arrays, foreign device arrays (torch, CuPy) or a mix: numpy inputs copied in, the
         outputs allocated (numpy results copied back), then launched through the call plan of their shapes."""
-        if len(args) == self.n_inputs < len(self.params) and all(type(a) is DeviceArray or type(a) is np.ndarray and a.dtype == p.dtype
-                                              for a, p in zip(args, self.params)):
+        if len(args) == self.n_inputs < len(self.params) and self._copies_in_plainly(args):
             device = [memory.to_device(a) if type(a) is np.ndarray else a for a in args]
             key = self._plan_key(device)
             if key is not None:  # as a call on device arrays (checked when its plan is made), then results copied
@@ -141,6 +140,12 @@ class GpuFunction:
         key = tuple((d.shape, d.dtype) for d in device)
         (self._plans.get(key) or self._plan_checked(values, len(device), key)).run(self.raise_if_flagged, device)
         return self._results(args, arrays, device, on_device)
+
+    def _copies_in_plainly(self, args: Sequence[Any]) -> bool:
+        """Whether every input is a jitop device array or a numpy array of its parameter's dtype (copied in as it
+        is, then checked with the device arrays' call plan: the errors name the same argument)."""
+        return all(type(a) is DeviceArray or type(a) is np.ndarray and a.dtype == p.dtype
+                   for a, p in zip(args, self.params))
 
     def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
         """A function that only queues this function's kernels on `args` (every argument, inputs then outputs, a
