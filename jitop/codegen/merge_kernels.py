@@ -43,13 +43,27 @@ def merge_kernels(func: PrimFunc, target: CudaTarget, notes: list[str] | None = 
         if isinstance(nest, Seq) and not nest.stmts:
             continue
         if not (_after_single_block(kernels, nest, ranges, target, notes)
-                or _after_same_rows(kernels, nest, ranges, target, notes)
+                or _after_same_rows(kernels, nest, ranges, target, footprints, notes)
                 or _beside_independent(kernels, nest, ranges, footprints, notes)):
             kernels.append(nest)
     merged: Stmt = Seq(tuple(kernels))  # not seq(): a kernel that is a sequence stays one
     for a in reversed(allocations):
         merged = Allocate(a.buffer, merged)
     return PrimFunc(func.name, func.params, merged, func.outputs, func.attrs, func.symbols)
+
+
+class _Footprints:
+    """Each kernel's buffers touched and written, worked out once per kernel (a candidate is checked against
+    every earlier kernel)."""
+
+    def __init__(self):
+        self._known: dict[int, tuple[Stmt, set, set]] = {}  # id -> (the kernel, kept alive; touched; written)
+
+    def of(self, nest: Stmt) -> tuple[set, set]:
+        if id(nest) not in self._known:
+            self._known[id(nest)] = (nest, touched(nest), _written(nest))
+        _, all_touched, written = self._known[id(nest)]
+        return all_touched, written
 
 
 def _after_single_block(kernels: list[Stmt], nest: Stmt, ranges: dict, target: CudaTarget,
@@ -68,7 +82,7 @@ def _after_single_block(kernels: list[Stmt], nest: Stmt, ranges: dict, target: C
 
 
 def _after_same_rows(kernels: list[Stmt], nest: Stmt, ranges: dict, target: CudaTarget,
-                     notes: list[str] | None) -> bool:
+                     footprints: _Footprints, notes: list[str] | None) -> bool:
     """Append `nest`'s block body to the last kernel's, after a barrier, where both launch the same blocks along
     one block index and each block touches only its own slice of what the two share (a softmax's statistics
     per row, then its rows: block r writes and reads row r alone)."""
@@ -79,7 +93,8 @@ def _after_same_rows(kernels: list[Stmt], nest: Stmt, ranges: dict, target: Cuda
             and sum(not k.is_thread for k in dims) == 1 and _same(dims, _launch(last, ranges))
             and _fits(last, nest, target)):
         return False
-    shared = (_written(last) & touched(nest)) | (_written(nest) & touched(last))
+    (last_touched, last_writes), (nest_touched, nest_writes) = footprints.of(last), footprints.of(nest)
+    shared = (last_writes & nest_touched) | (nest_writes & last_touched)
     if not all(_sliced(last, last.var, buf) and _sliced(nest, nest.var, buf) for buf in shared):
         return False
     body = substitute_stmt(nest.body, {nest.var: last.var})
@@ -105,20 +120,6 @@ def _accesses(nest: Stmt, buf: Buffer) -> list[tuple[Expr, ...]]:
             found.append(s.indices)
         found += [e.src for e in loads_of(s) if e.arg is buf]
     return found
-
-
-class _Footprints:
-    """Each kernel's buffers touched and written, worked out once per kernel (a candidate is checked against
-    every earlier kernel)."""
-
-    def __init__(self):
-        self._known: dict[int, tuple[Stmt, set, set]] = {}  # id -> (the kernel, kept alive; touched; written)
-
-    def of(self, nest: Stmt) -> tuple[set, set]:
-        if id(nest) not in self._known:
-            self._known[id(nest)] = (nest, touched(nest), _written(nest))
-        _, all_touched, written = self._known[id(nest)]
-        return all_touched, written
 
 
 def _beside_independent(kernels: list[Stmt], nest: Stmt, ranges: dict, footprints: _Footprints,

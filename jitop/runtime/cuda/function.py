@@ -85,9 +85,13 @@ class GpuFunction:
         if len(args) in (self.n_inputs, len(self.params)):
             key = self._plan_key(args)
             if key is not None:
-                plan = self._plans.get(key) or self._plan(args, key)
-                return plan.run(self.raise_if_flagged, args)
+                return self._run_planned(args, key)
         return self._call(args)
+
+    def _run_planned(self, args: Sequence[DeviceArray], key: tuple) -> Any:
+        """Launch on device arrays `args` through the call plan of `key` (theirs: `_plan_key`), made and checked
+        on the first call of those shapes."""
+        return (self._plans.get(key) or self._plan(args, key)).run(self.raise_if_flagged, args)
 
     def _plan_key(self, args: Sequence[Any]) -> tuple | None:
         """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), the
@@ -123,7 +127,7 @@ class GpuFunction:
             device = [memory.to_device(a) if type(a) is np.ndarray else a for a in args]
             key = self._plan_key(device)
             if key is not None:  # as a call on device arrays (checked when its plan is made), then results copied
-                outs = (self._plans.get(key) or self._plan(device, key)).run(self.raise_if_flagged, device)
+                outs = self._run_planned(device, key)
                 if DeviceArray in map(type, args):
                     return outs
                 return outs.get() if type(outs) is DeviceArray else tuple(o.get() for o in outs)

@@ -69,14 +69,12 @@ class DeviceArray:
         size class of its bytes (`BlockPool.rounded`)."""
         arr = cls.__new__(cls)
         arr.shape, arr.dtype, arr.size, arr.ptr, arr.owner = shape, dtype, size, 0, None
-        arr.nbytes = nbytes = size * dtype.itemsize
-        if nbytes:
-            arr.ptr, block = POOL.take_class(block or POOL.rounded(nbytes))
-            arr.owner = _PooledBlock(POOL, driver.lib(), arr.ptr, block)
-        return arr
+        arr.nbytes = size * dtype.itemsize
+        return arr._pooled(block) if arr.nbytes else arr
 
-    def _pooled(self) -> "DeviceArray":
-        self.ptr, size = POOL.take(self.nbytes)
+    def _pooled(self, block: int = 0) -> "DeviceArray":
+        """Memory from the pool: a block of size class `block`, or of this array's bytes rounded."""
+        self.ptr, size = POOL.take_class(block or POOL.rounded(self.nbytes))
         self.owner = _PooledBlock(POOL, driver.lib(), self.ptr, size)
         return self
 
@@ -180,13 +178,10 @@ class BlockPool:
         step = max(BlockPool.GRANULE, 1 << max(nbytes.bit_length() - 4, 0))
         return -(-nbytes // step) * step
 
-    def take(self, nbytes: int) -> tuple[int, int]:
-        """(address, size) of a block of at least `nbytes`: a pooled one, else a new allocation (after giving
-        the pool's blocks back to the driver if it is out of memory)."""
-        return self.take_class(self.rounded(nbytes))
-
     def take_class(self, size: int) -> tuple[int, int]:
-        """`take` of a size already `rounded` (a call plan rounds its outputs' sizes once)."""
+        """(address, size) of a block of size class `size` (a size `rounded`: a call plan rounds its outputs'
+        once): a pooled one, else a new allocation (after giving the pool's blocks back to the driver if it is
+        out of memory)."""
         lib = driver.lib()
         with self.lock:
             free = self.blocks.get((id(lib), size))
