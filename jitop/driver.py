@@ -16,7 +16,7 @@ from jitop.schedule.schedule import Schedule
 from jitop.te.expr import Expr, Op
 from jitop.te.printer import expr_str
 from jitop.te.tensor import Tensor
-from jitop.codegen.nvptx import build_ptx
+from jitop.codegen.ptx_shares import build_ptx
 from jitop.runtime.cuda.function import GpuFunction, function_meta
 from jitop.target import CudaTarget, Target
 from jitop.tir.lower import lower as _lower
@@ -99,7 +99,7 @@ def compile_gpu_func(func: PrimFunc, target: CudaTarget) -> GpuFunction:
     """PTX for a function whose loops are bound to GPU blocks and threads, as a callable GpuFunction."""
     digest = hashlib.sha256(f"{func}|{target.key}".encode()).hexdigest()[:16]
     params, symbols = _signature(func)
-    built = build_ptx(func, f"jitop_{_identifier(func.name)}_{digest}", target)
+    built = build_ptx(func, f"jitop_{_identifier(func.name)}_{digest}", target, compile_jobs())
     return GpuFunction(function_meta(func.name, params, symbols, target), built)
 
 

@@ -77,8 +77,8 @@ def install(monkeypatch) -> SimGpu:
     monkeypatch.setenv("JITOP_CACHE", "0")
     build_ptx = jitop.driver.build_ptx
 
-    def build_and_register(func, symbol, target):
-        built = build_ptx(func, symbol, target)
+    def build_and_register(func, symbol, target, *jobs):
+        built = build_ptx(func, symbol, target, *jobs)
         gpu.register(func, built)
         return built
     monkeypatch.setattr(jitop.driver, "build_ptx", build_and_register)

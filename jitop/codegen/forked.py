@@ -7,34 +7,27 @@ parses and optimises a module holding only its share of the parts and sends it b
 parent does the same with the kernel function and its own share. The parent links the children's modules
 into its own and emits one object file, so the Module a compile returns looks as a serial one does.
 
-A child never decides whether a compile succeeds: whatever goes wrong in or with it (an exception, a crash,
-a hang, a reply that does not parse) makes the parent build that share itself.
+A child never decides whether a compile succeeds (jitop.codegen.children): whatever goes wrong in or with it
+(an exception, a crash, a hang, a reply that does not parse) makes the parent build that share itself.
 """
 from __future__ import annotations
 
-import gc
+import functools
 import json
-import os
-import select
-import signal
 import struct
-import threading
 import time
-import warnings
 from dataclasses import dataclass
-from typing import Iterable, NoReturn
+from typing import Iterable
 
 import llvmlite.binding as llvm
 
+from jitop.codegen import children
 from jitop.codegen.instances import Shared, find_shared
 from jitop.codegen.kernel import MAX_UNROLL, KernelCodegen, Split, kernel_parts, top_level_nests
 from jitop.codegen.target import emit_object, link_modules, optimised_module
 from jitop.target import Target
-from jitop.te.expr import Expr, Op, walk
-from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store
+from jitop.tir.nodes import ForKind, PrimFunc, Stmt
 
-# the parent waits this long for a child after finishing its own share, or 4 times what its share took
-REPLY_TIMEOUT_S = 60.0
 # what generating a nest costs beside its size, in `_size` units (fit to ResNet-50's parts: 16 nests, ~0.3 s)
 NEST_COST = 350
 _LENGTH = struct.Struct("<Q")  # a reply: header length, JSON header, then the bitcode
@@ -63,12 +56,6 @@ class _Share:
     module: llvm.ModuleRef
 
 
-@dataclass
-class _Child:
-    pid: int
-    fd: int  # the read end of the pipe it replies through
-
-
 def compile_kernel(func: PrimFunc, symbol: str, target: Target, signature: str, jobs: int) -> Compiled:
     """Generate, optimise and emit the kernel `symbol` for `func`, its parts spread over up to `jobs`
     processes (this one and forked children) when it has several and forking is safe here."""
@@ -81,9 +68,9 @@ def compile_kernel(func: PrimFunc, symbol: str, target: Target, signature: str, 
 
 
 def _may_fork(func: PrimFunc) -> bool:
-    """Forking is safe: no other Python thread can hold a lock the child needs (the JIT runtime's native pool
-    threads take none of them), and it is no profiling build (its counters are the kernel's own nests)."""
-    return hasattr(os, "fork") and threading.active_count() == 1 and not func.attrs.get("profile")
+    """Forking is safe (`children.may_fork`) and it is no profiling build (its counters are the kernel's own
+    nests)."""
+    return children.may_fork() and not func.attrs.get("profile")
 
 
 def _shares(func: PrimFunc, jobs: int) -> list[frozenset[int]]:
@@ -124,24 +111,7 @@ def _cost(nests: Iterable[int], sizes: list[int], shared: dict[int, Shared], hav
 
 
 def _size(s: Stmt) -> int:
-    """About how much LLVM IR `s` becomes: its expression nodes, an unrolled loop's body once per iteration."""
-    if isinstance(s, Store):
-        return _nodes(s.value, *s.indices)
-    if isinstance(s, For):
-        extent = int(s.extent.value) if s.extent.op is Op.CONST else 0
-        copies = extent if s.kind is ForKind.UNROLLED and 0 < extent <= MAX_UNROLL else 1
-        return 1 + copies * _size(s.body)
-    if isinstance(s, Seq):
-        return sum(_size(x) for x in s.stmts)
-    if isinstance(s, IfThenElse):
-        return _nodes(s.cond) + _size(s.then) + (_size(s.else_) if s.else_ is not None else 0)
-    if isinstance(s, Allocate):
-        return 1 + _size(s.body)
-    return 1
-
-
-def _nodes(*exprs: Expr) -> int:
-    return sum(1 for e in exprs for _ in walk(e))
+    return children.emitted_size(s, MAX_UNROLL, (ForKind.UNROLLED,))
 
 
 def _compile_split(func: PrimFunc, symbol: str, target: Target, signature: str,
@@ -149,29 +119,22 @@ def _compile_split(func: PrimFunc, symbol: str, target: Target, signature: str,
     """The parent's side: fork a child per share after the first, build the kernel and the first share,
     collect the children's modules (building a share itself where a child failed), link, emit."""
     stats["forked"] += 1
-    # the program's objects stay out of every collection while the parts build: the children copy no pages
-    # for the collector's sake, and the parent's full collections do not scan them again and again (unless
-    # the program froze objects itself: unfreezing would undo that)
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    children: dict[int, _Child | None] = {}
-    try:
-        for j in range(1, len(shares)):
-            children[j] = _fork(func, symbol, target, shares[j], j)
-        start = time.monotonic()
-        cg = KernelCodegen(func, symbol, target, signature=signature, split=Split(shares[0]))
-        mod = optimised_module(str(cg.build()), target)
-        deadline = time.monotonic() + max(REPLY_TIMEOUT_S, 4 * (time.monotonic() - start))
-        built: list[_Share | None] = []
-        for j in range(1, len(shares)):
-            child = children.pop(j)
-            built.append(_receive(child, shares[j], symbol, deadline) if child is not None else None)
-    finally:
-        if freeze:
-            gc.unfreeze()
-        for child in filter(None, children.values()):  # not collected (the parent's own build raised): stop
-            _reap(child, kill=True)
+    pending: dict[int, children.Child | None] = {}
+    with children.objects_frozen():
+        try:
+            for j in range(1, len(shares)):
+                pending[j] = children.fork(functools.partial(_child_work, func, symbol, target, shares[j], j))
+            start = time.monotonic()
+            cg = KernelCodegen(func, symbol, target, signature=signature, split=Split(shares[0]))
+            mod = optimised_module(str(cg.build()), target)
+            deadline = children.reply_deadline(time.monotonic(), time.monotonic() - start)
+            built: list[_Share | None] = []
+            for j in range(1, len(shares)):
+                child = pending.pop(j)
+                built.append(_receive(child, shares[j], symbol, deadline) if child is not None else None)
+        finally:
+            for child in filter(None, pending.values()):  # not collected (the parent's own build raised): stop
+                children.stop(child)
     for j, share in enumerate(built, start=1):
         if share is None:
             stats["fallbacks"] += 1
@@ -208,42 +171,6 @@ def _build_share(func: PrimFunc, symbol: str, target: Target, parts: frozenset[i
 
 
 # ** the child's side **
-def _fork(func: PrimFunc, symbol: str, target: Target, parts: frozenset[int], j: int) -> _Child | None:
-    """A child building share j and replying through a pipe; None when no child could be started."""
-    try:
-        read, write = os.pipe()
-    except OSError:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12 warns of fork beside (native) threads
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(read)
-            os.close(write)
-            return None
-    if pid == 0:
-        os.close(read)
-        _child_main(write, func, symbol, target, parts, j)
-    os.close(write)
-    return _Child(pid, read)
-
-
-def _child_main(fd: int, func: PrimFunc, symbol: str, target: Target, parts: frozenset[int], j: int) -> NoReturn:
-    """Build, reply and leave: never return into the caller's frames, never run its atexit handlers."""
-    status = 1
-    try:
-        reply = _child_work(func, symbol, target, parts, j)
-        view = memoryview(reply)
-        while view:
-            view = view[os.write(fd, view):]
-        status = 0
-    except BaseException:  # noqa: BLE001 - any failure: the parent builds this share itself
-        pass
-    finally:
-        os._exit(status)
-
-
 def _child_work(func: PrimFunc, symbol: str, target: Target, parts: frozenset[int], j: int) -> bytes:
     """The reply of the child building share j: header length, JSON header, the module's bitcode."""
     share = _build_share(func, symbol, target, parts, j)
@@ -253,48 +180,16 @@ def _child_work(func: PrimFunc, symbol: str, target: Target, parts: frozenset[in
 
 
 # ** the parent's side of a child **
-def _receive(child: _Child, parts: frozenset[int], symbol: str, deadline: float) -> _Share | None:
+def _receive(child: children.Child, parts: frozenset[int], symbol: str, deadline: float) -> _Share | None:
     """The child's share once it has replied and exited; None if it failed, crashed, sent something
     malformed or missed `deadline` (then it is killed)."""
-    data = None
-    try:
-        data = _read_all(child.fd, deadline)
-    finally:  # also when interrupted: no child outlives the compile
-        status = _reap(child, kill=data is None)
-    if status != 0 or data is None:
+    data = children.receive(child, deadline)
+    if data is None:
         return None
     try:
         return _decode(data, parts, symbol)
     except (ValueError, TypeError, KeyError, RuntimeError, NameError):  # json, llvm.parse_bitcode, lookups
         return None
-
-
-def _read_all(fd: int, deadline: float) -> bytes | None:
-    """Everything until the child closes the pipe (it exits), or None at `deadline`."""
-    chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _reap(child: _Child, kill: bool) -> int:
-    """Close the pipe, kill the child if asked, wait for it; its exit code (negative: killed by a signal)."""
-    os.close(child.fd)
-    if kill:
-        try:
-            os.kill(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        _, status = os.waitpid(child.pid, 0)
-    except ChildProcessError:  # reaped already (SIGCHLD ignored): a complete reply still has to decode
-        return 0
-    return os.waitstatus_to_exitcode(status)
 
 
 def _decode(data: bytes, parts: frozenset[int], symbol: str) -> _Share:

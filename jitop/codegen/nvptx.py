@@ -35,7 +35,7 @@ from jitop.tir.simplify import prove, simplify, to_lin
 from jitop.tir.structure import shape_of
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
-GLOBAL, SHARED = 1, 3  # NVPTX address spaces
+GLOBAL, SHARED, CONSTANT = 1, 3, 4  # NVPTX address spaces
 MAX_UNROLL = 64        # unrolled/vectorized loops longer than this run as loops
 MAX_SERIAL_WORK = 1 << 12  # a kernel with no bound loop may run this many iterations on one thread
 ALLOC_ALIGN = 16       # bytes every array given to a GPU kernel is aligned to (cuMemAlloc gives 256; checked)
@@ -104,7 +104,8 @@ class GpuBuild:
 
 
 def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
-    """Compile a lowered function with GPU-bound loops to PTX for `target`.
+    """Compile a lowered function with GPU-bound loops to PTX for `target`, in this process
+    (jitop.codegen.ptx_shares builds a large function's kernels in several).
 
     >>> from jitop import te
     >>> import jitop
@@ -117,63 +118,158 @@ def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget) -> GpuBuild:
     >>> out.kernels[0].grid, out.kernels[0].block, ".target sm_90" in out.ptx
     ((8, 1, 1), (128, 1, 1), True)
     """
+    return build_planned(plan_kernels(func), symbol, target)
+
+
+def build_planned(plan: "KernelPlan", symbol: str, target: CudaTarget) -> GpuBuild:
+    """`build_ptx` of a function whose kernels are planned already."""
+    share = emit_share(plan, range(plan.n_kernels), symbol, target)
+    return finish_build(plan, [share], symbol, _emit_ptx(share.ll, target), share.ll)
+
+
+@dataclass
+class KernelPlan:
+    """Which kernel each nest of a GPU function launches, before any is emitted: a nest with the structure of an
+    earlier one (jitop.tir.structure) launches that one's kernel on its own buffers. `firsts[u]`: the nest that
+    emits kernel u; `kernel_of[i]`: nest i's kernel; `touched[i]`: the function buffers nest i touches, in the
+    order its structure names them (nests of one kernel pass theirs in place of each other's)."""
+
+    func: PrimFunc
+    nests: list[Stmt]
+    buffers: list[Buffer]      # the function's parameters, then its workspaces
+    workspaces: list[Buffer]
+    firsts: list[int]
+    kernel_of: list[int]
+    touched: list[list[Buffer]]
+
+    @property
+    def n_kernels(self) -> int:
+        return len(self.firsts)
+
+
+def plan_kernels(func: PrimFunc) -> KernelPlan:
+    nests = kernel_nests(func)
     _, workspaces = _peel_workspaces(func.body)
     buffers = list(func.params) + workspaces
+    position = set(buffers)
+    firsts, kernel_of, touched, by_key = [], [], [], {}
+    for i, nest in enumerate(nests):
+        key, named = shape_of(nest, func.symbols, func.attrs.get("ranges", {}))
+        touched.append([b for b in named if b in position])
+        if key not in by_key:
+            by_key[key] = len(firsts)
+            firsts.append(i)
+        kernel_of.append(by_key[key])
+    return KernelPlan(func, nests, buffers, workspaces, firsts, kernel_of, touched)
+
+
+@dataclass
+class Share:
+    """Kernels of a GPU function emitted into one LLVM module (`ll`): each one's launch (its arguments: positions
+    in the function's buffers) and entries of `checked` (the accesses checked at run time, and the values numpy
+    refuses; the error flag's codes count from the share's base), the position of each checked access's buffer
+    among the function's (none for a shared or local tile), and whether the module sets the error flag."""
+
+    kernels: list[int]
+    ll: str
+    launches: list[Launch]
+    spans: list[range]
+    checked: list[str]
+    accessed: dict[int, int]
+    flagged: bool
+
+    def to_json(self) -> dict:
+        return {"kernels": self.kernels, "ll": self.ll, "launches": [x.to_json() for x in self.launches],
+                "spans": [[r.start, r.stop] for r in self.spans], "checked": self.checked,
+                "accessed": [[k, b] for k, b in self.accessed.items()], "flagged": self.flagged}
+
+    @staticmethod
+    def from_json(d: dict) -> "Share":
+        return Share([int(k) for k in d["kernels"]], str(d["ll"]), [Launch.from_json(x) for x in d["launches"]],
+                     [range(int(a), int(b)) for a, b in d["spans"]], [str(c) for c in d["checked"]],
+                     {int(k): int(b) for k, b in d["accessed"]}, bool(d["flagged"]))
+
+
+def emit_share(plan: KernelPlan, kernels: Sequence[int], symbol: str, target: CudaTarget,
+               error_base: str | None = None) -> Share:
+    """Emit `kernels` of `plan` into a module of their own. `error_base`: None for a module that is the whole
+    function (it defines the error flag); else the name of the constant the error codes count from (another
+    module defines it, and the flag)."""
     module = ir.Module(name=symbol)
     module.triple = CUDA_TRIPLE
-    ranges = func.attrs.get("ranges", {})
-    emitter = _Emitter(module, symbol, func.symbols, ranges, target)
-    launches = _launches(emitter, kernel_nests(func), buffers, func.symbols, ranges)
-    _libm_through_libdevice(module)
-    ll = str(module)
-    ptx = _emit_ptx(ll, target)
-    shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in workspaces)
-    return GpuBuild(ptx, ll, tuple(launches), shapes, tuple(emitter.checked),
-                    emitter.error.name if emitter.error is not None else "")
-
-
-def _launches(emitter: "_Emitter", nests: list[Stmt], buffers: list[Buffer], symbols: Sequence[Expr],
-              ranges: dict) -> list[Launch]:
-    """A Launch per nest; a nest with the structure of an earlier one (jitop.tir.structure) launches that one's
-    kernel on its own buffers instead of emitting another (each kernel takes the buffers it touches)."""
-    position = {b: k for k, b in enumerate(buffers)}
-    emitted: dict[tuple, tuple[Launch, list[Buffer]]] = {}
-    launches = []
-    entries: dict[str, range] = {}  # kernel -> its entries of `checked`
-    also: dict[tuple[str, Buffer], list[Buffer]] = {}  # (kernel, buffer) -> the buffers later launches pass
-    for nest in nests:
-        key, named = shape_of(nest, symbols, ranges)
-        touched = [b for b in named if b in position]
-        if key in emitted:  # touched[i] plays the part of the earlier kernel's first_touched[i]
-            first, first_touched = emitted[key]
-            part = {b: k for k, b in enumerate(first_touched)}
-            args = tuple(position[touched[part[buffers[a]]]] for a in first.args)
-            launches.append(dataclasses.replace(first, args=args))
-            for mine, theirs in zip(touched, first_touched):
-                if mine is not theirs:
-                    also.setdefault((first.name, theirs), []).append(mine)
-            continue
-        params = sorted(touched, key=position.__getitem__)
+    func = plan.func
+    emitter = _Emitter(module, symbol, func.symbols, func.attrs.get("ranges", {}), target, error_base)
+    position = {b: k for k, b in enumerate(plan.buffers)}
+    launches, spans = [], []
+    for u in kernels:
+        i = plan.firsts[u]
+        params = sorted(plan.touched[i], key=position.__getitem__)
         start = len(emitter.checked)
-        launch = emitter.kernel(f"{emitter.symbol}_k{len(emitted)}", nest, params)
-        entries[launch.name] = range(start, len(emitter.checked))
-        launch = dataclasses.replace(launch, args=tuple(position[b] for b in params))
-        emitted[key] = (launch, touched)
-        launches.append(launch)
-    _name_every_launch(emitter, entries, also)
+        launch = emitter.kernel(f"{symbol}_k{u}", plan.nests[i], params)
+        launches.append(dataclasses.replace(launch, args=tuple(position[b] for b in params)))
+        spans.append(range(start, len(emitter.checked)))
+    _libm_through_libdevice(module)
+    # (the accesses of the function's buffers: only those can be another launch's)
+    accessed = {k: position[b] for k, b in emitter.accessed.items() if b in position}
+    return Share(list(kernels), str(module), launches, spans, emitter.checked, accessed, emitter.error is not None)
+
+
+def finish_build(plan: KernelPlan, shares: list[Share], symbol: str, ptx: str, ll: str) -> GpuBuild:
+    """The GpuBuild of `plan` from its kernels' `shares` (in kernel order; the error codes of each count from the
+    entries of those before it) and the PTX of their modules linked."""
+    checked: list[str] = []
+    emitted: dict[int, tuple[Launch, range]] = {}
+    accessed: dict[int, Buffer] = {}
+    for share in shares:
+        base = len(checked)
+        checked += share.checked
+        accessed.update({base + k: plan.buffers[b] for k, b in share.accessed.items()})
+        for u, launch, span in zip(share.kernels, share.launches, share.spans):
+            emitted[u] = (launch, range(base + span.start, base + span.stop))
+    launches = _launches(plan, emitted)
+    _name_every_launch(plan, emitted, checked, accessed)
+    shapes = tuple((b.name, b.dtype.np.name, tuple(_printed(d) for d in b.shape)) for b in plan.workspaces)
+    flagged = any(share.flagged for share in shares)
+    return GpuBuild(ptx, ll, tuple(launches), shapes, tuple(checked), error_flag_name(symbol) if flagged else "")
+
+
+def error_flag_name(symbol: str) -> str:
+    """The global a function's kernels set when a checked access fails (0: none did)."""
+    return f"{symbol}_error"
+
+
+def _launches(plan: KernelPlan, emitted: dict[int, tuple[Launch, range]]) -> list[Launch]:
+    """A Launch per nest: its kernel's, on the nest's own buffers."""
+    position = {b: k for k, b in enumerate(plan.buffers)}
+    launches = []
+    for i, u in enumerate(plan.kernel_of):
+        first = emitted[u][0]
+        if plan.firsts[u] == i:
+            launches.append(first)
+            continue
+        # touched[i][j] plays the part of the first nest's touched[j]
+        part = {b: j for j, b in enumerate(plan.touched[plan.firsts[u]])}
+        args = tuple(position[plan.touched[i][part[plan.buffers[a]]]] for a in first.args)
+        launches.append(dataclasses.replace(first, args=args))
     return launches
 
 
-def _name_every_launch(emitter: "_Emitter", entries: dict[str, range],
-                       also: dict[tuple[str, Buffer], list[Buffer]]) -> None:
+def _name_every_launch(plan: KernelPlan, emitted: dict[int, tuple[Launch, range]], checked: list[str],
+                       accessed: dict[int, Buffer]) -> None:
     """A checked access of a kernel launched on several nests' buffers names them all: the error flag says which
     access failed, not in which launch."""
-    for kernel, span in entries.items():
+    also: dict[tuple[int, Buffer], list[Buffer]] = {}  # (kernel, buffer) -> the buffers later launches pass
+    for i, u in enumerate(plan.kernel_of):
+        if plan.firsts[u] != i:
+            for mine, theirs in zip(plan.touched[i], plan.touched[plan.firsts[u]]):
+                if mine is not theirs:
+                    also.setdefault((u, theirs), []).append(mine)
+    for u, (_, span) in emitted.items():
         for k in span:
-            others = also.get((kernel, emitter.accessed.get(k)))
+            others = also.get((u, accessed.get(k)))
             if others:
                 names = ", ".join(dict.fromkeys(b.name for b in others))
-                emitter.checked[k] += f" (or the same access to {names}: one kernel launched on each)"
+                checked[k] += f" (or the same access to {names}: one kernel launched on each)"
 
 
 def kernel_nests(func: PrimFunc) -> list[Stmt]:
@@ -282,15 +378,23 @@ class _Kernel:
     dims: dict = field(default_factory=dict)
     shared_bytes: int = 0
     lane: Expr | None = None  # the variable of the innermost enclosing loop bound to threadIdx.x
+    globals_made: int = 0     # shared-memory globals of this kernel so far (their names: kernel, buffer, count)
+
+    def next_global(self) -> int:
+        self.globals_made += 1
+        return self.globals_made - 1
 
 
 class _Emitter(LoopEmitter):
     """Builds kernels into one module; each kernel takes the buffers it is given (global pointers) and every
     symbol."""
 
-    def __init__(self, module: ir.Module, symbol: str, symbols: tuple[Expr, ...], ranges: dict, target: CudaTarget):
+    def __init__(self, module: ir.Module, symbol: str, symbols: tuple[Expr, ...], ranges: dict, target: CudaTarget,
+                 error_base: str | None = None):
+        """`error_base`: see `emit_share`."""
         super().__init__(module, symbol, ranges)
         self.symbols, self.ranges, self.target = symbols, ranges, target
+        self.error_base = error_base
         self.error: ir.GlobalVariable | None = None
         self.k: _Kernel | None = None
         self.accessed: dict[int, Buffer] = {}  # entry of `checked` -> the buffer of its checked access
@@ -386,7 +490,7 @@ class _Emitter(LoopEmitter):
         b, elem = self.b, ops.memory_type(dt)
         threads, stride, groups = math.prod(sizes), math.prod(sizes[:axis]), s.extent // in_warp
         scratch = ir.GlobalVariable(self.module, ir.ArrayType(elem, threads // in_warp),
-                                    f"{self.k.fn.name}.reduce.{len(self.module.globals)}", addrspace=SHARED)
+                                    f"{self.k.fn.name}.reduce.{self.k.next_global()}", addrspace=SHARED)
         scratch.linkage, scratch.align = "internal", 16
         scratch.type = ir.PointerType(addrspace=SHARED)
         self.k.shared_bytes += threads // in_warp * dt.itemsize
@@ -459,7 +563,7 @@ class _Emitter(LoopEmitter):
             pass  # a copy of the same tile in a partitioned loop's tail: they never live at once, so they share
         elif buf.scope == "shared":
             g = ir.GlobalVariable(self.module, ir.ArrayType(elem, max(buf.size, 1)),
-                                  f"{self.k.fn.name}.{ident(buf.name)}.{len(self.module.globals)}", addrspace=SHARED)
+                                  f"{self.k.fn.name}.{ident(buf.name)}.{self.k.next_global()}", addrspace=SHARED)
             g.linkage = "internal"
             g.align = 16
             g.type = ir.PointerType(addrspace=SHARED)  # an opaque pointer like every other buffer's
@@ -585,14 +689,23 @@ class _Emitter(LoopEmitter):
             ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, ir.Constant(I64, 0)), b.icmp_signed("<", v, d)))
         code = self._check_entry(what, buf, indices)
         with b.if_then(b.not_(ok), likely=False):
-            b.store(ir.Constant(I32, code), self._error_flag())
+            self._set_error_flag(code)
         return ok
 
-    def _error_flag(self) -> ir.GlobalVariable:
+    def _set_error_flag(self, code: int) -> None:
+        """Store error code `code` (counted from the module's error base, if it has one) in the error flag."""
         if self.error is None:
-            self.error = ir.GlobalVariable(self.module, I32, f"{self.symbol}_error", addrspace=GLOBAL)
-            self.error.initializer = ir.Constant(I32, 0)
-        return self.error
+            self.error = ir.GlobalVariable(self.module, I32, error_flag_name(self.symbol), addrspace=GLOBAL)
+            if self.error_base is None:
+                self.error.initializer = ir.Constant(I32, 0)  # else a declaration: another module defines it
+        value = ir.Constant(I32, code)
+        if self.error_base is not None:
+            base = self.module.globals.get(self.error_base)
+            if base is None:
+                base = ir.GlobalVariable(self.module, I32, self.error_base, addrspace=CONSTANT)
+                base.global_constant = True
+            value = self.b.add(self.b.load(base), value)
+        self.b.store(value, self.error)
 
     def load(self, e: Expr) -> ir.Value:
         buf, b = e.arg, self.b
@@ -643,7 +756,7 @@ class _Emitter(LoopEmitter):
         """Set the error flag to `message`'s entry of `checked` where `bad` holds (the call raises it)."""
         code = self._value_error_code(message)
         with self.b.if_then(bad, likely=False):
-            self.b.store(ir.Constant(I32, code), self._error_flag())
+            self._set_error_flag(code)
 
 
 # ** PTX **
@@ -691,24 +804,54 @@ def _emit_ptx(ll: str, target: CudaTarget) -> str:
     """Parse, verify and optimise the module for `target` (libdevice linked in where it calls libdevice), then
     print its PTX. A call to a function no GPU library defines (a C math routine where there is no libdevice) is
     a NotImplementedError naming it, before ptxas would fail on it."""
-    import llvmlite.binding as llvm
     from jitop.codegen.target import _llvm_lock
-    tm = _machine(target.arch, target.ptx_features, target.opt_level)
     with _llvm_lock:
-        mod = llvm.parse_assembly(ll)
-        mod.verify()
-        mod.data_layout = str(tm.target_data)
-        _link_libdevice(mod)
-        pto = llvm.create_pipeline_tuning_options(speed_level=min(max(target.opt_level, 0), 3))
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        missing = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
-        if missing:
-            hint = "" if libdevice.bitcode() is not None or not any(map(libdevice.wrapper_name, missing)) else \
-                " (NVIDIA's libdevice defines them: pip install nvidia-nvvm, or set JITOP_LIBDEVICE to libdevice.10.bc)"
-            raise NotImplementedError(f"GPU code would call {', '.join(missing)}, which no GPU library here "
-                                      f"defines; this operation has no GPU code generator yet{hint}")
-        return tm.emit_assembly(mod)
+        return _ptx_of(_parsed(ll, target), target)
+
+
+def linked_ptx(modules: Sequence[Any], internal: Sequence[str], target: CudaTarget) -> tuple[str, str]:
+    """The modules (LLVM IR text, or parsed by `parsed_module`) linked into one, in order (their declarations
+    meet their definitions; then the globals named `internal` are made internal), and its PTX as `_emit_ptx`
+    makes it: (the linked module's LLVM IR, PTX)."""
+    from jitop.codegen.target import _llvm_lock
+    with _llvm_lock:
+        mod, *others = [_parsed(m, target) if isinstance(m, str) else m for m in modules]
+        for other in others:
+            mod.link_in(other)
+        for name in internal:
+            mod.get_global_variable(name).linkage = "internal"
+        return str(mod), _ptx_of(mod, target)
+
+
+def parsed_module(ll: str, target: CudaTarget) -> Any:
+    """LLVM IR text parsed and verified for `target` (ValueError/RuntimeError when it does not parse)."""
+    from jitop.codegen.target import _llvm_lock
+    with _llvm_lock:
+        return _parsed(ll, target)
+
+
+def _parsed(ll: str, target: CudaTarget) -> Any:
+    import llvmlite.binding as llvm
+    mod = llvm.parse_assembly(ll)
+    mod.verify()
+    mod.data_layout = str(_machine(target.arch, target.ptx_features, target.opt_level).target_data)
+    return mod
+
+
+def _ptx_of(mod: Any, target: CudaTarget) -> str:
+    import llvmlite.binding as llvm
+    tm = _machine(target.arch, target.ptx_features, target.opt_level)
+    _link_libdevice(mod)
+    pto = llvm.create_pipeline_tuning_options(speed_level=min(max(target.opt_level, 0), 3))
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    missing = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
+    if missing:
+        hint = "" if libdevice.bitcode() is not None or not any(map(libdevice.wrapper_name, missing)) else \
+            " (NVIDIA's libdevice defines them: pip install nvidia-nvvm, or set JITOP_LIBDEVICE to libdevice.10.bc)"
+        raise NotImplementedError(f"GPU code would call {', '.join(missing)}, which no GPU library here "
+                                  f"defines; this operation has no GPU code generator yet{hint}")
+    return tm.emit_assembly(mod)
 
 
 # ** offline check: NVIDIA's assembler, where installed (the `nvidia-cuda-nvcc` wheel: jitop[cuda-test]) **

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jitop
+import jitop.codegen.children as children
 import jitop.codegen.forked as forked
 from jitop.codegen.instances import find_shared
 from jitop.codegen.kernel import kernel_parts, top_level_nests
@@ -109,7 +110,7 @@ def _hang(*_):
 def test_a_failed_child_falls_back_to_the_parent(args, monkeypatch, work) -> None:
     last_part_in_a_child(monkeypatch)
     monkeypatch.setattr(forked, "_child_work", work)
-    monkeypatch.setattr(forked, "REPLY_TIMEOUT_S", 0.5)  # the hanging child: killed after 4x the parent's time
+    monkeypatch.setattr(children, "REPLY_TIMEOUT_S", 0.5)  # the hanging child: killed after 4x the parent's time
     forks, fallbacks = counts()
     exe = compiled(args, 2, monkeypatch)
     assert counts() == (forks + 1, fallbacks + 1)
