@@ -3,7 +3,7 @@
 persistent cache off, then checked by ptxas where it is installed. Each compile runs in a fresh process, once
 with JITOP_COMPILE_JOBS=1 (the kernels generated in one process) and once with the default (up to 4 processes,
 jitop.codegen.ptx_shares). Prints a markdown table row per model: compile seconds each way, kernel launches,
-distinct kernels (.entry in the PTX), PTX size, ptxas seconds.
+distinct kernels (.entry in the PTX), PTX size, ptxas seconds (checking the default build's PTX).
 
     python benchmarks/onnx_models.py /tmp/onnxm           # the models, once
     python benchmarks/bench_gpu_compile.py --model-dir /tmp/onnxm
@@ -53,7 +53,7 @@ def compile_row(path: str, batch: int, target: str) -> str:
                              capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     one, default = runs
-    ptxas = "n/a" if one["ptxas"] is None else f"{one['ptxas']:.1f}"
+    ptxas = "n/a" if default["ptxas"] is None else f"{default['ptxas']:.1f}"  # of the PTX linked from the runs
     name = os.path.splitext(os.path.basename(path))[0]
     return (f"| {name} | {batch} | {one['seconds']:.1f} | {default['seconds']:.1f} ({compile_jobs()}) | "
             f"{one['launches']} | {one['kernels']} | {one['ptx_mb']:.2f} | {ptxas} |")

@@ -806,44 +806,52 @@ def _emit_ptx(ll: str, target: CudaTarget) -> str:
     a NotImplementedError naming it, before ptxas would fail on it."""
     from jitop.codegen.target import _llvm_lock
     with _llvm_lock:
-        return _ptx_of(_parsed(ll, target), target)
+        mod = _parsed(ll, target)
+        _optimise(mod, target)
+        return _target_machine(target).emit_assembly(mod)
 
 
-def linked_ptx(modules: Sequence[Any], internal: Sequence[str], target: CudaTarget) -> tuple[str, str]:
-    """The modules (LLVM IR text, or parsed by `parsed_module`) linked into one, in order (their declarations
-    meet their definitions; then the globals named `internal` are made internal), and its PTX as `_emit_ptx`
-    makes it: (the linked module's LLVM IR, PTX)."""
+def optimised_ptx_module(ll: str, target: CudaTarget) -> Any:
+    """The module `ll` (one share of a function's kernels) parsed and optimised as `_emit_ptx` does, for
+    `linked_ptx`."""
     from jitop.codegen.target import _llvm_lock
     with _llvm_lock:
-        mod, *others = [_parsed(m, target) if isinstance(m, str) else m for m in modules]
-        for other in others:
+        mod = _parsed(ll, target)
+        _optimise(mod, target)
+        return mod
+
+
+def linked_ptx(modules: Sequence[Any], definitions: str, internal: Sequence[str], target: CudaTarget) -> str:
+    """The PTX of optimised modules (`optimised_ptx_module`) linked in order with `definitions` (LLVM IR of what
+    they declare; the globals named `internal` are made internal once linked). The code generator folds a load
+    of a constant the definitions give into the instruction that uses it (a run's error base into its codes)."""
+    from jitop.codegen.target import _llvm_lock
+    with _llvm_lock:
+        mod, *others = modules
+        for other in [*others, _parsed(definitions, target)]:
             mod.link_in(other)
         for name in internal:
             mod.get_global_variable(name).linkage = "internal"
-        return str(mod), _ptx_of(mod, target)
+        return _target_machine(target).emit_assembly(mod)
 
 
-def parsed_module(ll: str, target: CudaTarget) -> Any:
-    """LLVM IR text parsed and verified for `target` (ValueError/RuntimeError when it does not parse)."""
-    from jitop.codegen.target import _llvm_lock
-    with _llvm_lock:
-        return _parsed(ll, target)
+def _target_machine(target: CudaTarget) -> Any:
+    return _machine(target.arch, target.ptx_features, target.opt_level)
 
 
 def _parsed(ll: str, target: CudaTarget) -> Any:
     import llvmlite.binding as llvm
     mod = llvm.parse_assembly(ll)
     mod.verify()
-    mod.data_layout = str(_machine(target.arch, target.ptx_features, target.opt_level).target_data)
+    mod.data_layout = str(_target_machine(target).target_data)
     return mod
 
 
-def _ptx_of(mod: Any, target: CudaTarget) -> str:
+def _optimise(mod: Any, target: CudaTarget) -> None:
     import llvmlite.binding as llvm
-    tm = _machine(target.arch, target.ptx_features, target.opt_level)
     _link_libdevice(mod)
     pto = llvm.create_pipeline_tuning_options(speed_level=min(max(target.opt_level, 0), 3))
-    pb = llvm.create_pass_builder(tm, pto)
+    pb = llvm.create_pass_builder(_target_machine(target), pto)
     pb.getModulePassManager().run(mod, pb)
     missing = [f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm.")]
     if missing:
@@ -851,7 +859,6 @@ def _ptx_of(mod: Any, target: CudaTarget) -> str:
             " (NVIDIA's libdevice defines them: pip install nvidia-nvvm, or set JITOP_LIBDEVICE to libdevice.10.bc)"
         raise NotImplementedError(f"GPU code would call {', '.join(missing)}, which no GPU library here "
                                   f"defines; this operation has no GPU code generator yet{hint}")
-    return tm.emit_assembly(mod)
 
 
 # ** offline check: NVIDIA's assembler, where installed (the `nvidia-cuda-nvcc` wheel: jitop[cuda-test]) **

@@ -3,10 +3,12 @@
 Generating a GPU function's LLVM IR is Python work per kernel, and a model is one function of tens of kernels,
 each with unrolled register tiles. The parent plans which nests emit kernels (`nvptx.plan_kernels`), splits the
 kernels into contiguous runs of about equal size, forks a child per run after the first and emits the first
-itself. A child replies with its module's IR text and what the runtime needs of its kernels (launch shapes,
-checked accesses). The parent links the modules in kernel order, then optimises and prints the PTX once, as a
-serial build does: the error codes of each run count from a constant the parent defines (the checked entries
-of the runs before it), which the optimiser folds in, so the kernels' PTX is the serial build's.
+itself. A child emits and optimises its run's module and replies with its bitcode and what the runtime needs of
+its kernels (launch shapes, checked accesses). The parent links the modules in kernel order and prints the PTX
+once: the error codes of each run count from a constant the parent defines (the checked entries of the runs
+before it), which the code generator folds into the codes. The kernels, their launches and their error codes
+are the one-process build's; the PTX is LLVM's for the same IR optimised a run at a time (as valid, not byte for
+byte the same: an optimiser's choices depend a little on what else a module holds).
 
 A child never decides whether a compile succeeds: a run whose child failed, crashed, hung or replied with
 something that does not parse is emitted by the parent itself.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import struct
 import time
 from typing import Any
 
@@ -27,6 +30,8 @@ from jitop.tir.nodes import ForKind, PrimFunc
 # unit takes ~80 us to generate on a 2-core Zen 3 (ResNet-18's function: ~57000 units, ~4.5 s), a fork ~10-50 ms
 MIN_FORK_SIZE = 5_000
 UNROLLED = (ForKind.UNROLLED, ForKind.VECTORIZED)  # the loops the GPU code generator copies per iteration
+
+_LENGTH = struct.Struct("<Q")  # a reply: header length, JSON header (the share), then the module's bitcode
 
 stats = {"forked": 0, "fallbacks": 0}  # builds that forked children; runs the parent emitted itself instead
 
@@ -72,7 +77,7 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
             for j in range(1, len(runs)):
                 pending[j] = children.fork(functools.partial(_child_work, plan, symbol, target, runs[j], j))
             start = time.monotonic()
-            shares: list[tuple[Share, Any] | None] = [_emitted(plan, symbol, target, runs, 0)]
+            shares: list[tuple[Share, Any] | None] = [_optimised(plan, symbol, target, runs[0], 0)]
             deadline = children.reply_deadline(time.monotonic(), time.monotonic() - start)
             for j in range(1, len(runs)):
                 child = pending.pop(j)
@@ -83,16 +88,19 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
     for j, got in enumerate(shares):
         if got is None:
             stats["fallbacks"] += 1
-            shares[j] = _emitted(plan, symbol, target, runs, j)
+            shares[j] = _optimised(plan, symbol, target, runs[j], j)
     done = [share for share, _ in shares]
     definitions, internal = _definitions(symbol, done)
-    ll, ptx = nvptx.linked_ptx([module for _, module in shares] + [definitions], internal, target)
+    ptx = nvptx.linked_ptx([module for _, module in shares], definitions, internal, target)
+    # the IR before optimisation: each process's module
+    ll = "".join(f"; kernels {share.kernels} (module {j + 1} of {len(done)})\n{share.ll}" for j, share in enumerate(done))
     return nvptx.finish_build(plan, done, symbol, ptx, ll)
 
 
-def _emitted(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[list[int]], j: int) -> tuple[Share, str]:
-    share = nvptx.emit_share(plan, runs[j], symbol, target, _base(symbol, j))
-    return share, share.ll
+def _optimised(plan: KernelPlan, symbol: str, target: CudaTarget, run: list[int], j: int) -> tuple[Share, Any]:
+    """Run j (its kernels `run`) emitted and its module optimised."""
+    share = nvptx.emit_share(plan, run, symbol, target, _base(symbol, j))
+    return share, nvptx.optimised_ptx_module(share.ll, target)
 
 
 def _definitions(symbol: str, shares: list[Share]) -> tuple[str, list[str]]:
@@ -110,20 +118,24 @@ def _definitions(symbol: str, shares: list[Share]) -> tuple[str, list[str]]:
 
 # ** the child's side **
 def _child_work(plan: KernelPlan, symbol: str, target: CudaTarget, run: list[int], j: int) -> bytes:
-    """The reply of the child emitting run j: its share as JSON (the module's IR text inside)."""
-    return json.dumps(nvptx.emit_share(plan, run, symbol, target, _base(symbol, j)).to_json()).encode()
+    """The reply of the child emitting run j: its share as JSON, then its optimised module's bitcode."""
+    share, module = _optimised(plan, symbol, target, run, j)
+    header = json.dumps(share.to_json()).encode()
+    return _LENGTH.pack(len(header)) + header + module.as_bitcode()
 
 
 def _receive(child: children.Child, run: list[int], target: CudaTarget, deadline: float) -> tuple[Share, Any] | None:
-    """The child's share and its module, parsed; None if it failed, crashed, missed `deadline` or sent something
-    that does not decode, describe `run` or parse."""
+    """The child's share and its module; None if it failed, crashed, missed `deadline` or sent something that
+    does not decode, describe `run` or parse."""
+    import llvmlite.binding as llvm
     data = children.receive(child, deadline)
-    if data is None:
+    if data is None or len(data) < _LENGTH.size:
         return None
+    (n,) = _LENGTH.unpack_from(data)
     try:
-        share = Share.from_json(json.loads(data))
+        share = Share.from_json(json.loads(data[_LENGTH.size:_LENGTH.size + n]))
         if share.kernels != run or len(share.launches) != len(run) or len(share.spans) != len(run):
             return None
-        return share, nvptx.parsed_module(share.ll, target)
-    except (ValueError, TypeError, KeyError, RuntimeError):  # json, the share's fields, LLVM's parser
+        return share, llvm.parse_bitcode(data[_LENGTH.size + n:])
+    except (ValueError, TypeError, KeyError, RuntimeError):  # json, the share's fields, LLVM's bitcode reader
         return None

@@ -1,7 +1,8 @@
-"""A large GPU function's kernels generated in forked children (jitop.codegen.ptx_shares): the build equals the
-serial one (launches, checked accesses, error codes, the kernels' PTX), a child that fails in any way leaves its
-kernels to the parent, no child is forked beside another Python thread, and a traced function built so runs on
-the simulated GPU to numpy's results."""
+"""A large GPU function's kernels generated in forked children (jitop.codegen.ptx_shares): the build launches and
+checks as the one-process build does (kernels, launches, checked accesses, error codes), its PTX is what this
+process would build from the same runs, a child that fails in any way leaves its kernels to the parent, no child
+is forked beside another Python thread, and a traced function built so runs on the simulated GPU to numpy's
+results."""
 from __future__ import annotations
 
 import json
@@ -50,19 +51,24 @@ def forking(monkeypatch):
     monkeypatch.setattr(ptx_shares, "MIN_FORK_SIZE", 0)
 
 
-def _without_flag_declaration(ptx: str) -> list[str]:
-    """The PTX's lines but the error flag's declaration (the linked module defines it at another place)."""
-    return [line for line in ptx.splitlines() if not line.endswith("_error;")]
-
-
-def _assert_same_build(split, serial) -> None:
+def _same_launches_and_checks(split, serial) -> None:
     assert split.kernels == serial.kernels and split.workspaces == serial.workspaces
     assert split.checked == serial.checked and split.error_symbol == serial.error_symbol
-    assert _without_flag_declaration(split.ptx) == _without_flag_declaration(serial.ptx)
+
+
+def _entries(ptx: str) -> list[str]:
+    return [line for line in ptx.splitlines() if line.startswith(".visible .entry")]
+
+
+def _error_stores(ptx: str) -> list[str]:
+    """The PTX's stores of error codes to the flag (the codes immediate: the runs' bases are folded in)."""
+    return sorted(line.strip() for line in ptx.splitlines() if "st.global" in line and "_error]" in line)
 
 
 @pytest.mark.parametrize("jobs", [2, 3, 4])
-def test_a_split_build_is_the_serial_build(forking, jobs):
+def test_a_split_build_launches_and_checks_as_the_serial_build(forking, jobs):
+    """Each run's module is optimised apart, so the PTX is LLVM's code for the same kernels, not byte for byte
+    the one-module build's; the kernels, their launches, the checked accesses and their error codes are."""
     func = _function()
     plan = nvptx.plan_kernels(func)
     assert plan.n_kernels == 4 and plan.kernel_of == [0, 1, 0, 2, 3, 1]
@@ -70,12 +76,28 @@ def test_a_split_build_is_the_serial_build(forking, jobs):
     split = ptx_shares.build_ptx(func, "f", SM90, jobs)
     assert ptx_shares.stats["forked"] == forks + 1
     serial = build_ptx(func, "f", SM90)
-    _assert_same_build(split, serial)
-    # the error codes of later runs count on from the earlier runs' entries: the stores of codes 1..3 are there
-    assert len(serial.checked) == 3 and serial.error_symbol
+    _same_launches_and_checks(split, serial)
+    assert _entries(split.ptx) == _entries(serial.ptx)
+    # the error codes of later runs count on from the earlier runs' entries
     assert [c.split("[")[0] for c in split.checked] == ["read of A1", "read of A2", "read of A1"]
+    assert _error_stores(split.ptx) == _error_stores(serial.ptx) == [f"st.global.b32 \t[f_error], {k};"
+                                                                      for k in (1, 2, 3)]
     if ptxas_path() is not None or os.environ.get("JITOP_REQUIRE_PTXAS") == "1":
         check_ptx(split.ptx, "sm_90")
+
+
+def _built_here(func, jobs, monkeypatch):
+    """The split build with every run emitted and optimised in this process (as for failed children)."""
+    with monkeypatch.context() as m:
+        m.setattr(children, "fork", lambda work: None)
+        return ptx_shares.build_ptx(func, "f", SM90, jobs)
+
+
+def test_the_children_s_modules_are_the_ones_this_process_would_build(forking, monkeypatch):
+    func = _function()
+    forked, here = ptx_shares.build_ptx(func, "f", SM90, 3), _built_here(func, 3, monkeypatch)
+    assert forked.ptx == here.ptx and forked.ll == here.ll
+    _same_launches_and_checks(forked, here)
 
 
 def test_runs_are_contiguous_cover_every_kernel_and_are_balanced(forking):
@@ -107,13 +129,18 @@ def _garbage(*_):
     return b'{"kernels": [1, 2'
 
 
+def _reply(share, bitcode: bytes) -> bytes:
+    header = json.dumps(share.to_json()).encode()
+    return ptx_shares._LENGTH.pack(len(header)) + header + bitcode
+
+
 def _unparsable(plan, symbol, target, run, j):
-    share = nvptx.emit_share(plan, run, symbol, target, ptx_shares._base(symbol, j)).to_json()
-    return json.dumps({**share, "ll": "define void @broken( {"}).encode()
+    return _reply(nvptx.emit_share(plan, run, symbol, target, ptx_shares._base(symbol, j)), b"BC\xc0\xde broken")
 
 
 def _other_kernels(plan, symbol, target, run, j):
-    return json.dumps(nvptx.emit_share(plan, [0], symbol, target, ptx_shares._base(symbol, j)).to_json()).encode()
+    share, module = ptx_shares._optimised(plan, symbol, target, [0], j)
+    return _reply(share, module.as_bitcode())
 
 
 def _hang(*_):
@@ -129,7 +156,9 @@ def test_a_failed_child_leaves_its_kernels_to_the_parent(forking, monkeypatch, w
     forks, fallbacks = ptx_shares.stats["forked"], ptx_shares.stats["fallbacks"]
     split = ptx_shares.build_ptx(func, "f", SM90, 2)
     assert (ptx_shares.stats["forked"], ptx_shares.stats["fallbacks"]) == (forks + 1, fallbacks + 1)
-    _assert_same_build(split, build_ptx(func, "f", SM90))
+    here = _built_here(func, 2, monkeypatch)
+    assert split.ptx == here.ptx
+    _same_launches_and_checks(split, here)
 
 
 def test_no_fork_beside_another_python_thread(forking):
