@@ -148,14 +148,15 @@ class KernelPlan:
 
 
 def plan_kernels(func: PrimFunc) -> KernelPlan:
+    """The KernelPlan of a lowered GPU function (its nests as `kernel_nests` gives them)."""
     nests = kernel_nests(func)
     _, workspaces = _peel_workspaces(func.body)
     buffers = list(func.params) + workspaces
-    position = set(buffers)
+    known = set(buffers)
     firsts, kernel_of, touched, by_key = [], [], [], {}
     for i, nest in enumerate(nests):
         key, named = shape_of(nest, func.symbols, func.attrs.get("ranges", {}))
-        touched.append([b for b in named if b in position])
+        touched.append([b for b in named if b in known])
         if key not in by_key:
             by_key[key] = len(firsts)
             firsts.append(i)

@@ -68,8 +68,8 @@ def _base(symbol: str, j: int) -> str:
 
 
 def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[list[int]]) -> GpuBuild:
-    """The parent's side: fork a child per run after the first, emit the first, collect the children's modules
-    (emitting a run itself where its child failed), link them in order, optimise, print PTX."""
+    """The parent's side: fork a child per run after the first, emit and optimise the first, collect the
+    children's modules (building a run itself where its child failed), link them in order, print PTX."""
     stats["forked"] += 1
     pending: dict[int, children.Child | None] = {}
     with children.objects_frozen():
@@ -81,7 +81,7 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
             deadline = children.reply_deadline(time.monotonic(), time.monotonic() - start)
             for j in range(1, len(runs)):
                 child = pending.pop(j)
-                shares.append(_receive(child, runs[j], target, deadline) if child is not None else None)
+                shares.append(_receive(child, runs[j], deadline) if child is not None else None)
         finally:
             for child in filter(None, pending.values()):  # not collected (the parent's own run raised): stop
                 children.stop(child)
@@ -93,7 +93,8 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
     definitions, internal = _definitions(symbol, done)
     ptx = nvptx.linked_ptx([module for _, module in shares], definitions, internal, target)
     # the IR before optimisation: each process's module
-    ll = "".join(f"; kernels {share.kernels} (module {j + 1} of {len(done)})\n{share.ll}" for j, share in enumerate(done))
+    ll = "".join(f"; kernels {share.kernels} (module {j + 1} of {len(done)})\n{share.ll}"
+                 for j, share in enumerate(done))
     return nvptx.finish_build(plan, done, symbol, ptx, ll)
 
 
@@ -124,7 +125,7 @@ def _child_work(plan: KernelPlan, symbol: str, target: CudaTarget, run: list[int
     return _LENGTH.pack(len(header)) + header + module.as_bitcode()
 
 
-def _receive(child: children.Child, run: list[int], target: CudaTarget, deadline: float) -> tuple[Share, Any] | None:
+def _receive(child: children.Child, run: list[int], deadline: float) -> tuple[Share, Any] | None:
     """The child's share and its module; None if it failed, crashed, missed `deadline` or sent something that
     does not decode, describe `run` or parse."""
     import llvmlite.binding as llvm
