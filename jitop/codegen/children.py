@@ -17,10 +17,13 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, Iterator, NoReturn, Sequence, TypeVar
 
 from jitop.te.expr import Expr, Op, walk
 from jitop.tir.nodes import Allocate, For, ForKind, IfThenElse, Seq, Stmt, Store
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # the parent waits this long for a child after finishing its own share, or 4 times what its share took
 REPLY_TIMEOUT_S = 60.0
@@ -56,6 +59,30 @@ def objects_frozen() -> Iterator[None]:
     finally:
         if freeze:
             gc.unfreeze()
+
+
+def run_beside(works: Sequence[Callable[[], bytes]], own: Callable[[], T],
+               decode: Callable[[int, bytes], R | None]) -> tuple[T, list[R | None]]:
+    """Fork a child per work, run `own` here meanwhile, then each child's reply decoded by `decode(k, reply)`
+    (None where the child failed, crashed, missed its deadline or `decode` refused the reply: the caller does
+    that work itself). `own`'s exception propagates, after the children are stopped."""
+    pending: dict[int, Child | None] = {}
+    with objects_frozen():
+        try:
+            for k, work in enumerate(works):
+                pending[k] = fork(work)
+            start = time.monotonic()
+            mine = own()
+            deadline = reply_deadline(time.monotonic(), time.monotonic() - start)
+            replies: list[R | None] = []
+            for k in range(len(works)):
+                child = pending.pop(k)
+                data = receive(child, deadline) if child is not None else None
+                replies.append(None if data is None else decode(k, data))
+        finally:
+            for child in filter(None, pending.values()):  # not collected (`own` raised): stop
+                stop(child)
+    return mine, replies
 
 
 def fork(work: Callable[[], bytes]) -> Child | None:

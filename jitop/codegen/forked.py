@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import struct
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -119,22 +118,12 @@ def _compile_split(func: PrimFunc, symbol: str, target: Target, signature: str,
     """The parent's side: fork a child per share after the first, build the kernel and the first share,
     collect the children's modules (building a share itself where a child failed), link, emit."""
     stats["forked"] += 1
-    pending: dict[int, children.Child | None] = {}
-    with children.objects_frozen():
-        try:
-            for j in range(1, len(shares)):
-                pending[j] = children.fork(functools.partial(_child_work, func, symbol, target, shares[j], j))
-            start = time.monotonic()
-            cg = KernelCodegen(func, symbol, target, signature=signature, split=Split(shares[0]))
-            mod = optimised_module(str(cg.build()), target)
-            deadline = children.reply_deadline(time.monotonic(), time.monotonic() - start)
-            built: list[_Share | None] = []
-            for j in range(1, len(shares)):
-                child = pending.pop(j)
-                built.append(_receive(child, shares[j], symbol, deadline) if child is not None else None)
-        finally:
-            for child in filter(None, pending.values()):  # not collected (the parent's own build raised): stop
-                children.stop(child)
+
+    def own() -> tuple[KernelCodegen, llvm.ModuleRef]:
+        cg = KernelCodegen(func, symbol, target, signature=signature, split=Split(shares[0]))
+        return cg, optimised_module(str(cg.build()), target)
+    works = [functools.partial(_child_work, func, symbol, target, shares[j], j) for j in range(1, len(shares))]
+    (cg, mod), built = children.run_beside(works, own, lambda k, data: _decoded(data, shares[k + 1], symbol))
     for j, share in enumerate(built, start=1):
         if share is None:
             stats["fallbacks"] += 1
@@ -180,12 +169,8 @@ def _child_work(func: PrimFunc, symbol: str, target: Target, parts: frozenset[in
 
 
 # ** the parent's side of a child **
-def _receive(child: children.Child, parts: frozenset[int], symbol: str, deadline: float) -> _Share | None:
-    """The child's share once it has replied and exited; None if it failed, crashed, sent something
-    malformed or missed `deadline` (then it is killed)."""
-    data = children.receive(child, deadline)
-    if data is None:
-        return None
+def _decoded(data: bytes, parts: frozenset[int], symbol: str) -> _Share | None:
+    """A child's reply as its share; None if it is malformed."""
     try:
         return _decode(data, parts, symbol)
     except (ValueError, TypeError, KeyError, RuntimeError, NameError):  # json, llvm.parse_bitcode, lookups

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import struct
-import time
 from typing import Any
 
 from jitop.codegen import children, nvptx
@@ -29,6 +28,7 @@ from jitop.tir.nodes import ForKind, PrimFunc
 # a function whose kernels are smaller than this in all (`children.emitted_size`) is built in this process: a
 # unit takes ~80 us to generate on a 2-core Zen 3 (ResNet-18's function: ~57000 units, ~4.5 s), a fork ~10-50 ms
 MIN_FORK_SIZE = 5_000
+KERNEL_COST = 250  # what a kernel costs beside its size (a kernel of 35 units took 14 ms, one of 270 units 44 ms)
 UNROLLED = (ForKind.UNROLLED, ForKind.VECTORIZED)  # the loops the GPU code generator copies per iteration
 
 _LENGTH = struct.Struct("<Q")  # a reply: header length, JSON header (the share), then the module's bitcode
@@ -48,7 +48,7 @@ def build_ptx(func: PrimFunc, symbol: str, target: CudaTarget, jobs: int = 1) ->
 
 def _runs(plan: KernelPlan, jobs: int) -> list[list[int]]:
     """Contiguous runs of the plan's kernels, one per process, of about equal size; [] for a small function."""
-    sizes = [children.emitted_size(plan.nests[i], nvptx.MAX_UNROLL, UNROLLED) for i in plan.firsts]
+    sizes = [KERNEL_COST + children.emitted_size(plan.nests[i], nvptx.MAX_UNROLL, UNROLLED) for i in plan.firsts]
     total, jobs = sum(sizes), min(jobs, len(sizes))
     if total < MIN_FORK_SIZE or jobs < 2:
         return []
@@ -71,20 +71,10 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
     """The parent's side: fork a child per run after the first, emit and optimise the first, collect the
     children's modules (building a run itself where its child failed), link them in order, print PTX."""
     stats["forked"] += 1
-    pending: dict[int, children.Child | None] = {}
-    with children.objects_frozen():
-        try:
-            for j in range(1, len(runs)):
-                pending[j] = children.fork(functools.partial(_child_work, plan, symbol, target, runs[j], j))
-            start = time.monotonic()
-            shares: list[tuple[Share, Any] | None] = [_optimised(plan, symbol, target, runs[0], 0)]
-            deadline = children.reply_deadline(time.monotonic(), time.monotonic() - start)
-            for j in range(1, len(runs)):
-                child = pending.pop(j)
-                shares.append(_receive(child, runs[j], deadline) if child is not None else None)
-        finally:
-            for child in filter(None, pending.values()):  # not collected (the parent's own run raised): stop
-                children.stop(child)
+    works = [functools.partial(_child_work, plan, symbol, target, runs[j], j) for j in range(1, len(runs))]
+    own, replies = children.run_beside(works, lambda: _optimised(plan, symbol, target, runs[0], 0),
+                                       lambda k, data: _decoded(data, runs[k + 1]))
+    shares: list[tuple[Share, Any] | None] = [own, *replies]
     for j, got in enumerate(shares):
         if got is None:
             stats["fallbacks"] += 1
@@ -125,12 +115,10 @@ def _child_work(plan: KernelPlan, symbol: str, target: CudaTarget, run: list[int
     return _LENGTH.pack(len(header)) + header + module.as_bitcode()
 
 
-def _receive(child: children.Child, run: list[int], deadline: float) -> tuple[Share, Any] | None:
-    """The child's share and its module; None if it failed, crashed, missed `deadline` or sent something that
-    does not decode, describe `run` or parse."""
+def _decoded(data: bytes, run: list[int]) -> tuple[Share, Any] | None:
+    """A child's reply as its share and module; None if it does not decode, describe `run` or parse."""
     import llvmlite.binding as llvm
-    data = children.receive(child, deadline)
-    if data is None or len(data) < _LENGTH.size:
+    if len(data) < _LENGTH.size:
         return None
     (n,) = _LENGTH.unpack_from(data)
     try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 
+import failing_children
 import jitop
 import jitop.codegen.children as children
 import jitop.codegen.forked as forked
@@ -90,23 +90,12 @@ def test_errors_from_a_childs_part_raise_their_own_message(args, monkeypatch) ->
     assert any("size 29" in c for c in checked) and any("size 37" in c for c in checked)
 
 
-def _raise(*_):
-    raise RuntimeError("the child's build failed")
-
-
-def _die(*_):
-    os._exit(3)
-
-
 def _garbage(*_):
     return b"\x05\x00\x00\x00\x00\x00\x00\x00[1, 2garbage"
 
 
-def _hang(*_):
-    time.sleep(600)
-
-
-@pytest.mark.parametrize("work", [_raise, _die, _garbage, _hang], ids=["raises", "exits", "malformed", "hangs"])
+@pytest.mark.parametrize("work", [failing_children.raises, failing_children.exits, _garbage, failing_children.hangs],
+                         ids=["raises", "exits", "malformed", "hangs"])
 def test_a_failed_child_falls_back_to_the_parent(args, monkeypatch, work) -> None:
     last_part_in_a_child(monkeypatch)
     monkeypatch.setattr(forked, "_child_work", work)

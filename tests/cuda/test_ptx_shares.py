@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 
+import failing_children
 import jitop
 import jitop.codegen.children as children
 import jitop.codegen.ptx_shares as ptx_shares
@@ -102,7 +102,8 @@ def test_the_children_s_modules_are_the_ones_this_process_would_build(forking, m
 
 def test_runs_are_contiguous_cover_every_kernel_and_are_balanced(forking):
     plan = nvptx.plan_kernels(_function())
-    sizes = [children.emitted_size(plan.nests[i], nvptx.MAX_UNROLL, ptx_shares.UNROLLED) for i in plan.firsts]
+    sizes = [ptx_shares.KERNEL_COST + children.emitted_size(plan.nests[i], nvptx.MAX_UNROLL, ptx_shares.UNROLLED)
+             for i in plan.firsts]
     for jobs in range(2, 7):
         runs = ptx_shares._runs(plan, jobs)
         assert [u for run in runs for u in run] == list(range(plan.n_kernels))
@@ -115,14 +116,6 @@ def test_a_small_function_is_built_in_this_process():
     forks = ptx_shares.stats["forked"]
     ptx_shares.build_ptx(_function(), "f", SM90, 4)  # far below MIN_FORK_SIZE
     assert ptx_shares.stats["forked"] == forks
-
-
-def _raise(*_):
-    raise RuntimeError("child failed")
-
-
-def _die(*_):
-    os._exit(3)
 
 
 def _garbage(*_):
@@ -143,11 +136,8 @@ def _other_kernels(plan, symbol, target, run, j):
     return _reply(share, module.as_bitcode())
 
 
-def _hang(*_):
-    time.sleep(600)
-
-
-@pytest.mark.parametrize("work", [_raise, _die, _garbage, _unparsable, _other_kernels, _hang],
+@pytest.mark.parametrize("work", [failing_children.raises, failing_children.exits, _garbage, _unparsable,
+                                  _other_kernels, failing_children.hangs],
                          ids=["raises", "exits", "malformed", "unparsable", "other-kernels", "hangs"])
 def test_a_failed_child_leaves_its_kernels_to_the_parent(forking, monkeypatch, work):
     monkeypatch.setattr(ptx_shares, "_child_work", work)
