@@ -37,8 +37,9 @@ def opt_level() -> int:
 
 
 def compile_jobs() -> int:
-    """Processes that compile one large kernel's parts (JITOP_COMPILE_JOBS; default: the CPUs this process may
-    run on, at most 4); 1 compiles in this process only (jitop.codegen.forked)."""
+    """Processes that compile one large kernel's parts, or a large GPU function's kernels (JITOP_COMPILE_JOBS;
+    default: the CPUs this process may run on, at most 4); 1 compiles in this process only (jitop.codegen.forked,
+    jitop.codegen.ptx_shares)."""
     raw = os.environ.get("JITOP_COMPILE_JOBS", "").strip()
     if raw:
         if raw.isdigit() and int(raw) >= 1:
