@@ -807,9 +807,7 @@ def _emit_ptx(ll: str, target: CudaTarget) -> str:
     a NotImplementedError naming it, before ptxas would fail on it."""
     from jitop.codegen.target import _llvm_lock
     with _llvm_lock:
-        mod = _parsed(ll, target)
-        _optimise(mod, target)
-        return _target_machine(target).emit_assembly(mod)
+        return _target_machine(target).emit_assembly(optimised_ptx_module(ll, target))
 
 
 def optimised_ptx_module(ll: str, target: CudaTarget) -> Any:
