@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import threading
 
 import numpy as np
@@ -66,10 +67,11 @@ def _view(ptr: int, buf, env: dict) -> np.ndarray:
     return np.frombuffer(raw, dtype=buf.dtype.np)
 
 
-def install(monkeypatch) -> SimGpu:
-    """The simulated GPU in place of libcuda for one test (fresh driver state and memory pool, no persistent
-    cache), recording each GPU function compiled for it; everything is put back afterwards."""
-    gpu = SimGpu()
+def install(monkeypatch, kind: type[SimGpu] = SimGpu) -> SimGpu:
+    """The simulated GPU (or another `kind` of fake that runs kernels: tests/emulated_gpu.py) in place of libcuda
+    for one test (fresh driver state and memory pool, no persistent cache), recording each GPU function compiled
+    for it; everything is put back afterwards."""
+    gpu = kind()
     monkeypatch.setattr(driver, "lib", lambda: gpu)
     monkeypatch.setattr(driver, "_cache", {})
     monkeypatch.setattr(driver, "_thread", threading.local())
@@ -87,5 +89,11 @@ def install(monkeypatch) -> SimGpu:
 
 def gpu_or_simulated(monkeypatch) -> SimGpu | None:
     """For a test that runs GPU code: None where this machine has a GPU (the code runs on it), else the
-    simulated GPU installed for the test."""
-    return None if driver.available() else install(monkeypatch)
+    simulated GPU installed for the test; with JITOP_TEST_GPU=emulated, the emulated one (tests/emulated_gpu.py:
+    the emitted LLVM IR run on this CPU, slower)."""
+    if driver.available():
+        return None
+    if os.environ.get("JITOP_TEST_GPU") == "emulated":
+        import emulated_gpu
+        return emulated_gpu.install(monkeypatch)
+    return install(monkeypatch)

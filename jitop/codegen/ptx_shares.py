@@ -82,9 +82,9 @@ def _build_split(plan: KernelPlan, symbol: str, target: CudaTarget, runs: list[l
     done = [share for share, _ in shares]
     definitions, internal = _definitions(symbol, done)
     ptx = nvptx.linked_ptx([module for _, module in shares], definitions, internal, target)
-    # the IR before optimisation: each process's module
-    ll = "".join(f"; kernels {share.kernels} (module {j + 1} of {len(done)})\n{share.ll}"
-                 for j, share in enumerate(done))
+    # the IR before optimisation: each process's module, then what they declare
+    ll = "".join(f"; kernels {share.kernels} (module {j + 1} of {len(done)})\n{share.ll.rstrip()}\n"
+                 for j, share in enumerate(done)) + f"; what the modules declare\n{definitions}"
     return nvptx.finish_build(plan, done, symbol, ptx, ll)
 
 
