@@ -10,6 +10,8 @@ way with JITOP_TEST_GPU=emulated; here is a cross-section of it, and the emulato
 from __future__ import annotations
 
 import ctypes
+import os
+import random
 
 import numpy as np
 import pytest
@@ -21,15 +23,21 @@ import nvvm_emulator
 from jitop import te
 from jitop.codegen import mma, nvptx
 from jitop.topi import cuda, cuda_mma
+from jitop.topi.cuda_templates import CudaConv2dWorkload, CudaMatmulWorkload
 from jitop.tuner._measure_worker import _compare
+from jitop.tuner.task import Task
 
 import test_gpu_dynamic_shapes
 import test_gpu_graph_conv
 import test_gpu_graph_matmul
+import test_gpu_sim
 import test_gpu_rows
 import test_gpu_run
 import test_ptx_shares
 from test_ptx_shares import forking  # noqa: F401  (a fixture of the split build's test)
+
+
+EPS32 = float(np.finfo(np.float32).eps)
 
 
 @pytest.fixture(autouse=True)
@@ -216,3 +224,42 @@ def test_a_dim_that_varies(fn, shape, monkeypatch) -> None:
 
 def test_a_split_build(forking, monkeypatch) -> None:
     test_ptx_shares.test_a_traced_function_built_by_several_processes_runs_to_numpy_s_results(forking, monkeypatch)
+
+
+# ** points of the GPU tuning spaces: what a tuner on a GPU would try, each run against numpy **
+
+def _sampled(task: Task, count: int, **fixed) -> list:
+    """`count` points (JITOP_EMULATED_POINTS, if set) of the task's space with the `fixed` knob values, spread deterministically."""
+    points = [c for c in task.config_space() if all(c[k] == v for k, v in fixed.items())]
+    count = int(os.environ.get("JITOP_EMULATED_POINTS", count))
+    return random.Random(task.key).sample(points, min(count, len(points)))
+
+
+@pytest.mark.parametrize("precision", ["float32", "tf32", "bf16"])
+def test_sampled_matmul_points_equal_numpy(precision) -> None:
+    wl = CudaMatmulWorkload(100, 70, 33, precision=precision)
+    task = Task("cuda.matmul", wl, jitop.driver.cuda_target())
+    fixed = {} if precision == "float32" else {"tc": precision}
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((100, 33), np.float32), rng.standard_normal((33, 70), np.float32)
+    for config in _sampled(task, 2, **fixed):
+        s, tensors = task.build(config)
+        c = np.full((100, 70), np.nan, np.float32)
+        jitop.build(s, tensors, target=task.target)(a, b, c)
+        if precision == "float32":
+            test_gpu_sim.assert_gemm(c, a, b)
+        else:  # the products of the rounded operands are exact: what is left is the float32 sum's rounding
+            test_gpu_sim.assert_gemm(c, mma.round_operand(a, precision), mma.round_operand(b, precision))
+
+
+def test_sampled_conv2d_points_equal_numpy() -> None:
+    wl = CudaConv2dWorkload(2, 16, 14, 14, 32, 3, 3, padding=(1, 1))
+    task = Task("cuda.conv2d", wl, jitop.driver.cuda_target())
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((2, 16, 14, 14), np.float32), rng.standard_normal((32, 16, 3, 3), np.float32)
+    exact, mag = test_gpu_sim.conv2d_exact(x, w, 1, 1)
+    for config in _sampled(task, 2):
+        s, tensors = task.build(config)
+        y = np.full(exact.shape, np.nan, np.float32)
+        jitop.build(s, tensors, target=task.target)(x, w, y)
+        test_gpu_sim.assert_within(y, exact, 16 * 9 * EPS32 * mag)
