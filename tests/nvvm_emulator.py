@@ -19,14 +19,15 @@ A (row-major 16 x k) register r half h: (g + 8 (r & 1), p t + h + 4 p (r >> 1));
 
 Not modelled: blocks at once (no jitop kernel waits for another block), memory orders weaker than the barriers
 give, the tensor cores' order of accumulation (products of the rounded operands are exact; they are added to the
-accumulator in k order in float32). A barrier or shuffle some threads of a block never reach hangs here, as it
-is undefined on a GPU; the emitter refuses such schedules.
+accumulator in k order in float32). A barrier or shuffle some threads of a block never reach (undefined on a
+GPU; the emitter refuses such schedules) leaves the launch stuck: after LAUNCH_TIMEOUT_S it raises TimeoutError.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import re
+import time
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -41,6 +42,14 @@ WARP = 32
 SLOT_WORDS = 8        # i32 words a lane puts in its warp's scratch per exchange (an mma's A and B: at most 6)
 BARRIER_BYTES = 64    # room for a pthread_barrier_t (32 bytes on x86-64 glibc)
 STACK_BYTES = 1 << 20  # per emulated thread
+
+
+LAUNCH_TIMEOUT_S = 300  # a launch whose threads are not all done by then is stuck (its threads are left waiting)
+_STUCK: list = []       # what stuck launches' threads still use
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
 class ThreadState(ctypes.Structure):
@@ -65,11 +74,12 @@ LAUNCH = ir.LiteralStructType([I64, PTR, I64, PTR, PTR, PTR])
 class _Runtime:
     """Builds the runtime module's functions (each a small IR body over the calling thread's state)."""
 
-    def __init__(self):
+    def __init__(self, defines_key: bool):
         self.m = ir.Module("nvvm_emulator")
         self.m.triple = llvm.get_process_triple()
-        self.key = ir.GlobalVariable(self.m, I32, "emu_key")
-        self.key.initializer = ir.Constant(I32, 0)
+        self.key = ir.GlobalVariable(self.m, I32, "emu_key")  # else declared: the shared runtime's
+        if defines_key:
+            self.key.initializer = ir.Constant(I32, 0)
         self.getspecific = self.declare("pthread_getspecific", PTR, [I32])
         self.setspecific = self.declare("pthread_setspecific", I32, [I32, PTR])
         self.wait = self.declare("pthread_barrier_wait", I32, [PTR])
@@ -225,8 +235,10 @@ def _worker(rt: _Runtime) -> None:
 
 
 @functools.cache
-def _runtime_text() -> str:
-    rt = _Runtime()
+def _runtime() -> llvm.ExecutionEngine:
+    """The functions the renamed intrinsics call, compiled once per process; their symbols (and the thread key
+    `emu_key`) are given to LLVM's resolver, so every program's module finds them by name."""
+    rt = _Runtime(defines_key=True)
     _special_registers(rt)
     _barrier(rt)
     _shuffle(rt)
@@ -234,6 +246,20 @@ def _runtime_text() -> str:
     for mode, spec in mma.MODES.items():
         for k in spec.ks:
             _mma(rt, k, mode)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(rt.m)), _machine())
+    engine.finalize_object()
+    ctypes.c_uint32.from_address(engine.get_global_value_address("emu_key")).value = _thread_key()
+    llvm.add_symbol("emu_key", engine.get_global_value_address("emu_key"))
+    for fn in rt.m.functions:
+        if not fn.is_declaration:
+            llvm.add_symbol(fn.name, engine.get_function_address(fn.name))
+    return engine
+
+
+@functools.cache
+def _worker_text() -> str:
+    """Each program's own `emu_worker` (it calls that program's `emu_entry`)."""
+    rt = _Runtime(defines_key=False)
     _worker(rt)
     return str(rt.m)
 
@@ -299,14 +325,21 @@ def _entries(module: llvm.ModuleRef, kernels: list[str]) -> str:
     return str(m)
 
 
+def _machine() -> llvm.TargetMachine:
+    """A machine for one execution engine (which owns it: freed with it)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.Target.from_default_triple().create_target_machine(opt=1)
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None)
-    for name in ("pthread_create", "pthread_join", "pthread_barrier_init", "pthread_barrier_destroy",
+    for name in ("pthread_create", "pthread_timedjoin_np", "pthread_barrier_init", "pthread_barrier_destroy",
                  "pthread_attr_init", "pthread_attr_setstacksize", "pthread_attr_destroy", "pthread_key_create"):
         getattr(libc, name).restype = ctypes.c_int
     libc.pthread_create.argtypes = [ctypes.c_void_p] * 4
-    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+    libc.pthread_timedjoin_np.argtypes = [ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p]
     libc.pthread_barrier_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
     libc.pthread_attr_setstacksize.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
@@ -327,20 +360,17 @@ class Program:
     `ll`: the build's IR (GpuBuild.ll); `kernels`: the names of its kernels."""
 
     def __init__(self, ll: str, kernels: list[str]):
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
+        _runtime()  # (LLVM's native target initialised before parsing)
         modules = [llvm.parse_assembly(text) for text in cpu_modules(ll)]
         module = modules[0]
         for other in modules[1:]:
             module.link_in(other)
         self.kernels = list(dict.fromkeys(kernels))
         module.link_in(llvm.parse_assembly(_entries(module, self.kernels)))
-        module.link_in(llvm.parse_assembly(_runtime_text()))
+        module.link_in(llvm.parse_assembly(_worker_text()))
         module.verify()
-        machine = llvm.Target.from_default_triple().create_target_machine(opt=1)
-        self.engine = llvm.create_mcjit_compiler(module, machine)
+        self.engine = llvm.create_mcjit_compiler(module, _machine())
         self.engine.finalize_object()
-        ctypes.c_uint32.from_address(self.engine.get_global_value_address("emu_key")).value = _thread_key()
         self.worker = self.engine.get_function_address("emu_worker")
 
     def global_address(self, name: str) -> int:
@@ -365,11 +395,15 @@ class Program:
             state.sreg[:] = (t % block[0], t // block[0] % block[1], t // (block[0] * block[1]), 0, 0, 0,
                              *block, *grid)
             state.lane, state.warp, state.launch = t % WARP, t // WARP, ctypes.addressof(shared)
-        self._run_threads(states)
+        if not self._run_threads(states):
+            _STUCK.append((barriers, scratch, shared, states))  # still in use by the threads that wait
+            raise TimeoutError(f"emulated kernel {name} did not finish in {LAUNCH_TIMEOUT_S} s: threads wait at a "
+                               "barrier or shuffle that others never reach (undefined on a GPU)")
         for k in range(len(counts)):
             libc.pthread_barrier_destroy(ctypes.c_void_p(base + k * BARRIER_BYTES))
 
-    def _run_threads(self, states: ctypes.Array) -> None:
+    def _run_threads(self, states: ctypes.Array) -> bool:
+        """Run a thread per state to the end of the launch; False if they did not finish in LAUNCH_TIMEOUT_S."""
         libc = _libc()
         attr = ctypes.create_string_buffer(64)  # a pthread_attr_t (56 bytes on x86-64 glibc)
         libc.pthread_attr_init(attr)
@@ -379,6 +413,9 @@ class Program:
             if libc.pthread_create(ctypes.addressof(ids) + t * 8, attr, self.worker, ctypes.addressof(states[t])):
                 # the threads started wait for this one at the block's barrier forever: nothing can end them
                 raise OSError(f"cannot start emulated thread {t} of {len(states)}")
-        for t in range(len(states)):
-            libc.pthread_join(ids[t], None)
         libc.pthread_attr_destroy(attr)
+        deadline = Timespec(int(time.time()) + LAUNCH_TIMEOUT_S, 0)
+        for t in range(len(states)):
+            if libc.pthread_timedjoin_np(ids[t], None, ctypes.byref(deadline)):
+                return False
+        return True

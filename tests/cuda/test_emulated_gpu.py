@@ -253,13 +253,60 @@ def test_sampled_matmul_points_equal_numpy(precision) -> None:
 
 
 def test_sampled_conv2d_points_equal_numpy() -> None:
-    wl = CudaConv2dWorkload(2, 16, 14, 14, 32, 3, 3, padding=(1, 1))
+    wl = CudaConv2dWorkload(1, 8, 10, 10, 16, 3, 3, padding=(1, 1))
     task = Task("cuda.conv2d", wl, jitop.driver.cuda_target())
     rng = np.random.default_rng(6)
-    x, w = rng.standard_normal((2, 16, 14, 14), np.float32), rng.standard_normal((32, 16, 3, 3), np.float32)
+    x, w = rng.standard_normal((1, 8, 10, 10), np.float32), rng.standard_normal((16, 8, 3, 3), np.float32)
     exact, mag = test_gpu_sim.conv2d_exact(x, w, 1, 1)
     for config in _sampled(task, 2):
         s, tensors = task.build(config)
         y = np.full(exact.shape, np.nan, np.float32)
         jitop.build(s, tensors, target=task.target)(x, w, y)
-        test_gpu_sim.assert_within(y, exact, 16 * 9 * EPS32 * mag)
+        test_gpu_sim.assert_within(y, exact, 8 * 9 * EPS32 * mag)
+
+
+_PAST_THE_END = """
+define ptx_kernel void @"store_at"(ptr addrspace(1) %out, i64 %at) {
+  %p = getelementptr i32, ptr addrspace(1) %out, i64 %at
+  store i32 7, ptr addrspace(1) %p
+  ret void
+}
+"""
+
+
+@pytest.mark.parametrize("at,fails", [(15, False), (16, True), (-1, True)])
+def test_a_write_outside_an_allocation_fails_as_an_illegal_address(at, fails) -> None:
+    fake = emulated_gpu.EmulatedGpu()
+    out, handle = ctypes.c_uint64(), ctypes.c_uint64()
+    fake.cuMemAlloc_v2(ctypes.byref(out), 64)  # 16 int32
+    fake.programs["store_at"] = nvvm_emulator.Program(_PAST_THE_END, ["store_at"])
+    fake.cuModuleGetFunction(ctypes.byref(handle), None, b"store_at")
+    values = (ctypes.c_int64 * 2)(out.value, at)
+    params = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
+    rc = fake.cuLaunchKernel(handle.value, 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    assert rc == (emulated_gpu.ILLEGAL_ADDRESS if fails else 0)
+    assert fake.overruns == ([("store_at", out.value, 64)] if fails else [])
+
+
+_DIVERGENT_BARRIER = """
+define ptx_kernel void @"divergent"() {
+entry:
+  %t = call i32 @"llvm.nvvm.read.ptx.sreg.tid.x"()
+  %first = icmp eq i32 %t, 0
+  br i1 %first, label %wait, label %done
+wait:
+  call void @"llvm.nvvm.barrier0"()
+  br label %done
+done:
+  ret void
+}
+declare i32 @"llvm.nvvm.read.ptx.sreg.tid.x"()
+declare void @"llvm.nvvm.barrier0"()
+"""
+
+
+def test_a_barrier_only_some_threads_reach_is_a_timeout_not_a_hang(monkeypatch) -> None:
+    monkeypatch.setattr(nvvm_emulator, "LAUNCH_TIMEOUT_S", 1)
+    program = nvvm_emulator.Program(_DIVERGENT_BARRIER, ["divergent"])
+    with pytest.raises(TimeoutError, match="divergent did not finish"):
+        program.launch("divergent", (1, 1, 1), (2, 1, 1), 0)  # thread 0 is left waiting (for good)
