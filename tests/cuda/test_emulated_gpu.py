@@ -229,7 +229,8 @@ def test_a_split_build(forking, monkeypatch) -> None:
 # ** points of the GPU tuning spaces: what a tuner on a GPU would try, each run against numpy **
 
 def _sampled(task: Task, count: int, **fixed) -> list:
-    """`count` points (JITOP_EMULATED_POINTS, if set) of the task's space with the `fixed` knob values, spread deterministically."""
+    """`count` points (JITOP_EMULATED_POINTS, if set) of the task's space with the `fixed` knob values, spread
+    deterministically."""
     points = [c for c in task.config_space() if all(c[k] == v for k, v in fixed.items())]
     count = int(os.environ.get("JITOP_EMULATED_POINTS", count))
     return random.Random(task.key).sample(points, min(count, len(points)))
