@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
 import time
 
@@ -166,6 +167,12 @@ def _roundings(rt: _Runtime) -> None:
     rt.define("emu.nvvm.f2tf32.rna", I32, [F32], tf32)
     rt.define("emu.nvvm.ff2bf16x2.rn", BF16X2, [F32, F32],
               lambda b, hi, lo: b.bitcast(b.or_(b.shl(bf16(b, hi), ir.Constant(I32, 16)), bf16(b, lo)), BF16X2))
+    # the C runtime's conversions, which this CPU's code generator calls for the bf16x2 values an optimised
+    # kernel moves (compiler-rt's; this process's libgcc may lack them)
+    bfloat = BF16X2.element
+    rt.define("__truncsfbf2", bfloat, [F32], lambda b, x: b.bitcast(b.trunc(bf16(b, x), ir.IntType(16)), bfloat))
+    rt.define("__extendbfsf2", F32, [bfloat], lambda b, x: b.bitcast(
+        b.shl(b.zext(b.bitcast(x, ir.IntType(16)), I32), ir.Constant(I32, 16)), F32))
 
 
 def _mma(rt: _Runtime, k: int, mode: str) -> None:
@@ -278,6 +285,8 @@ def cpu_modules(ll: str) -> list[str]:
     out = []
     for text in parts:
         text = text.replace("define ptx_kernel ", "define ").replace('@"llvm.nvvm.', '@"emu.nvvm.')
+        # a shared tile is the runtime's memory too (between barriers, other threads write it): not internal
+        text = text.replace("= internal addrspace(3) global", "= addrspace(3) global")
         text = re.sub(r"(?m)^target triple = .*$", triple, _libdevice_as_libm(text))
         out.append(re.sub(r"(?m)^target datalayout = .*$", "", text))
     return out
@@ -332,6 +341,27 @@ def _machine() -> llvm.TargetMachine:
     return llvm.Target.from_default_triple().create_target_machine(opt=1)
 
 
+def _check_resolved(module: llvm.ModuleRef) -> None:
+    """Every function and global the module declares is this process's or the runtime's (MCJIT would leave a
+    reference to a missing one as address 0): an NVVM intrinsic the runtime lacks is named here."""
+    declared = [f.name for f in module.functions if f.is_declaration and not f.name.startswith("llvm.")]
+    declared += [g.name for g in module.global_variables if g.is_declaration]
+    missing = [name for name in declared if not llvm.address_of_symbol(name)]
+    if missing:
+        raise NotImplementedError(f"the emulated GPU has no {', '.join(missing)} (tests/nvvm_emulator.py)")
+
+
+def _optimise(module: llvm.ModuleRef, level: int) -> None:
+    """LLVM's O<level> pipeline for this CPU: it takes the emitted code at its word as the NVPTX optimiser does
+    (noalias, alignment, nsw and nuw flags), so where a claim is false its code computes something else."""
+    machine = _machine()
+    module.data_layout = str(machine.target_data)
+    options = llvm.create_pipeline_tuning_options(speed_level=level)
+    options.loop_vectorization = options.slp_vectorization = level >= 2
+    builder = llvm.create_pass_builder(machine, options)
+    builder.getModulePassManager().run(module, builder)
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None)
@@ -359,7 +389,7 @@ class Program:
 
     `ll`: the build's IR (GpuBuild.ll); `kernels`: the names of its kernels."""
 
-    def __init__(self, ll: str, kernels: list[str]):
+    def __init__(self, ll: str, kernels: list[str], opt_level: int | None = None):
         _runtime()  # (LLVM's native target initialised before parsing)
         modules = [llvm.parse_assembly(text) for text in cpu_modules(ll)]
         module = modules[0]
@@ -369,6 +399,10 @@ class Program:
         module.link_in(llvm.parse_assembly(_entries(module, self.kernels)))
         module.link_in(llvm.parse_assembly(_worker_text()))
         module.verify()
+        _check_resolved(module)
+        level = int(os.environ.get("JITOP_EMULATED_OPT", "0")) if opt_level is None else opt_level
+        if level:
+            _optimise(module, level)
         self.engine = llvm.create_mcjit_compiler(module, _machine())
         self.engine.finalize_object()
         self.worker = self.engine.get_function_address("emu_worker")

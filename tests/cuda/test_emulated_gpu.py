@@ -4,14 +4,13 @@ per GPU thread, NVVM intrinsics as small runtime functions) against numpy.
 The simulated GPU (tests/sim_gpu.py) runs the loop IR the emitter receives; this runs what it made of it, and so
 checks what nothing else here can without a GPU: the tensor cores' register fragments and operand rounding (the
 simulator refuses an mma), the kernels' own bounds checks and the error flag the runtime reads after them, warp
-shuffles as the emitted code addresses them, and a split build's modules linked. The whole GPU suite runs this
-way with JITOP_TEST_GPU=emulated; here is a cross-section of it, and the emulator's own parts.
+shuffles as the emitted code addresses them. Here: the tensor cores and the checks, and the emulator's own parts;
+tests/cuda/test_emulated_programs.py runs a cross-section of the GPU suite this way (all of it runs so with
+JITOP_TEST_GPU=emulated).
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import random
 
 import numpy as np
 import pytest
@@ -23,18 +22,9 @@ import nvvm_emulator
 from jitop import te
 from jitop.codegen import mma, nvptx
 from jitop.topi import cuda, cuda_mma
-from jitop.topi.cuda_templates import CudaConv2dWorkload, CudaMatmulWorkload
 from jitop.tuner._measure_worker import _compare
-from jitop.tuner.task import Task
 
-import test_gpu_dynamic_shapes
-import test_gpu_graph_conv
-import test_gpu_graph_matmul
 import test_gpu_sim
-import test_gpu_rows
-import test_gpu_run
-import test_ptx_shares
-from test_ptx_shares import forking  # noqa: F401  (a fixture of the split build's test)
 
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -183,89 +173,6 @@ def test_threads_barriers_and_shuffles_of_a_handwritten_kernel(blocks, threads, 
     np.testing.assert_array_equal(out, np.broadcast_to(want, out.shape))
 
 
-# ** programs of the GPU suite, run on the emulated GPU (the fixture above makes it theirs) **
-
-@pytest.mark.parametrize("m,n,threads", [(5, 300, 128), (3, 17, 16), (2, 5000, 1024)])
-def test_cross_thread_sums(m, n, threads) -> None:
-    test_gpu_run.test_cross_thread_sum(m, n, threads)
-
-
-@pytest.mark.parametrize("m,n,k", [(37, 53, 19), (130, 1, 5)])
-def test_shared_memory_matmul_tiles(m, n, k) -> None:
-    test_gpu_run.test_matmul_shared_tiles(m, n, k)
-
-
-@pytest.mark.parametrize("n", [0, 255, 100_003])
-def test_a_symbolic_size(n) -> None:
-    test_gpu_run.test_symbolic_size_serves_every_n(n)
-
-
-@pytest.mark.parametrize("fn", [test_gpu_rows.layer_norm, test_gpu_rows.softmax], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("shape", [(9, 129), (1, 1), (4, 2049)], ids=str)
-def test_a_row_operator(fn, shape, monkeypatch) -> None:
-    test_gpu_rows.test_a_row_operator_is_one_kernel_equal_to_numpy(fn, shape, monkeypatch)
-
-
-@pytest.mark.parametrize("m,k,n", [(129, 7, 131), (50, 40, 1)], ids=str)
-def test_the_double_buffered_sgemm(m, k, n, monkeypatch) -> None:
-    test_gpu_graph_matmul.test_the_sgemm_equals_numpy(m, k, n, monkeypatch)
-
-
-def test_a_convolution_with_its_epilogue() -> None:
-    test_gpu_graph_conv.test_bias_relu_and_a_residual_run_on_the_convolutions_register_tile()
-
-
-@pytest.mark.parametrize("fn, shape", [(test_gpu_dynamic_shapes.softmax, (None, 33)),
-                                       (test_gpu_dynamic_shapes.mlp, (6, None))], ids=["softmax-rows", "mlp-k"])
-def test_a_dim_that_varies(fn, shape, monkeypatch) -> None:
-    test_gpu_dynamic_shapes.test_a_dim_that_varies_becomes_symbolic_and_later_sizes_trace_nothing(fn, shape,
-                                                                                                   monkeypatch)
-
-
-def test_a_split_build(forking, monkeypatch) -> None:
-    test_ptx_shares.test_a_traced_function_built_by_several_processes_runs_to_numpy_s_results(forking, monkeypatch)
-
-
-# ** points of the GPU tuning spaces: what a tuner on a GPU would try, each run against numpy **
-
-def _sampled(task: Task, count: int, **fixed) -> list:
-    """`count` points (JITOP_EMULATED_POINTS, if set) of the task's space with the `fixed` knob values, spread
-    deterministically."""
-    points = [c for c in task.config_space() if all(c[k] == v for k, v in fixed.items())]
-    count = int(os.environ.get("JITOP_EMULATED_POINTS", count))
-    return random.Random(task.key).sample(points, min(count, len(points)))
-
-
-@pytest.mark.parametrize("precision", ["float32", "tf32", "bf16"])
-def test_sampled_matmul_points_equal_numpy(precision) -> None:
-    wl = CudaMatmulWorkload(100, 70, 33, precision=precision)
-    task = Task("cuda.matmul", wl, jitop.driver.cuda_target())
-    fixed = {} if precision == "float32" else {"tc": precision}
-    rng = np.random.default_rng(5)
-    a, b = rng.standard_normal((100, 33), np.float32), rng.standard_normal((33, 70), np.float32)
-    for config in _sampled(task, 2, **fixed):
-        s, tensors = task.build(config)
-        c = np.full((100, 70), np.nan, np.float32)
-        jitop.build(s, tensors, target=task.target)(a, b, c)
-        if precision == "float32":
-            test_gpu_sim.assert_gemm(c, a, b)
-        else:  # the products of the rounded operands are exact: what is left is the float32 sum's rounding
-            test_gpu_sim.assert_gemm(c, mma.round_operand(a, precision), mma.round_operand(b, precision))
-
-
-def test_sampled_conv2d_points_equal_numpy() -> None:
-    wl = CudaConv2dWorkload(1, 8, 10, 10, 16, 3, 3, padding=(1, 1))
-    task = Task("cuda.conv2d", wl, jitop.driver.cuda_target())
-    rng = np.random.default_rng(6)
-    x, w = rng.standard_normal((1, 8, 10, 10), np.float32), rng.standard_normal((16, 8, 3, 3), np.float32)
-    exact, mag = test_gpu_sim.conv2d_exact(x, w, 1, 1)
-    for config in _sampled(task, 2):
-        s, tensors = task.build(config)
-        y = np.full(exact.shape, np.nan, np.float32)
-        jitop.build(s, tensors, target=task.target)(x, w, y)
-        test_gpu_sim.assert_within(y, exact, 8 * 9 * EPS32 * mag)
-
-
 _PAST_THE_END = """
 define ptx_kernel void @"store_at"(ptr addrspace(1) %out, i64 %at) {
   %p = getelementptr i32, ptr addrspace(1) %out, i64 %at
@@ -311,3 +218,18 @@ def test_a_barrier_only_some_threads_reach_is_a_timeout_not_a_hang(monkeypatch) 
     program = nvvm_emulator.Program(_DIVERGENT_BARRIER, ["divergent"])
     with pytest.raises(TimeoutError, match="divergent did not finish"):
         program.launch("divergent", (1, 1, 1), (2, 1, 1), 0)  # thread 0 is left waiting (for good)
+
+
+def test_an_intrinsic_the_emulator_lacks_is_named_not_left_unresolved() -> None:
+    text = ('define ptx_kernel void @"k"() {\n  call void @"llvm.nvvm.bar.warp.sync"(i32 -1)\n  ret void\n}\n'
+            'declare void @"llvm.nvvm.bar.warp.sync"(i32)\n')
+    with pytest.raises(NotImplementedError, match=r"has no emu\.nvvm\.bar\.warp\.sync"):
+        nvvm_emulator.Program(text, ["k"])
+
+
+@pytest.mark.parametrize("mode", ["tf32", "bf16"])
+def test_the_tensor_core_matmul_optimised_as_for_the_gpu_equals_numpy(mode, monkeypatch) -> None:
+    # LLVM's O3 takes the emitted code at its word (noalias, alignment, nsw): a false claim would show here
+    monkeypatch.setenv("JITOP_EMULATED_OPT", "3")
+    c, _, exact = _tc_matmul(mode, 61, 37, 45)
+    assert _compare([c], [exact.astype(np.float32)], (1e-4, 1e-4)) == ""

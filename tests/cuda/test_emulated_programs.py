@@ -1,0 +1,119 @@
+"""A cross-section of the GPU suite's programs, and sampled points of the GPU tuning spaces, run by the emulated GPU
+(tests/emulated_gpu.py: the LLVM IR the NVPTX back end emitted, on this CPU) against numpy: shuffles and shared
+rows, shared-memory and double-buffered matmul tiles, a convolution's register tile, symbolic sizes, a split
+build's modules linked, and what a tuner on a GPU would try (FP32, TF32 and BF16 matmuls, conv2d).
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+import emulated_gpu
+import jitop
+from jitop.codegen import mma
+from jitop.topi.cuda_templates import CudaConv2dWorkload, CudaMatmulWorkload
+from jitop.tuner.task import Task
+
+import test_gpu_dynamic_shapes
+import test_gpu_graph_conv
+import test_gpu_graph_matmul
+import test_gpu_rows
+import test_gpu_run
+import test_gpu_sim
+import test_ptx_shares
+from test_ptx_shares import forking  # noqa: F401  (a fixture of the split build's test)
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(autouse=True)
+def gpu(monkeypatch):
+    """The emulated GPU, for these tests and for those that ask `sim_gpu.gpu_or_simulated` for one."""
+    monkeypatch.setenv("JITOP_TEST_GPU", "emulated")
+    return emulated_gpu.install(monkeypatch)
+
+
+# ** programs of the GPU suite (the fixture above makes the emulated GPU theirs) **
+
+@pytest.mark.parametrize("m,n,threads", [(5, 300, 128), (3, 17, 16), (2, 5000, 1024)])
+def test_cross_thread_sums(m, n, threads) -> None:
+    test_gpu_run.test_cross_thread_sum(m, n, threads)
+
+
+@pytest.mark.parametrize("m,n,k", [(37, 53, 19), (130, 1, 5)])
+def test_shared_memory_matmul_tiles(m, n, k) -> None:
+    test_gpu_run.test_matmul_shared_tiles(m, n, k)
+
+
+@pytest.mark.parametrize("n", [0, 255, 100_003])
+def test_a_symbolic_size(n) -> None:
+    test_gpu_run.test_symbolic_size_serves_every_n(n)
+
+
+@pytest.mark.parametrize("fn", [test_gpu_rows.layer_norm, test_gpu_rows.softmax], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("shape", [(9, 129), (1, 1), (4, 2049)], ids=str)
+def test_a_row_operator(fn, shape, monkeypatch) -> None:
+    test_gpu_rows.test_a_row_operator_is_one_kernel_equal_to_numpy(fn, shape, monkeypatch)
+
+
+@pytest.mark.parametrize("m,k,n", [(129, 7, 131), (50, 40, 1)], ids=str)
+def test_the_double_buffered_sgemm(m, k, n, monkeypatch) -> None:
+    test_gpu_graph_matmul.test_the_sgemm_equals_numpy(m, k, n, monkeypatch)
+
+
+def test_a_convolution_with_its_epilogue() -> None:
+    test_gpu_graph_conv.test_bias_relu_and_a_residual_run_on_the_convolutions_register_tile()
+
+
+@pytest.mark.parametrize("fn, shape", [(test_gpu_dynamic_shapes.softmax, (None, 33)),
+                                       (test_gpu_dynamic_shapes.mlp, (6, None))], ids=["softmax-rows", "mlp-k"])
+def test_a_dim_that_varies(fn, shape, monkeypatch) -> None:
+    test_gpu_dynamic_shapes.test_a_dim_that_varies_becomes_symbolic_and_later_sizes_trace_nothing(fn, shape,
+                                                                                                   monkeypatch)
+
+
+def test_a_split_build(forking, monkeypatch) -> None:
+    test_ptx_shares.test_a_traced_function_built_by_several_processes_runs_to_numpy_s_results(forking, monkeypatch)
+
+
+# ** points of the GPU tuning spaces: what a tuner on a GPU would try, each run against numpy **
+
+def _sampled(task: Task, count: int, **fixed) -> list:
+    """`count` points (JITOP_EMULATED_POINTS, if set) of the task's space with the `fixed` knob values, spread
+    deterministically."""
+    points = [c for c in task.config_space() if all(c[k] == v for k, v in fixed.items())]
+    count = int(os.environ.get("JITOP_EMULATED_POINTS", count))
+    return random.Random(task.key).sample(points, min(count, len(points)))
+
+
+@pytest.mark.parametrize("precision", ["float32", "tf32", "bf16"])
+def test_sampled_matmul_points_equal_numpy(precision) -> None:
+    wl = CudaMatmulWorkload(100, 70, 33, precision=precision)
+    task = Task("cuda.matmul", wl, jitop.driver.cuda_target())
+    fixed = {} if precision == "float32" else {"tc": precision}
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((100, 33), np.float32), rng.standard_normal((33, 70), np.float32)
+    for config in _sampled(task, 2, **fixed):
+        s, tensors = task.build(config)
+        c = np.full((100, 70), np.nan, np.float32)
+        jitop.build(s, tensors, target=task.target)(a, b, c)
+        if precision == "float32":
+            test_gpu_sim.assert_gemm(c, a, b)
+        else:  # the products of the rounded operands are exact: what is left is the float32 sum's rounding
+            test_gpu_sim.assert_gemm(c, mma.round_operand(a, precision), mma.round_operand(b, precision))
+
+
+def test_sampled_conv2d_points_equal_numpy() -> None:
+    wl = CudaConv2dWorkload(1, 8, 10, 10, 16, 3, 3, padding=(1, 1))
+    task = Task("cuda.conv2d", wl, jitop.driver.cuda_target())
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((1, 8, 10, 10), np.float32), rng.standard_normal((16, 8, 3, 3), np.float32)
+    exact, mag = test_gpu_sim.conv2d_exact(x, w, 1, 1)
+    for config in _sampled(task, 2):
+        s, tensors = task.build(config)
+        y = np.full(exact.shape, np.nan, np.float32)
+        jitop.build(s, tensors, target=task.target)(x, w, y)
+        test_gpu_sim.assert_within(y, exact, 8 * 9 * EPS32 * mag)
