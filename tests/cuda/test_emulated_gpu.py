@@ -24,7 +24,6 @@ from jitop.codegen import mma, nvptx
 from jitop.topi import cuda, cuda_mma
 from jitop.tuner._measure_worker import _compare
 
-import test_gpu_sim
 
 
 EPS32 = float(np.finfo(np.float32).eps)
