@@ -84,3 +84,22 @@ def gather(n: int, m: int):
     s[Y].bind(bx, BX)
     s[Y].bind(tx, TX)
     return s, [X, I, Y], lambda x, idx: x[idx]
+
+
+def run_tc_matmul(mode: str, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """topi's tensor-core matmul (TF32 or BF16 `mode`) for this process's GPU, run on random operands into a
+    NaN-filled output: (the result, the float64 product, the float64 product of the operands rounded as the
+    emitted code rounds them)."""
+    from jitop.codegen import mma
+    from jitop.topi import cuda
+    target = jitop.driver.cuda_target()
+    A, B = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    C = cuda.matmul(A, B, tc=mode)
+    f = jitop.build(cuda.schedule_matmul(C, {"tc": mode}, target), [A, B, C], target=target)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    f(a, b, c)
+    exact = mma.round_operand(a, mode).astype(np.float64) @ mma.round_operand(b, mode)
+    return c, a.astype(np.float64) @ b, exact
+

@@ -19,9 +19,8 @@ import emulated_gpu
 import gpu_cases
 import jitop
 import nvvm_emulator
-from jitop import te
 from jitop.codegen import mma, nvptx
-from jitop.topi import cuda, cuda_mma
+from jitop.topi import cuda_mma
 from jitop.tuner._measure_worker import _compare
 
 
@@ -36,24 +35,10 @@ def gpu(monkeypatch):
     return emulated_gpu.install(monkeypatch)
 
 
-def _tc_matmul(mode: str, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(result, numpy's product in float64, the product of the operands rounded to the mode's type)."""
-    target = jitop.driver.cuda_target()
-    A, B = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
-    C = cuda.matmul(A, B, tc=mode)
-    f = jitop.build(cuda.schedule_matmul(C, {"tc": mode}, target), [A, B, C], target=target)
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    c = np.full((m, n), np.nan, np.float32)
-    f(a, b, c)
-    exact = mma.round_operand(a, mode).astype(np.float64) @ mma.round_operand(b, mode)
-    return c, a.astype(np.float64) @ b, exact
-
-
 @pytest.mark.parametrize("mode,sizes", [("tf32", (127, 61, 253)), ("bf16", (127, 61, 253)), ("bf16", (1, 300, 77))],
                          ids=str)
 def test_the_tensor_core_matmul_equals_numpy(mode, sizes, gpu) -> None:
-    c, ref, exact = _tc_matmul(mode, *sizes)
+    c, ref, exact = gpu_cases.run_tc_matmul(mode, *sizes)
     assert _compare([c], [ref.astype(np.float32)], cuda_mma.tc_tolerance(mode, sizes[2])) == ""
     # the operands rounded as the emitted code rounds them: what is left is the float32 sums' rounding
     assert _compare([c], [exact.astype(np.float32)], (1e-4, 1e-4)) == ""
@@ -64,7 +49,7 @@ def test_bf16_halves_packed_the_wrong_way_round_are_caught(monkeypatch) -> None:
     # the emulator multiplies the fragments the PTX ISA's way: registers packed (hi, lo) instead give other sums
     pack = nvptx.pack_bf16x2
     monkeypatch.setattr(nvptx, "pack_bf16x2", lambda b, lo, hi: pack(b, hi, lo))
-    c, _, exact = _tc_matmul("bf16", 16, 8, 16)
+    c, _, exact = gpu_cases.run_tc_matmul("bf16", 16, 8, 16)
     assert _compare([c], [exact.astype(np.float32)], (1e-4, 1e-4)) != ""
 
 
@@ -230,5 +215,5 @@ def test_an_intrinsic_the_emulator_lacks_is_named_not_left_unresolved() -> None:
 def test_the_tensor_core_matmul_optimised_as_for_the_gpu_equals_numpy(mode, monkeypatch) -> None:
     # LLVM's O3 takes the emitted code at its word (noalias, alignment, nsw): a false claim would show here
     monkeypatch.setenv("JITOP_EMULATED_OPT", "3")
-    c, _, exact = _tc_matmul(mode, 61, 37, 45)
+    c, _, exact = gpu_cases.run_tc_matmul(mode, 61, 37, 45)
     assert _compare([c], [exact.astype(np.float32)], (1e-4, 1e-4)) == ""

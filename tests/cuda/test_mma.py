@@ -23,6 +23,7 @@ import re
 import numpy as np
 import pytest
 
+import gpu_cases
 import jitop
 from jitop import te
 from jitop.codegen import mma
@@ -439,17 +440,9 @@ def test_tc_matmul_on_the_gpu_equals_numpy_within_the_mode_tolerance(mode, sizes
     target = jitop.driver.cuda_target()
     if not cuda_mma.tc_available(target):
         pytest.skip(f"{target.arch} has no TF32/BF16 tensor cores")
-    A, B = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
-    C = cuda.matmul(A, B, tc=mode)
-    f = jitop.build(cuda.schedule_matmul(C, {"tc": mode}, target), [A, B, C], target=target)
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    c = np.full((m, n), np.nan, np.float32)
-    f(a, b, c)
-    ref = (a.astype(np.float64) @ b).astype(np.float32)
-    assert _compare([c], [ref], cuda_mma.tc_tolerance(mode, k)) == ""
+    c, ref, exact = gpu_cases.run_tc_matmul(mode, m, n, k)
+    assert _compare([c], [ref.astype(np.float32)], cuda_mma.tc_tolerance(mode, k)) == ""
     # against the products of the operands rounded as `round_operand` does (the float32 sum's error only)
-    exact = mma.round_operand(a, mode).astype(np.float64) @ mma.round_operand(b, mode)
     assert _compare([c], [exact.astype(np.float32)], (1e-4, 1e-4)) == ""
 
 
