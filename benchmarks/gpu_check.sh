@@ -127,7 +127,9 @@ step "GPU tests"
 test_rc=0
 if "$PY" -c "import pytest" 2>/dev/null; then
     # a module that cannot be imported there (a package missing) must not stop the others
+    # (the emulated GPU's tests run the CPU emulator, not this GPU: CI runs them)
     args=(tests/cuda tests/topi/test_cuda_schedules.py tests/onnx/test_onnx_gpu.py -p no:cacheprovider -q
+          --ignore=tests/cuda/test_emulated_gpu.py --ignore=tests/cuda/test_emulated_programs.py
           -o addopts='' -rfEs --maxfail=25 --continue-on-collection-errors --durations=10
           --junitxml "$out/gpu_tests.xml")
     # four processes share the GPU (each its own context): the tests are mostly compiling, and the suite took
