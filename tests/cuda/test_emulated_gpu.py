@@ -70,7 +70,7 @@ def test_an_out_of_bounds_gather_raises_from_the_kernels_own_check_and_touches_n
 # ** the emulator's own parts **
 
 # the rounding intrinsics as emitted code calls them (a <2 x bfloat> comes back in a vector register: bitcast)
-_ROUNDINGS = nvvm_emulator.Program("""
+_ROUNDINGS = """
 define i32 @"tf32"(float %x) {
   %r = call i32 @"llvm.nvvm.f2tf32.rna"(float %x)
   ret i32 %r
@@ -82,11 +82,12 @@ define i32 @"bf16x2"(float %hi, float %lo) {
 }
 declare i32 @"llvm.nvvm.f2tf32.rna"(float)
 declare <2 x bfloat> @"llvm.nvvm.ff2bf16x2.rn"(float, float)
-""", [])
+"""
 
 
-def _rounding(name: str, *argtypes):
-    return ctypes.CFUNCTYPE(ctypes.c_uint32, *argtypes)(_ROUNDINGS.engine.get_function_address(name))
+def _rounding(program: nvvm_emulator.Program, name: str, *argtypes):
+    """A function of `program` returning an i32, callable while the program lives."""
+    return ctypes.CFUNCTYPE(ctypes.c_uint32, *argtypes)(program.engine.get_function_address(name))
 
 
 def _special_floats(n: int) -> np.ndarray:
@@ -100,7 +101,9 @@ def _special_floats(n: int) -> np.ndarray:
 
 
 def test_the_emulated_roundings_are_the_numpy_models_of_cvt() -> None:
-    tf32, bf16x2 = _rounding("tf32", ctypes.c_float), _rounding("bf16x2", ctypes.c_float, ctypes.c_float)
+    program = nvvm_emulator.Program(_ROUNDINGS, [])
+    tf32 = _rounding(program, "tf32", ctypes.c_float)
+    bf16x2 = _rounding(program, "bf16x2", ctypes.c_float, ctypes.c_float)
     x = _special_floats(4000)
     got = np.array([tf32(float(v)) for v in x], np.uint32)
     np.testing.assert_array_equal(got, mma.to_tf32(x).view(np.uint32))
