@@ -1,6 +1,7 @@
-"""jitop on NVIDIA GPUs, in one place: device arrays (`to_device`, `empty`, `zeros`, `from_dlpack`, `.get()`),
-the driver (`available`, `synchronize`, streams and events) and this machine's GPU as a build target. Importing it
-needs no GPU; `available()` says whether one is usable and `unavailable_reason()` why not.
+"""jitop on NVIDIA GPUs, in one place: device arrays (`to_device`, `empty`, `zeros`, `from_dlpack`, `.get()`;
+they export `__cuda_array_interface__` and `__dlpack__`), the driver (`available`, `synchronize`, streams and
+events) and this machine's GPU as a build target. Importing it needs no GPU; `available()` says whether one is
+usable and `unavailable_reason()` why not.
 
 >>> import jitop
 >>> jitop.cuda.available() in (True, False)

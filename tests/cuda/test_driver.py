@@ -275,6 +275,40 @@ def test_a_consumed_dlpack_capsule_is_released_with_its_view():
     assert sys.getrefcount(a) == before
 
 
+def test_a_device_array_exports_dlpack_in_place_until_its_consumer_is_done(fake):
+    d = memory.to_device(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert d.__dlpack_device__() == (2, 0)
+    assert memory.read_dlpack_capsule(d.__dlpack__()) == (d.ptr, (2, 0), (2, 3), np.float32, None)
+    gc.collect()
+    assert not memory._exported  # a capsule no consumer took released its tensor
+    view, ptr = memory.from_dlpack(d), d.ptr
+    assert (view.ptr, view.shape, view.dtype) == (ptr, (2, 3), np.float32)
+    del d
+    gc.collect()
+    assert len(memory._exported) == 1 and ptr not in fake.freed  # the consumer's view holds the memory
+    np.testing.assert_array_equal(view.get(), np.arange(6).reshape(2, 3))
+    del view
+    gc.collect()
+    assert not memory._exported
+    for dtype in (np.bool_, np.int8, np.uint64, np.float16, np.float64):
+        a = memory.empty((0, 3), dtype)
+        assert memory.read_dlpack_capsule(a.__dlpack__())[2:4] == ((0, 3), np.dtype(dtype))
+
+
+def test_dlpack_export_waits_for_another_stream_and_refuses_what_it_cannot_give(fake):
+    d = memory.to_device(np.ones(4, np.float32))
+    d.__dlpack__(stream=1)
+    assert "cuCtxSynchronize" not in fake.names()  # the legacy default stream: jitop's own, ordered already
+    d.__dlpack__(stream=0x7000)
+    assert "cuCtxSynchronize" in fake.names()
+    with pytest.raises(BufferError, match=r"device \(2, 0\), not \(1, 0\)"):
+        d.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match="in place only"):
+        d.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="complex64 has no DLPack code"):
+        memory.empty((2,), np.complex64).__dlpack__()
+
+
 def test_events_time_through_the_driver(fake):
     start, end = driver.Event.create(), driver.Event.create()
     start.record()
@@ -444,6 +478,10 @@ def test_gpu_torch_interop(kernels):
     kernels.function("scaled_add").launch((4, 1, 1), (256, 1, 1), [*args, 2.0, 1000], ["ptr", "ptr", "ptr", "f32", "i64"])
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.cpu().numpy(), (a * 2 + b).cpu().numpy(), rtol=1e-6, atol=1e-6)
+    mine = memory.to_device(np.arange(6, dtype=np.float32).reshape(2, 3))
+    for seen in (torch.from_dlpack(mine), torch.as_tensor(mine, device="cuda")):  # DLPack, then the CAI
+        assert seen.data_ptr() == mine.ptr
+        np.testing.assert_array_equal(seen.cpu().numpy(), mine.get())
     d = memory.to_device(np.arange(12, dtype=np.float32).reshape(3, 4))
     np.testing.assert_array_equal(torch.as_tensor(d, device="cuda").cpu().numpy(), d.get())  # ours, read by torch
     with pytest.raises(ValueError, match="C-contiguous"):

@@ -123,6 +123,24 @@ class DeviceArray:
             driver.memset_d8(self.ptr, 0, self.nbytes)
         return self
 
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(2, 0): DLPack's CUDA device type, GPU 0."""
+        return (_KDL_CUDA, 0)
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of this array, zero copy (`torch.from_dlpack`, `jax.dlpack.from_dlpack`,
+        `cupy.from_dlpack` read it in place; the capsule keeps the array alive). `stream`: the consumer's (None
+        or 1: the legacy default stream, which jitop's work is queued on; 2 or a handle: the GPU is synchronised
+        first). A DLPack 0.x capsule ("dltensor"), which consumers asking for `max_version` (1, x) also read."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"__dlpack__: this array lives on DLPack device (2, 0), not {tuple(dl_device)}")
+        if copy:
+            raise BufferError("__dlpack__(copy=True): a DeviceArray is exported in place only")
+        if stream not in (None, _LEGACY_STREAM):
+            driver.synchronize()
+        return export_dlpack(self)
+
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Version 3 of Numba's protocol: CuPy, torch and numba read this array in place. Its data is written by
@@ -343,6 +361,46 @@ def read_dlpack_capsule(capsule: Any) -> tuple[int, tuple[int, int], tuple[int, 
     shape = tuple(t.shape[k] for k in range(t.ndim))
     strides = tuple(t.strides[k] * dtype.itemsize for k in range(t.ndim)) if t.strides else None  # elements -> bytes
     return (t.data or 0) + t.byte_offset, (t.device_type, t.device_id), shape, dtype, strides
+
+
+_DL_CODE_OF = {"i": 0, "u": 1, "f": 2, "b": 6}
+_capsule_api.PyCapsule_New.restype = ctypes.py_object
+_capsule_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# called on the capsule's raw pointer while it is destroyed (a py_object there would resurrect it)
+_capsule_valid_raw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_pointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_exported: dict[int, tuple[Any, ...]] = {}  # DLManagedTensor address -> what it needs alive until its deleter
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _release_export(address: int) -> None:
+    """The deleter of an exported DLManagedTensor: its consumer is done (any thread; ctypes takes the GIL)."""
+    _exported.pop(address, None)
+
+
+@ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+def _drop_unconsumed(capsule: int) -> None:
+    """The capsule's destructor: a capsule no consumer took ("dltensor" still) releases its tensor itself."""
+    if _capsule_valid_raw(capsule, b"dltensor"):
+        _release_export(_capsule_pointer_raw(capsule, b"dltensor"))
+
+
+def export_dlpack(arr: DeviceArray) -> Any:
+    """A DLPack capsule ("dltensor") of `arr`'s memory, C-contiguous (strides NULL)."""
+    if arr.dtype.kind not in _DL_CODE_OF or arr.dtype.byteorder == ">":
+        raise BufferError(f"__dlpack__: dtype {arr.dtype} has no DLPack code here (ints, uints, floats, bool)")
+    shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
+    managed = _DLManagedTensor()
+    t = managed.dl_tensor
+    t.data, t.device_type, t.device_id, t.ndim = arr.ptr or None, _KDL_CUDA, 0, arr.ndim
+    t.code, t.bits, t.lanes = _DL_CODE_OF[arr.dtype.kind], arr.dtype.itemsize * 8, 1
+    t.shape, t.strides, t.byte_offset = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), None, 0
+    managed.deleter = ctypes.cast(_release_export, ctypes.c_void_p)
+    address = ctypes.addressof(managed)
+    _exported[address] = (managed, shape, arr)
+    return _capsule_api.PyCapsule_New(address, b"dltensor", ctypes.cast(_drop_unconsumed, ctypes.c_void_p))
 
 
 def from_dlpack(obj: Any) -> DeviceArray:
