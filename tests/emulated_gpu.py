@@ -30,29 +30,33 @@ class EmulatedGpu(sim_gpu.SimGpu):
         self.sizes: dict[int, int] = {}  # device address -> bytes asked for
         self.overruns: list[tuple[str, int, int]] = []  # (kernel, allocation, its size)
 
-    def cuMemAlloc_v2(self, out, nbytes):
-        if self._record("cuMemAlloc_v2", (nbytes,)):
-            return self.fail["cuMemAlloc_v2"]
+    def _host_memory(self, nbytes: int) -> int:
         buf = ctypes.create_string_buffer(bytes([FILL]) * (nbytes + 2 * GUARD))
-        out._obj.value = ctypes.addressof(buf) + GUARD
-        self.memory[out._obj.value], self.sizes[out._obj.value] = buf, nbytes
-        return 0
+        ptr = ctypes.addressof(buf) + GUARD
+        self.memory[ptr], self.sizes[ptr] = buf, nbytes
+        return ptr
 
     def cuMemFree_v2(self, ptr):
         self.sizes.pop(ptr, None)
         return super().cuMemFree_v2(ptr)
 
     def _guards_intact(self, kernel: str) -> bool:
-        intact = bytes([FILL]) * GUARD
+        """Whether `kernel`'s launch left every guard zone as it was; a zone it wrote is named in `overruns` and
+        filled again (a later launch is judged by its own writes)."""
+        intact, before = bytes([FILL]) * GUARD, len(self.overruns)
         for ptr, size in self.sizes.items():
-            if ctypes.string_at(ptr - GUARD, GUARD) != intact or ctypes.string_at(ptr + size, GUARD) != intact:
+            zones = (ptr - GUARD, ptr + size)
+            if any(ctypes.string_at(at, GUARD) != intact for at in zones):
                 self.overruns.append((kernel, ptr, size))
-        return not self.overruns
+                for at in zones:
+                    ctypes.memset(at, FILL, GUARD)
+        return len(self.overruns) == before
 
     def register(self, func, built) -> None:
         program = nvvm_emulator.Program(built.ll, [launch.name for launch in built.kernels])
         for name in [*program.kernels, built.error_symbol]:
-            self.programs[name] = program
+            if name:
+                self.programs[name] = program
 
     def cuModuleGetGlobal_v2(self, ptr, size, module, name):
         name = name.decode()
@@ -67,5 +71,7 @@ class EmulatedGpu(sim_gpu.SimGpu):
 
 
 def install(monkeypatch) -> EmulatedGpu:
-    """The emulated GPU in place of libcuda for one test (see sim_gpu.install)."""
+    """The emulated GPU in place of libcuda for one test (see sim_gpu.install), and for the tests it calls that ask
+    `sim_gpu.gpu_or_simulated` for a GPU (JITOP_TEST_GPU=emulated)."""
+    monkeypatch.setenv("JITOP_TEST_GPU", "emulated")
     return sim_gpu.install(monkeypatch, EmulatedGpu)

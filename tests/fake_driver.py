@@ -77,10 +77,14 @@ class FakeDriver:
     def cuMemAlloc_v2(self, out, nbytes):
         if self._record("cuMemAlloc_v2", (nbytes,)):
             return self.fail["cuMemAlloc_v2"]
-        buf = ctypes.create_string_buffer(nbytes)
-        out._obj.value = ctypes.addressof(buf)
-        self.memory[out._obj.value] = buf
+        out._obj.value = self._host_memory(nbytes)
         return 0
+
+    def _host_memory(self, nbytes: int) -> int:
+        """The address of `nbytes` of new host memory standing for device memory (kept in `memory`)."""
+        buf = ctypes.create_string_buffer(nbytes)
+        self.memory[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
 
     def cuMemFree_v2(self, ptr):
         self.freed.append(ptr)

@@ -429,8 +429,13 @@ class Program:
             state.sreg[:] = (t % block[0], t // block[0] % block[1], t // (block[0] * block[1]), 0, 0, 0,
                              *block, *grid)
             state.lane, state.warp, state.launch = t % WARP, t // WARP, ctypes.addressof(shared)
-        if not self._run_threads(states):
-            _STUCK.append((barriers, scratch, shared, states))  # still in use by the threads that wait
+        finished = False
+        try:
+            finished = self._run_threads(states)
+        finally:
+            if not finished:  # threads wait (at a barrier) on what this launch made: it must outlive them
+                _STUCK.append((barriers, scratch, shared, states))
+        if not finished:
             raise TimeoutError(f"emulated kernel {name} did not finish in {LAUNCH_TIMEOUT_S} s: threads wait at a "
                                "barrier or shuffle that others never reach (undefined on a GPU)")
         for k in range(len(counts)):

@@ -102,4 +102,3 @@ def run_tc_matmul(mode: str, m: int, n: int, k: int) -> tuple[np.ndarray, np.nda
     f(a, b, c)
     exact = mma.round_operand(a, mode).astype(np.float64) @ mma.round_operand(b, mode)
     return c, a.astype(np.float64) @ b, exact
-

@@ -290,6 +290,14 @@ def test_a_device_array_exports_dlpack_in_place_until_its_consumer_is_done(fake)
     del view
     gc.collect()
     assert not memory._exported
+    kept = memory.to_device(np.ones(3, np.float32))
+    capsule, ptr = kept.__dlpack__(), kept.ptr
+    del kept
+    gc.collect()
+    assert memory.empty((3,), np.float32).ptr != ptr  # the capsule holds the memory: not back in the pool
+    del capsule
+    gc.collect()
+    assert memory.empty((3,), np.float32).ptr == ptr  # released with it
     for dtype in (np.bool_, np.int8, np.uint64, np.float16, np.float64):
         a = memory.empty((0, 3), dtype)
         assert memory.read_dlpack_capsule(a.__dlpack__())[2:4] == ((0, 3), np.dtype(dtype))

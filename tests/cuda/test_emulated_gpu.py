@@ -27,14 +27,9 @@ from jitop.topi import cuda_mma
 from jitop.tuner._measure_worker import _compare
 
 
-
-EPS32 = float(np.finfo(np.float32).eps)
-
-
 @pytest.fixture(autouse=True)
 def gpu(monkeypatch):
     """The emulated GPU, for these tests and for those that ask `sim_gpu.gpu_or_simulated` for one."""
-    monkeypatch.setenv("JITOP_TEST_GPU", "emulated")
     return emulated_gpu.install(monkeypatch)
 
 
@@ -71,6 +66,14 @@ def test_an_out_of_bounds_gather_raises_from_the_kernels_own_check_and_touches_n
 
 
 # ** the emulator's own parts **
+
+def _kernel_params(*values: int) -> ctypes.Array:
+    """cuLaunchKernel's `void**` for 64-bit `values` (the array keeps the values alive)."""
+    held = (ctypes.c_int64 * len(values))(*values)
+    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(held) + 8 * k for k in range(len(values))))
+    params.held = held
+    return params
+
 
 # the rounding intrinsics as emitted code calls them (a <2 x bfloat> comes back in a vector register: bitcast)
 _ROUNDINGS = """
@@ -153,8 +156,7 @@ declare i32 @"llvm.nvvm.shfl.sync.bfly.i32"(i32, i32, i32, i32)
 def test_threads_barriers_and_shuffles_of_a_handwritten_kernel(blocks, threads, offset) -> None:
     program = nvvm_emulator.Program(_THREADS_KERNEL, ["k"])
     out = np.full((blocks, threads), -1, np.int32)
-    values = (ctypes.c_uint64 * 2)(out.ctypes.data, offset)
-    params = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
+    params = _kernel_params(out.ctypes.data, offset)
     program.launch("k", (blocks, 1, 1), (threads, 1, 1), ctypes.addressof(params))
     t = np.arange(threads)
     want = (threads - 1 - t) * 1000 + (t ^ offset)
@@ -179,11 +181,13 @@ def test_a_write_outside_an_allocation_fails_as_an_illegal_address(at, fails) ->
     fake.cuMemAlloc_v2(ctypes.byref(out), 64)  # 16 int32
     fake.programs["store_at"] = nvvm_emulator.Program(_PAST_THE_END, ["store_at"])
     fake.cuModuleGetFunction(ctypes.byref(handle), None, b"store_at")
-    values = (ctypes.c_int64 * 2)(out.value, at)
-    params = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
+    params = _kernel_params(out.value, at)
     rc = fake.cuLaunchKernel(handle.value, 1, 1, 1, 1, 1, 1, 0, None, params, None)
     assert rc == (emulated_gpu.ILLEGAL_ADDRESS if fails else 0)
     assert fake.overruns == ([("store_at", out.value, 64)] if fails else [])
+    inside = _kernel_params(out.value, 0)  # a later launch is judged by its own writes
+    assert fake.cuLaunchKernel(handle.value, 1, 1, 1, 1, 1, 1, 0, None, inside, None) == 0
+    assert len(fake.overruns) == fails
 
 
 _DIVERGENT_BARRIER = """

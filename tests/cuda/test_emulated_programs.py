@@ -32,7 +32,6 @@ EPS32 = float(np.finfo(np.float32).eps)
 @pytest.fixture(autouse=True)
 def gpu(monkeypatch):
     """The emulated GPU, for these tests and for those that ask `sim_gpu.gpu_or_simulated` for one."""
-    monkeypatch.setenv("JITOP_TEST_GPU", "emulated")
     return emulated_gpu.install(monkeypatch)
 
 
