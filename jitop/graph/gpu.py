@@ -62,6 +62,8 @@ from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
+_ARRAY_TYPES = (np.ndarray, DeviceArray)  # arguments whose shape a call plan reads as it is
+
 # a graph primitive (or CPU template) -> its GPU templates, found through the registry, in order of preference:
 # the first whose workload type takes the sizes computes it (a product of few rows is a GEMV: `gpu_workload`)
 GPU_TEMPLATES = {"matmul": ("cuda.gemv", "cuda.matmul"), "conv2d": ("cuda.conv2d",)}
@@ -198,6 +200,8 @@ class GpuExecutable:
         """Whether `values` (numpy or device arrays, or stand-ins of their shapes) fit the compiled signature:
         ranks, dtypes, constant and tied dims, guards. What a dispatcher asks before it serves a new size with
         this function."""
+        if self._plain is not None and all(type(values[k]) in _ARRAY_TYPES for k in self._plain):
+            return self._accepts_arrays([values[k] for k in self._plain])
         shaped = []
         for (kind, what), p in zip(self.inputs, self.function.params):
             value = what if kind in ("const", "live") else values[what if kind == "arg" else what[0]]
@@ -212,6 +216,16 @@ class GpuExecutable:
             env = dict(zip((s.name for s in self.function.symbols), self.function.binder.bind(shaped)))
         except ValueError:  # a tied dim disagrees, or a size beyond its symbol's type
             return False
+        return all(holds(env) for _, holds in self.guards)
+
+    def _accepts_arrays(self, arrays: list) -> bool:
+        """`accepts` for a function called on its arguments as they are, numpy or jitop device arrays: checked as
+        the call checks them (which then finds them checked), and the guards hold at the symbols' values."""
+        try:
+            values = self.function.symbol_values(arrays)
+        except (TypeError, ValueError):  # a dtype, rank or dim that does not fit, a size beyond its symbol's type
+            return False
+        env = dict(zip((s.name for s in self.function.symbols), values))
         return all(holds(env) for _, holds in self.guards)
 
     def set_result(self, tree: Any) -> None:

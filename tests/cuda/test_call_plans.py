@@ -14,7 +14,7 @@ from jitop.runtime.cuda import plan
 
 def _planner(workspaces):
     dims = {d: compile_dim(d) for _, _, shape in workspaces for d in shape if isinstance(d, str)}
-    return plan.Planner([], ["n"], 1, [np.dtype("f4")], lambda k, values: (values[0], 2), workspaces, dims, None)
+    return plan.Planner([], ["n"], 1, [(np.dtype("f4"), ("n", 2))], lambda k, values: (values[0], 2), workspaces, dims, None)
 
 
 def test_workspaces_share_one_arena_each_at_an_aligned_offset_of_its_own():
@@ -91,3 +91,64 @@ def test_a_launch_shape_seen_before_reuses_its_prepared_launch(monkeypatch):
         a = np.arange(n, dtype=np.float32)
         np.testing.assert_array_equal(f(a, a), a * a + 1)
     assert [g[0] for g in prepared] == [2, 4]
+
+
+class _CountedKernel:
+    """A stand-in driver.Function: counts the launches it prepares (grid, block)."""
+
+    def __init__(self):
+        self.prepared_shapes = []
+
+    def prepared(self, grid, block, arg_types, grid_hint=""):
+        self.prepared_shapes.append((grid, block))
+        return lambda args: None
+
+
+def test_a_constant_launch_is_prepared_once_and_a_symbolic_one_per_new_shape():
+    from jitop.codegen.nvptx import Launch
+    launches = [Launch("fixed", (4, 1, 1), (128, 1, 1), 0), Launch("rows", ("n * 2", 1, 1), (64, 1, 1), 0)]
+    dims = {"n * 2": compile_dim("n * 2")}
+    kernels = [_CountedKernel(), _CountedKernel()]
+    templates = [plan.LaunchTemplate(k, launch, 2, 1, dims) for k, launch in zip(kernels, launches)]
+    planner = plan.Planner(templates, ["n"], 1, [(np.dtype("f4"), ("n", 3))], lambda k, v: (v[0], 3), [], dims, None)
+    plans = [planner.plan([n], 1) for n in (5, 6, 7, 6)]
+    assert kernels[0].prepared_shapes == [((4, 1, 1), (128, 1, 1))]
+    assert [grid for grid, _ in kernels[1].prepared_shapes] == [(10, 1, 1), (12, 1, 1), (14, 1, 1)]
+    assert [len(p.launches) for p in plans] == [2] * 4 and plans[1].launches[1][0] is plans[3].launches[1][0]
+    assert [p.outputs[0][0] for p in plans] == [(5, 3), (6, 3), (7, 3), (6, 3)]  # symbolic: per plan
+    fixed = plan.Planner(templates, ["n"], 1, [(np.dtype("f4"), (2, 3))], None, [], dims, None).plan([9], 1)
+    assert fixed.outputs == [((2, 3), np.dtype("f4"), 6, plan.BlockPool.rounded(24))]  # constant: no function
+
+
+def test_a_new_size_accepted_by_the_dispatcher_is_checked_once(monkeypatch):
+    from jitop.runtime.args import ShapeBinder
+    sim_gpu.install(monkeypatch)
+    bound, real = [], ShapeBinder.bind
+    monkeypatch.setattr(ShapeBinder, "bind", lambda self, arrays: bound.append(1) or real(self, arrays))
+
+    @jitop.kernel(target="cuda -arch=sm_90")
+    def scaled(x):
+        return x * 2.5 - 1
+
+    for n in (40, 41, 42):  # the second size makes the function symbolic; later sizes are accepted, then called
+        x = jitop.cuda.to_device(np.arange(n, dtype=np.float32))
+        np.testing.assert_array_equal(scaled(x).get(), np.arange(n, dtype=np.float32) * 2.5 - 1)
+    bound.clear()
+    x = jitop.cuda.to_device(np.arange(43, dtype=np.float32))
+    np.testing.assert_array_equal(scaled(x).get(), np.arange(43, dtype=np.float32) * 2.5 - 1)
+    assert len(bound) == 1
+
+
+def test_checked_shapes_remembered_never_skip_the_address_check(monkeypatch):
+    from jitop.runtime.cuda.memory import DeviceArray
+    sim_gpu.install(monkeypatch)
+    f = _add_one()
+    a = jitop.cuda.to_device(np.arange(37, dtype=np.float32))
+    assert f.symbol_values([a, a]) == [37]
+    shifted = DeviceArray((37,), np.float32, a.ptr + 4, owner=a)  # same shape and dtype, an unaligned address
+    with pytest.raises(ValueError, match=r"argument 'A' \(position 0\) starts at a device address"):
+        f.symbol_values([shifted, a])
+    with pytest.raises(ValueError, match=r"argument 'B' \(position 1\) dimension 0 is 36, but it must equal"):
+        f.symbol_values([a, jitop.cuda.to_device(np.zeros(36, np.float32))])
+    with pytest.raises(TypeError, match=r"takes its 2 inputs, or all 3 arguments"):
+        f.symbol_values([a])

@@ -44,6 +44,11 @@ class GpuFunction:
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
         self._loaded: tuple[Any, Planner] | None = None
         self._plans: dict[tuple, CallPlan] = {}  # the arguments' shapes and dtypes -> what such a call launches
+        # per parameter what an argument must have: its dtype, and its shape where that is constant, else its rank
+        # and constant dims (position, size)
+        self._fits = [(p.dtype, p.shape if all(type(d) is int for d in p.shape) else None, len(p.shape),
+                       [(j, d) for j, d in enumerate(p.shape) if type(d) is int]) for p in self.params]
+        self._last_checked: tuple[tuple, list[int]] = ((), [])  # the shapes `symbol_values` checked last
 
     @property
     def name(self) -> str:
@@ -75,7 +80,7 @@ class GpuFunction:
             templates = [LaunchTemplate(module.function(k.name), k, n_buffers, len(self.symbols), self._dims)
                          for k in self.built.kernels]
             planner = Planner(templates, [s.name for s in self.symbols], self.n_inputs,
-                              [p.dtype for p in self.params[self.n_inputs:]], self.binder.shape,
+                              [(p.dtype, p.shape) for p in self.params[self.n_inputs:]], self.binder.shape,
                               self.built.workspaces, self._dims, self.built.error_symbol)
             self._loaded = module, planner
         return self._loaded
@@ -103,11 +108,46 @@ class GpuFunction:
             key.append((a.shape, a.dtype))
         return tuple(key)
 
+    def symbol_values(self, arrays: Sequence[DeviceArray | np.ndarray]) -> list[int]:
+        """The symbols' values of a call on `arrays` (inputs, or inputs then outputs: jitop device arrays, or numpy
+        arrays standing for theirs), checked as a call checks them: a TypeError or ValueError naming the argument
+        that does not fit. Needs no GPU. What a dispatcher asks before it serves a new size with this function;
+        the call that follows finds the shapes checked (the last shapes checked are remembered).
+
+        >>> f.symbol_values([np.zeros(1000, np.float32)])   # doctest: +SKIP
+        [1000]
+        """
+        if len(arrays) not in (self.n_inputs, len(self.params)):
+            raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
+                            f"(inputs then outputs); got {len(arrays)}")
+        for k, a in enumerate(arrays):
+            if type(a) is not np.ndarray and a.ptr % ALLOC_ALIGN:
+                self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
+        key = tuple([(a.shape, a.dtype) for a in arrays])
+        checked_key, values = self._last_checked
+        if key != checked_key:
+            for k, a in enumerate(arrays):
+                if not self._fits_param(k, a):
+                    self._argument(k, a, a)  # raises the error that names what does not fit
+            values = self.binder.bind(arrays)
+            self._last_checked = key, values
+        return values
+
     def _plan(self, args: Sequence[DeviceArray], key: tuple | None) -> CallPlan:
         """The call plan of the device arrays `args`, checked here as `_call` checks them (a bad call raises its
         error)."""
-        values = self.binder.bind([self._argument(k, a, a) for k, a in enumerate(args)])
-        return self._plan_checked(values, len(args), key)
+        return self._plan_checked(self.symbol_values(args), len(args), key)
+
+    def _fits_param(self, k: int, a: DeviceArray | np.ndarray) -> bool:
+        """Whether argument k's dtype and shape fit its parameter (`_argument`'s checks but the address's,
+        answered without building an error)."""
+        dtype, constant, ndim, fixed = self._fits[k]
+        if a.dtype != dtype:
+            return False
+        shape = a.shape
+        if constant is not None:
+            return shape == constant
+        return len(shape) == ndim and all(shape[j] == d for j, d in fixed)
 
     def _plan_checked(self, values: list[int], n_args: int, key: tuple | None) -> CallPlan:
         """The call plan of `n_args` arguments already checked, whose shapes gave the symbols `values`, kept under

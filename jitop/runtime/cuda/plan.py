@@ -34,8 +34,7 @@ class CallPlan:
 
     def __init__(self, outputs: list, arena_bytes: int, offsets: list[int], launches: list,
                  error_symbol: str | None):
-        # an output: (shape, dtype, elements, the pool's size class of its bytes)
-        self.outputs = [(shape, dtype, n, BlockPool.rounded(n * dtype.itemsize)) for shape, dtype, n in outputs]
+        self.outputs = outputs  # `output_spec`s
         self.arena_bytes, self.offsets = arena_bytes, offsets
         self.launches, self.error_symbol = launches, error_symbol
         self._no_arena = [0] * len(offsets)  # the workspaces' addresses when all are empty
@@ -73,7 +72,7 @@ class LaunchTemplate:
     """One kernel's launch with what no call changes worked out: the loaded kernel, the buffers it takes, its
     argument types, its grid and block as functions of the symbols' values (constants where they are)."""
 
-    __slots__ = ("kernel", "launch", "taken", "arg_types", "grid", "block", "_queues")
+    __slots__ = ("kernel", "launch", "taken", "arg_types", "grid", "block", "constant", "fixed", "_queues")
 
     def __init__(self, kernel: driver.Function, launch: Launch, n_buffers: int, n_symbols: int,
                  dims: dict[str, DimFn]):
@@ -81,8 +80,10 @@ class LaunchTemplate:
         self.taken = launch.pointers(range(n_buffers))
         self.arg_types = ["ptr"] * len(self.taken) + ["i64"] * n_symbols
         self.grid, self.block = sizer(launch.grid, dims), sizer(launch.block, dims)
+        self.constant = all(type(d) is int for d in (*launch.grid, *launch.block))  # no symbol changes the launch
         # prepared launches by (grid, block): a decode step's new cache length changes few kernels' launch shapes
         self._queues: dict[tuple, Callable[[Sequence[int]], None]] = {}
+        self.fixed: tuple = ()  # a constant launch's one prepared launch (or None), once made
 
     def prepared(self, env: dict[str, int]) -> Callable[[Sequence[int]], None] | None:
         """The launch at the symbols' values `env`, checked; None for an empty grid (nothing to launch)."""
@@ -96,20 +97,28 @@ class LaunchTemplate:
             if len(self._queues) >= MAX_QUEUES:
                 del self._queues[next(iter(self._queues))]
             self._queues[grid, block] = queue
+        if self.constant:
+            self.fixed = (queue,)
         return queue
 
 
 class Planner:
-    """Makes a GPU function's call plans. Its parameters are `n_inputs` inputs, then outputs of `output_dtypes`;
-    `output_shape(k, values)` is parameter k's shape at the symbols' values (checked: no negative size);
-    `workspaces` are the build's (name, dtype, shape)."""
+    """Makes a GPU function's call plans. Its parameters are `n_inputs` inputs, then `outputs` (dtype, declared
+    shape: ints and symbolic sizes); `output_shape(k, values)` is parameter k's shape at the symbols' values
+    (checked: no negative size); `workspaces` are the build's (name, dtype, shape)."""
 
     def __init__(self, templates: list[LaunchTemplate], symbol_names: list[str], n_inputs: int,
-                 output_dtypes: list[np.dtype], output_shape: Callable[[int, Sequence[int]], tuple[int, ...]],
+                 outputs: list[tuple[np.dtype, tuple]], output_shape: Callable[[int, Sequence[int]], tuple[int, ...]],
                  workspaces: Sequence[tuple], dims: dict[str, DimFn], error_symbol: str | None):
         self.templates, self.symbol_names, self.n_inputs = templates, symbol_names, n_inputs
-        self.output_dtypes, self.output_shape = output_dtypes, output_shape
-        self.workspaces = [(np.dtype(dt).itemsize, sizer(shape, dims)) for _, dt, shape in workspaces]
+        self.output_shape = output_shape
+        # per output (dtype, its shape, elements, pool size class) where the shape is constant, else its dtype
+        self.outputs = [output_spec(shape, dtype) if all(type(d) is int for d in shape) else dtype
+                        for dtype, shape in outputs]
+        # per workspace its bytes in the arena (a multiple of ARENA_ALIGN), or where a symbol sizes it, a function
+        # of the symbols' values giving them
+        self.workspaces = [_arena_bytes(np.dtype(dt).itemsize, shape, dims) for _, dt, shape in workspaces]
+        self._arena = None if any(map(callable, self.workspaces)) else _layout(self.workspaces)
         self.error_symbol = error_symbol
 
     def plan(self, values: Sequence[int], n_args: int) -> CallPlan:
@@ -118,19 +127,45 @@ class Planner:
         env = dict(zip(self.symbol_names, values))
         outputs = []
         if n_args == self.n_inputs:  # else the outputs were given
-            for k, dtype in enumerate(self.output_dtypes, start=n_args):
-                shape = self.output_shape(k, values)
-                outputs.append((shape, dtype, math.prod(shape)))
-        offsets, end = [], 0
-        for itemsize, size in self.workspaces:
-            offsets.append(end)
-            end += -(-math.prod(size(env)) * itemsize // ARENA_ALIGN) * ARENA_ALIGN
+            for k, spec in enumerate(self.outputs, start=n_args):
+                outputs.append(spec if type(spec) is tuple else output_spec(self.output_shape(k, values), spec))
+        offsets, end = self._arena or _layout([b(env) if callable(b) else b for b in self.workspaces])
+        values = list(values)  # passed after the buffers to every launch (never changed)
         launches = []
         for template in self.templates:
-            queue = template.prepared(env)
+            queue = template.fixed[0] if template.fixed else template.prepared(env)
             if queue is not None:
-                launches.append((queue, template.taken, list(values)))
+                launches.append((queue, template.taken, values))
         return CallPlan(outputs, end, offsets, launches, self.error_symbol)
+
+
+def output_spec(shape: tuple[int, ...], dtype: np.dtype) -> tuple:
+    """What a call plan allocates for an output: (shape, dtype, elements, the pool's size class of its bytes), the
+    arguments of `DeviceArray.allocate_exact`."""
+    n = math.prod(shape)
+    return shape, dtype, n, BlockPool.rounded(n * dtype.itemsize)
+
+
+def _arena_bytes(itemsize: int, shape: Sequence[int | str], dims: dict[str, DimFn]) -> int | Callable[[dict], int]:
+    """A workspace's bytes in the arena, rounded up to ARENA_ALIGN: an int, or for a symbolic shape a function
+    of the symbols' values."""
+    size = sizer(shape, dims)
+    if all(type(d) is int for d in shape):
+        return _aligned(math.prod(size({})) * itemsize)
+    return lambda env: _aligned(math.prod(size(env)) * itemsize)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+
+
+def _layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Each workspace's offset in the arena, and the arena's bytes."""
+    offsets, end = [], 0
+    for nbytes in sizes:
+        offsets.append(end)
+        end += nbytes
+    return offsets, end
 
 
 def sizer(dims: Sequence[int | str], compiled: dict[str, DimFn]) -> Sizer:
