@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,11 +38,18 @@ WEIGHTS_ON_GPU = "symbolic, weights on the GPU"
 
 
 def _fake_gpu() -> None:
-    """tests/fake_driver.py's libcuda stand-in in place of the real one (no GPU here)."""
+    """tests/fake_driver.py's libcuda stand-in in place of the real one (no GPU here), its allocations left
+    uninitialised as cuMemAlloc's are (the stand-in zeroes them: a cost a GPU's host does not have)."""
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     from fake_driver import FakeDriver
     from jitop.runtime.cuda import driver
     fake = FakeDriver()
+
+    def uninitialised(nbytes: int) -> int:
+        block = np.empty(nbytes, np.uint8)
+        fake.memory[block.ctypes.data] = block
+        return block.ctypes.data
+    fake._host_memory = uninitialised
     driver.lib = lambda: fake
 
 
@@ -152,8 +160,31 @@ def call_costs() -> dict:
              "jitop.build function, output allocated": lambda: f(da, db),
              "@jitop.kernel, constant shape": lambda: constant(da, db),
              "@jitop.kernel, symbolic size": lambda: symbolic(da, db)}
+    calls.update(_decode_layer_calls())
     out = {name: bench_gpu.us_per_call(call, driver.synchronize) for name, call in calls.items() if call is not None}
     return {"gpu": driver.available(), "us": out}
+
+
+def _decode_layer_calls() -> dict[str, Callable[[], Any]]:
+    """One GPT-2-width decode layer (`decode_step`, weights and activations device arrays) called at one cache
+    length again and again, and called on its own outputs (a cache one row longer every call: a new size each
+    time, as in a decode loop)."""
+    import bench_shapes as bs
+    import jitop
+    layers, embed = bs.decode_weights(np.random.default_rng(5))
+    params = [jitop.cuda.to_device(w) for w in layers[0]]
+    step = jitop.kernel(bs.decode_step, target="cuda")
+    prefill = jitop.kernel(bs.prefill, target="cuda")
+    x, k, v = prefill(embed[:bs.PROMPT], *params)
+    h = jitop.cuda.to_device(embed[:1])
+    for _ in range(3):  # the second length makes the cache's length a symbol
+        _, k, v = step(h, k, v, *params)
+    same, grown = (k, v), [k, v]
+
+    def longer() -> None:
+        _, grown[0], grown[1] = step(h, *grown, *params)
+    return {"decode layer (10 launches), the same cache length": lambda: step(h, *same, *params),
+            "decode layer, a cache one row longer every call": longer}
 
 
 LONG = "long"
