@@ -97,6 +97,17 @@ class FakeDriver:
 
     cuMemcpyDtoH_v2 = cuMemcpyHtoD_v2
 
+    def cuMemcpyDtoD_v2(self, dst, src, nbytes):
+        """A device-to-device copy; regions that overlap are refused (CUDA leaves such a copy undefined)."""
+        if src < dst + nbytes and dst < src + nbytes:
+            return self._record("cuMemcpyDtoD_v2", (dst, src, nbytes)) or 1  # CUDA_ERROR_INVALID_VALUE
+        ctypes.memmove(dst, src, nbytes)
+        return self._record("cuMemcpyDtoD_v2", (dst, src, nbytes))
+
+    def cuMemsetD8_v2(self, dst, value, nbytes):
+        ctypes.memset(dst, value, nbytes)
+        return self._record("cuMemsetD8_v2", (dst, value, nbytes))
+
     def cuLinkCreate_v2(self, count, keys, values, state):
         self.link_options = {keys[k]: values[k] for k in range(count)}
         state._obj.value = 0x11

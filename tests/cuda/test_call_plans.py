@@ -14,7 +14,8 @@ from jitop.runtime.cuda import plan
 
 def _planner(workspaces):
     dims = {d: compile_dim(d) for _, _, shape in workspaces for d in shape if isinstance(d, str)}
-    return plan.Planner([], ["n"], 1, [(np.dtype("f4"), ("n", 2))], lambda k, values: (values[0], 2), workspaces, dims, None)
+    return plan.Planner([], ["n"], 1, [(np.dtype("f4"), ("n", 2))], lambda k, values: (values[0], 2), workspaces,
+                        dims, None)
 
 
 def test_workspaces_share_one_arena_each_at_an_aligned_offset_of_its_own():

@@ -1,5 +1,6 @@
-"""Arrays in GPU memory: `DeviceArray` (owning its allocation, or a zero-copy view of another library's array),
-host <-> device copies, and the interop protocols (__cuda_array_interface__ both ways, DLPack in).
+"""Arrays in GPU memory: `DeviceArray` (owning its allocation, or a zero-copy view of another library's array, or
+of another DeviceArray's contiguous part), host <-> device and device copies, and the interop protocols
+(__cuda_array_interface__ both ways, DLPack both ways).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jitop.runtime.cuda import driver
+from jitop.runtime.cuda import driver, views
 
 _LEGACY_STREAM, _PER_THREAD_STREAM = 1, 2  # __cuda_array_interface__ v3 / DLPack stream numbers
 
@@ -116,6 +117,66 @@ class DeviceArray:
         if self.nbytes:
             a = np.ascontiguousarray(a)
             driver.copy_htod(self.ptr, a.ctypes.data, self.nbytes)
+
+    # ** views and copies on the device **
+    def __getitem__(self, index: Any) -> "DeviceArray":
+        """A view of `self[index]` for a basic index (ints, slices, `...`, None) whose elements are one
+        C-contiguous block (`a[3]`, `a[2:5]`, `a[1, :4]`): it shares this array's memory and keeps it alive; a
+        0-d view for a single element. TypeError for any other selection (`a[:, 1]`, `a[::2]`, arrays as
+        indices): a device array has no strides.
+
+        >>> cache = jitop.cuda.zeros((1024, 768), np.float32)   # doctest: +SKIP
+        >>> cache[:17].shape, cache[16].shape                     # doctest: +SKIP
+        ((17, 768), (768,))
+        """
+        offset, shape = views.contiguous_region(self.shape, self.dtype.itemsize, index)
+        return DeviceArray(shape, self.dtype, self.ptr + offset, owner=self)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """Write `value` into `self[index]` (a view `__getitem__` allows): a device array of the view's dtype and
+        shape (leading size-1 dims aside) is copied on the GPU; anything else is made on the host as numpy's
+        `view[...] = value` makes it (casts, broadcasting, numpy's errors), then copied in."""
+        view = self[index]
+        source = as_device_array(value)
+        if source is None:
+            host = np.empty(view.shape, view.dtype)
+            host[...] = value
+            view.copy_from_host(host)
+            return
+        if source.dtype != view.dtype or _unpadded(source.shape) != _unpadded(view.shape):
+            raise ValueError(f"cannot copy a device array of shape {source.shape} and dtype {source.dtype.name} "
+                             f"into a view of shape {view.shape} and dtype {view.dtype.name}: the GPU copies "
+                             "bytes as they are (no broadcasting or casting); give a numpy value instead")
+        view._copy_from_device(source)
+
+    def reshape(self, *shape: Any) -> "DeviceArray":
+        """A view of the same memory with another shape (C order; one dimension may be -1), as numpy's reshape
+        of a C-contiguous array.
+
+        >>> jitop.cuda.zeros(12, np.float32).reshape(3, -1).shape   # doctest: +SKIP
+        (3, 4)
+        """
+        return DeviceArray(views.reshaped(self.shape, shape), self.dtype, self.ptr, owner=self)
+
+    def ravel(self) -> "DeviceArray":
+        """A 1-d view of the same memory."""
+        return self.reshape(-1)
+
+    def copy(self) -> "DeviceArray":
+        """A new array (its own memory) holding a copy of this one, copied on the GPU."""
+        return DeviceArray.allocate(self.shape, self.dtype)._copy_from_device(self)
+
+    def _copy_from_device(self, source: "DeviceArray") -> "DeviceArray":
+        """Copy `source`'s bytes (as many as this array has) over this array's; returns self. Overlapping memory
+        (`a[1:] = a[:-1]`) goes through a temporary: a device-to-device copy's regions may not overlap."""
+        if not self.nbytes:
+            return self
+        if source.ptr < self.ptr + self.nbytes and self.ptr < source.ptr + self.nbytes:
+            if source.ptr == self.ptr:
+                return self
+            source = source.copy()
+        driver.copy_dtod(self.ptr, source.ptr, self.nbytes)
+        return self
 
     def fill_zeros(self) -> "DeviceArray":
         """Set every byte to zero; returns self."""
@@ -267,6 +328,14 @@ def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
 def zeros(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
     """A device array of zeros."""
     return empty(shape, dtype).fill_zeros()
+
+
+def _unpadded(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` without its leading size-1 dims (numpy assigns (1, n) into (n,) and back)."""
+    k = 0
+    while k < len(shape) and shape[k] == 1:
+        k += 1
+    return shape[k:]
 
 
 def to_device(arr: Any, dtype: Any = None) -> DeviceArray:
