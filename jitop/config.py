@@ -91,13 +91,28 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 
 def cache_size() -> int:
     """Size limit of the persistent cache in bytes (JITOP_CACHE_SIZE: bytes, or "500MB", "2G"; default 2 GiB);
     least-recently-used entries are evicted beyond it."""
-    raw = os.environ.get("JITOP_CACHE_SIZE", "").strip().lower()
+    return _env_size("JITOP_CACHE_SIZE", 2 << 30)
+
+
+def cuda_pool_limit() -> int:
+    """Bytes of freed GPU memory jitop keeps for reuse (JITOP_CUDA_POOL_LIMIT: bytes, or "500MB", "2G"; default
+    1 GiB; 0 frees every block when its array goes). A bad value is ignored with a warning: it is read when
+    jitop's GPU runtime is imported, which must not fail."""
+    try:
+        return _env_size("JITOP_CUDA_POOL_LIMIT", 1 << 30)
+    except ValueError as e:
+        warnings.warn(f"ignoring it: {e}", RuntimeWarning, stacklevel=2)
+        return 1 << 30
+
+
+def _env_size(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip().lower()
     if not raw:
-        return 2 << 30
+        return default
     m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", raw)
     if m is None or m.group(2) not in _SIZE_UNITS:
-        raise ValueError(f"environment variable JITOP_CACHE_SIZE={raw!r} must be a size such as 500MB, 2G or "
-                         "a number of bytes")
+        raise ValueError(f"environment variable {name}={raw!r} must be a size such as 500MB, 2G or a number of "
+                         "bytes")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
 
 

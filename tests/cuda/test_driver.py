@@ -537,6 +537,54 @@ def test_a_full_pool_frees_the_blocks_given_back_longest_ago(fake, monkeypatch):
     assert fake.freed == ptrs and memory.POOL.held == 0
 
 
+def test_memory_info_counts_live_and_pooled_blocks_and_empty_cache_frees_the_pooled(fake):
+    import jitop
+    a, b = memory.empty(100, np.float32), memory.empty(300, np.float32)  # 512- and 1536-byte blocks
+    view = a[10:20]  # a view holds its base's block, not one of its own
+    assert jitop.cuda.memory_info() == {"in_use": 2048, "pooled": 0, "pool_limit": 1 << 30}
+    pb = b.ptr
+    del b
+    gc.collect()
+    assert jitop.cuda.memory_info()["in_use"] == 512 and jitop.cuda.memory_info()["pooled"] == 1536
+    jitop.cuda.empty_cache()
+    assert fake.freed == [pb] and jitop.cuda.memory_info() == {"in_use": 512, "pooled": 0, "pool_limit": 1 << 30}
+    del a, view
+    gc.collect()
+    assert jitop.cuda.memory_info()["in_use"] == 0 and jitop.cuda.memory_info()["pooled"] == 512
+
+
+def test_a_lower_pool_limit_frees_the_oldest_blocks_now_and_zero_keeps_none(fake):
+    import jitop
+    arrays = [memory.empty(128 * (k + 1), np.float32) for k in range(3)]  # 512, 1024, 1536 bytes
+    ptrs = [x.ptr for x in arrays]
+    for k in range(3):
+        arrays[k] = None  # given back in order
+    gc.collect()
+    jitop.cuda.set_pool_limit(2000)
+    assert fake.freed == ptrs[:2] and jitop.cuda.memory_info()["pooled"] == 1536
+    jitop.cuda.set_pool_limit(0)
+    c = memory.empty(10, np.float32)
+    pc = c.ptr
+    del c
+    gc.collect()
+    assert fake.freed == [*ptrs, pc] and jitop.cuda.memory_info() == {"in_use": 0, "pooled": 0, "pool_limit": 0}
+    with pytest.raises(ValueError, match="number of bytes >= 0"):
+        jitop.cuda.set_pool_limit(-1)
+
+
+def test_the_pool_limit_comes_from_the_environment_and_a_bad_value_is_ignored_with_a_warning(monkeypatch):
+    from jitop import config
+    monkeypatch.setenv("JITOP_CUDA_POOL_LIMIT", "256MB")
+    assert config.cuda_pool_limit() == 256 << 20
+    monkeypatch.setenv("JITOP_CUDA_POOL_LIMIT", "lots")
+    with pytest.warns(RuntimeWarning, match="JITOP_CUDA_POOL_LIMIT='lots' must be a size"):
+        assert config.cuda_pool_limit() == 1 << 30
+    script = "import jitop.runtime.cuda.memory as m; print(m.POOL.limit)"
+    env = {**os.environ, "JITOP_CUDA_POOL_LIMIT": "0"}
+    assert subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "0"
+
+
 def test_a_block_given_back_while_its_thread_holds_the_pool_s_lock_does_not_deadlock(fake):
     """A garbage collection can run inside the pool's locked regions (any allocation may start one) and collect
     a device array there, whose block comes back to the same pool from the same thread."""

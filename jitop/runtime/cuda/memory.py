@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jitop import config
 from jitop.runtime.cuda import driver, views
 
 _LEGACY_STREAM, _PER_THREAD_STREAM = 1, 2  # __cuda_array_interface__ v3 / DLPack stream numbers
@@ -245,6 +246,7 @@ class BlockPool:
 
     def __init__(self, limit: int = 1 << 30):
         self.limit, self.held = limit, 0
+        self.in_use = 0  # bytes of the blocks live arrays hold (taken, not given back)
         # both ordered oldest first: a class's blocks (the newest is taken) and all blocks (the oldest are freed)
         self.blocks: dict[tuple[int, int], dict[int, None]] = {}  # (library id, size) -> addresses
         self.given: dict[tuple[int, int, int], None] = {}  # (library id, size, address)
@@ -268,18 +270,24 @@ class BlockPool:
                 ptr, _ = free.popitem()
                 del self.given[id(lib), size, ptr]
                 self.held -= size
+                self.in_use += size
                 return ptr, size
         try:
-            return driver.mem_alloc(size), size
+            ptr = driver.mem_alloc(size)
         except driver.CudaError as err:
             if err.name != "CUDA_ERROR_OUT_OF_MEMORY" or not self.held:
                 raise
-        self.drain()
-        return driver.mem_alloc(size), size
+            self.drain()
+            ptr = driver.mem_alloc(size)
+        with self.lock:
+            self.in_use += size
+        return ptr, size
 
     def give(self, lib: Any, ptr: int, size: int) -> None:
         """A collected array's block: kept, after freeing the blocks given back longest ago if the pool would hold
         more than its limit; freed itself if it is larger than the limit."""
+        with self.lock:
+            self.in_use -= size
         if size > self.limit:
             driver._release(lib.cuMemFree_v2, ptr)
             return
@@ -316,8 +324,43 @@ class BlockPool:
             blocks, self.blocks, self.given, self.held = list(self.given), {}, {}, 0
         self._free(blocks)
 
+    def set_limit(self, nbytes: int) -> None:
+        """Keep at most `nbytes` of freed blocks from now on (the blocks given back longest ago are freed now if
+        more are held)."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"the pool's limit must be a number of bytes >= 0, got {nbytes!r}")
+        with self.lock:
+            self.limit = nbytes
+            evicted = self._evict(self.held - nbytes) if self.held > nbytes else None
+        if evicted:
+            self._free(evicted)
 
-POOL = BlockPool()
+
+POOL = BlockPool(config.cuda_pool_limit())
+
+
+def empty_cache() -> None:
+    """Give every freed block jitop keeps for reuse back to the driver (as `torch.cuda.empty_cache()`): for
+    another library on the same GPU that runs out of memory. Arrays alive keep theirs."""
+    POOL.drain()
+
+
+def memory_info() -> dict[str, int]:
+    """jitop's GPU memory in bytes: "in_use" (the blocks of live device arrays jitop allocated), "pooled" (freed
+    blocks kept for reuse: `empty_cache()` frees them) and "pool_limit" (the most it keeps:
+    JITOP_CUDA_POOL_LIMIT, `set_pool_limit`). Sizes are of blocks (an array's bytes rounded up to its size
+    class).
+
+    >>> sorted(jitop.cuda.memory_info())
+    ['in_use', 'pool_limit', 'pooled']
+    """
+    with POOL.lock:
+        return {"in_use": POOL.in_use, "pooled": POOL.held, "pool_limit": POOL.limit}
+
+
+def set_pool_limit(nbytes: int) -> None:
+    """Keep at most `nbytes` of freed GPU memory for reuse (0: free every block when its array goes)."""
+    POOL.set_limit(nbytes)
 
 
 def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
