@@ -144,11 +144,12 @@ def test_checked_shapes_remembered_never_skip_the_address_check(monkeypatch):
     from jitop.runtime.cuda.memory import DeviceArray
     sim_gpu.install(monkeypatch)
     f = _add_one()
-    a = jitop.cuda.to_device(np.arange(37, dtype=np.float32))
-    assert f.symbol_values([a, a]) == [37]
+    a, out = (jitop.cuda.to_device(np.arange(37, dtype=np.float32)) for _ in range(2))
     shifted = DeviceArray((37,), np.float32, a.ptr + 4, owner=a)  # same shape and dtype, an unaligned address
+    assert f.symbol_values([a, a, out]) == f.symbol_values([shifted, a, out]) == [37]  # shapes only
     with pytest.raises(ValueError, match=r"argument 'A' \(position 0\) starts at a device address"):
-        f.symbol_values([shifted, a])
+        f.launcher([shifted, a, out])  # its shapes were checked last: its address still is
+    assert f.symbol_values([a, a]) == [37]
     with pytest.raises(ValueError, match=r"argument 'B' \(position 1\) dimension 0 is 36, but it must equal"):
         f.symbol_values([a, jitop.cuda.to_device(np.zeros(36, np.float32))])
     with pytest.raises(TypeError, match=r"takes its 2 inputs, or all 3 arguments"):

@@ -110,9 +110,10 @@ class GpuFunction:
 
     def symbol_values(self, arrays: Sequence[DeviceArray | np.ndarray]) -> list[int]:
         """The symbols' values of a call on `arrays` (inputs, or inputs then outputs: jitop device arrays, or numpy
-        arrays standing for theirs), checked as a call checks them: a TypeError or ValueError naming the argument
-        that does not fit. Needs no GPU. What a dispatcher asks before it serves a new size with this function;
-        the call that follows finds the shapes checked (the last shapes checked are remembered).
+        arrays standing for theirs), their dtypes and shapes checked as a call checks them: a TypeError or
+        ValueError naming the argument that does not fit. Needs no GPU. What a dispatcher asks before it serves a
+        new size with this function; the call that follows finds the shapes checked (the last shapes checked are
+        remembered; a device array's address is the call's to check).
 
         >>> f.symbol_values([np.zeros(1000, np.float32)])   # doctest: +SKIP
         [1000]
@@ -120,9 +121,6 @@ class GpuFunction:
         if len(arrays) not in (self.n_inputs, len(self.params)):
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(arrays)}")
-        for k, a in enumerate(arrays):
-            if type(a) is not np.ndarray and a.ptr % ALLOC_ALIGN:
-                self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
         key = tuple([(a.shape, a.dtype) for a in arrays])
         checked_key, values = self._last_checked
         if key != checked_key:
@@ -136,6 +134,9 @@ class GpuFunction:
     def _plan(self, args: Sequence[DeviceArray], key: tuple | None) -> CallPlan:
         """The call plan of the device arrays `args`, checked here as `_call` checks them (a bad call raises its
         error)."""
+        for k, a in enumerate(args):
+            if a.ptr % ALLOC_ALIGN:
+                self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
         return self._plan_checked(self.symbol_values(args), len(args), key)
 
     def _fits_param(self, k: int, a: DeviceArray | np.ndarray) -> bool:
