@@ -15,6 +15,7 @@ from jitop import dtypes
 from jitop.graph import shapes as sh
 from jitop.graph.ir import Node, node
 from jitop.graph.tracer import Tracer, Unsupported, as_node, scalar_const, weak_proxy
+from jitop.runtime.args import reshape_target
 
 FUNCTIONS: dict[Callable, Callable] = {}
 
@@ -486,25 +487,12 @@ def reshape(a, *shape, order="C", newshape=None, copy=None):
     target = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
     target = (sh.as_dim(target),) if isinstance(target, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in target)
     if all(type(d) is int for d in target + n.shape):
-        target = _reshape_target(target, n.size)
+        target = reshape_target(target, n.size)
     else:
         target = _reshape_target_symbolic(target, n.shape)
     if sh.same_shape(target, n.shape):
         return Tracer(n, array0d=array_kind(a), order=order_of(a))
     return Tracer(node("reshape", target, n.dtype, (n,)), array0d=array_kind(a), order=order_of(a))
-
-
-def _reshape_target(target: tuple[int, ...], size: int) -> tuple[int, ...]:
-    if target.count(-1) > 1:
-        raise ValueError("can only specify one unknown dimension")
-    if -1 in target:
-        known = math.prod(d for d in target if d != -1)
-        if known == 0 or size % known:
-            raise ValueError(f"cannot reshape array of size {size} into shape {target}")
-        target = tuple(size // known if d == -1 else d for d in target)
-    if math.prod(target) != size:
-        raise ValueError(f"cannot reshape array of size {size} into shape {target}")
-    return target
 
 
 def _reshape_target_symbolic(target: tuple, source: tuple) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -43,6 +44,27 @@ class ParamSpec:
     @staticmethod
     def from_json(d: dict) -> "ParamSpec":
         return ParamSpec(d["name"], np.dtype(d["dtype"]), tuple(d["shape"]), d["is_output"])
+
+
+def reshape_target(target: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """The shape numpy's reshape of `size` elements to `target` gives (one -1 inferred); numpy's ValueError
+    otherwise.
+
+    >>> reshape_target((3, -1), 12)
+    (3, 4)
+    """
+    if target.count(-1) > 1:
+        raise ValueError("can only specify one unknown dimension")
+    if any(d < -1 for d in target):
+        raise ValueError("negative dimensions not allowed")
+    if -1 in target:
+        known = math.prod(d for d in target if d != -1)
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape array of size {size} into shape {target}")
+        target = tuple(size // known if d == -1 else d for d in target)
+    if math.prod(target) != size:
+        raise ValueError(f"cannot reshape array of size {size} into shape {target}")
+    return target
 
 
 def shape_str(shape: Sequence[Dim]) -> str:

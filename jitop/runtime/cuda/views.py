@@ -13,6 +13,8 @@ import math
 import operator
 from typing import Any
 
+from jitop.runtime.args import reshape_target
+
 ADVANCED = ("arrays, lists and booleans as indices (numpy's advanced indexing) copy and gather: take .get() "
             "first, or index inside a @jitop.kernel function")
 
@@ -41,16 +43,7 @@ def reshaped(shape: tuple[int, ...], new: Any) -> tuple[int, ...]:
         dims = tuple(operator.index(d) for d in dims)
     except TypeError:
         raise TypeError(f"reshape takes ints (or one tuple of them), got {new!r}") from None
-    size, known = math.prod(shape), math.prod(d for d in dims if d != -1)
-    if dims.count(-1) > 1 or any(d < -1 for d in dims):
-        raise ValueError(f"can only specify one unknown dimension (-1), and no other negative one: got {dims}")
-    if -1 in dims:
-        if known == 0 or size % known:
-            raise ValueError(f"cannot reshape array of size {size} into shape {dims}")
-        dims = tuple(size // known if d == -1 else d for d in dims)
-    if math.prod(dims) != size:
-        raise ValueError(f"cannot reshape array of size {size} into shape {dims}")
-    return dims
+    return reshape_target(dims, math.prod(shape))
 
 
 def _is_int(x: Any) -> bool:
