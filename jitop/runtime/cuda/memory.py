@@ -286,12 +286,13 @@ class BlockPool:
     def give(self, lib: Any, ptr: int, size: int) -> None:
         """A collected array's block: kept, after freeing the blocks given back longest ago if the pool would hold
         more than its limit; freed itself if it is larger than the limit."""
-        with self.lock:
-            self.in_use -= size
         if size > self.limit:
+            with self.lock:
+                self.in_use -= size
             driver._release(lib.cuMemFree_v2, ptr)
             return
         with self.lock:
+            self.in_use -= size
             over = self.held + size - self.limit
             evicted = self._evict(over) if over > 0 else None
             self.libraries.setdefault(id(lib), lib)
