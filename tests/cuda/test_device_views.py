@@ -195,3 +195,16 @@ def test_a_view_at_an_address_kernels_cannot_load_from_is_refused_by_name(any_gp
     np.testing.assert_array_equal(f(d[4:]).get(), np.arange(4, 12) * 2)  # 16 bytes in: aligned
     with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
         f(d[1:])
+
+
+def test_get_into_an_array_given_allocates_nothing_and_refuses_one_that_does_not_fit(gpu):
+    a, d = _arrays((3, 4))
+    out = np.full((3, 4), -1, np.float32)
+    assert d.get(out=out) is out
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(d[1].get(out=out[2]), a[1])  # a row of out: C-contiguous, writeable
+    assert (out[2] == a[1]).all()
+    for bad in [np.empty((4, 3), np.float32), np.empty((3, 4)), np.empty((4, 3), np.float32).T,
+                np.broadcast_to(np.float32(0), (3, 4)), [[0.0] * 4] * 3]:
+        with pytest.raises(ValueError, match=r"get\(out=...\): out must be a writeable C-contiguous"):
+            d.get(out=bad)

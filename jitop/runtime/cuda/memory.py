@@ -102,9 +102,16 @@ class DeviceArray:
         # an implicit copy hidden in np.asarray would be a silent, slow transfer
         raise TypeError("a DeviceArray lives in GPU memory: call .get() for a numpy copy")
 
-    def get(self) -> np.ndarray:
-        """A C-contiguous numpy copy (after the GPU work queued on the default stream before this call)."""
-        out = np.empty(self.shape, self.dtype)
+    def get(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A C-contiguous numpy copy (after the GPU work queued on the default stream before this call); `out`, a
+        writeable C-contiguous numpy array of this shape and dtype, receives it instead of a new array (as CuPy's
+        `get(out=)`: a loop copying each step's result back allocates nothing)."""
+        if out is None:
+            out = np.empty(self.shape, self.dtype)
+        elif not (type(out) is np.ndarray and out.shape == self.shape and out.dtype == self.dtype
+                  and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"get(out=...): out must be a writeable C-contiguous numpy array of shape {self.shape} "
+                             f"and dtype {self.dtype.name}, got {_described(out)}")
         if self.nbytes:
             driver.copy_dtoh(out.ctypes.data, self.ptr, self.nbytes)
         return out
@@ -372,6 +379,13 @@ def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
 def zeros(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
     """A device array of zeros."""
     return empty(shape, dtype).fill_zeros()
+
+
+def _described(a: Any) -> str:
+    if not isinstance(a, np.ndarray):
+        return type(a).__name__
+    layout = "C-contiguous" if a.flags.c_contiguous else "not C-contiguous"
+    return f"shape {a.shape}, dtype {a.dtype.name}, {layout}{'' if a.flags.writeable else ', read-only'}"
 
 
 def _unpadded(shape: tuple[int, ...]) -> tuple[int, ...]:
