@@ -208,3 +208,32 @@ def test_get_into_an_array_given_allocates_nothing_and_refuses_one_that_does_not
                 np.broadcast_to(np.float32(0), (3, 4)), [[0.0] * 4] * 3]:
         with pytest.raises(ValueError, match=r"get\(out=...\): out must be a writeable C-contiguous"):
             d.get(out=bad)
+
+
+def test_the_readmes_decode_loop_with_a_preallocated_cache(any_gpu):
+    """README "NVIDIA GPUs": new keys and values written into caches allocated once, attention over the rows so
+    far (views), against numpy's loop."""
+    C, T = 16, 5
+    rng = np.random.default_rng(7)
+    w, xs = rng.standard_normal((C, 3 * C)).astype(np.float32), rng.standard_normal((T, 1, C)).astype(np.float32)
+
+    def project(x, w):
+        return np.split(x @ w, 3, axis=-1)
+
+    def attend(q, keys, values):
+        s = q @ keys.T / np.sqrt(np.float32(q.shape[-1]))
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (p / p.sum(axis=-1, keepdims=True)) @ values
+
+    gpu_project, gpu_attend = (jitop.kernel(f, target="cuda") for f in (project, attend))
+    wd = jitop.cuda.to_device(w)
+    keys, values = jitop.cuda.empty((64, C), np.float32), jitop.cuda.empty((64, C), np.float32)
+    for t in range(T):
+        q, k, v = gpu_project(jitop.cuda.to_device(xs[t]), wd)
+        keys[t], values[t] = k, v  # (1, C) into a (C,) row: copied on the GPU
+        out = gpu_attend(q, keys[:t + 1], values[:t + 1]).get()
+        hq, hk, hv = project(xs[t], w)
+        want_keys = np.concatenate([project(x, w)[1] for x in xs[:t + 1]])
+        want_values = np.concatenate([project(x, w)[2] for x in xs[:t + 1]])
+        # float32 sums of 16 products of |q|, |k| ~ 5: ~1e-5 absolute, then a softmax of 5 and a sum of 5
+        np.testing.assert_allclose(out, attend(hq, want_keys, want_values), rtol=2e-5, atol=2e-5)
