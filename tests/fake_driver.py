@@ -108,6 +108,19 @@ class FakeDriver:
         ctypes.memset(dst, value, nbytes)
         return self._record("cuMemsetD8_v2", (dst, value, nbytes))
 
+    def cuMemsetD16_v2(self, dst, value, count):
+        return self._memset_words("cuMemsetD16_v2", dst, value, count, 2)
+
+    def cuMemsetD32_v2(self, dst, value, count):
+        return self._memset_words("cuMemsetD32_v2", dst, value, count, 4)
+
+    def _memset_words(self, name, dst, value, count, width):
+        if dst % width:
+            return self._record(name, (dst, value, count)) or 1  # CUDA_ERROR_INVALID_VALUE: a misaligned address
+        data = value.to_bytes(width, "little") * count
+        ctypes.memmove(dst, data, len(data))
+        return self._record(name, (dst, value, count))
+
     def cuLinkCreate_v2(self, count, keys, values, state):
         self.link_options = {keys[k]: values[k] for k in range(count)}
         state._obj.value = 0x11

@@ -237,3 +237,31 @@ def test_the_readmes_decode_loop_with_a_preallocated_cache(any_gpu):
         want_values = np.concatenate([project(x, w)[2] for x in xs[:t + 1]])
         # float32 sums of 16 products of |q|, |k| ~ 5: ~1e-5 absolute, then a softmax of 5 and a sum of 5
         np.testing.assert_allclose(out, attend(hq, want_keys, want_values), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype, value, setter", [
+    ("float32", 1.5, "cuMemsetD32_v2"), ("float64", 0.0, "cuMemsetD8_v2"), ("float64", 2.0, "cuMemcpyHtoD_v2"),
+    ("float64", -0.0, "cuMemcpyHtoD_v2"), ("int8", -1, "cuMemsetD8_v2"), ("int16", 300, "cuMemsetD16_v2"),
+    ("int64", -1, "cuMemsetD8_v2"), ("bool", True, "cuMemsetD8_v2"), ("uint16", 257, "cuMemsetD8_v2"),
+    ("int32", np.float32(7.9), "cuMemsetD32_v2")])
+def test_fill_and_scalar_assignment_set_memory_with_the_gpus_memset_where_the_bytes_repeat(gpu, dtype, value, setter):
+    want = np.arange(10).astype(dtype)
+    d = jitop.cuda.to_device(want)
+    calls = len(gpu.calls)
+    d[2:7] = value
+    want[2:7] = value
+    np.testing.assert_array_equal(d.get(), want)
+    assert [name for name, _ in gpu.calls[calls:]][0] == setter
+    np.testing.assert_array_equal(d.fill(value).get(), np.full(10, value, dtype))
+
+
+def test_fill_casts_as_numpy_and_an_unaligned_view_takes_the_host_copy(gpu):
+    with pytest.raises(OverflowError):
+        jitop.cuda.zeros(3, np.uint8).fill(300)
+    with pytest.raises(OverflowError):
+        jitop.cuda.zeros(0, np.uint8).fill(300)  # checked even where nothing is set, as numpy does
+    d = jitop.cuda.zeros(5, np.float32)
+    odd = jitop.cuda.DeviceArray((4,), np.float32, d.ptr + 2, owner=d)  # not 4-byte aligned: no 32-bit memset
+    calls = len(gpu.calls)
+    odd.fill(1.0)
+    assert [name for name, _ in gpu.calls[calls:]] == ["cuMemcpyHtoD_v2"]

@@ -26,7 +26,8 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "cuGetErrorName": (_I, _P), "cuGetErrorString": (_I, _P),
     "cuMemAlloc_v2": (_P, _SZ), "cuMemFree_v2": (_DP,), "cuMemGetInfo_v2": (_P, _P),
     "cuMemcpyHtoD_v2": (_DP, _P, _SZ), "cuMemcpyDtoH_v2": (_P, _DP, _SZ), "cuMemcpyDtoD_v2": (_DP, _DP, _SZ),
-    "cuMemsetD8_v2": (_DP, ctypes.c_ubyte, _SZ),
+    "cuMemsetD8_v2": (_DP, ctypes.c_ubyte, _SZ), "cuMemsetD16_v2": (_DP, ctypes.c_ushort, _SZ),
+    "cuMemsetD32_v2": (_DP, _U, _SZ),
     "cuLinkCreate_v2": (_U, _P, _P, _P), "cuLinkAddData_v2": (_P, _I, _P, _SZ, c_char_p, _U, _P, _P),
     "cuLinkComplete": (_P, _P, _P), "cuLinkDestroy": (_P,),
     "cuModuleLoadDataEx": (_P, _P, _U, _P, _P), "cuModuleUnload": (_P,), "cuModuleGetFunction": (_P, _P, c_char_p),
@@ -352,6 +353,16 @@ def memset_d8(dst: int, value: int, nbytes: int) -> None:
     """Set `nbytes` bytes at device address `dst` to `value` (0..255)."""
     context()
     _call("cuMemsetD8_v2", dst, value, nbytes)
+
+
+_MEMSETS = {1: "cuMemsetD8_v2", 2: "cuMemsetD16_v2", 4: "cuMemsetD32_v2"}
+
+
+def memset(dst: int, word: int, width: int, count: int) -> None:
+    """Set `count` words of `width` bytes (1, 2 or 4; `dst` a multiple of it) at device address `dst` to the
+    unsigned `word` (queued on the default stream)."""
+    context()
+    _call(_MEMSETS[width], dst, word, count)
 
 
 # ** PTX -> cubin, modules **

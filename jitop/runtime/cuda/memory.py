@@ -146,6 +146,9 @@ class DeviceArray:
         `view[...] = value` makes it (casts, broadcasting, numpy's errors), then copied in."""
         view = self[index]
         source = as_device_array(value)
+        if source is None and np.ndim(value) == 0:
+            view.fill(value)
+            return
         if source is None:
             host = np.empty(view.shape, view.dtype)
             host[...] = value
@@ -184,6 +187,21 @@ class DeviceArray:
                 return self
             source = source.copy()
         driver.copy_dtod(self.ptr, source.ptr, self.nbytes)
+        return self
+
+    def fill(self, value: Any) -> "DeviceArray":
+        """Set every element to the scalar `value` (cast as numpy's `a.fill(value)` casts it, with its errors);
+        returns self. A value whose bytes repeat a 1, 2 or 4-byte word (0, -1, any float32, 0.0 as float64) is
+        set by the GPU's memset, others through a host array copied in."""
+        scalar = np.empty((), self.dtype)
+        scalar[()] = value
+        word = _repeated_word(scalar.tobytes())
+        if not self.nbytes:
+            return self
+        if word is None or self.ptr % len(word):
+            self.copy_from_host(np.broadcast_to(scalar, self.shape))
+        else:
+            driver.memset(self.ptr, int.from_bytes(word, sys.byteorder), len(word), self.nbytes // len(word))
         return self
 
     def fill_zeros(self) -> "DeviceArray":
@@ -379,6 +397,14 @@ def empty(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
 def zeros(shape: Sequence[int] | int, dtype: Any) -> DeviceArray:
     """A device array of zeros."""
     return empty(shape, dtype).fill_zeros()
+
+
+def _repeated_word(data: bytes) -> bytes | None:
+    """The shortest 1, 2 or 4-byte word that `data` repeats, or None."""
+    for width in (1, 2, 4):
+        if len(data) % width == 0 and data == data[:width] * (len(data) // width):
+            return data[:width]
+    return None
 
 
 def _described(a: Any) -> str:
