@@ -335,7 +335,8 @@ def main() -> None:
         print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {launches or '-'} | {per_launch} | "
               f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {_allocs(r)} | "
               f"{same} |")
-    print(f"\nHost cost of a call: a 256-element kernel, device arrays in and out, best of 3 x 3000 calls "
+    print(f"\nHost cost of a call: a 256-element kernel, and one decode layer (`decode_step`, 10 launches), "
+          "device arrays in and out, best of 3 x 3000 calls "
           f"({'this GPU' if costs['gpu'] else 'no GPU: the launch itself is a no-op stand-in'})\n")
     print("| call | us per call |\n|---|---|")
     for name, us in costs["us"].items():

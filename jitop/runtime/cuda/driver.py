@@ -371,7 +371,8 @@ class _JitLog:
 
     def __init__(self, extra: Sequence[tuple[int, int]] = ()):
         self.info, self.error = ctypes.create_string_buffer(_LOG_BYTES), ctypes.create_string_buffer(_LOG_BYTES)
-        options = [(CU_JIT_INFO_LOG_BUFFER, ctypes.addressof(self.info)), (CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, _LOG_BYTES),
+        options = [(CU_JIT_INFO_LOG_BUFFER, ctypes.addressof(self.info)),
+                   (CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, _LOG_BYTES),
                    (CU_JIT_ERROR_LOG_BUFFER, ctypes.addressof(self.error)),
                    (CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, _LOG_BYTES), *extra]
         self.count = len(options)
@@ -496,7 +497,8 @@ class LaunchLimits:
         `grid_hint`: what the message of a grid over the limits advises)."""
         if len(grid) != 3 or len(block) != 3:
             raise ValueError(f"grid and block must be 3 integers (x, y, z) each, got grid={grid!r}, block={block!r}")
-        (gx, gy, gz), (bx, by, bz), (mgx, mgy, mgz), (mbx, mby, mbz) = grid, block, self.max_grid_dim, self.max_block_dim
+        (gx, gy, gz), (bx, by, bz) = grid, block
+        (mgx, mgy, mgz), (mbx, mby, mbz) = self.max_grid_dim, self.max_block_dim
         limit = self.shared_per_block if dynamic_limit is None else dynamic_limit
         # one chained comparison on the launch path; the slow walk below only names what failed
         if (0 < bx <= mbx and 0 < by <= mby and 0 < bz <= mbz and bx * by * bz <= self.max_threads_per_block
