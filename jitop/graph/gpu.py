@@ -53,6 +53,7 @@ from jitop.graph.fusion import materialize
 from jitop.graph.ir import Node, toposort
 from jitop.graph.shapes import DEFAULT_REP
 from jitop.graph.to_te import ToTE
+from jitop.runtime.args import fits_constant_dims
 from jitop.runtime.cuda.function import GpuFunction
 from jitop.runtime.cuda.memory import DeviceArray, is_device_array
 from jitop.runtime.executable import check_python_int, compile_guard, rebuilder
@@ -206,8 +207,7 @@ class GpuExecutable:
         for (kind, what), p in zip(self.inputs, self.function.params):
             value = what if kind in ("const", "live") else values[what if kind == "arg" else what[0]]
             shape = tuple(np.shape(value)) if kind != "arg" else getattr(value, "shape", None)
-            if shape is None or len(shape) != len(p.shape) or any(type(d) is int and d != g
-                                                                    for d, g in zip(p.shape, shape)):
+            if shape is None or not fits_constant_dims(p.shape, tuple(shape)):
                 return False
             if kind == "arg" and np.dtype(value.dtype) != p.dtype:
                 return False

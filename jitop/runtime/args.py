@@ -85,7 +85,7 @@ def check_array(spec: ParamSpec, position: int, a: object) -> int:
                             f"{a.dtype.str!r}; convert with .astype(np.{spec.dtype.name})")
         raise TypeError(f"{where} must have dtype {spec.dtype.name}, got {a.dtype.name}; "
                         f"convert with .astype(np.{spec.dtype.name}) or rebuild for {a.dtype.name}")
-    if a.shape != spec.shape and (not spec.symbolic or not _fits_constant_dims(spec.shape, a.shape)):
+    if a.shape != spec.shape and (not spec.symbolic or not fits_constant_dims(spec.shape, a.shape)):
         if spec.symbolic:
             raise ValueError(f"{where} must have shape {shape_str(spec.shape)}, got {a.shape}")
         raise ValueError(f"{where} must have shape {spec.shape}, got {a.shape}; the function was compiled for that shape")
@@ -110,7 +110,12 @@ def check_no_overlap(specs: list[ParamSpec], arrays: list[np.ndarray]) -> None:
                                  "jitop kernels need separate output arrays (pass a fresh np.empty_like)")
 
 
-def _fits_constant_dims(shape: tuple[Dim, ...], got: tuple[int, ...]) -> bool:
+def fits_constant_dims(shape: tuple[Dim, ...], got: tuple[int, ...]) -> bool:
+    """Whether an array of shape `got` has the rank of `shape` and its constant dims (a symbolic dim takes any).
+
+    >>> fits_constant_dims(("n", 4), (7, 4)), fits_constant_dims(("n", 4), (7, 5))
+    (True, False)
+    """
     return len(shape) == len(got) and all(type(d) is not int or d == g for d, g in zip(shape, got))
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
-from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, shape_str
+from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, fits_constant_dims, shape_str
 from jitop.runtime.cuda import driver, memory
 from jitop.runtime.cuda.memory import DeviceArray
 from jitop.runtime.cuda.plan import CallPlan, LaunchTemplate, Planner
@@ -44,10 +44,6 @@ class GpuFunction:
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
         self._loaded: tuple[Any, Planner] | None = None
         self._plans: dict[tuple, CallPlan] = {}  # the arguments' shapes and dtypes -> what such a call launches
-        # per parameter what an argument must have: its dtype, and its shape where that is constant, else its rank
-        # and constant dims (position, size)
-        self._fits = [(p.dtype, p.shape if all(type(d) is int for d in p.shape) else None, len(p.shape),
-                       [(j, d) for j, d in enumerate(p.shape) if type(d) is int]) for p in self.params]
         self._last_checked: tuple[tuple, list[int]] = ((), [])  # the shapes `symbol_values` checked last
 
     @property
@@ -124,8 +120,8 @@ class GpuFunction:
         key = tuple([(a.shape, a.dtype) for a in arrays])
         checked_key, values = self._last_checked
         if key != checked_key:
-            for k, a in enumerate(arrays):
-                if not self._fits_param(k, a):
+            for k, (a, p) in enumerate(zip(arrays, self.params)):
+                if a.dtype != p.dtype or not fits_constant_dims(p.shape, a.shape):
                     self._argument(k, a, a)  # raises the error that names what does not fit
             values = self.binder.bind(arrays)
             self._last_checked = key, values
@@ -138,17 +134,6 @@ class GpuFunction:
             if a.ptr % ALLOC_ALIGN:
                 self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
         return self._plan_checked(self.symbol_values(args), len(args), key)
-
-    def _fits_param(self, k: int, a: DeviceArray | np.ndarray) -> bool:
-        """Whether argument k's dtype and shape fit its parameter (`_argument`'s checks but the address's,
-        answered without building an error)."""
-        dtype, constant, ndim, fixed = self._fits[k]
-        if a.dtype != dtype:
-            return False
-        shape = a.shape
-        if constant is not None:
-            return shape == constant
-        return len(shape) == ndim and all(shape[j] == d for j, d in fixed)
 
     def _plan_checked(self, values: list[int], n_args: int, key: tuple | None) -> CallPlan:
         """The call plan of `n_args` arguments already checked, whose shapes gave the symbols `values`, kept under
@@ -232,7 +217,7 @@ class GpuFunction:
         if np.dtype(dev.dtype) != spec.dtype:
             raise TypeError(f"argument '{spec.name}' (position {k}) must have dtype {spec.dtype.name}, got "
                             f"{np.dtype(dev.dtype).name}")
-        if len(dev.shape) != len(spec.shape) or any(type(d) is int and d != g for d, g in zip(spec.shape, dev.shape)):
+        if not fits_constant_dims(spec.shape, tuple(dev.shape)):
             raise ValueError(f"argument '{spec.name}' (position {k}) must have shape {shape_str(spec.shape)}, got "
                              f"{tuple(dev.shape)}")
         if not isinstance(dev, np.ndarray) and dev.ptr % ALLOC_ALIGN:

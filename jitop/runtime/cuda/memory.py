@@ -19,19 +19,11 @@ from jitop.runtime.cuda import driver, views
 _LEGACY_STREAM, _PER_THREAD_STREAM = 1, 2  # __cuda_array_interface__ v3 / DLPack stream numbers
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def _is_c_contiguous(shape: tuple[int, ...], strides: Sequence[int] | None, itemsize: int) -> bool:
     """numpy's rule: strides of extent-1 axes do not matter, and an empty array is contiguous."""
     if strides is None or 0 in shape:
         return True
-    expected = _c_strides(shape, itemsize)
+    expected = views.c_strides(shape, itemsize)
     return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected))
 
 
@@ -88,7 +80,7 @@ class DeviceArray:
     @property
     def strides(self) -> tuple[int, ...]:
         """Byte strides (always C order)."""
-        return _c_strides(self.shape, self.dtype.itemsize)
+        return views.c_strides(self.shape, self.dtype.itemsize)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -466,8 +458,8 @@ def _from_interface(obj: Any, cai: dict[str, Any]) -> DeviceArray:
     shape, dtype = declared_shape_dtype(obj)
     if not _is_c_contiguous(shape, cai.get("strides"), dtype.itemsize):
         raise ValueError(f"{what} has strides {tuple(cai['strides'])} (shape {shape}, {dtype.itemsize}-byte items); "
-                         f"GPU kernels need C-contiguous data (strides {_c_strides(shape, dtype.itemsize)}): pass a "
-                         "contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)")
+                         f"GPU kernels need C-contiguous data (strides {views.c_strides(shape, dtype.itemsize)}): "
+                         "pass a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)")
     stream = cai.get("stream")
     if stream == 0:
         raise ValueError(f"{what} names stream 0, which the protocol forbids (ambiguous)")

@@ -25,15 +25,23 @@ def contiguous_region(shape: tuple[int, ...], itemsize: int, index: Any) -> tupl
     not basic or whose region is not C-contiguous (it would need strides)."""
     picks = _per_axis(shape, index)
     out_shape = tuple(n for kind, _, n, _ in picks if kind != "int")
-    strides = _strides(shape, itemsize)
-    axes = [(start, n, step, stride) for (kind, start, n, step), stride in _with_strides(picks, strides)]
+    axes = [(start, n, step) for kind, start, n, step in picks if kind != "new"]  # one per axis of the array
     if math.prod(out_shape) == 0:
         return 0, out_shape  # nothing is read: the view starts where the array does
-    if not _contiguous(shape, [(s, n, st) for s, n, st, _ in axes]):
+    if not _contiguous(shape, axes):
         raise TypeError(f"index {_show(index)} of an array of shape {shape} selects elements that are not "
                         "contiguous in memory; a device array is a C-contiguous block: take .get() first, or "
                         "compute the selection in a @jitop.kernel function")
-    return sum(start * stride for start, _, _, stride in axes), out_shape
+    return sum(start * stride for (start, _, _), stride in zip(axes, c_strides(shape, itemsize))), out_shape
+
+
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of a C-contiguous array of `shape` (numpy's: a size-0 axis counts as 1)."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def reshaped(shape: tuple[int, ...], new: Any) -> tuple[int, ...]:
@@ -88,26 +96,13 @@ def _per_axis(shape: tuple[int, ...], index: Any) -> list[tuple[str, int, int, i
     return picks
 
 
-def _strides(shape: tuple[int, ...], itemsize: int) -> list[int]:
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return strides[::-1]
-
-
-def _with_strides(picks: list, strides: list[int]) -> list:
-    """The picks of the array's axes (None's dropped), each with its axis's stride."""
-    return list(zip([p for p in picks if p[0] != "new"], strides))
-
-
 def _contiguous(shape: tuple[int, ...], axes: list[tuple[int, int, int]]) -> bool:
     """Whether the selected (start, count, step) per axis is one C-contiguous block (count > 0 everywhere):
     every axis after the last partly taken one is whole, that one steps by 1 (or takes one element), and every
     axis before it takes one element."""
     partial = [k for k, (start, n, _) in enumerate(axes) if (start, n) != (0, shape[k])]
     if not partial:
-        return all(step == 1 or n == 1 for _, n, step in axes)
+        return True  # every axis whole: the array itself
     last = partial[-1]
     _, n, step = axes[last]
     return (step == 1 or n == 1) and all(count == 1 for _, count, _ in axes[:last])
