@@ -101,6 +101,8 @@ def _frozen(value: Any) -> Any:
 # makes the signature run as numpy, naming it
 _CONSTANT_LEAVES = (type(None), str, bytes, complex, type, np.dtype, type(Ellipsis))
 _JUST_ARRAYS = {np.ndarray}
+_PYTHON_SCALARS = (bool, int, float, complex)
+_SCALARS_STATIC = "scalars"  # a static flag: static when the value is a Python scalar (made so on use)
 _DTYPE_SHAPE = operator.attrgetter("dtype", "shape")  # an exact ndarray's argspec
 
 
@@ -187,8 +189,8 @@ class KernelFunction:
         self.__doc__ = fn.__doc__
         self.signature = inspect.signature(fn)
         names = list(self.signature.parameters)
+        self._static_on_use: set[str] = set()  # made static by a call (for Python scalars), kept for the next process
         self._set_static({names[i] for i in static_argnums} | set(static_argnames))
-        self._static_on_use: set[str] = set()  # made static by a call, and kept for the next process
         self._static_loaded = False
         self._binder = _positional_binder(list(self.signature.parameters.values()))
         self.fallback = fallback
@@ -207,7 +209,10 @@ class KernelFunction:
         only a function without any may take."""
         params = list(self.signature.parameters.values())
         self.static = static
-        self._static_flags = tuple(p.name in static for p in params)
+        # a parameter made static on use is so for Python scalars only (what was used as a size): an array passed
+        # to it later is traced as ever, not keyed by identity and computed per call
+        self._static_flags = tuple(_SCALARS_STATIC if p.name in self._static_on_use
+                                   else p.name in static for p in params)
         self._simple = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
         # the native entry can serve a signature whose leaves are exactly the positional arguments
         self._positional = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
@@ -224,8 +229,8 @@ class KernelFunction:
         if not names:
             return False
         if not names <= self.static:
+            self._static_on_use |= names - self.static
             self._set_static(self.static | names)
-            self._static_on_use |= names
             kernel_cache.save_static(self.qualified_name, self._code_digest(), sorted(self._static_on_use))
         return True
 
@@ -248,7 +253,7 @@ class KernelFunction:
         params = {p.name for p in self.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)}
         names = set(kernel_cache.load_static(self.qualified_name, self._code_digest())) & params
-        self._static_on_use |= names
+        self._static_on_use |= names - self.static
         return names - self.static
 
     @property
@@ -378,7 +383,8 @@ class KernelFunction:
         leaves: list[Any] = []
         specs: list[tuple] = []
         defs = []
-        for v, static in zip(values, self._static_flags):
+        for v, flag in zip(values, self._static_flags):
+            static = flag is True or flag is _SCALARS_STATIC and type(v) in _PYTHON_SCALARS
             if static or not pytree.is_node(v) or not _holds_array(v):
                 leaves.append(v)
                 specs.append(argspec(v, static))

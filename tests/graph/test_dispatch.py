@@ -661,14 +661,19 @@ def test_wrong_number_of_arguments_raises_type_error() -> None:
 
 def test_a_parameter_learned_static_by_an_earlier_process_takes_an_array(private_cache) -> None:
     """An earlier process's call used a Python scalar for `a` as a size, so `a` is static on use from the first
-    call here; an array given for it is keyed by identity (unhashable), as any static array is. The recompile
-    after loading the learned parameters keyed it as it was (a TypeError: unhashable type 'numpy.ndarray')."""
+    call here: for Python scalars only. An array given for it is traced and compiled (once for its shape), not
+    keyed by identity; the recompile after loading the learned parameters once crashed on that key (a TypeError:
+    unhashable type 'numpy.ndarray')."""
     from jitop.graph import kernel_cache
 
     def fn(a, b):
-        return np.asarray(a) * b
+        return a * b
 
     f = jitop.kernel(fn)
     kernel_cache.save_static(f.qualified_name, f._code_digest(), ["a"])
     a, b = np.arange(6.0).reshape(2, 3), np.float64(2.0)
-    assert_same(jit_call(jitop.kernel(fn), a, b), fn(a, b))
+    g = jitop.kernel(fn)
+    assert_same(jit_call(g, a, b), fn(a, b))
+    assert_same(jit_call(g, a + 1, b), fn(a + 1, b))
+    assert g.static == {"a"} and g.traces == 1
+    assert_same(jit_call(g, 3, b), fn(3, b))  # a Python scalar: keyed by its value

@@ -96,3 +96,42 @@ def test_a_damaged_record_of_static_parameters_is_ignored(private_cache):
         assert kernel_cache.load_static(kf.qualified_name, kf._code_digest()) == []
     x = np.ones((4, 6), np.float32)
     np.testing.assert_array_equal(jitop.kernel(rows, fallback=False)(x, 2), rows(x, 2))
+
+
+def sum_or_scale(x, n):
+    return x.sum(axis=n) if np.ndim(n) == 0 else x * n  # a scalar is an axis, an array a factor
+
+
+def test_an_array_passed_to_a_parameter_made_static_is_still_traced():
+    """Static on use is for the Python scalars that were used as sizes: an array later passed to the same parameter
+    is traced and compiled as ever (not keyed by identity and traced anew on every call), in this kernel and in a
+    new one that learned the parameter from the persistent cache."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    kf = jitop.kernel(sum_or_scale, fallback=False)
+    np.testing.assert_array_equal(kf(x, 1), x.sum(axis=1))
+    assert kf.static == {"n"}
+    for k in range(3):
+        before = kf.traces
+        factor = np.full(4, k, np.float32)
+        np.testing.assert_array_equal(kf(x, factor), x * factor)
+        assert kf.traces - before == (1 if k == 0 else 0)
+    again = jitop.kernel(sum_or_scale, fallback=False)
+    factor = np.float32(3) * np.ones(4, np.float32)
+    np.testing.assert_array_equal(again(x, factor), x * factor)
+    np.testing.assert_array_equal(again(x, factor + 1), x * (factor + 1))
+    assert again.traces == 1
+    np.testing.assert_array_equal(again(x, 0), x.sum(axis=0))  # a scalar is still keyed by its value
+
+
+def test_an_array_jitop_does_not_compile_falls_back_after_its_parameter_was_made_static():
+    """The order the random-call test once met: a Python scalar made `a` static on use (`.tolist()` of it), then
+    a new kernel of the same code got a float16 array for `a`: it runs as numpy, with the warning."""
+    def listed(a, b):
+        return a.tolist()
+    first = jitop.kernel(listed)
+    with pytest.raises(AttributeError):
+        first(3, None)  # numpy's error too: an int has no .tolist()
+    assert first.static == {"a"}
+    fresh = jitop.kernel(listed)
+    with pytest.warns(jitop.JitopFallbackWarning):
+        assert fresh(np.array(2.75, np.float16), None) == 2.75
