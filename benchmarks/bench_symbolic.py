@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -105,10 +104,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    os.environ.setdefault("JITOP_NUM_THREADS", "2")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
-    with tempfile.TemporaryDirectory(prefix="jitop-bench-symbolic-") as cache:
-        os.environ["JITOP_CACHE_DIR"] = cache
+    from common import bench_process
+    with bench_process("symbolic"):
         from common import machine, table
         print(machine())
         print()
@@ -116,7 +113,6 @@ def main() -> None:
                      "same result, no trace"], measure((7, 100) if args.quick else SIZES)))
         print()
         print(table(["10-element a + b", "µs per call", "native entry"], overhead()))
-        os.environ["JITOP_CACHE"] = "0"  # the workload log's flush at exit must not write to the removed dir
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 (matmul and an im2col conv2d), markdown tables."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -11,9 +12,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import timeit
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -299,3 +301,17 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def bench_process(name: str) -> Iterator[None]:
+    """A benchmark's process: 2 threads for jitop and OpenBLAS unless set, and a temporary JITOP_CACHE_DIR of its
+    own (the workload log's flush at exit is turned off, so it never writes to the removed directory)."""
+    os.environ.setdefault("JITOP_NUM_THREADS", "2")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
+    with tempfile.TemporaryDirectory(prefix=f"jitop-bench-{name}-") as cache:
+        os.environ["JITOP_CACHE_DIR"] = cache
+        try:
+            yield
+        finally:
+            os.environ["JITOP_CACHE"] = "0"

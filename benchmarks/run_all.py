@@ -44,6 +44,7 @@ BENCHES = [("GEMM walk-through (issue 2)", ["bench_gemm.py", "--sizes", "1024", 
            ("Programs whose shapes change (issue 23)", ["bench_shapes.py"], ["bench_shapes.py", "--quick"]),
            ("Symbolic vs specialised kernels (issue 23)", ["bench_symbolic.py"], ["bench_symbolic.py", "--quick"]),
            ("One-row matmuls (issue 23)", ["bench_gemv.py"], ["bench_gemv.py"]),
+           ("In-place assignment compiled", ["bench_assignment.py"], ["bench_assignment.py", "--quick"]),
            ("ONNX models: jitop.onnx vs onnxruntime and torch", ["bench_onnx.py"], ["bench_onnx.py", "--quick"])]
 PREAMBLE = ("# Benchmark results\n\nWritten by `python benchmarks/run_all.py [names]` (see benchmarks/README.md). "
             "Each section is one command's output, run in one go, with the date it ran; figures of different "

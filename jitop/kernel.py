@@ -37,7 +37,8 @@ from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_devi
 from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
-from jitop.graph import kernel_cache
+from jitop.graph import kernel_cache, mutation, writeback
+from jitop.graph.numpy_api import TRACING_NUMPY
 from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, resolve_graph, toposort
@@ -163,6 +164,8 @@ class Trace:
     symbols: dict[str, tuple[str, int]] = field(default_factory=dict)  # symbol -> (leaf name, dim) it came from
     flops: int | None = None  # a symbolic kernel's template flops at the traced call (its tasks': at their rep)
     reps: dict = field(default_factory=dict)  # symbolic matmul row count -> the size its config is decided at
+    # how the arguments the function assigns to in place get their new values (which follow the result: _flatten)
+    writes: tuple[writeback.Write, ...] = ()
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -472,7 +475,14 @@ class KernelFunction:
         """JITOP_VERIFY=1: the kernel's result on this call's arguments against numpy's, before first use; a
         kernel that disagrees is never used (this signature runs as numpy, with a warning) nor kept on disk."""
         from jitop.verify import compare
-        mismatch = compare(entry.call(values), run_numpy())
+        writes = entry.trace.writes
+        if writes:  # each side on copies (the call that follows changes the caller's arrays, once)
+            mine, theirs = ([v.copy() if isinstance(v, np.ndarray) else v for v in values] for _ in range(2))
+            pos, kw = _split_values(self, theirs, entry.trace.arg_tree)
+            mismatch = compare((entry.call(mine), [mine[w.leaf] for w in writes]),
+                               (self.fn(*pos, **kw), [theirs[w.leaf] for w in writes]))
+        else:
+            mismatch = compare(entry.call(values), run_numpy())
         key = entry.lookup.key if entry.lookup is not None else None
         if mismatch is None:
             if key is not None and entry.lookup.status in ("hit", "miss"):
@@ -513,6 +523,9 @@ class KernelFunction:
 
     def _build_trace(self, tr: Trace) -> Overload:
         if self.gpu is not None:
+            if tr.writes:
+                raise Unsupported("in-place assignment to an argument of a GPU kernel",
+                                  "return the new value, or assign through the device array's index outside")
             from jitop.graph.gpu import compile_graph_gpu
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
                                     tr.shape_guards, tr.reps)
@@ -531,7 +544,7 @@ class KernelFunction:
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
         # a function reading globals/closure data or computing with Python ints has no native entry: `call`
         # serves it alone
-        guarded = bool(tr.guards or tr.python_ints)
+        guarded = bool(tr.guards or tr.python_ints or tr.writes)
         symbolic = exe.module.symbols or exe.plan.guards
         return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
                                       accepts=exe.accepts if symbolic else None))
@@ -544,6 +557,8 @@ class KernelFunction:
             ov.call = _guarded_call(ov, self)
             if ov.accepts is not None:
                 ov.accepts = lambda leaves: ov.exe.accepts(leaves)
+        if ov.trace.writes:
+            ov.call = _writing_call(ov.call, ov, self)
         return ov
 
     @property
@@ -597,21 +612,25 @@ class KernelFunction:
                                   "their own)")
             inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr, dynamic.get(k, ())))
         pos, kw = _split_values(self, inputs, tree)
-        # captured arrays are traced as live constants (read in place); if the function uses one outside the
-        # tracer (an `if` on its values, say), it is traced again with them as constants guarded by contents
+        # captured arrays are traced as live constants (read in place), and arrays the function creates with
+        # np.zeros & co. as tracers (it may fill them in place); if the function uses one outside the tracer (an
+        # `if` on its values, say), it is traced again with them as constants (captured ones guarded by contents)
         for live in (True, False):
-            cap = capture(self.fn, live, lambda n: Tracer(n, array0d=True))
+            cap = capture(self.fn, live, lambda n: Tracer(n, array0d=True), TRACING_NUMPY if live else None)
             try:
-                with reading(cap.live):
+                with reading(cap.live), mutation.tracking() as assigned:
                     result = cap.fn(*pos, **kw)
                 break
             except ScalarNeeded:
                 raise  # the same without live arrays: make the scalar static instead
             except (Unsupported, TracerConversionError):
-                if not (live and cap.live):
+                if not (live and cap.fn is not self.fn):
                     raise
         tr.guards = cap.guards
-        tr.results, tr.result = _flatten(result)
+        writes = writeback.plan(assigned.written, _returned_tracers(result))
+        tr.results, tr.result = _flatten(result, writes, assigned.written)
+        tr.writes = tuple(w for w, _ in writes)
+        mutation.check(tr.results)
         # a Python-level check (7 // n of a Python int n, or n + 1 meeting an int8 array) raises whatever the
         # arrays it meets: computed as results of their own (not returned), never skipped for an empty array
         checks = [n for n in toposort(tr.results) if n.prim == "ufunc" and n.param("name").startswith("py_")]
@@ -785,6 +804,44 @@ def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any
     return call
 
 
+def _writing_call(call: Callable[[Sequence[Any]], Any], entry: Overload,
+                  kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
+    """`call` of a function that assigns to arguments in place: their new values (returned after the result)
+    are copied into the caller's arrays. An argument numpy could not write (read-only) raises numpy's error;
+    one sharing memory with another argument makes the call run as numpy (the kernel reads each argument as
+    it was, numpy's code would see its own writes through the other)."""
+    def run(values: Sequence[Any]) -> Any:
+        writes = entry.trace.writes
+        for k in (w.leaf for w in writes):
+            target = values[k]
+            if not target.flags.writeable:
+                raise ValueError("assignment destination is read-only")
+            if any(j != k and isinstance(v, np.ndarray) and np.may_share_memory(target, v)
+                   for j, v in enumerate(values)):
+                pos, kw = _split_values(kf, values, entry.trace.arg_tree)
+                return kf.fn(*pos, **kw)
+        result, new = call(values)
+        placed = {}
+        for w, results in zip(writes, new):
+            whole = w.apply(values[w.leaf], results)
+            if whole is not None:
+                placed[id(whole)] = values[w.leaf]
+        return _swapped(result, placed) if placed else result
+    return run
+
+
+def _swapped(result: Any, placed: Mapping[int, Any]) -> Any:
+    """`result` with each array in `placed` (by identity) replaced by its value there: an argument the function
+    wrote and returned is the caller's array itself, as in numpy."""
+    if id(result) in placed:
+        return placed[id(result)]
+    if type(result) in (tuple, list):
+        return type(result)(_swapped(x, placed) for x in result)
+    if type(result) is dict:
+        return {k: _swapped(v, placed) for k, v in result.items()}
+    return result
+
+
 def _split_values(kf: KernelFunction, values: Sequence[Any], tree: Any = None) -> tuple[list, dict]:
     """Bound argument values (or with `tree`, the parameters' structure, a call's leaves) back into positional
     and keyword arguments of kf.fn."""
@@ -861,18 +918,31 @@ def _bound_python_ints(tr: Trace) -> None:
                else (kind, what) for kind, what in tr.plan]
 
 
-def _flatten(result: Any) -> tuple[list[Node], list]:
+def _flatten(result: Any, writes: Sequence[tuple[writeback.Write, list[Node]]] = (),
+             written: Mapping[int, Tracer] | None = None) -> tuple[list[Node], list]:
     """Array leaves of a (nested) tuple/list/dict result and the result's structure as data: a JSON tree
-    (jitop.runtime.executable.rebuild) unless it holds Python objects JSON cannot carry ("obj" leaves).
+    (jitop.runtime.executable.rebuild) unless it holds Python objects JSON cannot carry ("obj" leaves). The
+    nodes the `writes` of arguments the function assigned to need come first (`written`: argument index ->
+    tracer); the tree is then ["tuple", [result's tree, ["tuple", a tuple per write]]], and an argument written
+    whole and returned is its write's leaf.
 
     >>> _flatten(("n", 3))
     ([], ['tuple', [['const', 'n'], ['const', 3]]])
     """
-    leaves: list[Node] = []
+    leaves: list[Node] = [n for _, nodes in writes for n in nodes]
+    parts, returned = [], {}
+    for w, nodes in writes:
+        first = sum(len(p[1]) for p in parts)
+        parts.append(["tuple", [["out", first + j, bool(w.spec is not None and n.ndim == 0)]
+                                for j, n in enumerate(nodes)]])
+        if w.spec is None and written is not None:
+            returned[id(written[w.leaf])] = ["out", first, False]
 
     def walk(x: Any) -> list:
         if isinstance(x, SymInt):  # a size returned as a Python int: this call's value, which it must keep
             x = int(x)
+        if id(x) in returned:
+            return returned[id(x)]
         if isinstance(x, Tracer):
             if x.order is not None:
                 raise Unsupported(f"returning a view or copy of a {x.order.str} array (numpy keeps its byte order, "
@@ -892,7 +962,20 @@ def _flatten(result: Any) -> tuple[list[Node], list]:
             raise Unsupported("returning a constant numpy array that does not depend on the arguments")
         return leaf(x)
     tree = walk(result)
+    if writes:
+        tree = ["tuple", [tree, ["tuple", parts]]]
     return leaves, tree
+
+
+def _returned_tracers(result: Any) -> set[int]:
+    """The ids of the tracers a function's result holds (in tuples, lists and dict values)."""
+    if isinstance(result, Tracer):
+        return {id(result)}
+    if type(result) in (tuple, list):
+        return set().union(*map(_returned_tracers, result)) if result else set()
+    if type(result) is dict:
+        return _returned_tracers(list(result.values()))
+    return set()
 
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),

@@ -182,9 +182,10 @@ class Capture:
     live: dict[int, Node]
 
 
-def capture(fn: Callable, live: bool, make_tracer: Callable[[Node], Any]) -> Capture:
+def capture(fn: Callable, live: bool, make_tracer: Callable[[Node], Any], numpy: Any = None) -> Capture:
     """What `fn` reads from its globals and closure. live=False: arrays are guarded by contents and traced as
-    the constants the function computes with (when it uses them outside the tracer, e.g. in an `if`)."""
+    the constants the function computes with (when it uses them outside the tracer, e.g. in an `if`). `numpy`:
+    what the function sees for the numpy module it reads by name (numpy itself if None)."""
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType) or not isinstance(getattr(fn, "__globals__", None), dict):
         return Capture(fn, [], {})
@@ -199,6 +200,8 @@ def capture(fn: Callable, live: bool, make_tracer: Callable[[Node], Any]) -> Cap
 
     def watch(where: Any, name: str, v: Any) -> Any:
         """The guard for one captured value; returns what the traced function should see instead (or v)."""
+        if v is np and numpy is not None:
+            return numpy
         if not isinstance(v, _DATA):
             return v
         if isinstance(v, np.ndarray) and live and shareable(v):

@@ -10,14 +10,17 @@ from typing import Any
 
 import numpy as np
 
+from jitop import dtypes
 from jitop.graph import shapes as sh
-from jitop.graph.ir import node
+from jitop.graph.ir import Node, node
 from jitop.graph.tracer import Tracer, Unsupported
 
 
-def _normalise(key: Any, ndim: int) -> list[Any]:
+def _normalise(key: Any, ndim: int, positions: bool = False) -> list[Any]:
     items = list(key) if isinstance(key, tuple) else [key]
     for it in items:
+        if positions and _position(it):
+            continue
         if isinstance(it, (Tracer, np.ndarray, list)) or (isinstance(it, np.generic) and it.dtype == bool) \
                 or isinstance(it, bool):
             raise Unsupported("advanced or boolean-mask indexing (data-dependent output)",
@@ -38,7 +41,8 @@ def _normalise(key: Any, ndim: int) -> list[Any]:
 
 def getitem(t: Tracer, key: Any) -> Tracer:
     """t[key] as an 'index' node: each source dimension is fixed (int) or sliced onto an output axis; one
-    integer array among full slices (`a[rows]`, `a[:, cols]`) is numpy's gather along that axis (np.take)."""
+    integer array among full slices (`a[rows]`, `a[:, cols]`) is numpy's gather along that axis (np.take).
+    A result that is an array is a view of `t` in numpy: jitop.graph.mutation keeps it one."""
     gather = _gather(key)
     if gather is not None:
         from jitop.graph.take import take  # take builds on numpy_api, which imports this module
@@ -47,7 +51,41 @@ def getitem(t: Tracer, key: Any) -> Tracer:
     n = t.node
     # numpy: a 0-d result is a scalar unless the key holds an Ellipsis (x[()] is a scalar, x[...] an array)
     array0d = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
-    items = _normalise(key, n.ndim)
+    spec, shape = basic_index(n, key)
+    if whole(n, spec, shape):
+        if t.array0d == array0d or n.ndim:
+            return t
+        view = Tracer(n, array0d=array0d, order=t.order)
+    else:
+        view = Tracer(node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec)), array0d=array0d, order=t.order)
+    if array0d or view.node.ndim:  # an array (a numpy scalar is a copy)
+        from jitop.graph import mutation
+        mutation.note_view(view, t, key)
+    return view
+
+
+def index_node(n: Node, key: Any) -> Node:
+    """The node of n[key] for a basic index `key` (what `getitem` computes, without a tracer)."""
+    spec, shape = basic_index(n, key)
+    return n if whole(n, spec, shape) else node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec))
+
+
+def whole(n: Node, spec: list, shape: list) -> bool:
+    """Whether an index selects all of n as it is (every axis a full slice, no new axis)."""
+    return all(s[0] == "slice" and type(s[1]) is int and s[1] == 0 and s[2] == 1 for s in spec) \
+        and all(sh.provably_same(a, b) for a, b in zip(shape, n.shape)) and len(shape) == n.ndim
+
+
+def _position(it: Any) -> bool:
+    """A traced integer scalar (a Python int argument, say) used as an index: a position known when it runs."""
+    return isinstance(it, Tracer) and it.node.ndim == 0 and it.node.dtype.is_int and not it.node.dtype.is_bool
+
+
+def basic_index(n: Node, key: Any, positions: list[Node] | None = None) -> tuple[list, list]:
+    """(spec, shape) of n[key] for a basic index: each source dim's ("int", k) or ("slice", start, step, axis)
+    (axis: its position in the result), and the result's shape (None's new axes included). With `positions`,
+    a traced integer scalar in the key is ("at", j), its int64 node appended to positions as the j-th."""
+    items = _normalise(key, n.ndim, positions is not None)
     items += [slice(None)] * (n.ndim - sum(1 for it in items if it is not None))
     spec, shape, dim = [], [], 0
     for it in items:
@@ -55,7 +93,13 @@ def getitem(t: Tracer, key: Any) -> Tracer:
             shape.append(1)
             continue
         size = n.shape[dim]
-        if isinstance(it, slice) and _constant(it, size):
+        if positions is not None and _position(it):
+            if type(size) is int and size == 0:
+                raise IndexError(f"index is out of bounds for axis {dim} with size 0")
+            p = it.node
+            positions.append(p if p.dtype is dtypes.int64 else node("cast", (), dtypes.int64, (p,)))
+            spec.append(("at", len(positions) - 1))
+        elif isinstance(it, slice) and _constant(it, size):
             start, stop, step = it.indices(size)
             length = len(range(start, stop, step))
             spec.append(("slice", start, step, len(shape)))
@@ -72,10 +116,7 @@ def getitem(t: Tracer, key: Any) -> Tracer:
         else:
             spec.append(("int", sh.as_dim(_symbolic_index(it, sh.sym(size), dim))))
         dim += 1
-    if all(s[0] == "slice" and type(s[1]) is int and s[1] == 0 and s[2] == 1 for s in spec) \
-            and all(sh.provably_same(a, b) for a, b in zip(shape, n.shape)) and len(shape) == n.ndim:
-        return t if t.array0d == array0d or n.ndim else Tracer(n, array0d=array0d, order=t.order)
-    return Tracer(node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec)), array0d=array0d, order=t.order)
+    return spec, shape
 
 
 def _gather(key: Any) -> tuple[int, Any] | None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop import dtypes
-from jitop.graph import shapes as sh
+from jitop.graph import mutation, shapes as sh
 from jitop.graph.ir import Node, node
 from jitop.graph.tracer import Tracer, Unsupported, as_node, scalar_const, weak_proxy
 from jitop.runtime.args import reshape_target
@@ -845,7 +845,10 @@ def _cast(a: Any, dtype: Any) -> Tracer:
 def astype(a, dtype, order="K", casting="unsafe", subok=True, copy=True):
     n = as_node(a)
     dt = np.dtype(dtype)
-    return Tracer(cast_node(n, _dtype(dt)), array0d=array_kind(a), order=None if dt.isnative else dt)
+    cast = cast_node(n, _dtype(dt))
+    if cast is n and copy:  # a new array, not `a` (an assignment to one does not change the other)
+        cast = mutation.fresh(n)
+    return Tracer(cast, array0d=array_kind(a), order=None if dt.isnative else dt)
 
 
 @implements(np.shape)
@@ -948,6 +951,43 @@ def _creation_dtype(dtype: Any, default: str = "float64") -> dtypes.DType:
     return _dtype(np.dtype(default if dtype is None else dtype))
 
 
+class TracingNumpy:
+    """numpy as a traced function sees it under its own name (`np.zeros(...)` in the function's code): arrays it
+    creates are tracers, so the function can fill them in place (`out[i] = ...`); everything else is numpy's.
+    An array of a dtype jitop does not compile is numpy's own (a constant of the trace).
+
+    >>> TRACING_NUMPY.float32 is np.float32
+    True
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def zeros(self, shape, dtype=float, order="C", **kwargs):
+        return self.full(shape, 0, dtype if dtype is not None else float, order, **kwargs)
+
+    def ones(self, shape, dtype=None, order="C", **kwargs):
+        return self.full(shape, 1, dtype if dtype is not None else float, order, **kwargs)
+
+    def empty(self, shape, dtype=float, order="C", **kwargs):
+        return self.zeros(shape, dtype, order, **kwargs)
+
+    def full(self, shape, fill_value, dtype=None, order="C", **kwargs):
+        traced = isinstance(fill_value, Tracer)
+        if dtype is not None:
+            dt = np.dtype(dtype)
+        elif traced:
+            dt = np.dtype(fill_value.python_type()) if fill_value.node.weak else fill_value.dtype
+        else:
+            dt = np.asarray(fill_value).dtype
+        if kwargs or dt.name not in dtypes.DTYPES or not (traced or type(fill_value) in (bool, int, float)):
+            return np.full(shape, fill_value, dtype, order, **kwargs)
+        return full_node(shape, fill_value, _dtype(dt))
+
+
+TRACING_NUMPY = TracingNumpy()
+
+
 def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
     shape = (sh.as_dim(shape),) if isinstance(shape, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in shape)
     if isinstance(value, Tracer):
@@ -957,7 +997,10 @@ def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
             return broadcast_to(wrap(node("cast", (), dt, (v,), fit=True)), shape)
         return broadcast_to(astype(value, dt.np), shape)
     c = node("const", (), dt, value=fill_value(value, dt))
-    return Tracer(c, array0d=True) if shape == () else wrap(node("broadcast", shape, dt, (c,)))
+    # a new array each time (np.zeros twice is two arrays, an assignment to one leaves the other)
+    if shape == ():
+        return Tracer(mutation.fresh(c), array0d=True)
+    return wrap(mutation.fresh(node("broadcast", shape, dt, (c,))))
 
 
 def fill_value(value: Any, dt: dtypes.DType) -> Any:
@@ -1000,11 +1043,16 @@ def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *, d
 
 @implements(np.copy)
 def copy(a, order="K", subok=False):
-    return Tracer(as_node(a), array0d=True, order=order_of(a))
+    return Tracer(mutation.fresh(as_node(a)), array0d=True, order=order_of(a))
 
 
 def copy_method(a, order="C"):
-    return Tracer(as_node(a), array0d=array_kind(a), order=order_of(a))  # a numpy scalar's .copy() is a scalar
+    # a numpy scalar's .copy() is a scalar
+    return Tracer(mutation.fresh(as_node(a)), array0d=array_kind(a), order=order_of(a))
+
+
+def flatten(a, order="C"):
+    return copy_method(ravel(a, order=order))
 
 
 @implements(np.tril)
@@ -1038,7 +1086,7 @@ def _method(name: str, fn: Callable) -> None:
 def _install_methods() -> None:
     for name, fn in (("sum", sum_), ("prod", prod), ("max", max_), ("min", min_), ("all", all_), ("any", any_),
                      ("mean", mean), ("var", var), ("std", std), ("argmax", argmax), ("argmin", argmin),
-                     ("ravel", ravel), ("flatten", ravel), ("squeeze", squeeze), ("swapaxes", swapaxes),
+                     ("ravel", ravel), ("flatten", flatten), ("squeeze", squeeze), ("swapaxes", swapaxes),
                      ("clip", clip), ("round", round_), ("astype", astype), ("copy", copy_method), ("dot", dot)):
         _method(name, fn)
     _method("reshape", lambda self, *shape, order="C": reshape(self, *shape, order=order))

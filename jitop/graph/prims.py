@@ -131,6 +131,7 @@ PRIMS: dict[str, Prim] = {
     "reshape": Prim(_INJECTIVE, free=True, emit=rules.emit_reshape, batch=batching.batch_reshape),
     "transpose": Prim(_INJECTIVE, free=True, emit=rules.emit_transpose, batch=batching.batch_transpose),
     "index": Prim(_INJECTIVE, free=True, emit=rules.emit_index, batch=batching.batch_index),
+    "update": Prim(_INJECTIVE, emit=rules.emit_update),  # an assignment a[i] = v (jitop.graph.mutation)
     # ** injective: arithmetic and selection **
     "ufunc": Prim(_INJECTIVE, broadcasts=True, elementwise=True, cost=_ufunc_cost, emit=rules.emit_ufunc,
                   batch=batching.batch_broadcasting),

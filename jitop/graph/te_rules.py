@@ -270,6 +270,36 @@ def emit_index(c: Lowerer, n: Node, idx: Index) -> Expr:
     return c.at(n.src[0], src_idx)
 
 
+def emit_update(c: Lowerer, n: Node, idx: Index) -> Expr:
+    """n[spec] = value (jitop.graph.mutation): the value's element where idx lies in the region, else the old
+    one. The value's index is clamped into its shape, so neither side reads outside its array; with a
+    symbolic region (possibly empty) the value is read only inside it."""
+    old, value, *positions = n.src
+    inside, at, bad = [], [], []
+    for d, (i, s) in enumerate(zip(idx, n.param("spec"))):
+        if s[0] == "int":
+            inside.append(i == as_expr(s[1]))
+            continue
+        if s[0] == "at":  # a traced index: numpy's negative positions, and its IndexError beyond the axis
+            p, size = c.at(positions[s[1]], ()), old.shape[d]
+            inside.append(i == te.select(p < 0, p + size, p))
+            bad.append((d, (p < -size) | (p >= size)))
+            continue
+        start, step, length = as_expr(s[1]), s[2], value.shape[len(at)]
+        offset = i - start if step > 0 else start - i
+        q = offset // abs(step) if abs(step) != 1 else offset
+        inside += [offset >= 0, q < length] + ([offset % abs(step) == 0] if abs(step) != 1 else [])
+        at.append(te.max(te.min(q, length - 1), const(0, q.dtype)))
+    cond = inside[0]
+    for part in inside[1:]:
+        cond = cond & part
+    new, kept = c.at(value, tuple(at)), c.at(old, idx)
+    out = te.select(cond, new, kept) if all(type(d) is int for d in value.shape) else te.if_then_else(cond, new, kept)
+    for d, beyond in bad:
+        out = raise_if(out, beyond, f"IndexError: index out of bounds for axis {d} with size {old.shape[d]}")
+    return out
+
+
 def emit_concat(c: Lowerer, n: Node, idx: Index) -> Expr:
     ax = n.param("axis")
     parts, start = [], 0

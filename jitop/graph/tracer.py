@@ -70,7 +70,7 @@ def weak_proxy(n: Node) -> Any:
 class Tracer:
     """A stand-in for a numpy array during tracing; shape and dtype are known, values are not."""
 
-    __slots__ = ("node", "array0d", "order")
+    __slots__ = ("node", "array0d", "order", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, n: Node, array0d: bool = False, order: np.dtype | None = None):
@@ -78,6 +78,7 @@ class Tracer:
         self.array0d = array0d  # a 0-d result numpy returns as an array (shape functions), not a scalar
         # the non-native dtype numpy gives this array (a view or copy of a byte-swapped argument), else None
         self.order = order if order is not None and (array0d or n.ndim) else None
+        _mutation.note_tracer(self)  # an assignment to memory it shares must reach it
 
     # ** what numpy users read off an array (a Python scalar has none of it) **
     @property
@@ -190,8 +191,7 @@ class Tracer:
         raise Unsupported(f"ndarray.{name}")
 
     def __setitem__(self, key, value):
-        raise Unsupported("in-place assignment to an array (a[...] = ...)",
-                          "build a new array with np.where or np.concatenate instead")
+        _mutation.assign(self, key, value)
 
     # ** numpy protocols **
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
@@ -219,13 +219,8 @@ def _in_place(name: str):
         if self.node.weak:  # a Python scalar is immutable: x += y rebinds x to x + y
             from jitop.graph import pyscalar
             return pyscalar.binary(name, self, other)
-        raise Unsupported(f"in-place operator (x {_SYMBOL[name]}= ...), which would mutate an argument",
-                          f"write x = x {_SYMBOL[name]} ... instead")
+        return _mutation.in_place(self, name, other)
     return method
-
-
-_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
-           "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>", "matmul": "@"}
 
 
 def _operator(name: str, uf: np.ufunc, reflected: bool):
@@ -317,5 +312,7 @@ def trace_symbolic(fn: Callable[..., Any], args: Sequence[Any], dynamic: Mapping
         result = fn(*values)
     return SymbolicTrace(env, inputs, result)
 
-# numpy's functions and the array methods (x.sum(), x.reshape(), ...) are defined there, on Tracer
+# assignments (Tracer.__setitem__, x += y), numpy's functions and the array methods (x.sum(), x.reshape(), ...)
+# are defined there, on Tracer
+from jitop.graph import mutation as _mutation  # noqa: E402
 from jitop.graph import numpy_api as _numpy_api  # noqa: E402,F401

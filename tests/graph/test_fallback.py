@@ -227,46 +227,7 @@ def test_unsupported_argument_dtype_warning_names_a_source_line() -> None:
     assert f"{__file__}:" in str(w[0].message), str(w[0].message)
 
 
-# ** in-place mutation: numpy mutates the caller's array, so the fallback must too **
-
-def iadd(a):
-    a += 1
-    return a * 2
-
-
-def setitem(a):
-    a[0] = 100
-    return a + 1
-
-
-def setslice(a, b):
-    a[1:] = b[:-1]
-    return a.sum()
-
-
-@pytest.mark.parametrize("fn, marker", [(iadd, "a += 1"), (setitem, "a[0] = 100")])
-def test_in_place_mutation_of_an_input_mutates_the_callers_array(fn, marker: str) -> None:
-    k = jitop.kernel(fn)
-    x, y = np.arange(4.0), np.arange(4.0)
-    with pytest.warns(jitop.JitopFallbackWarning, match="in-place") as w:
-        got = k(x)
-    expected = fn(y)
-    assert_same(got, expected)
-    np.testing.assert_array_equal(x, y)  # the caller's array changed exactly as numpy changed it
-    assert f"{__file__}:{_line_of(fn, marker)}" in str(w[0].message)
-    got2, expected2 = k(x), fn(y)  # a second call mutates again, like numpy
-    assert_same(got2, expected2)
-    np.testing.assert_array_equal(x, y)
-
-
-def test_slice_assignment_between_inputs() -> None:
-    k = jitop.kernel(setslice)
-    x, y, b = np.arange(5.0), np.arange(5.0), np.arange(10.0, 15.0)
-    with pytest.warns(jitop.JitopFallbackWarning):
-        got = k(x, b)
-    assert_same(got, setslice(y, b))
-    np.testing.assert_array_equal(x, y)
-
+# ** in-place assignment (compiled: tests/graph/test_assignment.py) **
 
 def test_in_place_operator_on_a_local_temporary_gives_numpy_answer() -> None:
     # `y = a * 2; y += 1` mutates no argument; whether it compiles or falls back, the answer is numpy's

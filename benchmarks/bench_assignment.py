@@ -1,0 +1,137 @@
+"""numpy code that assigns in place, compiled (before it ran as numpy, with a JitopFallbackWarning).
+
+    python benchmarks/bench_assignment.py            # the sizes below
+    python benchmarks/bench_assignment.py --quick    # smaller sizes
+
+Each case is written as numpy users write it, with in-place assignment:
+- softmax in place: `y -= y.max(...)`, `y /= y.sum(...)` on a copy of x (rows x 1024, float32);
+- features: an output made with np.empty and filled a column per statistic (mean, std, max, min of each row);
+- decode step: a KV cache (1024 x 64, float32) argument gets row t written (`cache[t] = k`, t a Python int), then
+  attention of one query over the whole cache; the cache is changed in the caller's array, as numpy changes it.
+jitop runs each compiled (the cache's new value is copied back after the kernel: one pass over the cache);
+numpy runs the same function; torch (where installed) runs the same steps with in-place tensor ops. Times are
+the best single call (common.best_time) in this process, with its own temporary JITOP_CACHE_DIR; the machine
+and its measured FP32 peak are printed first. Before this change jitop ran all three as numpy (same time as the
+numpy column, plus its dispatch).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def softmax_in_place(x):
+    y = x.copy()
+    y -= y.max(axis=-1, keepdims=True)
+    y = np.exp(y)
+    y /= y.sum(axis=-1, keepdims=True)
+    return y
+
+
+def features(x):
+    out = np.empty((x.shape[0], 4), dtype=x.dtype)
+    out[:, 0] = x.mean(axis=1)
+    out[:, 1] = x.std(axis=1)
+    out[:, 2] = x.max(axis=1)
+    out[:, 3] = x.min(axis=1)
+    return out
+
+
+def decode_step(cache, k, q, t):
+    cache[t] = k
+    scores = cache @ q / 8.0
+    scores -= scores.max()
+    w = np.exp(scores)
+    return w @ cache / w.sum()
+
+
+def torch_versions():
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(2)
+
+    def softmax_t(x):
+        y = x.clone()
+        y -= y.amax(dim=-1, keepdim=True)
+        y = torch.exp(y)
+        y /= y.sum(dim=-1, keepdim=True)
+        return y
+
+    def features_t(x):
+        out = torch.empty((x.shape[0], 4), dtype=x.dtype)
+        out[:, 0] = x.mean(dim=1)
+        out[:, 1] = x.std(dim=1, unbiased=False)
+        out[:, 2] = x.amax(dim=1)
+        out[:, 3] = x.amin(dim=1)
+        return out
+
+    def decode_t(cache, k, q, t):
+        cache[t] = k
+        scores = cache @ q / 8.0
+        scores -= scores.max()
+        w = torch.exp(scores)
+        return w @ cache / w.sum()
+    return torch, {"softmax in place": softmax_t, "features": features_t, "decode step": decode_t}
+
+
+def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list]]:
+    rows = 256 if quick else 2048
+    x = rng.standard_normal((rows, 1024)).astype(np.float32)
+    f = rng.standard_normal((rows * 2, 256)).astype(np.float32)
+    cache = rng.standard_normal((1024, 64)).astype(np.float32)
+    k, q = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    return [(f"softmax in place ({rows}x1024)", softmax_in_place, [x]),
+            (f"features ({rows * 2}x256)", features, [f]),
+            ("decode step (cache 1024x64, t=700)", decode_step, [cache, k, q, 700])]
+
+
+def measure(quick: bool) -> list[list[str]]:
+    import jitop
+    from common import best_time
+    rng = np.random.default_rng(25)
+    peers = torch_versions()
+    rows = []
+    for name, fn, args in cases(quick, rng):
+        kernel = jitop.kernel(fn, fallback=False)
+        mine = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        theirs = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        got, want = kernel(*mine), fn(*theirs)
+        same = np.allclose(got, want, rtol=1e-4, atol=1e-5) and all(
+            np.array_equal(m, t) for m, t in zip(mine, theirs) if isinstance(t, np.ndarray))
+        t_np = best_time(lambda: fn(*theirs))
+        t_jit = best_time(lambda: kernel(*mine))
+        t_torch = "-"
+        if peers is not None:
+            torch, fns = peers
+            key = next(k for k in fns if name.startswith(k))
+            targs = [torch.from_numpy(a.copy()) if isinstance(a, np.ndarray) else a for a in args]
+            t_torch = f"{best_time(lambda: fns[key](*targs)) * 1e6:.1f}"
+        rows.append([name, f"{t_np * 1e6:.1f}", t_torch, f"{t_jit * 1e6:.1f}", f"{t_np / t_jit:.2f}",
+                     "yes" if same else "NO", str(kernel.traces)])
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    from common import bench_process
+    with bench_process("assignment"):
+        from common import machine, peak_gflops, table
+        print(machine())
+        peak = peak_gflops()
+        print(f"measured FP32 peak: {peak:.0f} GFLOP/s" if peak else "measured FP32 peak: unavailable")
+        print()
+        print(table(["case", "numpy µs", "torch µs", "jitop µs", "numpy / jitop", "numpy's result and arguments",
+                     "traces"], measure(args.quick)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""In-place assignment to traced arrays (`a[i] = v`, `a += b`), recorded as functional updates.
+
+numpy code writes into arrays: an output filled row by row, `x -= x.max(axis=-1, keepdims=True)`, a cache row
+set in place. A graph has no memory, so an assignment gives the tracer a new node, its old value with the
+region replaced (an 'update' node; torch.compile's functionalization does the same), and what numpy's aliasing
+makes visible is kept:
+- a view made by basic indexing (`row = x[i]`, `x[:, 1:]`) is derived again from its base after the base
+  changes, and writing into one writes its base;
+- an argument written in place is an extra result of the kernel, copied into the caller's array after the call
+  (jitop.kernel);
+- any other tracer that may share the changed memory (a reshape or transpose of it, an alias jitop does not
+  follow) is marked stale: a trace that goes on to use one falls back to numpy rather than compute from the
+  old value. Writing through such a view, or into a captured global array, falls back too.
+
+Outside a trace that tracks assignments (jitop.kernel's) an assignment is not supported.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from jitop.errors import Unsupported
+from jitop.graph import indexing, shapes as sh
+from jitop.graph.ir import Node, node, toposort
+from jitop.graph.tracer import Tracer, as_node
+
+# primitives whose result reads its source's memory as it is (numpy returns views for them)
+_VIEW_PRIMS = frozenset({"index", "reshape", "transpose", "broadcast"})
+
+_IN_PLACE_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
+                    "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "and": np.bitwise_and,
+                    "or": np.bitwise_or, "xor": np.bitwise_xor, "lshift": np.left_shift, "rshift": np.right_shift}
+
+_state = threading.local()
+
+
+class Tracking:
+    """One trace's record of what its assignments need: the live tracers (which may alias what changes), the
+    basic-index views (view, base, key) in the order they were made, and the arguments written (argument
+    index -> the tracer holding its value)."""
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakValueDictionary[int, Tracer] = weakref.WeakValueDictionary()
+        self.views: list[tuple[Tracer, Tracer, Any]] = []
+        self.written: dict[int, Tracer] = {}
+        self.serial = itertools.count()  # tells apart nodes that are equal but not the same memory
+
+    def view_of(self, t: Tracer) -> tuple[Tracer, Any] | None:
+        for view, base, key in self.views:
+            if view is t:
+                return base, key
+        return None
+
+
+@contextlib.contextmanager
+def tracking() -> Iterator[Tracking]:
+    """with tracking() as t: ... -- assignments to tracers made inside are recorded in t."""
+    saved = getattr(_state, "tracking", None)
+    _state.tracking = t = Tracking()
+    try:
+        yield t
+    finally:
+        _state.tracking = saved
+
+
+def _current() -> Tracking | None:
+    return getattr(_state, "tracking", None)
+
+
+def note_tracer(t: Tracer) -> None:
+    """A new tracer: it may alias memory an assignment changes later."""
+    tracking_now = _current()
+    if tracking_now is not None:
+        tracking_now.live[id(t)] = t
+
+
+def note_view(view: Tracer, base: Tracer, key: Any) -> None:
+    """`view` is base[key] (a basic index): numpy's view of base's memory."""
+    tracking_now = _current()
+    if tracking_now is not None:
+        tracking_now.views.append((view, base, key))
+
+
+def fresh(n: Node) -> Node:
+    """n as a node of its own (a new array: np.zeros, a copy), so an equal array made elsewhere is not taken
+    for the same memory."""
+    tracking_now = _current()
+    if tracking_now is None:
+        return n
+    if n.prim == "broadcast":  # np.zeros's scalar broadcast stays one (passes match it: a padding's fill)
+        return node("broadcast", n.shape, n.dtype, n.src, n.weak, fresh=next(tracking_now.serial))
+    return node("copy", n.shape, n.dtype, (n,), fresh=next(tracking_now.serial))
+
+
+def assign(t: Tracer, key: Any, value: Any) -> None:
+    """t[key] = value, numpy's assignment: the value cast to t's dtype and broadcast over the region."""
+    if t.node.weak:
+        raise TypeError(f"'{t.python_type().__name__}' object does not support item assignment")
+    if t.node.ndim == 0 and not t.array0d:
+        raise TypeError(f"'numpy.{t.dtype.name}' object does not support item assignment")
+    tracking_now = _current()
+    if tracking_now is None:
+        raise Unsupported("in-place assignment to an array outside jitop.kernel")
+    if t.order is not None:
+        raise Unsupported(f"in-place assignment to a {t.order.str} array (a non-native byte order)")
+    new = _updated(tracking_now, t.node, key, value)
+    seen = tracking_now.view_of(t)
+    if seen is not None:  # a view: its base's region takes the view's new value
+        base, base_key = seen
+        assign(base, base_key, Tracer(new, array0d=True))
+        return
+    _replace(tracking_now, t, new)
+
+
+def in_place(t: Tracer, name: str, other: Any) -> Tracer:
+    """t <op>= other (`x += y`): numpy's ufunc with out=t (same_kind casting into t's dtype; t's shape)."""
+    ufunc = _IN_PLACE_UFUNCS.get(name)
+    if ufunc is None:
+        raise Unsupported("in-place matrix product (x @= y)", "write x = x @ y instead")
+    result = ufunc(t, other)
+    if t.node.ndim == 0 and not t.array0d:
+        return result  # a numpy scalar is immutable: x += y rebinds x
+    if not np.can_cast(result.dtype, t.dtype, casting="same_kind"):
+        ufunc(np.empty(0, t.dtype), _sample(other), out=np.empty(0, t.dtype))  # raises numpy's error
+        raise TypeError(f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype!r} to {t.dtype!r} with "
+                        "casting rule 'same_kind'")
+    if len(result.shape) != t.node.ndim or not all(sh.provably_same(a, b)
+                                                   for a, b in zip(result.node.shape, t.node.shape)):
+        raise ValueError(f"non-broadcastable output operand with shape {tuple(t.shape)} doesn't match the "
+                         f"broadcast shape {tuple(result.shape)}")
+    assign(t, Ellipsis, result)
+    return t
+
+
+def _sample(value: Any) -> Any:
+    """A stand-in of `value` numpy resolves the same ufunc loop for."""
+    if isinstance(value, Tracer):
+        return value.python_type()(0) if value.node.weak else np.empty(0, value.dtype)
+    return value
+
+
+def _updated(tracking_now: Tracking, n: Node, key: Any, value: Any) -> Node:
+    """The node of n after n[key] = value."""
+    positions: list[Node] = []  # traced integer indices (`cache[t] = row`), read when the kernel runs
+    spec, shape = indexing.basic_index(n, key, positions)
+    v = _region_value(value, n, tuple(shape))
+    if any(type(d) is int and d == 0 for d in shape):
+        return n  # an empty region: nothing changes
+    region = tuple(shape[s[3]] for s in spec if s[0] == "slice")
+    if len(shape) != len(region):  # the new axes (None) of the index hold nothing in n
+        v = node("reshape", region, n.dtype, (v,))
+    if all(s[0] == "slice" for s in spec) and indexing.whole(n, spec, list(region)):
+        return node("copy", n.shape, n.dtype, (v,), fresh=next(tracking_now.serial))
+    return node("update", n.shape, n.dtype, (n, v, *positions), spec=tuple(spec))
+
+
+def _region_value(value: Any, n: Node, shape: tuple) -> Node:
+    """The assigned value as a node of the region's shape and n's dtype (numpy's casts and broadcasting; its
+    errors for a constant value, found by numpy itself)."""
+    dt = n.dtype
+    if isinstance(value, Tracer):
+        v = _traced_value(value, dt)
+    else:
+        if isinstance(value, (complex, np.complexfloating)) or np.asarray(value).dtype.kind not in "biuf":
+            raise Unsupported(f"assigning a value of type {type(value).__name__}")
+        arr = np.asarray(value)
+        np.empty(arr.shape, dt.np)[...] = value  # numpy's own conversion errors (OverflowError, NaN to int)
+        v = as_node(arr.astype(dt.np) if arr.ndim else dt.np.type(value))
+        if v.dtype is not dt:  # a 0-d constant of another dtype
+            v = node("cast", (), dt, (v,))
+    given = vshape = tuple(v.shape)
+    while len(vshape) > len(shape) and _one(vshape[0]):  # numpy drops the value's leading 1s
+        vshape = vshape[1:]
+    if len(vshape) != len(given):
+        v = node("reshape", vshape, dt, (v,))
+    if len(vshape) > len(shape) or not all(_fits(a, b) for a, b in zip(vshape[::-1], shape[::-1])):
+        raise ValueError(f"could not broadcast input array from shape {given} into shape {shape}")
+    if len(vshape) == len(shape) and all(sh.provably_same(a, b) for a, b in zip(vshape, shape)):
+        return v
+    return node("broadcast", shape, dt, (v,))
+
+
+def _one(d: Any) -> bool:
+    return type(d) is int and d == 1
+
+
+def _fits(d: Any, region: Any) -> bool:
+    """Whether a value's dim d broadcasts over a region's dim (a symbolic one: decided and recorded, as
+    broadcasting decides it)."""
+    if _one(d) or sh.provably_same(d, region):
+        return True
+    if type(d) is int and type(region) is int:
+        return False
+    return sh.is_one(d) or sh.require_eq(region, d, "assignment")
+
+
+def _traced_value(value: Tracer, dt: Any) -> Node:
+    v = value.node
+    if not v.weak or v.dtype.is_bool or dt.is_float or v.dtype is dt:
+        return v if v.dtype is dt else node("cast", v.shape, dt, (v,))
+    if v.dtype.is_int and dt.is_int:  # numpy refuses a Python int beyond the dtype: the call checks it
+        return node("cast", (), dt, (v,), fit=True)
+    raise Unsupported(f"assigning a Python {value.python_type().__name__} argument into a {dt.name} array "
+                      "(numpy checks its value when it runs)", "mark the argument static")
+
+
+def _replace(tracking_now: Tracking, root: Tracer, new: Node) -> None:
+    """root's memory now holds `new`: its views are derived again, other tracers that may alias it go stale."""
+    old = root.node
+    if old.param("stale") is not None:
+        raise Unsupported(_STALE)
+    if _base(old) is not old:
+        raise Unsupported("in-place assignment through a reshaped, transposed or broadcast view of an array",
+                          "assign through an index of the array itself")
+    if old.prim == "array_const":
+        raise Unsupported("in-place assignment to a captured global array", "pass it as an argument")
+    if old.prim == "arg":
+        tracking_now.written[old.param("index")] = root
+    for k, w in list(tracking_now.written.items()):
+        if w.node is old:
+            tracking_now.written[k] = root
+    root.node = new
+    derived = {id(root)}
+    for view, base, key in tracking_now.views:
+        if id(base) in derived:
+            view.node = indexing.index_node(base.node, key)
+            derived.add(id(view))
+    for t in list(tracking_now.live.values()):
+        if id(t) not in derived and _reaches(t.node, old):
+            t.node = node("copy", t.node.shape, t.node.dtype, (t.node,), stale=next(tracking_now.serial))
+
+
+def _creation(n: Node) -> bool:
+    return n.prim == "broadcast" and n.src[0].prim == "const"
+
+
+def _base(n: Node) -> Node:
+    """The node whose memory n reads as it is (n itself unless n is a view)."""
+    while n.prim in _VIEW_PRIMS and not _creation(n):
+        n = n.src[0]
+    return n
+
+
+def _reaches(n: Node, old: Node) -> bool:
+    """Whether n is `old` or a view of it."""
+    while n is not old:
+        if n.prim not in _VIEW_PRIMS or _creation(n):
+            return False
+        n = n.src[0]
+    return True
+
+
+_STALE = "reading an array after memory it shares changed in place (a reshape or transpose of it, or an alias " \
+         "jitop does not follow)"
+
+
+def check(results: Iterable[Node]) -> None:
+    """Raise Unsupported if the results read a stale tracer's value."""
+    if any(n.param("stale") is not None for n in toposort(results)):
+        raise Unsupported(_STALE, "copy the array before the assignment, or assign through an index of it")
