@@ -6,9 +6,10 @@
 Each case is written as numpy users write it, with in-place assignment:
 - softmax in place: `y -= y.max(...)`, `y /= y.sum(...)` on a copy of x (rows x 1024, float32);
 - features: an output made with np.empty and filled a column per statistic (mean, std, max, min of each row);
-- decode step: a KV cache (1024 x 64, float32) argument gets row t written (`cache[t] = k`, t a Python int), then
-  attention of one query over the whole cache; the cache is changed in the caller's array, as numpy changes it.
-jitop runs each compiled (the cache's new value is copied back after the kernel: one pass over the cache);
+- decode step: a KV cache (1024 x 64 and 8192 x 128, float32) argument gets row t written (`cache[t] = k`, t a
+  Python int), then attention of one query over the whole cache; the cache is changed in the caller's array, as
+  numpy changes it.
+jitop runs each compiled (the row is written into the caller's cache before the kernel, which reads it there);
 numpy runs the same function; torch (where installed) runs the same steps with in-place tensor ops. Times are
 the best single call (common.best_time) in this process, with its own temporary JITOP_CACHE_DIR; the machine
 and its measured FP32 peak are printed first. Before this change jitop ran all three as numpy (same time as the
@@ -85,11 +86,14 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list
     rows = 256 if quick else 2048
     x = rng.standard_normal((rows, 1024)).astype(np.float32)
     f = rng.standard_normal((rows * 2, 256)).astype(np.float32)
-    cache = rng.standard_normal((1024, 64)).astype(np.float32)
-    k, q = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    decode = []
+    for length, width in ((1024, 64),) if quick else ((1024, 64), (8192, 128)):
+        cache = rng.standard_normal((length, width)).astype(np.float32)
+        k, q = rng.standard_normal(width).astype(np.float32), rng.standard_normal(width).astype(np.float32)
+        decode.append((f"decode step (cache {length}x{width}, t={length - 300})", decode_step,
+                       [cache, k, q, length - 300]))
     return [(f"softmax in place ({rows}x1024)", softmax_in_place, [x]),
-            (f"features ({rows * 2}x256)", features, [f]),
-            ("decode step (cache 1024x64, t=700)", decode_step, [cache, k, q, 700])]
+            (f"features ({rows * 2}x256)", features, [f])] + decode
 
 
 def measure(quick: bool) -> list[list[str]]:

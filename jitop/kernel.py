@@ -41,7 +41,7 @@ from jitop.graph import kernel_cache, mutation, writeback
 from jitop.graph.numpy_api import TRACING_NUMPY
 from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
-from jitop.graph.ir import Node, node, resolve_graph, toposort
+from jitop.graph.ir import Node, node, resolve_graph, substituted, toposort
 from jitop.graph.tasks import row_buckets
 from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
 from jitop.shape_policy import ShapePolicy, struct_key
@@ -627,8 +627,11 @@ class KernelFunction:
                 if not (live and cap.fn is not self.fn):
                     raise
         tr.guards = cap.guards
-        writes = writeback.plan(assigned.written, _returned_tracers(result))
+        returned = _returned_tracers(result)
+        writes = writeback.plan(assigned.written, {id(t) for t in returned}, [t.node for t in returned])
         tr.results, tr.result = _flatten(result, writes, assigned.written)
+        # an update written into the caller's array before the kernel runs is read there
+        tr.results = substituted(tr.results, writeback.early_updates(writes, assigned.written))
         tr.writes = tuple(w for w, _ in writes)
         mutation.check(tr.results)
         # a Python-level check (7 // n of a Python int n, or n + 1 meeting an int8 array) raises whatever the
@@ -820,10 +823,13 @@ def _writing_call(call: Callable[[Sequence[Any]], Any], entry: Overload,
                    for j, v in enumerate(values)):
                 pos, kw = _split_values(kf, values, entry.trace.arg_tree)
                 return kf.fn(*pos, **kw)
+        for w in writes:
+            if w.early:
+                w.write_early(values)
         result, new = call(values)
         placed = {}
         for w, results in zip(writes, new):
-            whole = w.apply(values[w.leaf], results)
+            whole = None if w.early else w.apply(values[w.leaf], results)
             if whole is not None:
                 placed[id(whole)] = values[w.leaf]
         return _swapped(result, placed) if placed else result
@@ -967,15 +973,15 @@ def _flatten(result: Any, writes: Sequence[tuple[writeback.Write, list[Node]]] =
     return leaves, tree
 
 
-def _returned_tracers(result: Any) -> set[int]:
-    """The ids of the tracers a function's result holds (in tuples, lists and dict values)."""
+def _returned_tracers(result: Any) -> list[Tracer]:
+    """The tracers a function's result holds (in tuples, lists and dict values)."""
     if isinstance(result, Tracer):
-        return {id(result)}
+        return [result]
     if type(result) in (tuple, list):
-        return set().union(*map(_returned_tracers, result)) if result else set()
+        return [t for x in result for t in _returned_tracers(x)]
     if type(result) is dict:
         return _returned_tracers(list(result.values()))
-    return set()
+    return []
 
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),

@@ -260,6 +260,16 @@ def toposort(outputs: Iterable[Node], skip: Callable[[Node], bool] | None = None
     return order
 
 
+def substituted(outputs: list[Node], replace: dict[int, Node]) -> list[Node]:
+    """The outputs with each node whose id is in `replace` replaced by its value there (readers rebuilt)."""
+    new: dict[int, Node] = dict(replace)
+    for n in toposort(outputs, skip=lambda m: id(m) in replace):
+        src = tuple(new.get(id(s), s) for s in n.src)
+        new[id(n)] = n if all(a is b for a, b in zip(src, n.src)) else \
+            node(n.prim, n.shape, n.dtype, src, n.weak, **dict(n.params))
+    return [new[id(o)] for o in outputs]
+
+
 def consumers(order: list[Node]) -> dict[Node, list[Node]]:
     """Node -> the nodes that read it (each reader once)."""
     out: dict[Node, list[Node]] = {n: [] for n in order}

@@ -1,11 +1,15 @@
 """How a kernel's call gives the caller's arrays the values the function assigned to them in place.
 
-The kernel computes the new values as extra results (jitop.graph.mutation records which arguments changed);
-after it runs they are written into the caller's arrays. Where the function changed one region of an argument
-(`cache[t] = row`, a decode step's cache) only the region and its traced positions are results, assigned with
-numpy's indexing: a row, not a copy of the whole cache per call.
+jitop.graph.mutation records which arguments changed. Three ways, cheapest first:
+- **before the kernel**: the function writes one region of an argument with a value it was given (`cache[t] =
+  k`, k and t arguments: a decode step) and reads the argument only after that write. The call writes the
+  region into the caller's array with numpy's indexing (numpy's casts and errors), then the kernel reads the
+  array itself: no copy of the cache per call;
+- **a region after the kernel**: one region written with a computed value: the region's value and its traced
+  positions are extra results, assigned with numpy's indexing after the kernel;
+- **whole after the kernel**: anything else: the argument's new value is an extra result, copied back.
 
->>> w = Write(0, (("at", 0), ("slice", 0, 1, 0)))
+>>> w = Write(0, (("at", 0), ("slice", 0, 1, 0)), (2,))
 >>> a = np.zeros((3, 2))
 >>> _ = w.apply(a, [np.ones(2), np.int64(-1)])
 >>> a.tolist()
@@ -18,25 +22,39 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jitop.graph.ir import Node
+from jitop.graph.ir import Node, toposort
 from jitop.graph.tracer import Tracer
+
+Source = tuple  # ("leaf", index into the call's leaves) or ("const", value)
 
 
 @dataclass(frozen=True)
 class Write:
     """Argument `leaf`'s new value: the whole array (spec None; one result), or the region a constant basic
-    index spec selects (its results: the region's value, then the position of each "at" entry)."""
+    index spec selects (`region`: the lengths of its slices). Its results: the region's value, then the position
+    of each "at" entry; none if `early` says where the value and positions come from (written before the
+    kernel runs)."""
 
     leaf: int
     spec: tuple | None = None
+    region: tuple[int, ...] = ()
+    early: tuple[Source, tuple[Source, ...]] | None = None
 
     def apply(self, target: np.ndarray, results: Sequence[Any]) -> np.ndarray | None:
         """Write this argument's results into `target`; the array whose values it took when whole (else None)."""
         if self.spec is None:
             np.copyto(target, results[0], casting="unsafe")
             return results[0]
-        value, positions = results[0], results[1:]
-        lengths = iter(value.shape)
+        target[self._index(results[1:])] = results[0]
+        return None
+
+    def write_early(self, values: Sequence[Any]) -> None:
+        """The region write done before the kernel, from the call's leaves."""
+        value, positions = self.early
+        values[self.leaf][self._index([_value(p, values) for p in positions])] = _value(value, values)
+
+    def _index(self, positions: Sequence[Any]) -> tuple:
+        lengths = iter(self.region)
         index = []
         for s in self.spec:
             if s[0] == "int":
@@ -47,27 +65,60 @@ class Write:
                 start, step, length = s[1], s[2], next(lengths)
                 stop = start + step * length
                 index.append(slice(start, None if stop < 0 else stop, step))
-        target[tuple(index)] = value
-        return None
+        return tuple(index)
 
 
-def plan(written: dict[int, Tracer], returned: set[int]) -> list[tuple[Write, list[Node]]]:
-    """Each written argument's Write and the nodes it needs as results. A single region update of the argument
-    as it came in is written as a region, unless the function returns the argument (then the caller gets its
-    own array back, whole)."""
+def _value(source: Source, values: Sequence[Any]) -> Any:
+    return values[source[1]] if source[0] == "leaf" else source[1]
+
+
+def plan(written: dict[int, Tracer], returned: set[int], roots: list[Node]) -> list[tuple[Write, list[Node]]]:
+    """Each written argument's Write and the nodes it needs as results. `returned`: ids of the tracers the
+    function returns (an argument returned is written whole: the caller gets its own array back); `roots`: the
+    nodes the kernel computes otherwise (the results)."""
     out = []
+    graph = toposort(roots + [t.node for t in written.values()])
     for leaf, t in written.items():
         n = t.node
-        region = n.prim == "update" and n.src[0].prim == "arg" and n.src[0].param("index") == leaf \
-            and id(t) not in returned and _constant(n)
-        if region:
-            out.append((Write(leaf, n.param("spec")), list(n.src[1:])))
-        else:
+        if not (n.prim == "update" and n.src[0].prim == "arg" and n.src[0].param("index") == leaf
+                and id(t) not in returned and _constant(n)):
             out.append((Write(leaf), [n]))
+            continue
+        region = tuple(d for d in n.src[1].shape)
+        early = _early(n, graph)
+        out.append((Write(leaf, n.param("spec"), region, early), [] if early else list(n.src[1:])))
     return out
+
+
+def early_updates(writes: list[tuple[Write, list[Node]]], written: dict[int, Tracer]) -> dict[int, Node]:
+    """id of each update written before the kernel -> the argument it is then read as."""
+    return {id(written[w.leaf].node): written[w.leaf].node.src[0] for w, _ in writes if w.early}
 
 
 def _constant(n: Node) -> bool:
     """Whether an update's region is known without its symbols (slice starts and the value's shape are ints)."""
     return all(type(d) is int for d in n.src[1].shape) and all(
         type(s[1]) is int for s in n.param("spec") if s[0] in ("int", "slice"))
+
+
+def _early(n: Node, graph: list[Node]) -> tuple[Source, tuple[Source, ...]] | None:
+    """Where update n's value and positions come from, if it can be written before the kernel: the argument's
+    old value is read by nothing else, and they are arguments or constants (cast and broadcast as numpy's
+    assignment casts and broadcasts them)."""
+    arg = n.src[0]
+    if any(s is arg for m in graph if m is not n for s in m.src):
+        return None
+    sources = [_source(s) for s in n.src[1:]]
+    if any(s is None for s in sources):
+        return None
+    return sources[0], tuple(sources[1:])
+
+
+def _source(n: Node) -> Source | None:
+    while n.prim in ("cast", "broadcast"):
+        n = n.src[0]
+    if n.prim in ("arg", "scalar_arg"):
+        return ("leaf", n.param("index"))
+    if n.prim == "const":
+        return ("const", n.param("value"))
+    return None

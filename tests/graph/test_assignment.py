@@ -333,3 +333,43 @@ def test_assignments_on_symbolic_sizes_compile_once():
         same(k2(mine, row, n - 2), write_row(theirs, row, n - 2))
         same(mine, theirs)
     assert k1.traces <= 2 and k2.traces == 1 and not k1.policy.refused() and not k2.policy.refused()
+
+
+def given(cache, k, t):
+    cache[t] = k
+    return cache @ k
+
+
+def computed(cache, k, t):
+    cache[t] = k * 2 + 1
+    return cache @ k
+
+
+def read_first(cache, k, t):
+    before = cache @ k
+    cache[t] = k
+    return before + cache @ k
+
+
+def two_writes(cache, k, t):
+    cache[t] = k
+    cache[0] += 1
+    return cache @ k
+
+
+@pytest.mark.parametrize("fn, how", [(given, "before"), (computed, "region"), (read_first, "region"),
+                                     (two_writes, "whole")])
+def test_each_way_of_writing_an_argument_back_matches_numpy(fn, how):
+    """A given row at a given position is written into the caller's array before the kernel (which reads it
+    there); a computed row, or one the function read the array before, after it; anything else whole."""
+    k = compiled(fn)
+    rng = np.random.default_rng(3)
+    mine = rng.standard_normal((9, 4))
+    theirs = mine.copy()
+    for t in (0, 8, -2):
+        row = rng.standard_normal(4)
+        np.testing.assert_allclose(k(mine, row, t), fn(theirs, row, t), rtol=1e-12, atol=1e-12)
+        same(mine, theirs)
+    (write,) = next(iter(k.cache.values())).trace.writes
+    assert (write.early is not None, write.spec is not None) == {"before": (True, True), "region": (False, True),
+                                                                 "whole": (False, False)}[how]
