@@ -47,7 +47,11 @@ def getitem(t: Tracer, key: Any) -> Tracer:
     if gather is not None:
         from jitop.graph.take import take  # take builds on numpy_api, which imports this module
         axis, index = gather
-        return take(t, index, axis=axis)
+        picked = take(t, index, axis=axis)
+        if _position(index):  # a traced integer scalar is an integer index to numpy: a view, not a copy
+            from jitop.graph import mutation
+            mutation.note_view(picked, t, key)
+        return picked
     n = t.node
     # numpy: a 0-d result is a scalar unless the key holds an Ellipsis (x[()] is a scalar, x[...] an array)
     array0d = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
@@ -65,7 +69,11 @@ def getitem(t: Tracer, key: Any) -> Tracer:
 
 
 def index_node(n: Node, key: Any) -> Node:
-    """The node of n[key] for a basic index `key` (what `getitem` computes, without a tracer)."""
+    """The node of n[key] for a key `getitem` keeps as a view (what it computes, without a tracer)."""
+    gather = _gather(key)
+    if gather is not None:
+        from jitop.graph.take import gather as gathered, indices_node
+        return gathered(n, indices_node(gather[1]), gather[0], "raise")
     spec, shape = basic_index(n, key)
     return n if whole(n, spec, shape) else node("index", tuple(shape), n.dtype, (n,), spec=tuple(spec))
 

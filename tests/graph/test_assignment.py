@@ -373,3 +373,16 @@ def test_each_way_of_writing_an_argument_back_matches_numpy(fn, how):
     (write,) = next(iter(k.cache.values())).trace.writes
     assert (write.early is not None, write.spec is not None) == {"before": (True, True), "region": (False, True),
                                                                  "whole": (False, False)}[how]
+
+
+def test_a_row_at_a_traced_position_is_a_view():
+    """cache[t] with t a Python int is numpy's basic indexing: a view that follows the cache and writes it."""
+    def view_at(cache, k, t):
+        row = cache[t]
+        cache[t] = k
+        seen = row * 1
+        row[0] = -1
+        return seen, cache.sum(axis=1)
+    rng = np.random.default_rng(4)
+    for t in (1, -1):
+        run_both(view_at, rng.standard_normal((5, 3)), rng.standard_normal(3), t)
