@@ -552,13 +552,14 @@ class KernelFunction:
     def _guarded(self, ov: Overload) -> Overload:
         """`ov`, whose call first checks the globals/closure data its trace read (traced again if they changed)
         and runs as numpy a call whose Python int arithmetic goes beyond int64, where its trace needs either. A
-        symbolic one serves new sizes through the executable it holds now (a re-trace replaces it)."""
+        symbolic one serves new sizes through the executable it holds now (a re-trace replaces it). Arguments
+        the function assigns to get their new values (_run_writing)."""
         if ov.trace.guards or ov.trace.python_ints:
             ov.call = _guarded_call(ov, self)
             if ov.accepts is not None:
                 ov.accepts = lambda leaves: ov.exe.accepts(leaves)
-        if ov.trace.writes:
-            ov.call = _writing_call(ov.call, ov, self)
+        elif ov.trace.writes:
+            ov.call = functools.partial(_run_writing, ov, self)
         return ov
 
     @property
@@ -796,8 +797,8 @@ def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any
         return run(values)
 
     def run(values: Sequence[Any]) -> Any:
-        try:
-            return entry.exe.call(values)
+        try:  # (the trace in use now: a new one may write arguments where the old did not)
+            return _run_writing(entry, kf, values) if entry.trace.writes else entry.exe.call(values)
         except OverflowError as err:
             if not (entry.trace.python_ints and str(err) == INT_BEYOND_64):
                 raise
@@ -807,33 +808,30 @@ def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any
     return call
 
 
-def _writing_call(call: Callable[[Sequence[Any]], Any], entry: Overload,
-                  kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
-    """`call` of a function that assigns to arguments in place: their new values (returned after the result)
-    are copied into the caller's arrays. An argument numpy could not write (read-only) raises numpy's error;
-    one sharing memory with another argument makes the call run as numpy (the kernel reads each argument as
-    it was, numpy's code would see its own writes through the other)."""
-    def run(values: Sequence[Any]) -> Any:
-        writes = entry.trace.writes
-        for k in (w.leaf for w in writes):
-            target = values[k]
-            if not target.flags.writeable:
-                raise ValueError("assignment destination is read-only")
-            if any(j != k and isinstance(v, np.ndarray) and np.may_share_memory(target, v)
-                   for j, v in enumerate(values)):
-                pos, kw = _split_values(kf, values, entry.trace.arg_tree)
-                return kf.fn(*pos, **kw)
-        for w in writes:
-            if w.early:
-                w.write_early(values)
-        result, new = call(values)
-        placed = {}
-        for w, results in zip(writes, new):
-            whole = None if w.early else w.apply(values[w.leaf], results)
-            if whole is not None:
-                placed[id(whole)] = values[w.leaf]
-        return _swapped(result, placed) if placed else result
-    return run
+def _run_writing(entry: Overload, kf: KernelFunction, values: Sequence[Any]) -> Any:
+    """entry's executable on `values` for a function that assigns to arguments in place: each argument gets
+    its new value (jitop.graph.writeback). An argument numpy could not write (read-only) raises numpy's error;
+    one sharing memory with another argument makes the call run as numpy (the kernel reads each argument as it
+    was, numpy's code would see its own writes through the other)."""
+    writes = entry.trace.writes
+    for k in (w.leaf for w in writes):
+        target = values[k]
+        if not target.flags.writeable:
+            raise ValueError("assignment destination is read-only")
+        if any(j != k and isinstance(v, np.ndarray) and np.may_share_memory(target, v)
+               for j, v in enumerate(values)):
+            pos, kw = _split_values(kf, values, entry.trace.arg_tree)
+            return kf.fn(*pos, **kw)
+    for w in writes:
+        if w.early:
+            w.write_early(values)
+    result, new = entry.exe.call(values)
+    placed = {}
+    for w, results in zip(writes, new):
+        whole = None if w.early else w.apply(values[w.leaf], results)
+        if whole is not None:
+            placed[id(whole)] = values[w.leaf]
+    return _swapped(result, placed) if placed else result
 
 
 def _swapped(result: Any, placed: Mapping[int, Any]) -> Any:

@@ -386,3 +386,27 @@ def test_a_row_at_a_traced_position_is_a_view():
     rng = np.random.default_rng(4)
     for t in (1, -1):
         run_both(view_at, rng.standard_normal((5, 3)), rng.standard_normal(3), t)
+
+
+SCALE = 2.0
+
+
+def scaled_write(a, row, t):
+    a[t] = row * SCALE
+    return a.sum()
+
+
+def test_a_function_reading_a_global_writes_as_the_global_says_after_it_changes():
+    """A captured global is checked before each call; rebound, the function is traced again and its writes
+    follow the new value."""
+    global SCALE
+    k = compiled(scaled_write)
+    mine, theirs = np.zeros((3, 2)), np.zeros((3, 2))
+    try:
+        for scale, t in ((2.0, 0), (5.0, 1), (5.0, 2)):
+            SCALE = scale
+            same(k(mine, np.ones(2), t), scaled_write(theirs, np.ones(2), t))
+            same(mine, theirs)
+    finally:
+        SCALE = 2.0
+    assert k.traces == 2
