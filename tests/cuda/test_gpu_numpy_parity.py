@@ -154,3 +154,32 @@ def test_a_numpy_scalars_power_is_c_pow_and_an_arrays_is_sqrt(monkeypatch):
         got, want = gpu_call(k, a), numpy_ref(k.fn, a)
         assert_same(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def _filled(x, t):
+    out = np.zeros((x.shape[0], 3), x.dtype)
+    out[:, 0] = x.sum(axis=1)
+    out[:, 1:] = x[:, :2]
+    y = x.copy()
+    y[t] = -1        # a traced position
+    y[:, ::2] *= 2   # a strided region, in place
+    return out, y
+
+
+def test_in_place_assignment_inside_the_function_equals_numpy_on_the_gpu(monkeypatch):
+    """Assignments to arrays the function made (the CPU's tests/graph/test_assignment.py) compile for the GPU."""
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    for t in (1, -1):
+        for got, want in zip(gpu_call(gpu_kernel(_filled), x, t), _filled(x, t)):
+            assert_same(got, want)
+
+
+def test_assigning_to_an_argument_says_what_to_do_on_the_gpu(monkeypatch):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+
+    def bump(a):
+        a += 1
+        return a
+    with pytest.raises(jitop.FallbackError, match="in-place assignment to an argument of a GPU kernel"):
+        gpu_kernel(bump)(np.ones(3, np.float32))
