@@ -8,7 +8,7 @@ Each case is written as numpy users write it, with in-place assignment:
 - features: an output made with np.empty and filled a column per statistic (mean, std, max, min of each row);
 - decode step: a KV cache (1024 x 64 and 8192 x 128, float32) argument gets row t written (`cache[t] = k`, t a
   Python int), then attention of one query over the whole cache; the cache is changed in the caller's array, as
-  numpy changes it.
+  numpy changes it. The same attention without the write beside it says what the write costs.
 jitop runs each compiled (the row is written into the caller's cache before the kernel, which reads it there);
 numpy runs the same function; torch (where installed) runs the same steps with in-place tensor ops. Times are
 the best single call (common.best_time) in this process, with its own temporary JITOP_CACHE_DIR; the machine
@@ -51,6 +51,14 @@ def decode_step(cache, k, q, t):
     return w @ cache / w.sum()
 
 
+def attention(cache, k, q, t):
+    """decode_step without its write: what the write adds is the difference."""
+    scores = cache @ q / 8.0
+    scores -= scores.max()
+    w = np.exp(scores)
+    return w @ cache / w.sum()
+
+
 def torch_versions():
     try:
         import torch
@@ -73,13 +81,17 @@ def torch_versions():
         out[:, 3] = x.amin(dim=1)
         return out
 
-    def decode_t(cache, k, q, t):
-        cache[t] = k
+    def attention_t(cache, k, q, t):
         scores = cache @ q / 8.0
         scores -= scores.max()
         w = torch.exp(scores)
         return w @ cache / w.sum()
-    return torch, {"softmax in place": softmax_t, "features": features_t, "decode step": decode_t}
+
+    def decode_t(cache, k, q, t):
+        cache[t] = k
+        return attention_t(cache, k, q, t)
+    return torch, {"softmax in place": softmax_t, "features": features_t, "decode step": decode_t,
+                   "attention": attention_t}
 
 
 def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list]]:
@@ -92,6 +104,7 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list
         k, q = rng.standard_normal(width).astype(np.float32), rng.standard_normal(width).astype(np.float32)
         decode.append((f"decode step (cache {length}x{width}, t={length - 300})", decode_step,
                        [cache, k, q, length - 300]))
+        decode.append((f"attention alone, no write (cache {length}x{width})", attention, [cache, k, q, 0]))
     return [(f"softmax in place ({rows}x1024)", softmax_in_place, [x]),
             (f"features ({rows * 2}x256)", features, [f])] + decode
 
