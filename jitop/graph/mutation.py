@@ -118,23 +118,30 @@ def assign(t: Tracer, key: Any, value: Any) -> None:
 
 
 def in_place(t: Tracer, name: str, other: Any) -> Tracer:
-    """t <op>= other (`x += y`): numpy's ufunc with out=t (same_kind casting into t's dtype; t's shape)."""
+    """t <op>= other (`x += y`): numpy's ufunc with out=t."""
     ufunc = _IN_PLACE_UFUNCS.get(name)
     if ufunc is None:
         raise Unsupported("in-place matrix product (x @= y)", "write x = x @ y instead")
     result = ufunc(t, other)
     if t.node.ndim == 0 and not t.array0d:
         return result  # a numpy scalar is immutable: x += y rebinds x
-    if not np.can_cast(result.dtype, t.dtype, casting="same_kind"):
-        ufunc(np.empty(0, t.dtype), _sample(other), out=np.empty(0, t.dtype))  # raises numpy's error
-        raise TypeError(f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype!r} to {t.dtype!r} with "
-                        "casting rule 'same_kind'")
-    if len(result.shape) != t.node.ndim or not all(sh.provably_same(a, b)
-                                                   for a, b in zip(result.node.shape, t.node.shape)):
-        raise ValueError(f"non-broadcastable output operand with shape {tuple(t.shape)} doesn't match the "
+    return into(t, ufunc, (t, other), result)
+
+
+def into(out: Tracer, ufunc: np.ufunc, inputs: tuple, result: Tracer, casting: str = "same_kind") -> Tracer:
+    """numpy's ufunc(*inputs, out=out), given the ufunc's `result`: cast into out's dtype as `casting` allows and
+    broadcast to out's shape (numpy's errors otherwise); returns out, as numpy does."""
+    if not np.can_cast(result.dtype, out.dtype, casting=casting):
+        ufunc(*map(_sample, inputs), out=np.empty(0, out.dtype), casting=casting)  # raises numpy's error
+        raise TypeError(f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype!r} to {out.dtype!r} with "
+                        f"casting rule {casting!r}")
+    shape, target = tuple(result.node.shape), tuple(out.node.shape)
+    if len(shape) > len(target) or not all(_one(a) or sh.provably_same(a, b)
+                                           for a, b in zip(shape[::-1], target[::-1])):
+        raise ValueError(f"non-broadcastable output operand with shape {tuple(out.shape)} doesn't match the "
                          f"broadcast shape {tuple(result.shape)}")
-    assign(t, Ellipsis, result)
-    return t
+    assign(out, Ellipsis, result)
+    return out
 
 
 def _sample(value: Any) -> Any:

@@ -136,12 +136,16 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
     if ufunc.__name__ not in SUPPORTED_UFUNCS:
         raise Unsupported(f"np.{ufunc.__name__}")
     out = kwargs.pop("out", None)
-    if out is not None:
-        raise Unsupported(f"np.{ufunc.__name__}(..., out=...) (in-place output)")
+    out = out[0] if type(out) is tuple and len(out) == 1 else out
+    if out is not None and not isinstance(out, Tracer):
+        raise Unsupported(f"np.{ufunc.__name__}(..., out=...) into an array the kernel does not trace",
+                          "make it with np.zeros & co. in the function, or return the result")
+    casting = kwargs.pop("casting", "same_kind")
     dtype = kwargs.pop("dtype", None)
     if kwargs.pop("where", True) is not True or kwargs:
         raise Unsupported(f"np.{ufunc.__name__} with arguments {sorted(kwargs) or ['where']}")
-    return ufunc_call(ufunc, [as_node(x) for x in inputs], dtype)
+    result = ufunc_call(ufunc, [as_node(x) for x in inputs], dtype)
+    return result if out is None else mutation.into(out, ufunc, inputs, result, casting)
 
 
 _COMPARISONS = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})

@@ -410,3 +410,33 @@ def test_a_function_reading_a_global_writes_as_the_global_says_after_it_changes(
     finally:
         SCALE = 2.0
     assert k.traces == 2
+
+
+def test_ufunc_out_writes_the_output_as_numpy_does():
+    """out= of a traced array: numpy's same_kind rule (or the casting given), inputs broadcast to the output's
+    shape, the output returned."""
+    def outs(x, y):
+        z = x.copy()
+        same_object = np.absolute(z, out=z) is z
+        np.add(z, y, out=z)
+        big = np.empty((2,) + x.shape)
+        np.multiply(x, 2, out=big)  # the inputs broadcast to the output's shape
+        ints = np.zeros(x.shape, np.int32)
+        np.multiply(x, 3.7, out=ints, casting="unsafe")
+        np.subtract(x, 1, out=x)
+        return z, big, ints, same_object
+    run_both(outs, np.linspace(-1, 1, 12).reshape(3, 4), np.arange(4.0))
+
+    def into_ints(a):
+        np.exp(a, out=a)
+        return a
+    with pytest.raises(TypeError):
+        into_ints(np.arange(3))
+    with pytest.raises(TypeError):
+        compiled(into_ints)(np.arange(3))
+
+    def too_big(a, b):
+        np.add(a, b, out=a)
+        return a
+    with pytest.raises(ValueError, match="non-broadcastable output"):
+        compiled(too_big)(np.arange(3.0), np.ones((2, 3)))

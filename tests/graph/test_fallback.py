@@ -88,8 +88,8 @@ def item(a):
     return a.max().item() * a
 
 
-def out_argument(a):
-    return np.add(a, 1, out=np.empty_like(a))
+def out_where(a):
+    return np.add(a, 1, out=np.zeros_like(a), where=a > 1)
 
 
 def var_given_mean(a):
@@ -112,7 +112,7 @@ FALLBACKS = {  # function -> (argument, words the warning must contain, source l
     "np.asarray(tracer)": (as_numpy, np.arange(3.0), "concrete", "np.asarray"),
     "float(tracer)": (to_float, np.arange(3.0), "float()", "float(a.sum())"),
     ".item()": (item, np.arange(3.0), "item", ".item()"),
-    "out=": (out_argument, np.arange(3.0), "out=", "out=np.empty_like"),
+    "out= with where=": (out_where, np.arange(3.0), "where", "where=a > 1"),
     "var(mean=)": (var_given_mean, np.arange(-2.0, 3.0), "mean=", "mean=np.mean"),
 }
 
