@@ -1045,6 +1045,20 @@ def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *, d
     return _like(a, fill_value, dtype, shape)
 
 
+@implements(np.copyto)
+def copyto(dst, src, casting="same_kind", where=True):
+    """np.copyto into a traced array: numpy's casting rule (its error, found by numpy on empty arrays) and
+    broadcasting, then an assignment (jitop.graph.mutation)."""
+    if not isinstance(dst, Tracer) or where is not True:
+        raise Unsupported("np.copyto into an array the kernel does not trace, or with where=")
+    if isinstance(src, Tracer):
+        sample = src.python_type()(0) if src.node.weak else np.empty(0, src.dtype)
+    else:  # a Python scalar as it is (numpy checks its value), an array as its dtype
+        sample = src if np.ndim(src) == 0 else np.empty(0, np.asarray(src).dtype)
+    np.copyto(np.empty(0, dst.dtype), sample, casting=casting)  # numpy's TypeError for a cast it refuses
+    mutation.assign(dst, Ellipsis, src)
+
+
 @implements(np.copy)
 def copy(a, order="K", subok=False):
     return Tracer(mutation.fresh(as_node(a)), array0d=True, order=order_of(a))

@@ -440,3 +440,20 @@ def test_ufunc_out_writes_the_output_as_numpy_does():
         return a
     with pytest.raises(ValueError, match="non-broadcastable output"):
         compiled(too_big)(np.arange(3.0), np.ones((2, 3)))
+
+
+def test_copyto_follows_numpys_casting_rule():
+    def copies(a, b):
+        out = np.zeros((2, 3), np.float32)
+        np.copyto(out, b)  # float64 into float32: same_kind
+        np.copyto(a, 7)
+        np.copyto(out[0], [1.5, 2.5, 3.5])
+        return out, a
+    run_both(copies, np.arange(3), np.linspace(0, 1, 3))
+
+    def into_int(a, b):
+        np.copyto(a, b)
+        return a
+    for fn in (into_int, compiled(into_int)):
+        with pytest.raises(TypeError):
+            fn(np.arange(3), np.ones(3))
