@@ -1013,6 +1013,16 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     ...     return x * 2
     >>> [double(np.ones(n, np.float32)).shape for n in (3, 4, 5)], double.traces   # 5: no trace
     ([(3,), (4,), (5,)], 2)
+
+    In-place assignment compiles with numpy's effect on the caller's arrays (jitop.graph.mutation):
+
+    >>> @jitop.kernel(fallback=False)
+    ... def step(cache, row, t):
+    ...     cache[t] = row
+    ...     return cache.sum(axis=0)
+    >>> cache = np.zeros((4, 2))
+    >>> step(cache, np.ones(2), 1), step(cache, np.ones(2), -1), cache[:, 0]
+    (array([1., 1.]), array([2., 2.]), array([0., 1., 0., 1.]))
     """
     def wrap(f: Callable) -> KernelFunction:
         return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target)
