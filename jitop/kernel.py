@@ -814,14 +814,14 @@ def _run_writing(entry: Overload, kf: KernelFunction, values: Sequence[Any]) -> 
     one sharing memory with another argument makes the call run as numpy (the kernel reads each argument as it
     was, numpy's code would see its own writes through the other)."""
     writes = entry.trace.writes
-    for k in (w.leaf for w in writes):
-        target = values[k]
+    for w in writes:
+        target = values[w.leaf]
         if not target.flags.writeable:
             raise ValueError("assignment destination is read-only")
-        if any(j != k and isinstance(v, np.ndarray) and np.may_share_memory(target, v)
-               for j, v in enumerate(values)):
-            pos, kw = _split_values(kf, values, entry.trace.arg_tree)
-            return kf.fn(*pos, **kw)
+        for j, v in enumerate(values):  # (a loop, not any(): this runs on every call of a decode step)
+            if j != w.leaf and isinstance(v, np.ndarray) and np.may_share_memory(target, v):
+                pos, kw = _split_values(kf, values, entry.trace.arg_tree)
+                return kf.fn(*pos, **kw)
     for w in writes:
         if w.early:
             w.write_early(values)

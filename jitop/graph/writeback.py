@@ -17,6 +17,7 @@ jitop.graph.mutation records which arguments changed. Three ways, cheapest first
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -54,18 +55,31 @@ class Write:
         values[self.leaf][self._index([_value(p, values) for p in positions])] = _value(value, values)
 
     def _index(self, positions: Sequence[Any]) -> tuple:
+        fixed, at = self._fixed
+        if not at:
+            return fixed
+        index = list(fixed)
+        for k, j in at:
+            index[k] = int(positions[j])
+        return tuple(index)
+
+    @functools.cached_property
+    def _fixed(self) -> tuple[tuple, list[tuple[int, int]]]:
+        """The numpy index without its traced positions, and where each goes (item k: position j)."""
         lengths = iter(self.region)
-        index = []
+        index: list[Any] = []
+        at = []
         for s in self.spec:
             if s[0] == "int":
                 index.append(s[1])
             elif s[0] == "at":
-                index.append(int(positions[s[1]]))
+                at.append((len(index), s[1]))
+                index.append(None)
             else:
                 start, step, length = s[1], s[2], next(lengths)
                 stop = start + step * length
                 index.append(slice(start, None if stop < 0 else stop, step))
-        return tuple(index)
+        return tuple(index), at
 
 
 def _value(source: Source, values: Sequence[Any]) -> Any:
