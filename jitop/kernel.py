@@ -933,10 +933,11 @@ def _flatten(result: Any, writes: Sequence[tuple[writeback.Write, list[Node]]] =
     >>> _flatten(("n", 3))
     ([], ['tuple', [['const', 'n'], ['const', 3]]])
     """
-    leaves: list[Node] = [n for _, nodes in writes for n in nodes]
+    leaves: list[Node] = []
     parts, returned = [], {}
     for w, nodes in writes:
-        first = sum(len(p[1]) for p in parts)
+        first = len(leaves)
+        leaves += nodes
         parts.append(["tuple", [["out", first + j, bool(w.spec is not None and n.ndim == 0)]
                                 for j, n in enumerate(nodes)]])
         if w.spec is None and written is not None:

@@ -46,15 +46,13 @@ class Tracking:
 
     def __init__(self) -> None:
         self.live: weakref.WeakValueDictionary[int, Tracer] = weakref.WeakValueDictionary()
-        self.views: list[tuple[Tracer, Tracer, Any]] = []
+        self.views: dict[int, tuple[Tracer, Tracer, Any]] = {}  # id(view) -> (view, base, key), in order
         self.written: dict[int, Tracer] = {}
         self.serial = itertools.count()  # tells apart nodes that are equal but not the same memory
 
     def view_of(self, t: Tracer) -> tuple[Tracer, Any] | None:
-        for view, base, key in self.views:
-            if view is t:
-                return base, key
-        return None
+        seen = self.views.get(id(t))
+        return None if seen is None else seen[1:]
 
 
 @contextlib.contextmanager
@@ -83,7 +81,7 @@ def note_view(view: Tracer, base: Tracer, key: Any) -> None:
     """`view` is base[key] (a basic index): numpy's view of base's memory."""
     tracking_now = _current()
     if tracking_now is not None:
-        tracking_now.views.append((view, base, key))
+        tracking_now.views[id(view)] = (view, base, key)
 
 
 def fresh(n: Node) -> Node:
@@ -132,7 +130,7 @@ def into(out: Tracer, ufunc: np.ufunc, inputs: tuple, result: Tracer, casting: s
     """numpy's ufunc(*inputs, out=out), given the ufunc's `result`: cast into out's dtype as `casting` allows and
     broadcast to out's shape (numpy's errors otherwise); returns out, as numpy does."""
     if not np.can_cast(result.dtype, out.dtype, casting=casting):
-        ufunc(*map(_sample, inputs), out=np.empty(0, out.dtype), casting=casting)  # raises numpy's error
+        ufunc(*map(sample, inputs), out=np.empty(0, out.dtype), casting=casting)  # raises numpy's error
         raise TypeError(f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype!r} to {out.dtype!r} with "
                         f"casting rule {casting!r}")
     shape, target = tuple(result.node.shape), tuple(out.node.shape)
@@ -144,11 +142,12 @@ def into(out: Tracer, ufunc: np.ufunc, inputs: tuple, result: Tracer, casting: s
     return out
 
 
-def _sample(value: Any) -> Any:
-    """A stand-in of `value` numpy resolves the same ufunc loop for."""
+def sample(value: Any) -> Any:
+    """An empty stand-in of `value` numpy casts as it casts value (the same ufunc loop, the same copyto rule): a
+    Python scalar as it is (numpy checks its value), an array as an empty one of its dtype."""
     if isinstance(value, Tracer):
         return value.python_type()(0) if value.node.weak else np.empty(0, value.dtype)
-    return value
+    return value if np.ndim(value) == 0 else np.empty(0, np.asarray(value).dtype)
 
 
 def _updated(tracking_now: Tracking, n: Node, key: Any, value: Any) -> Node:
@@ -233,7 +232,7 @@ def _replace(tracking_now: Tracking, root: Tracer, new: Node) -> None:
             tracking_now.written[k] = root
     root.node = new
     derived = {id(root)}
-    for view, base, key in tracking_now.views:
+    for view, base, key in tracking_now.views.values():
         if id(base) in derived:
             view.node = indexing.index_node(base.node, key)
             derived.add(id(view))

@@ -1051,11 +1051,7 @@ def copyto(dst, src, casting="same_kind", where=True):
     broadcasting, then an assignment (jitop.graph.mutation)."""
     if not isinstance(dst, Tracer) or where is not True:
         raise Unsupported("np.copyto into an array the kernel does not trace, or with where=")
-    if isinstance(src, Tracer):
-        sample = src.python_type()(0) if src.node.weak else np.empty(0, src.dtype)
-    else:  # a Python scalar as it is (numpy checks its value), an array as its dtype
-        sample = src if np.ndim(src) == 0 else np.empty(0, np.asarray(src).dtype)
-    np.copyto(np.empty(0, dst.dtype), sample, casting=casting)  # numpy's TypeError for a cast it refuses
+    np.copyto(np.empty(0, dst.dtype), mutation.sample(src), casting=casting)  # numpy's error for a cast it refuses
     mutation.assign(dst, Ellipsis, src)
 
 
