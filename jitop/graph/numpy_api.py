@@ -896,6 +896,10 @@ def matmul(a, b, out=None, dtype=None, **kwargs):
     shape = batch + (x.shape[-2], y.shape[-1])
     if _rows_of_transposed(x, y):
         r = _dot_rows(cast_node(x, dt), cast_node(y.src[0], dt), dt)
+    elif _is_column(y, dt):
+        # A @ v: each result is the dot product of a row of A with v (a GEMV), where the template would pad
+        # its one column to a vector of columns
+        r = _dot_rows(cast_node(x, dt), cast_node(swapaxes(wrap(y), -1, -2).node, dt), dt)
     elif _is_transposed(y) and x.ndim == 2 == y.ndim and sh.rep_le(4 * x.shape[0], y.shape[1]):
         # x @ w.T = (w @ x.T).T: the template gathers its B operand into panels, here x.T, much the smaller
         ct = node("matmul", shape[::-1], dt, (cast_node(y.src[0], dt), cast_node(transpose(wrap(x)).node, dt)))
@@ -924,6 +928,11 @@ def _rows_of_transposed(x: Node, y: Node) -> bool:
     """x has few rows and y is w.T: C[i, j] is the dot product of two contiguous rows, so a vectorized
     row reduction reads w once, in place, where the matmul template would gather w.T into panels first."""
     return _is_transposed(y) and sh.rep_le(x.shape[-2], SMALL_M) and (x.dtype.is_float or x.dtype.is_int)
+
+
+def _is_column(y: Node, dt) -> bool:
+    """y has one column (a vector on the right of a matmul) of a float or int result."""
+    return type(y.shape[-1]) is int and y.shape[-1] == 1 and (dt.is_float or dt.is_int)
 
 
 def _dot_rows(x: Node, w: Node, dt) -> Tracer:
