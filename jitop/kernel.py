@@ -542,9 +542,9 @@ class KernelFunction:
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
-        # a function reading globals/closure data or computing with Python ints has no native entry: `call`
-        # serves it alone
-        guarded = bool(tr.guards or tr.python_ints or tr.writes)
+        # a function reading globals/closure data, computing with Python ints or writing its arguments after
+        # the kernel has no native entry: `call` serves it alone (writes before the kernel, the entry makes)
+        guarded = bool(tr.guards or tr.python_ints or any(w.early is None for w in tr.writes))
         symbolic = exe.module.symbols or exe.plan.guards
         return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
                                       accepts=exe.accepts if symbolic else None))
@@ -764,7 +764,14 @@ def _native_spec(ov: Overload, values: Sequence[Any], args: tuple) -> Any:
     if specs is None or len(values) != len(args) or any(v is not a for v, a in zip(values, args)):
         return None
     scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
-    return ov.exe.fast_spec(len(values), scalars)
+    if not ov.trace.writes:
+        return ov.exe.fast_spec(len(values), scalars)
+    # a function writing its arguments before the kernel: the entry copies the regions in (its checks first:
+    # any that fails is a miss, and _run_writing serves the call), and returns the function's result alone
+    copies = writeback.copies_in(ov.trace.writes, values)
+    if copies is None:
+        return None
+    return ov.exe.fast_spec(len(values), scalars, copies=copies, result=ov.trace.result[1][0])
 
 
 def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:
@@ -811,13 +818,16 @@ def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any
 def _run_writing(entry: Overload, kf: KernelFunction, values: Sequence[Any]) -> Any:
     """entry's executable on `values` for a function that assigns to arguments in place: each argument gets
     its new value (jitop.graph.writeback). An argument numpy could not write (read-only) raises numpy's error;
-    one sharing memory with another argument makes the call run as numpy (the kernel reads each argument as it
-    was, numpy's code would see its own writes through the other)."""
+    one written after the kernel and sharing memory with another argument makes the call run as numpy (the
+    kernel reads each argument as it was, numpy's code would see its own writes through the other; a write
+    made before the kernel, as numpy makes it, is seen by whatever reads its memory after)."""
     writes = entry.trace.writes
     for w in writes:
         target = values[w.leaf]
         if not target.flags.writeable:
             raise ValueError("assignment destination is read-only")
+        if w.early:
+            continue
         for j, v in enumerate(values):  # (a loop, not any(): this runs on every call of a decode step)
             if j != w.leaf and isinstance(v, np.ndarray) and np.may_share_memory(target, v):
                 pos, kw = _split_values(kf, values, entry.trace.arg_tree)

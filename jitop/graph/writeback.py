@@ -25,6 +25,7 @@ import numpy as np
 
 from jitop.graph.ir import Node, toposort
 from jitop.graph.tracer import Tracer
+from jitop.runtime.copy_in import CopyIn
 
 Source = tuple  # ("leaf", index into the call's leaves) or ("const", value)
 
@@ -80,6 +81,33 @@ class Write:
                 stop = start + step * length
                 index.append(slice(start, None if stop < 0 else stop, step))
         return tuple(index), at
+
+
+def copies_in(writes: Sequence[Write], values: Sequence[Any]) -> list[CopyIn] | None:
+    """The native entry's copies (jitop.runtime.copy_in) for a call whose every write is made before the
+    kernel as a plain copy: an argument into leading indices and whole trailing axes of another (dtypes and
+    shapes are the entry's to check); None if one is not (such a call takes the Python path)."""
+    out = []
+    for w in writes:
+        if w.early is None or w.early[0][0] != "leaf":
+            return None
+        value, positions = w.early
+        n_lead = sum(1 for s in w.spec if s[0] != "slice")
+        trailing = w.spec[n_lead:]
+        if any(s[0] != "slice" or s[1:3] != (0, 1) for s in trailing) or \
+                tuple(w.region) != tuple(values[w.leaf].shape[n_lead:]):
+            return None
+        index = [s[1] if s[0] == "int" else _index_source(positions[s[1]]) for s in w.spec[:n_lead]]
+        if None in index:
+            return None
+        out.append(CopyIn(w.leaf, value[1], tuple(index)))
+    return out
+
+
+def _index_source(source: Source) -> int | tuple[str, int] | None:
+    if source[0] == "leaf":
+        return ("arg", source[1])
+    return int(source[1]) if isinstance(source[1], (int, np.integer)) else None
 
 
 def _value(source: Source, values: Sequence[Any]) -> Any:

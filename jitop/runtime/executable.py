@@ -68,6 +68,9 @@ class Plan:
         return bool(self.guards) or any(isinstance(d, str) for shape, _ in self.outputs for d in shape)
 
 
+_PLAN_RESULT = object()  # fast_spec's default result: the plan's
+
+
 @dataclass
 class Executable:
     """A compiled traced function: `call(values)` with the argument values of the original function
@@ -123,7 +126,8 @@ class Executable:
         return True
 
     def fast_spec(self, nargs: int | None = None, scalar_types: dict[int, type] | None = None,
-                  compile: bool = True) -> "fastcall.Spec | None":
+                  compile: bool = True, copies: Sequence["fastcall.CopyIn"] = (),
+                  result: Any = _PLAN_RESULT) -> "fastcall.Spec | None":
         """This executable's signature for the native entry (jitop.runtime.fastcall), or None if it has none
         (the entry is unavailable, or the plan converts arguments: byte-swapped or numpy-scalar inputs).
 
@@ -132,11 +136,14 @@ class Executable:
         scalar_types: {position: float | int | bool}, the Python type each scalar argument must have (a caller
         whose key distinguishes them); default: the type whose natural dtype is the parameter's.
         compile: whether the entry may be compiled if its object code is not cached (see fastcall.available).
+        copies: regions the entry copies into arguments before the kernel (jitop.runtime.copy_in).
+        result: the structure the entry returns (as `set_result` takes it), if not the plan's.
 
         >>> fast = fastcall.Table([exe.fast_spec()]).entry()   # doctest: +SKIP
         """
         try:
-            return _fast_spec(self.plan, self.module, nargs, scalar_types, compile)
+            return _fast_spec(self.plan, self.module, nargs, scalar_types, compile, copies,
+                              self.plan.result if result is _PLAN_RESULT else result)
         except ValueError:  # something the entry cannot express: the slow path serves it
             return None
 
@@ -283,8 +290,9 @@ _NATURAL = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype
 
 
 def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict[int, type] | None,
-               compile: bool) -> "fastcall.Spec | None":
-    """The plan as a fastcall.Spec: the same inputs, outputs (recycled as `_allocator` does) and result."""
+               compile: bool, copies: Sequence["fastcall.CopyIn"], tree: Any) -> "fastcall.Spec | None":
+    """The plan as a fastcall.Spec: the same inputs, outputs (recycled as `_allocator` does), the result
+    `tree` builds, and `copies`."""
     if not (module.runnable and module.address and fastcall.available(compile)):
         return None
     flag = module.error_flag_address()
@@ -317,9 +325,10 @@ def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict
     n_real = len(plan.outputs) - plan.n_scratch
     outputs = [fastcall.Output(dt, shape, recycle=k >= n_real or _big(shape, dt))
                for k, (shape, dt) in enumerate(plan.outputs)]
-    return fastcall.Spec(nargs, module.address, inputs, outputs, _fast_result(plan),
+    return fastcall.Spec(nargs, module.address, inputs, outputs, _fast_result(plan, tree),
                          error_flag=flag, raise_error=module.raise_if_error if flag else None,
-                         symbols=[sym.name for sym in module.symbols], guards=_entry_guards(plan, module))
+                         symbols=[sym.name for sym in module.symbols], guards=_entry_guards(plan, module),
+                         copies=copies)
 
 
 def _big(shape: tuple[Dim, ...], dt: np.dtype) -> bool:
@@ -338,10 +347,10 @@ def _entry_guards(plan: Plan, module: Module) -> list[str]:
     return [*plan.guards, *limits]
 
 
-def _fast_result(plan: Plan) -> int | tuple[str, int] | Callable[..., Any]:
-    """How the entry returns the result: an output index, ("scalar", k) for a 0-d output returned as a numpy
-    scalar, or a function of all the outputs that builds it (the same code `call` runs)."""
-    tree, slots = plan.result, plan.result_slots
+def _fast_result(plan: Plan, tree: Any) -> int | tuple[str, int] | Callable[..., Any]:
+    """How the entry returns the result `tree` describes: an output index, ("scalar", k) for a 0-d output
+    returned as a numpy scalar, or a function of all the outputs that builds it (the same code `call` runs)."""
+    slots = plan.result_slots
     if tree is not None and tree[0] == "out" and tree[2] != "py":
         return ("scalar", slots[tree[1]]) if tree[2] else slots[tree[1]]
     names = [f"o{k}" for k in slots]

@@ -12,6 +12,10 @@ The entry binds each symbol from an input's dim into a call-local slot (the slot
 takes last), ties the other dims to them, and runs the spec's check-and-shape program (jitop.runtime.dimprog:
 guards, output dims, the bytes that decide the GIL). A static Spec runs exactly the checks it always did.
 
+A static Spec may also copy regions into its arguments before the kernel runs (`CopyIn`, jitop.runtime.copy_in:
+a decode step's `cache[t] = k`); when a copy's checks fail (a position outside its axis, a read-only target) the
+entry writes nothing and returns MISS.
+
 The entry only ever accepts what the slow path would accept and compute identically: exact ndarrays with
 the expected (native, singleton) dtype descriptor, shape, C-contiguous and aligned; exact Python float/int/bool
 for scalar parameters. For anything else (a subclass, another dtype or shape, a strided view, a wrong argument
@@ -42,10 +46,11 @@ import numpy as np
 from jitop.codegen.loader import load_object
 from jitop.codegen.target import compile_ir, llvm_version
 from jitop.runtime import dimprog
+from jitop.runtime.copy_in import CopyIn, copy_in_ir, section
 from jitop.runtime.dimprog import MAX_ODIMS, MAX_SLOTS, MAX_STACK, Op
 from jitop.target import Target
 
-__all__ = ["MISS", "MAX_PARAMS", "RELEASE_GIL_BYTES", "Output", "Scalar", "Array", "Const", "Spec", "Table",
+__all__ = ["MISS", "MAX_PARAMS", "RELEASE_GIL_BYTES", "Output", "Scalar", "Array", "Const", "CopyIn", "Spec", "Table",
            "available", "use_object_store"]
 
 
@@ -78,8 +83,9 @@ T_NSPECS, T_SENTINEL, T_HITS, T_NEW, T_ARRAY, T_EMPTY, T_FLOAT, T_LONG, T_BOOL, 
 # (S_CALLS: calls this signature served, for the workload log)
 # (S_NSYM: the kernel's symbols, its last parameter an i64[S_NSYM] of their values; S_PROG: where the dim program
 # starts, 0 for a static signature)
+# (S_COPIES: where the regions copied into arguments before the kernel start (jitop.runtime.copy_in), 0 for none)
 S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_CALLS, S_NSYM, S_PROG, \
-    S_RECORDS = range(15)
+    S_COPIES, S_RECORDS = range(16)
 GIL_FROM_PROGRAM = 2  # S_GIL of a symbolic signature: the program's SET_GIL decides
 # input record: [kind, position | data address, descr | lo, ndim | hi, dims...] (dims: dimprog's dim words)
 IN_ARRAY, IN_CONST, IN_FLOAT, IN_INT, IN_BOOL = range(5)
@@ -166,6 +172,8 @@ no:
 }}
 
 {_symbolic_ir()}
+
+{copy_in_ir(o["flags"], WRITEABLE)}
 
 ; Whether `args` fit this spec's inputs; fills ptrs[k] with input k's data (scalars go to scal[k]). A symbolic
 ; spec (slots not null) binds and ties its dims in `slots` (the program checks the rest).
@@ -519,6 +527,14 @@ next:
   %i1 = add i64 %i, 1
   br label %loop
 hit:
+  %cw = call i64 @w(ptr %spec, i64 {S_COPIES})
+  %copies = icmp ne i64 %cw, 0
+  br i1 %copies, label %copy, label %hit.run
+copy:  ; regions copied into arguments first: a check that fails writes nothing, and the call misses
+  %sec = getelementptr i64, ptr %spec, i64 %cw
+  %copied = call i1 @copy_in(ptr %sec, ptr %args, ptr %ptrs, ptr %scal)
+  br i1 %copied, label %hit.run, label %next
+hit.run:
   %g = call i64 @w(ptr %spec, i64 {S_GIL})
   %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr null, ptr null, i64 %g)
   ret ptr %r
@@ -967,6 +983,8 @@ class Spec:
     input dim and the `guards` ("n >= 2", "m != 1"), computes the output dims, and misses (the slow path runs)
     when any check fails (jitop.runtime.dimprog).
 
+    `copies` (a static spec's): regions copied into arguments before the kernel (jitop.runtime.copy_in.CopyIn).
+
     >>> spec = Spec(2, address, [Array(0, f4, (10,)), Array(1, f4, (10,))], [Output(f4, (10,))], 0)  # doctest: +SKIP
     >>> spec = Spec(2, address, [Array(0, f4, ("n",)), Array(1, f4, ("n",))], [Output(f4, ("n",))], 0,
     ...             symbols=["n"], guards=["n >= 2"])                                                # doctest: +SKIP
@@ -975,7 +993,7 @@ class Spec:
     def __init__(self, nargs: int, kernel_address: int, inputs: Sequence[Array | Scalar | Const],
                  outputs: Sequence[Output], result: int | tuple[str, int] | Callable[..., Any],
                  error_flag: int = 0, raise_error: Callable[[], None] | None = None, release_gil: bool | None = None,
-                 symbols: Sequence[str] = (), guards: Sequence[str] = ()):
+                 symbols: Sequence[str] = (), guards: Sequence[str] = (), copies: Sequence[CopyIn] = ()):
         if len(inputs) + len(outputs) + bool(symbols) > MAX_PARAMS or not 0 < len(inputs) + len(outputs):
             raise ValueError(f"a fast entry calls kernels of 1 to {MAX_PARAMS} parameters (the symbols count one)")
         plan = self._plan(inputs, outputs, symbols, guards)
@@ -993,16 +1011,27 @@ class Spec:
             words += [id(dt), len(o.shape), int(o.recycle), 0, *(plan.outputs[k] if plan else o.shape)]
         prog_at = len(words) if plan else 0
         words += plan.program if plan else []
+        copies_at = len(words) if copies else 0
+        words += self._copies(copies, inputs, plan) if copies else []
         gil = GIL_FROM_PROGRAM if plan and release_gil is None else \
             int(_nbytes(inputs, outputs) >= RELEASE_GIL_BYTES if release_gil is None else release_gil)
         words[:S_RECORDS] = self._head(nargs, inputs, outputs, kernel_address, gil, error_flag, raise_error,
-                                       result, out_at) + [len(symbols), prog_at]
+                                       result, out_at) + [len(symbols), prog_at, copies_at]
         self.words = (ctypes.c_int64 * len(words))(*words)
         self.address = ctypes.addressof(self.words)
         self.nargs = nargs
         self.symbols = list(symbols)
         # the spare outputs are strong references held in the words: dropped with the spec
         weakref.finalize(self, _drop_spares, self.words, slots)
+
+    @staticmethod
+    def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const], plan: Any) -> list[int]:
+        """The words of the regions copied in before the kernel (jitop.runtime.copy_in.section)."""
+        if plan is not None:
+            raise ValueError("only a static spec copies regions into its arguments")
+        info = [("array", i.position, _native(i.dtype), i.shape) if isinstance(i, Array) else
+                ("int", i.position) if isinstance(i, Scalar) and i.kind is int else ("other",) for i in inputs]
+        return section(copies, info)
 
     @staticmethod
     def _plan(inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output], symbols: Sequence[str],
