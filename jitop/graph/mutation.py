@@ -154,6 +154,10 @@ def _updated(tracking_now: Tracking, n: Node, key: Any, value: Any) -> Node:
     """The node of n after n[key] = value."""
     positions: list[Node] = []  # traced integer indices (`cache[t] = row`), read when the kernel runs
     spec, shape = indexing.basic_index(n, key, positions)
+    for d, s in enumerate(spec):
+        if s[0] == "at" and type(n.shape[d]) is int:  # numpy's wrap and IndexError, once per call
+            positions[s[1]] = node("position", (), positions[s[1]].dtype, (positions[s[1]],), size=n.shape[d],
+                                   axis=d)
     v = _region_value(value, n, tuple(shape))
     if any(type(d) is int and d == 0 for d in shape):
         return n  # an empty region: nothing changes

@@ -46,6 +46,10 @@ def _ufunc_cost(n: Node) -> int:
     return EXPENSIVE_COST if n.param("name") in EXPENSIVE_UFUNCS else 1
 
 
+def _expensive(n: Node) -> int:
+    return EXPENSIVE_COST
+
+
 def _concat_cost(n: Node) -> int:
     return max(1, len(n.src) - 1)  # a chain of selects, one per part after the first
 
@@ -131,7 +135,10 @@ PRIMS: dict[str, Prim] = {
     "reshape": Prim(_INJECTIVE, free=True, emit=rules.emit_reshape, batch=batching.batch_reshape),
     "transpose": Prim(_INJECTIVE, free=True, emit=rules.emit_transpose, batch=batching.batch_transpose),
     "index": Prim(_INJECTIVE, free=True, emit=rules.emit_index, batch=batching.batch_index),
-    "update": Prim(_INJECTIVE, emit=rules.emit_update),  # an assignment a[i] = v (jitop.graph.mutation)
+    # an assignment a[i] = v (jitop.graph.mutation): it reads its value and its positions once per element
+    "update": Prim(_INJECTIVE, broadcasts=True, emit=rules.emit_update),
+    # a traced index of an assignment, wrapped and checked: costly enough to be computed once, not per element
+    "position": Prim(_INJECTIVE, cost=_expensive, emit=rules.emit_position),
     # ** injective: arithmetic and selection **
     "ufunc": Prim(_INJECTIVE, broadcasts=True, elementwise=True, cost=_ufunc_cost, emit=rules.emit_ufunc,
                   batch=batching.batch_broadcasting),

@@ -280,12 +280,18 @@ def emit_update(c: Lowerer, n: Node, idx: Index) -> Expr:
         if s[0] == "int":
             inside.append(i == as_expr(s[1]))
             continue
+        if s[0] == "at" and positions[s[1]].prim == "position":  # wrapped and checked once, by its own stage
+            inside.append(i == c.at(positions[s[1]], ()))
+            continue
         if s[0] == "at":  # a traced index: numpy's negative positions, and its IndexError beyond the axis
             p, size = c.at(positions[s[1]], ()), old.shape[d]
             inside.append(i == te.select(p < 0, p + size, p))
             bad.append((d, (p < -size) | (p >= size)))
             continue
         start, step, length = as_expr(s[1]), s[2], value.shape[len(at)]
+        if _whole_axis(s, length, old.shape[d]):  # i is inside, and a valid index of the value as it is
+            at.append(i)
+            continue
         offset = i - start if step > 0 else start - i
         q = offset // abs(step) if abs(step) != 1 else offset
         inside += [offset >= 0, q < length] + ([offset % abs(step) == 0] if abs(step) != 1 else [])
@@ -298,6 +304,21 @@ def emit_update(c: Lowerer, n: Node, idx: Index) -> Expr:
     for d, beyond in bad:
         out = raise_if(out, beyond, f"IndexError: index out of bounds for axis {d} with size {old.shape[d]}")
     return out
+
+
+def _whole_axis(s: tuple, length: Any, size: Any) -> bool:
+    """Whether a slice entry of an update's spec covers its axis from the start, in order (no clamp needed:
+    a clamped index would defeat the vectorized load of the value)."""
+    return type(s[1]) is int and s[1] == 0 and s[2] == 1 and type(length) is int and type(size) is int \
+        and length == size
+
+
+def emit_position(c: Lowerer, n: Node, idx: Index) -> Expr:
+    """A traced index into an axis of `size` (an assignment's `cache[t]`): numpy's negative positions wrapped,
+    and its IndexError beyond the axis."""
+    p, size, axis = c.at(n.src[0], ()), n.param("size"), n.param("axis")
+    inside = te.select(p < 0, p + size, p)
+    return raise_if(inside, (p < -size) | (p >= size), f"IndexError: index out of bounds for axis {axis} with size {size}")
 
 
 def emit_concat(c: Lowerer, n: Node, idx: Index) -> Expr:

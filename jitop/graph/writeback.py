@@ -157,7 +157,7 @@ def _early(n: Node, graph: list[Node]) -> tuple[Source, tuple[Source, ...]] | No
 
 
 def _source(n: Node) -> Source | None:
-    while n.prim in ("cast", "broadcast"):
+    while n.prim in ("cast", "broadcast", "position"):  # (a position: numpy's indexing wraps and checks it too)
         n = n.src[0]
     if n.prim in ("arg", "scalar_arg"):
         return ("leaf", n.param("index"))

@@ -76,7 +76,7 @@ def test_the_classes_match_fusion() -> None:
     assert having("own_stage") == {"reduce", "argreduce", "matmul", "conv2d"}
     assert {k for k, p in prims.PRIMS.items() if p.kind is Kind.COMPLEX} == {"matmul", "conv2d"}
     assert having("free") == {"broadcast", "reshape", "transpose", "index", "cast", "copy", "const", "dim", "iota"}
-    assert having("broadcasts") == {"broadcast", "ufunc", "where", "take"}
+    assert having("broadcasts") == {"broadcast", "ufunc", "where", "take", "update"}
     assert having("elementwise") == {"ufunc", "cast", "where"}
     assert having("constant") == {"const", "dim"}
 
