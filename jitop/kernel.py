@@ -542,9 +542,9 @@ class KernelFunction:
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
-        # a function reading globals/closure data, computing with Python ints or writing its arguments after
-        # the kernel has no native entry: `call` serves it alone (writes before the kernel, the entry makes)
-        guarded = bool(tr.guards or tr.python_ints or any(w.early is None for w in tr.writes))
+        # a function reading globals/closure data, computing with Python ints or writing an argument whole
+        # has no native entry: `call` serves it alone (a region's write, the entry makes)
+        guarded = bool(tr.guards or tr.python_ints or any(w.spec is None for w in tr.writes))
         symbolic = exe.module.symbols or exe.plan.guards
         return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
                                       accepts=exe.accepts if symbolic else None))
@@ -766,12 +766,19 @@ def _native_spec(ov: Overload, values: Sequence[Any], args: tuple) -> Any:
     scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
     if not ov.trace.writes:
         return ov.exe.fast_spec(len(values), scalars)
-    # a function writing its arguments before the kernel: the entry copies the regions in (its checks first:
-    # any that fails is a miss, and _run_writing serves the call), and returns the function's result alone
-    copies = writeback.copies_in(ov.trace.writes, values)
+    # a function writing regions of its arguments: the entry copies them in (its checks first: any that fails
+    # is a miss, and _run_writing serves the call), and returns the function's result alone
+    copies = writeback.copies_in(ov.trace.writes, values, _region_outputs(ov))
     if copies is None:
         return None
     return ov.exe.fast_spec(len(values), scalars, copies=copies, result=ov.trace.result[1][0])
+
+
+def _region_outputs(ov: Overload) -> list[int | None]:
+    """For each write of ov's trace, the output of its executable that holds the region's value (None for a
+    write with no results): the trace's result tree is [function's tree, a tuple of results per write]."""
+    slots = ov.exe.plan.result_slots
+    return [slots[part[1][0][1]] if part[1] else None for part in ov.trace.result[1][1][1]]
 
 
 def _guarded_call(entry: Overload, kf: KernelFunction) -> Callable[[Sequence[Any]], Any]:

@@ -318,7 +318,8 @@ def emit_position(c: Lowerer, n: Node, idx: Index) -> Expr:
     and its IndexError beyond the axis."""
     p, size, axis = c.at(n.src[0], ()), n.param("size"), n.param("axis")
     inside = te.select(p < 0, p + size, p)
-    return raise_if(inside, (p < -size) | (p >= size), f"IndexError: index out of bounds for axis {axis} with size {size}")
+    message = f"IndexError: index out of bounds for axis {axis} with size {size}"
+    return raise_if(inside, (p < -size) | (p >= size), message)
 
 
 def emit_concat(c: Lowerer, n: Node, idx: Index) -> Expr:

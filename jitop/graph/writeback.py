@@ -9,6 +9,10 @@ jitop.graph.mutation records which arguments changed. Three ways, cheapest first
   positions are extra results, assigned with numpy's indexing after the kernel;
 - **whole after the kernel**: anything else: the argument's new value is an extra result, copied back.
 
+A call of the first two kinds runs through the native entry when each region is leading indices (constants or
+int arguments) and whole trailing axes, and its value an array of the target's dtype and the region's shape
+(an argument before the kernel, the kernel's output after it): `copies_in` says what the entry copies.
+
 >>> w = Write(0, (("at", 0), ("slice", 0, 1, 0)), (2,))
 >>> a = np.zeros((3, 2))
 >>> _ = w.apply(a, [np.ones(2), np.int64(-1)])
@@ -35,12 +39,14 @@ class Write:
     """Argument `leaf`'s new value: the whole array (spec None; one result), or the region a constant basic
     index spec selects (`region`: the lengths of its slices). Its results: the region's value, then the position
     of each "at" entry; none if `early` says where the value and positions come from (written before the
-    kernel runs)."""
+    kernel runs). `positions`: where a region's positions come from when they are arguments or constants (a
+    native entry then takes them from there), else ()."""
 
     leaf: int
     spec: tuple | None = None
     region: tuple[int, ...] = ()
     early: tuple[Source, tuple[Source, ...]] | None = None
+    positions: tuple[Source, ...] = ()
 
     def apply(self, target: np.ndarray, results: Sequence[Any]) -> np.ndarray | None:
         """Write this argument's results into `target`; the array whose values it took when whole (else None)."""
@@ -83,15 +89,19 @@ class Write:
         return tuple(index), at
 
 
-def copies_in(writes: Sequence[Write], values: Sequence[Any]) -> list[CopyIn] | None:
-    """The native entry's copies (jitop.runtime.copy_in) for a call whose every write is made before the
-    kernel as a plain copy: an argument into leading indices and whole trailing axes of another (dtypes and
-    shapes are the entry's to check); None if one is not (such a call takes the Python path)."""
+def copies_in(writes: Sequence[Write], values: Sequence[Any], outputs: Sequence[int | None]) -> list[CopyIn] | None:
+    """The native entry's copies (jitop.runtime.copy_in) for a call whose every write is a plain copy into
+    leading indices and whole trailing axes of an argument: of another argument before the kernel, or of the
+    kernel's output `outputs[k]` (write k's region value) after it (dtypes and shapes are the entry's to
+    check); None if one is not (such a call takes the Python path)."""
     out = []
-    for w in writes:
-        if w.early is None or w.early[0][0] != "leaf":
+    for w, output in zip(writes, outputs):
+        if w.early is not None and w.early[0][0] == "leaf":
+            value, positions = w.early[0][1], w.early[1]
+        elif w.early is None and w.spec is not None and w.positions and output is not None:
+            value, positions = ("out", output), w.positions
+        else:
             return None
-        value, positions = w.early
         n_lead = sum(1 for s in w.spec if s[0] != "slice")
         trailing = w.spec[n_lead:]
         if any(s[0] != "slice" or s[1:3] != (0, 1) for s in trailing) or \
@@ -100,7 +110,7 @@ def copies_in(writes: Sequence[Write], values: Sequence[Any]) -> list[CopyIn] | 
         index = [s[1] if s[0] == "int" else _index_source(positions[s[1]]) for s in w.spec[:n_lead]]
         if None in index:
             return None
-        out.append(CopyIn(w.leaf, value[1], tuple(index)))
+        out.append(CopyIn(w.leaf, value, tuple(index)))
     return out
 
 
@@ -128,7 +138,9 @@ def plan(written: dict[int, Tracer], returned: set[int], roots: list[Node]) -> l
             continue
         region = tuple(d for d in n.src[1].shape)
         early = _early(n, graph)
-        out.append((Write(leaf, n.param("spec"), region, early), [] if early else list(n.src[1:])))
+        positions = tuple(_source(p) for p in n.src[2:])
+        out.append((Write(leaf, n.param("spec"), region, early, () if None in positions else positions),
+                    [] if early else list(n.src[1:])))
     return out
 
 

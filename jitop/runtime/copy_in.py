@@ -1,22 +1,30 @@
-"""Regions copied into arguments before a kernel runs, by the native entry (jitop.runtime.fastcall).
+"""Regions copied into arguments by the native entry (jitop.runtime.fastcall), before or after the kernel.
 
 A decode step writes a row into its cache argument and then reads the cache (`cache[t] = k`, t and k arguments):
 jitop.graph.writeback writes that row into the caller's array before the kernel, which then reads the array
-itself. A `CopyIn` lets the native entry do that write, so such a call runs without Python: the entry checks
-everything first (each target writeable, each position inside its axis) and copies only when all hold; when one
-fails it misses, nothing written, and the Python path raises numpy's error. Arguments may share memory: the
-copies are made in order, as numpy's assignments are, before the kernel reads anything.
+itself; a row the function computes (`cache[t] = x @ Wk`) is a result of the kernel, written into the array after
+it. A `CopyIn` lets the native entry make either write, so such a call runs without Python: the entry checks
+everything before the kernel (each target writeable, each position inside its axis, and for a copy after the
+kernel no other array argument sharing the target's memory: the kernel read it as it was, numpy would see the
+write) and goes on only when all hold; when one fails it misses, nothing written, and the Python path raises
+numpy's error or runs the call as numpy. Copies before the kernel are made in order, as numpy's assignments are,
+before the kernel reads anything: arguments may share memory with them.
 
 The entry reads a spec's copies as words (`section`): their count, then per copy
 
-    [target input, source input, target's argument position, region bytes, n_index,
-     per index entry: (is_arg, value or the scalar input, axis length, axis stride in bytes)]
+    [target input, source parameter, after (0 or 1), target's argument position, region bytes, target bytes,
+     n_index, n_other,
+     per index entry: (is_arg, value or the scalar input, axis length, axis stride in bytes),
+     per other array input (a copy after the kernel): (input, its bytes)]
 
-where an "input" is the kernel parameter the entry's match fills (its data pointer, or a scalar's value).
+where an "input" is a kernel parameter the entry's match fills (its data pointer, or a scalar's value), and the
+source parameter an input or, after the kernel, an output (the kernel's parameters: inputs, then outputs).
 
 >>> inputs = [("array", 0, np.dtype("f4"), (4, 3)), ("array", 1, np.dtype("f4"), (3,)), ("int", 2)]
->>> section([CopyIn(target=0, source=1, index=(("arg", 2),))], inputs)
-[1, 0, 1, 0, 12, 1, 1, 2, 4, 12]
+>>> section([CopyIn(target=0, source=1, index=(("arg", 2),))], inputs, [])
+[1, 0, 1, 0, 0, 12, 48, 1, 0, 1, 2, 4, 12]
+>>> section([CopyIn(target=0, source=("out", 0), index=(("arg", 2),))], inputs, [(np.dtype("f4"), (3,))])
+[1, 0, 3, 1, 0, 12, 48, 1, 1, 1, 2, 4, 12, 1, 12]
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ import numpy as np
 
 __all__ = ["CopyIn", "MAX_COPIES", "section", "copy_in_ir"]
 
-MAX_COPIES = 8  # copies one spec makes (the entry keeps each one's offset on its stack)
+MAX_COPIES = 8  # copies one spec makes
 _I1, _I32, _I64, _I8, _PTR = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.IntType(8), ir.PointerType()
 
 InputInfo = tuple  # ("array", position, dtype, shape) | ("int", position) | ("other",)
@@ -37,35 +45,46 @@ InputInfo = tuple  # ("array", position, dtype, shape) | ("int", position) | ("o
 
 @dataclass(frozen=True)
 class CopyIn:
-    """Before the kernel: argument `source` (an array of the target's dtype and exactly the region's shape)
-    copied into `target[index]`, `index` one entry per leading axis of the target: an int, or ("arg", p) the
-    Python int argument at position p (negative counts from the end, as in numpy)."""
+    """`source` copied into `target[index]`: an argument (by position), copied before the kernel, or ("out", j)
+    the kernel's output j, copied after it; of the target's dtype and exactly the region's shape. `index`: one
+    entry per leading axis of the target, an int or ("arg", p) the Python int argument at position p (negative
+    counts from the end, as in numpy)."""
 
     target: int
-    source: int
+    source: int | tuple[str, int]
     index: tuple[int | tuple[str, int], ...]
 
 
-def section(copies: Sequence[CopyIn], inputs: Sequence[InputInfo]) -> list[int]:
-    """The words the entry's @copy_in reads for `copies`; `inputs`: the spec's inputs in parameter order.
-    Raises ValueError for a copy the entry cannot make exactly as numpy's assignment would."""
+def section(copies: Sequence[CopyIn], inputs: Sequence[InputInfo], outputs: Sequence[tuple[Any, tuple]]) -> list[int]:
+    """The words the entry's @copy_in reads for `copies`; `inputs`: the spec's inputs in parameter order,
+    `outputs`: its outputs' (dtype, shape). Raises ValueError for a copy the entry cannot make exactly as
+    numpy's assignment would."""
     if not 0 < len(copies) <= MAX_COPIES:
-        raise ValueError(f"a spec makes 1 to {MAX_COPIES} copies in, not {len(copies)}")
+        raise ValueError(f"a spec makes 1 to {MAX_COPIES} copies, not {len(copies)}")
     arrays = {i[1]: (k, i) for k, i in enumerate(inputs) if i[0] == "array"}
     ints = {i[1]: k for k, i in enumerate(inputs) if i[0] == "int"}
     words = [len(copies)]
     for c in copies:
-        if c.target not in arrays or c.source not in arrays or c.target == c.source:
-            raise ValueError(f"{c}: target and source must be two array arguments of the kernel")
-        (tk, (_, _, dt, shape)), (sk, (_, _, sdt, sshape)) = arrays[c.target], arrays[c.source]
-        if any(type(d) is not int for d in (*shape, *sshape)) or sdt != dt or len(c.index) > len(shape) or \
-                tuple(sshape) != tuple(shape[len(c.index):]):
+        after = type(c.source) is tuple
+        if c.target not in arrays or c.target == c.source or not after and c.source not in arrays or \
+                after and (c.source[0] != "out" or not 0 <= c.source[1] < len(outputs)):
+            raise ValueError(f"{c}: the target must be an array argument, the source another or an output")
+        tk, (_, _, dt, shape) = arrays[c.target]
+        if after:
+            sk, (sdt, sshape) = len(inputs) + c.source[1], outputs[c.source[1]]
+        else:
+            sk, (_, _, sdt, sshape) = arrays[c.source]
+        if any(type(d) is not int for d in (*shape, *sshape)) or np.dtype(sdt) != dt or len(c.index) > len(shape) \
+                or tuple(sshape) != tuple(shape[len(c.index):]):
             raise ValueError(f"{c}: the source must be an array of the target's dtype and the region's shape")
         strides = [dt.itemsize * int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
         lead = []
-        for i, (entry, dim, stride) in enumerate(zip(c.index, shape, strides)):
-            lead += [1, ints[entry[1]], dim, stride] if _is_arg(entry, ints) else [0, _constant(entry, dim), dim, stride]
-        words += [tk, sk, c.target, _nbytes(arrays[c.source][1]), len(c.index), *lead]
+        for entry, dim, stride in zip(c.index, shape, strides):
+            given = [1, ints[entry[1]]] if _is_arg(entry, ints) else [0, _constant(entry, dim)]
+            lead += [*given, dim, stride]
+        others = [w for p, (k, i) in arrays.items() if p != c.target for w in (k, _nbytes(i))] if after else []
+        words += [tk, sk, int(after), c.target, dt.itemsize * int(np.prod(sshape, dtype=np.int64)),
+                  _nbytes(arrays[c.target][1]), len(c.index), len(others) // 2, *lead, *others]
     return words
 
 
@@ -89,35 +108,39 @@ def _nbytes(info: InputInfo) -> int:
 
 
 # ** the entry's @copy_in, built with llvmlite.ir **
+# a copy's words after its start (see the module docstring)
+_TARGET, _SOURCE, _AFTER, _POSITION, _BYTES, _TARGET_BYTES, _N_INDEX, _N_OTHER, _HEAD = range(9)
+
 
 def copy_in_ir(flags_offset: int, writeable: int) -> str:
-    """@copy_in(sec, args, ptrs, scal) -> i1, as LLVM IR text for the entry's module: `sec` a spec's section,
-    `args` the call's arguments, `ptrs`/`scal` what the entry's match filled (data pointers, scalar values).
-    Checks every copy, then copies them in order (a memmove: a source may overlap its target, as numpy allows);
-    0 (nothing written) if a check fails. `flags_offset`: where an ndarray
-    keeps its flags; `writeable`: NPY_ARRAY_WRITEABLE."""
+    """@copy_in(sec, args, ptrs, scal, phase) -> i1, as LLVM IR text for the entry's module: `sec` a spec's
+    section, `args` the call's arguments, `ptrs`/`scal` the kernel's parameters the entry filled (data pointers,
+    scalar values). Phase 0, before the kernel: checks every copy, then makes those before the kernel; 0
+    (nothing written) if a check fails. Phase 1, after it: makes the copies after the kernel. Each copy is a
+    memmove (a source may overlap its target, as numpy allows). `flags_offset`: where an ndarray keeps its
+    flags; `writeable`: NPY_ARRAY_WRITEABLE."""
     mod = ir.Module("jitop_copy_in")
-    fn = ir.Function(mod, ir.FunctionType(_I1, [_PTR] * 4), "copy_in")
+    fn = ir.Function(mod, ir.FunctionType(_I1, [_PTR] * 4 + [_I64]), "copy_in")
     fn.linkage = "internal"
-    sec, args, ptrs, scal = fn.args
-    for arg, name in zip(fn.args, ("sec", "args", "ptrs", "scal")):
+    sec, args, ptrs, scal, phase = fn.args
+    for arg, name in zip(fn.args, ("sec", "args", "ptrs", "scal", "phase")):
         arg.name = name
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     v = _Vars(b, "c", "at", "j", "off")
-    offs = b.alloca(ir.ArrayType(_I64, MAX_COPIES), name="offs")
-    offs.type = _PTR  # opaque, like every other pointer here
     fail = fn.append_basic_block("fail")
     n = _word(b, sec, 0, "n")
+    with b.if_then(b.icmp_signed("==", phase, _I64(0))):
+        b.store(_I64(1), v.at)
+        with _range(b, v.c, n):
+            _check_one(b, v, sec, args, ptrs, scal, fail, flags_offset, writeable)
     b.store(_I64(1), v.at)
-    with _range(b, v.c, n) as c:
-        _check_one(b, v, sec, args, ptrs, scal, fail, flags_offset, writeable)
-        b.store(b.load(v.off, typ=_I64), b.gep(offs, [c], source_etype=_I64))
-    b.store(_I64(1), v.at)
-    with _range(b, v.c, n) as c:
-        at = b.load(v.at, typ=_I64)
-        dst = b.gep(_pointer(b, ptrs, _word(b, sec, at)), [_word(b, offs, c)], source_etype=_I8)
-        src = _pointer(b, ptrs, _word(b, sec, b.add(at, _I64(1))))
-        b.call(_memmove(mod), [dst, src, _word(b, sec, b.add(at, _I64(3))), _I1(0)])
+    with _range(b, v.c, n):
+        at = b.load(v.at, typ=_I64, name="at")
+        with b.if_then(b.icmp_signed("==", _field(b, sec, at, _AFTER), phase)):
+            _offset(b, v, sec, scal, at, None)
+            dst = b.gep(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), [b.load(v.off, typ=_I64)], source_etype=_I8)
+            src = _pointer(b, ptrs, _field(b, sec, at, _SOURCE))
+            b.call(_memmove(mod), [dst, src, _field(b, sec, at, _BYTES), _I1(0)])
         b.store(_next_copy(b, sec, at), v.at)
     b.ret(_I1(1))
     b.position_at_end(fail)
@@ -127,29 +150,51 @@ def copy_in_ir(flags_offset: int, writeable: int) -> str:
 
 def _check_one(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, args: ir.Value, ptrs: ir.Value, scal: ir.Value,
                fail: ir.Block, flags_offset: int, writeable: int) -> None:
-    """The checks of the copy at word v.at (the target writeable, each index inside its axis); its byte offset
-    into the target left in v.off."""
+    """The checks of the copy at word v.at: the target writeable, each index inside its axis, and for a copy
+    after the kernel no other array input overlapping the target."""
     at = b.load(v.at, typ=_I64, name="at")
-    field = lambda k: _word(b, sec, b.add(at, _I64(k)))  # noqa: E731 - the copy's k-th word
-    target = b.load(b.gep(args, [field(2)], source_etype=_PTR), typ=_PTR, name="target")
+    target = b.load(b.gep(args, [_field(b, sec, at, _POSITION)], source_etype=_PTR), typ=_PTR, name="target")
     flags = b.load(b.gep(target, [_I64(flags_offset)], source_etype=_I8), typ=_I32, name="flags")
     _require(b, b.icmp_unsigned("!=", b.and_(flags, _I32(writeable)), _I32(0)), fail)
+    _offset(b, v, sec, scal, at, fail)
+    tstart = b.ptrtoint(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), _I64, name="tstart")
+    tend = b.add(tstart, _field(b, sec, at, _TARGET_BYTES), name="tend")
+    others = b.add(b.add(at, _I64(_HEAD)), b.mul(_field(b, sec, at, _N_INDEX), _I64(4)), name="others")
+    with _range(b, v.j, _field(b, sec, at, _N_OTHER)) as j:  # no other array input's bytes overlap the target's
+        o = b.add(others, b.mul(j, _I64(2)))
+        ostart = b.ptrtoint(_pointer(b, ptrs, _word(b, sec, o)), _I64)
+        oend = b.add(ostart, _word(b, sec, b.add(o, _I64(1))))
+        overlap = b.and_(b.icmp_unsigned("<", ostart, tend), b.icmp_unsigned("<", tstart, oend))
+        _require(b, b.not_(overlap), fail)
+    b.store(_next_copy(b, sec, at), v.at)
+
+
+def _offset(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, scal: ir.Value, at: ir.Value,
+            fail: ir.Block | None) -> None:
+    """The byte offset of the region of the copy at `at` into its target, left in v.off; with `fail`, each
+    index is checked to lie inside its axis (numpy's negative indices wrapped first)."""
     b.store(_I64(0), v.off)
-    with _range(b, v.j, field(4)) as j:  # each index entry: inside its axis, its bytes added to the offset
-        e = b.add(b.add(at, _I64(5)), b.mul(j, _I64(4)))
-        entry = lambda k: _word(b, sec, b.add(e, _I64(k)))  # noqa: E731
+    with _range(b, v.j, _field(b, sec, at, _N_INDEX)) as j:
+        e = b.add(b.add(at, _I64(_HEAD)), b.mul(j, _I64(4)))
+        entry = lambda k: _word(b, sec, b.add(e, _I64(k)))  # noqa: E731 - the index entry's k-th word
         is_arg = b.icmp_unsigned("!=", entry(0), _I64(0))
         given = b.select(is_arg, _word(b, scal, b.select(is_arg, entry(1), _I64(0))), entry(1), name="given")
         dim = entry(2)
         idx = b.select(b.icmp_signed("<", given, _I64(0)), b.add(given, dim), given, name="idx")
-        _require(b, b.and_(b.icmp_signed(">=", idx, _I64(0)), b.icmp_signed("<", idx, dim)), fail)
+        if fail is not None:
+            _require(b, b.and_(b.icmp_signed(">=", idx, _I64(0)), b.icmp_signed("<", idx, dim)), fail)
         b.store(b.add(b.load(v.off, typ=_I64), b.mul(idx, entry(3))), v.off)
-    b.store(_next_copy(b, sec, at), v.at)
+
+
+def _field(b: ir.IRBuilder, sec: ir.Value, at: ir.Value, k: int) -> ir.Value:
+    """Word k of the copy at `at`."""
+    return _word(b, sec, b.add(at, _I64(k)))
 
 
 def _next_copy(b: ir.IRBuilder, sec: ir.Value, at: ir.Value) -> ir.Value:
     """The word after the copy at `at`."""
-    return b.add(b.add(at, _I64(5)), b.mul(_word(b, sec, b.add(at, _I64(4))), _I64(4)))
+    n_index, n_other = _field(b, sec, at, _N_INDEX), _field(b, sec, at, _N_OTHER)
+    return b.add(b.add(at, _I64(_HEAD)), b.add(b.mul(n_index, _I64(4)), b.mul(n_other, _I64(2))))
 
 
 class _Vars:

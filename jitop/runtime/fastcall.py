@@ -12,9 +12,10 @@ The entry binds each symbol from an input's dim into a call-local slot (the slot
 takes last), ties the other dims to them, and runs the spec's check-and-shape program (jitop.runtime.dimprog:
 guards, output dims, the bytes that decide the GIL). A static Spec runs exactly the checks it always did.
 
-A static Spec may also copy regions into its arguments before the kernel runs (`CopyIn`, jitop.runtime.copy_in:
-a decode step's `cache[t] = k`); when a copy's checks fail (a position outside its axis, a read-only target) the
-entry writes nothing and returns MISS.
+A static Spec may also copy regions into its arguments, from other arguments before the kernel runs or from its
+outputs after (`CopyIn`, jitop.runtime.copy_in: a decode step's `cache[t] = k`); when a copy's checks fail (a
+position outside its axis, a read-only target, an argument sharing memory with a target written after the
+kernel) the entry writes nothing and returns MISS.
 
 The entry only ever accepts what the slow path would accept and compute identically: exact ndarrays with
 the expected (native, singleton) dtype descriptor, shape, C-contiguous and aligned; exact Python float/int/bool
@@ -375,8 +376,10 @@ out:
 }}
 
 ; Allocates the outputs and calls the kernel; a symbolic spec passes its slots (the kernel's symbols, its last
-; argument) and odims (its outputs' dims); %gil: whether to release the GIL around the kernel.
-define internal ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gil) {{
+; argument) and odims (its outputs' dims); %gil: whether to release the GIL around the kernel. Once the kernel
+; has run without error, the spec's copies after it are made (jitop.runtime.copy_in: %args and %scal).
+define internal ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gil, ptr %args,
+                         ptr %scal) {{
 entry:
   %outs = alloca [{MAX_PARAMS} x ptr], align 16
   %sym = icmp ne ptr %odims, null
@@ -467,6 +470,14 @@ error:
   call void @release(ptr %outs, i64 %nout)
   ret ptr null
 result:
+  %cw = call i64 @w(ptr %spec, i64 {S_COPIES})
+  %copies = icmp ne i64 %cw, 0
+  br i1 %copies, label %copy.after, label %build
+copy.after:
+  %sec = getelementptr i64, ptr %spec, i64 %cw
+  %copied = call i1 @copy_in(ptr %sec, ptr %args, ptr %ptrs, ptr %scal, i64 1)
+  br label %build
+build:
   %kind = call i64 @w(ptr %spec, i64 {S_KIND})
   %rs = call i64 @w(ptr %spec, i64 {S_SLOT})
   %rp = getelementptr ptr, ptr %outs, i64 %rs
@@ -532,11 +543,11 @@ hit:
   br i1 %copies, label %copy, label %hit.run
 copy:  ; regions copied into arguments first: a check that fails writes nothing, and the call misses
   %sec = getelementptr i64, ptr %spec, i64 %cw
-  %copied = call i1 @copy_in(ptr %sec, ptr %args, ptr %ptrs, ptr %scal)
+  %copied = call i1 @copy_in(ptr %sec, ptr %args, ptr %ptrs, ptr %scal, i64 0)
   br i1 %copied, label %hit.run, label %next
 hit.run:
   %g = call i64 @w(ptr %spec, i64 {S_GIL})
-  %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr null, ptr null, i64 %g)
+  %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr null, ptr null, i64 %g, ptr %args, ptr %scal)
   ret ptr %r
 hit.sym:
   %gw = call i64 @w(ptr %spec, i64 {S_GIL})
@@ -545,7 +556,7 @@ hit.sym:
   %bigw = zext i1 %big to i64
   %auto = icmp eq i64 %gw, {GIL_FROM_PROGRAM}
   %gs = select i1 %auto, i64 %bigw, i64 %gw
-  %rs = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gs)
+  %rs = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr %slots, ptr %odims, i64 %gs, ptr %args, ptr %scal)
   ret ptr %rs
 miss:
   %s = call ptr @wp(ptr %table, i64 {T_SENTINEL})
@@ -983,7 +994,8 @@ class Spec:
     input dim and the `guards` ("n >= 2", "m != 1"), computes the output dims, and misses (the slow path runs)
     when any check fails (jitop.runtime.dimprog).
 
-    `copies` (a static spec's): regions copied into arguments before the kernel (jitop.runtime.copy_in.CopyIn).
+    `copies` (a static spec's): regions copied into arguments before or after the kernel
+    (jitop.runtime.copy_in.CopyIn).
 
     >>> spec = Spec(2, address, [Array(0, f4, (10,)), Array(1, f4, (10,))], [Output(f4, (10,))], 0)  # doctest: +SKIP
     >>> spec = Spec(2, address, [Array(0, f4, ("n",)), Array(1, f4, ("n",))], [Output(f4, ("n",))], 0,
@@ -1012,7 +1024,7 @@ class Spec:
         prog_at = len(words) if plan else 0
         words += plan.program if plan else []
         copies_at = len(words) if copies else 0
-        words += self._copies(copies, inputs, plan) if copies else []
+        words += self._copies(copies, inputs, outputs, plan) if copies else []
         gil = GIL_FROM_PROGRAM if plan and release_gil is None else \
             int(_nbytes(inputs, outputs) >= RELEASE_GIL_BYTES if release_gil is None else release_gil)
         words[:S_RECORDS] = self._head(nargs, inputs, outputs, kernel_address, gil, error_flag, raise_error,
@@ -1025,13 +1037,14 @@ class Spec:
         weakref.finalize(self, _drop_spares, self.words, slots)
 
     @staticmethod
-    def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const], plan: Any) -> list[int]:
-        """The words of the regions copied in before the kernel (jitop.runtime.copy_in.section)."""
+    def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output],
+                plan: Any) -> list[int]:
+        """The words of the regions copied into arguments (jitop.runtime.copy_in.section)."""
         if plan is not None:
             raise ValueError("only a static spec copies regions into its arguments")
         info = [("array", i.position, _native(i.dtype), i.shape) if isinstance(i, Array) else
                 ("int", i.position) if isinstance(i, Scalar) and i.kind is int else ("other",) for i in inputs]
-        return section(copies, info)
+        return section(copies, info, [(_native(o.dtype), o.shape) for o in outputs])
 
     @staticmethod
     def _plan(inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output], symbols: Sequence[str],

@@ -30,7 +30,7 @@ SM90 = Target.from_string("cuda -arch=sm_90")
 SM90_NAME = "cuda -arch=sm_90"
 EPS32 = np.finfo(np.float32).eps
 # (m, k, n): square, primes, five rows (the fewest the SGEMM takes: fewer are a GEMV, tests/cuda/test_gemv.py),
-# one column (M x 1)
+# one column (M x 1: the dot products of A's rows with the column, a row reduction)
 SHAPES = [(1024, 1024, 1024), (127, 61, 253), (5, 300, 77), (50, 40, 1)]
 
 
@@ -78,13 +78,23 @@ def _launch(built) -> tuple:
 
 
 @pytest.mark.usefixtures("private_cache")
-@pytest.mark.parametrize("m,k,n", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("m,k,n", [s for s in SHAPES if s[2] != 1], ids=lambda v: str(v))
 def test_a_traced_matmul_is_the_sgemm(m, k, n) -> None:
     built = _build(mm, _operands(m, k, n))
     cfg = cuda.default_matmul_config(m, n, k, SM90)
     assert _launch(built) == _sgemm_launch(m, k, n, cfg)
     # each thread accumulates a tm x tn register tile (the 16 x 16 schedule: one output per thread)
     assert built.ptx.count("fma.rn.f32") >= cfg["tm"] * cfg["tn"]
+    _check_ptx(built.ptx)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_matrix_times_one_column_is_a_row_reduction() -> None:
+    """A @ v (one column): the tracer's dot products of A's rows with v, the GPU's row reduction (a block per
+    row, its threads' partial sums combined by warp shuffles), not the SGEMM padding its one column to a tile."""
+    built = _build(mm, _operands(50, 40, 1))
+    grid, block, _ = _launch(built)
+    assert grid == (50, 1, 1) and block[0] >= 32 and "shfl.sync" in built.ptx
     _check_ptx(built.ptx)
 
 

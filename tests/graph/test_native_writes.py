@@ -1,8 +1,9 @@
-"""A function that writes a given row into its argument before reading it (a decode step's `cache[t] = k`) is
-served by the native entry, which copies the row into the caller's array itself (jitop.runtime.copy_in): the
-same results and the same arrays after each call as numpy (arguments viewing the cache included), and numpy's
-errors through the Python path, which serves every call the entry's checks turn away (a position outside the
-axis, a read-only cache)."""
+"""A function that writes a row into its argument (a decode step's `cache[t] = k`, k given or computed) is served
+by the native entry, which copies the row into the caller's array itself (jitop.runtime.copy_in): a given row
+before the kernel, which then reads the cache in place; a computed one after it. The same results and the same
+arrays after each call as numpy (arguments viewing the cache included), and numpy's errors and answers through
+the Python path, which serves every call the entry's checks turn away (a position outside the axis, a read-only
+cache, an argument sharing memory with a row written after the kernel)."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,7 +32,13 @@ def two_caches(kc, vc, k, v, q, layer, t):
 def assert_scores(got, want, cache, q) -> None:
     """Equal within the rounding of two sums of k products in different orders (and the max subtracted)."""
     eps = np.finfo(want.dtype).eps
-    np.testing.assert_allclose(got, want, rtol=0, atol=4 * (cache.shape[-1] + 1) * eps * (np.abs(cache) @ np.abs(q)).max())
+    bound = 4 * (cache.shape[-1] + 1) * eps * (np.abs(cache) @ np.abs(q)).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
+def computed(cache, x, w, q, t):
+    cache[t] = x @ w
+    return cache @ q
 
 
 def natively_served(f) -> int:
@@ -121,29 +128,73 @@ def test_arguments_sharing_the_caches_memory_get_numpys_answer(alias):
     assert natively_served(f) - before == 3
 
 
-def test_a_row_that_needs_a_cast_or_a_broadcast_takes_the_python_path():
+def test_a_computed_row_is_copied_in_natively_after_the_kernel():
+    rng = np.random.default_rng(4)
+    f = jitop.kernel(computed, fallback=False)
+    mine, x, w, q = rng.standard_normal((9, 4)), rng.standard_normal(6), rng.standard_normal((6, 4)), \
+        rng.standard_normal(4)
+    theirs = mine.copy()
+    warm(f, mine, x, w, q, 0)
+    before = natively_served(f)
+    for t in (0, 4, 8, -1, -9):
+        x = rng.standard_normal(6)
+        assert_scores(f(mine, x, w, q, t), computed(theirs, x, w, q, t), theirs, q)
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=8 * np.finfo(float).eps * (np.abs(x) @ np.abs(w)).max())
+    (write,) = next(iter(f.cache.values())).trace.writes
+    assert write.early is None and natively_served(f) - before == 5
+    kept = mine.copy()
+    for t, error in ((9, IndexError), (-10, IndexError)):
+        with pytest.raises(error):
+            f(mine, x, w, q, t)
+        np.testing.assert_array_equal(mine, kept)
+    mine.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        f(mine, x, w, q, 2)
+    np.testing.assert_array_equal(mine, kept)
+
+
+def test_an_argument_sharing_memory_with_a_row_written_after_the_kernel_gets_numpys_answer():
+    """numpy's `cache @ q` sees the new row through q = cache[t]; the kernel read q before the row was copied
+    in, so the entry turns the call away and it runs as numpy."""
+    rng = np.random.default_rng(5)
+    f = jitop.kernel(computed, fallback=False)
+    mine, x, w = rng.standard_normal((9, 4)), rng.standard_normal(6), rng.standard_normal((6, 4))
+    theirs = mine.copy()
+    warm(f, mine, x, w, mine[0].copy(), 0)
+    for t in (3, 5):
+        assert_scores(f(mine, x, w, mine[t], t), computed(theirs, x, w, theirs[t], t), theirs, theirs[t])
+        np.testing.assert_allclose(mine, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k, native", [(np.arange(5.0), False), (np.arange(5, dtype=np.float32)[None], True)],
+                         ids=["float64 row: cast by numpy", "1x5 row: the kernel's output"])
+def test_a_row_that_needs_a_cast_or_a_reshape(k, native):
+    """A given row of another dtype is cast by numpy's indexing on the Python path; one of another shape is the
+    kernel's output (its region value), copied in after it by the entry."""
     f = jitop.kernel(decode, fallback=False)
-    for k in (np.arange(5.0), np.arange(5, dtype=np.float32)[None]):
-        mine = np.zeros((11, 5), np.float32)
-        theirs = mine.copy()
-        q = np.ones(5, np.float32)
-        for t in (1, 2, 3, 4):
-            assert_scores(f(mine, k + t, q, t), decode(theirs, k + t, q, t), theirs, q)
-        np.testing.assert_array_equal(mine, theirs)
-    assert natively_served(f) == 0
+    mine = np.zeros((11, 5), np.float32)
+    theirs = mine.copy()
+    q = np.ones(5, np.float32)
+    for t in (1, 2, 3, 4, 5):
+        assert_scores(f(mine, k + t, q, t), decode(theirs, k + t, q, t), theirs, q)
+    np.testing.assert_array_equal(mine, theirs)
+    assert (natively_served(f) > 0) == native
 
 
 @pytest.mark.parametrize("copy, why", [
     (CopyIn(0, 1, (0, ("arg", 2))), "region's shape"),          # the source is a row, the region one element
-    (CopyIn(0, 0, (("arg", 2),)), "two array arguments"),
+    (CopyIn(0, ("out", 1), (("arg", 2),)), "region's shape"),    # an output of another shape
+    (CopyIn(0, 0, (("arg", 2),)), "source another or an output"),
+    (CopyIn(0, ("out", 2), (("arg", 2),)), "source another or an output"),
     (CopyIn(0, 1, (("arg", 3),)), "not an int argument"),
     (CopyIn(0, 1, (4,)), "inside an axis"),
     (CopyIn(0, 1, (-5,)), "inside an axis"),
-    (CopyIn(0, 3, (1,)), "two array arguments"),
+    (CopyIn(0, 3, (1,)), "source another or an output"),
 ])
 def test_a_copy_the_entry_cannot_make_as_numpy_would_is_refused(copy, why):
     inputs = [("array", 0, np.dtype("f4"), (4, 3)), ("array", 1, np.dtype("f4"), (3,)), ("int", 2), ("other",)]
+    outputs = [(np.dtype("f4"), (3,)), (np.dtype("f4"), (4,))]
     with pytest.raises(ValueError, match=why):
-        section([copy], inputs)
+        section([copy], inputs, outputs)
     with pytest.raises(ValueError, match="dtype"):
-        section([CopyIn(0, 1, (1,))], [inputs[0], ("array", 1, np.dtype("f8"), (3,))])
+        section([CopyIn(0, 1, (1,))], [inputs[0], ("array", 1, np.dtype("f8"), (3,))], [])
