@@ -128,9 +128,10 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list
                        [cache, k, q, length - 300]))
         decode.append((f"attention alone, no write (cache {length}x{width})", attention, [cache, k, q, 0]))
     kc, vc = rng.standard_normal((2, 1024, 64)).astype(np.float32)
-    x, (wq, wk, wv) = rng.standard_normal(512).astype(np.float32), rng.standard_normal((3, 512, 64)).astype(np.float32)
+    token = rng.standard_normal(512).astype(np.float32)
+    wq, wk, wv = rng.standard_normal((3, 512, 64)).astype(np.float32)
     decode.append(("decode step, k and v computed (x 512, caches 1024x64, t=724)", decode_layer,
-                   [kc, vc, x, wq / 8, wk / 8, wv / 8, 724]))
+                   [kc, vc, token, wq / 8, wk / 8, wv / 8, 724]))
     return [(f"softmax in place ({rows}x1024)", softmax_in_place, [x]),
             (f"features ({rows * 2}x256)", features, [f])] + decode
 
