@@ -44,7 +44,7 @@ from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, resolve_graph, substituted, toposort
 from jitop.graph.tasks import row_buckets
 from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
-from jitop.shape_policy import ShapePolicy, struct_key
+from jitop.shape_policy import RECOMPILE_LIMIT, ShapePolicy, struct_key
 from jitop.te.printer import expr_str
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
 from jitop.runtime import fastcall
@@ -193,6 +193,7 @@ class KernelFunction:
         self.signature = inspect.signature(fn)
         names = list(self.signature.parameters)
         self._static_on_use: set[str] = set()  # made static by a call (for Python scalars), kept for the next process
+        self._value_compiles: dict[Any, int] = {}  # argument structure, static values left out -> kernels built
         self._set_static({names[i] for i in static_argnums} | set(static_argnames))
         self._static_loaded = False
         self._binder = _positional_binder(list(self.signature.parameters.values()))
@@ -236,6 +237,22 @@ class KernelFunction:
             self._set_static(self.static | names)
             kernel_cache.save_static(self.qualified_name, self._code_digest(), sorted(self._static_on_use))
         return True
+
+    def _static_recompiles(self, struct: Any) -> str | None:
+        """Count a compile of `struct` among those differing only in static values; past RECOMPILE_LIMIT of them,
+        once: why each new value compiles and what serves every value with one kernel."""
+        specs = struct[2] if struct is not None and struct[:1] == ("pytree",) else struct
+        if not specs or not any(type(s) is tuple and s[:1] == ("static",) for s in specs):
+            return None
+        erased = tuple(("static",) if type(s) is tuple and s[:1] == ("static",) else s for s in specs)
+        n = self._value_compiles[erased] = self._value_compiles.get(erased, 0) + 1
+        if n != RECOMPILE_LIMIT + 1:
+            return None
+        names = ", ".join(sorted(self._static_on_use or self.static))
+        return (f"{n} kernels, one per value of the static parameter(s) {names}: a value that changes on every "
+                "call compiles on every call. Where it sizes a slice of an array argument (`cache[:t + 1]` in "
+                "the kernel), pass the slice instead (`f(cache[:t + 1], ...)`): a dim that varies between calls "
+                "becomes symbolic, one kernel for every size")
 
     def _code_digest(self) -> str:
         """What identifies this version of the function's code (a record of what its calls made static on use
@@ -432,6 +449,7 @@ class KernelFunction:
         try:
             ov = self._trace_and_build(values, tree, struct, dims)
             why = self.policy.compiled(struct, ov.accepts is not None) if struct is not None else None
+            why = why or self._static_recompiles(struct)
             if why:
                 warnings.warn(f"jitop.kernel '{self.__name__}': {why}", JitopRecompileWarning, stacklevel=_BUILD_DEPTH)
             if config.verify() and run_numpy is not None:

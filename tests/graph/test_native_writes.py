@@ -128,6 +128,24 @@ def test_arguments_sharing_the_caches_memory_get_numpys_answer(alias):
     assert natively_served(f) - before == 3
 
 
+def reread(cache, k, t):
+    cache[t] = k
+    return cache[t] * 2, cache.sum(axis=1) + k.sum()
+
+
+def test_a_given_row_overlapping_the_row_it_is_written_to_is_read_as_numpy_reads_it():
+    """k spans half of row 0 and half of row 1 of the cache, and the function writes it into row 0: numpy copies
+    k first (the row gets k's old values), then k.sum() reads k's memory as the write left it."""
+    f = jitop.kernel(reread, fallback=False)
+    for _ in range(4):
+        mine, theirs = (np.arange(6 * 64, dtype=np.float32).reshape(6, 64) for _ in range(2))
+        got, want = f(mine, mine.ravel()[32:96], 0), reread(theirs, theirs.ravel()[32:96], 0)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(mine, theirs)
+    assert natively_served(f) > 0
+
+
 def test_a_computed_row_is_copied_in_natively_after_the_kernel():
     rng = np.random.default_rng(4)
     f = jitop.kernel(computed, fallback=False)

@@ -5,6 +5,8 @@ traced again with the value, one compile per value, later values keyed by it. Wh
 parameter (inside a list, a *args tuple), the error says to mark it static."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,22 @@ def test_an_array_jitop_does_not_compile_falls_back_after_its_parameter_was_made
     fresh = jitop.kernel(listed)
     with pytest.warns(jitop.JitopFallbackWarning):
         assert fresh(np.array(2.75, np.float16), None) == 2.75
+
+
+def test_a_static_value_that_changes_every_call_warns_once_with_what_to_do_instead():
+    """`cache[:t + 1]` in the kernel makes t static (a size): a compile per t. Past the recompile limit, one
+    JitopRecompileWarning names t and says to pass the slice (whose length then becomes symbolic)."""
+    f = jitop.kernel(lambda cache, t: cache[:t + 1].sum(axis=0))
+    cache = np.arange(40.0).reshape(20, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(12):
+            np.testing.assert_array_equal(f(cache, t), cache[:t + 1].sum(axis=0))
+    said = [str(w.message) for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)]
+    assert len(said) == 1 and "static parameter(s) t" in said[0] and "pass the slice" in said[0], said
+    g = jitop.kernel(lambda x: x[:-1].sum(axis=0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(2, 14):
+            np.testing.assert_array_equal(g(cache[:t]), cache[:t - 1].sum(axis=0))  # the slice passed: symbolic
+    assert not [w for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)] and g.traces <= 2
