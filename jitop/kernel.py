@@ -541,8 +541,8 @@ class KernelFunction:
 
     def _build_trace(self, tr: Trace) -> Overload:
         if self.gpu is not None:
-            if tr.writes:
-                raise Unsupported("in-place assignment to an argument of a GPU kernel",
+            if any(w.early is None for w in tr.writes):  # (a row given as an argument is written before the kernel)
+                raise Unsupported("in-place assignment of a computed value to an argument of a GPU kernel",
                                   "return the new value, or assign through the device array's index outside")
             from jitop.graph.gpu import compile_graph_gpu
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
@@ -849,7 +849,7 @@ def _run_writing(entry: Overload, kf: KernelFunction, values: Sequence[Any]) -> 
     writes = entry.trace.writes
     for w in writes:
         target = values[w.leaf]
-        if not target.flags.writeable:
+        if isinstance(target, np.ndarray) and not target.flags.writeable:  # (a GPU kernel's device array is)
             raise ValueError("assignment destination is read-only")
         if w.early:
             continue

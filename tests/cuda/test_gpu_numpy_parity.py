@@ -175,11 +175,40 @@ def test_in_place_assignment_inside_the_function_equals_numpy_on_the_gpu(monkeyp
             assert_same(got, want)
 
 
-def test_assigning_to_an_argument_says_what_to_do_on_the_gpu(monkeypatch):
+def test_assigning_a_computed_value_to_an_argument_says_what_to_do_on_the_gpu(monkeypatch):
     sim_gpu.gpu_or_simulated(monkeypatch)
 
     def bump(a):
         a += 1
         return a
-    with pytest.raises(jitop.FallbackError, match="in-place assignment to an argument of a GPU kernel"):
+    with pytest.raises(jitop.FallbackError, match="in-place assignment of a computed value to an argument of a GPU"):
         gpu_kernel(bump)(np.ones(3, np.float32))
+
+
+def _decode(cache, k, q, t):
+    cache[t] = k
+    s = cache @ q
+    return s - s.max()
+
+
+def test_a_decode_step_writes_a_given_row_into_its_cache_argument_on_the_gpu(monkeypatch):
+    """`cache[t] = k`, k and t arguments: the row is written before the kernel (into the host array the call then
+    copies in, or on the GPU into a device array, which the kernel reads in place), as on the CPU."""
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    f = gpu_kernel(_decode)
+    mine = np.arange(40, dtype=np.float32).reshape(10, 4)
+    theirs = mine.copy()
+    q = np.array([1, 2, -1, 0.5], np.float32)  # (sums of small multiples of 1/4: exact in float32)
+    for t in (0, 3, -1):
+        k = np.full(4, t + 0.5, np.float32)
+        assert_same(np.asarray(gpu_call(f, mine, k, q, t)), _decode(theirs, k, q, t))
+        assert_same(mine, theirs)
+    device = jitop.cuda.to_device(theirs)
+    for t in (1, -2):
+        k = np.full(4, t + 0.25, np.float32)
+        got = gpu_call(f, device, jitop.cuda.to_device(k), jitop.cuda.to_device(q), t)
+        assert_same(got.get(), _decode(theirs, k, q, t))
+        assert_same(device.get(), theirs)
+    with pytest.raises(IndexError):
+        gpu_call(f, device, jitop.cuda.to_device(k), jitop.cuda.to_device(q), 10)
+    assert_same(device.get(), theirs)
