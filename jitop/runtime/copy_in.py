@@ -63,29 +63,31 @@ def section(copies: Sequence[CopyIn], inputs: Sequence[InputInfo], outputs: Sequ
         raise ValueError(f"a spec makes 1 to {MAX_COPIES} copies, not {len(copies)}")
     arrays = {i[1]: (k, i) for k, i in enumerate(inputs) if i[0] == "array"}
     ints = {i[1]: k for k, i in enumerate(inputs) if i[0] == "int"}
-    words = [len(copies)]
-    for c in copies:
-        after = type(c.source) is tuple
-        if c.target not in arrays or c.target == c.source or not after and c.source not in arrays or \
-                after and (c.source[0] != "out" or not 0 <= c.source[1] < len(outputs)):
-            raise ValueError(f"{c}: the target must be an array argument, the source another or an output")
-        tk, (_, _, dt, shape) = arrays[c.target]
-        if after:
-            sk, (sdt, sshape) = len(inputs) + c.source[1], outputs[c.source[1]]
-        else:
-            sk, (_, _, sdt, sshape) = arrays[c.source]
-        if any(type(d) is not int for d in (*shape, *sshape)) or np.dtype(sdt) != dt or len(c.index) > len(shape) \
-                or tuple(sshape) != tuple(shape[len(c.index):]):
-            raise ValueError(f"{c}: the source must be an array of the target's dtype and the region's shape")
-        strides = [dt.itemsize * int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
-        lead = []
-        for entry, dim, stride in zip(c.index, shape, strides):
-            given = [1, ints[entry[1]]] if _is_arg(entry, ints) else [0, _constant(entry, dim)]
-            lead += [*given, dim, stride]
-        others = [w for p, (k, i) in arrays.items() if p != c.target for w in (k, _nbytes(i))] if after else []
-        words += [tk, sk, int(after), c.target, dt.itemsize * int(np.prod(sshape, dtype=np.int64)),
-                  _nbytes(arrays[c.target][1]), len(c.index), len(others) // 2, *lead, *others]
-    return words
+    return [len(copies)] + [w for c in copies for w in _copy_words(c, arrays, ints, len(inputs), outputs)]
+
+
+def _copy_words(c: CopyIn, arrays: dict[int, tuple[int, InputInfo]], ints: dict[int, int], n_inputs: int,
+                outputs: Sequence[tuple[Any, tuple]]) -> list[int]:
+    """One copy's words (the module docstring's layout); `arrays`/`ints`: argument position -> input."""
+    after = type(c.source) is tuple
+    if c.target not in arrays or c.target == c.source or not after and c.source not in arrays or \
+            after and (c.source[0] != "out" or not 0 <= c.source[1] < len(outputs)):
+        raise ValueError(f"{c}: the target must be an array argument, the source another or an output")
+    tk, target = arrays[c.target]
+    dt, shape = target[2], target[3]
+    sk, (sdt, sshape) = (n_inputs + c.source[1], outputs[c.source[1]]) if after else \
+        (arrays[c.source][0], arrays[c.source][1][2:])
+    if any(type(d) is not int for d in (*shape, *sshape)) or np.dtype(sdt) != dt or len(c.index) > len(shape) \
+            or tuple(sshape) != tuple(shape[len(c.index):]):
+        raise ValueError(f"{c}: the source must be an array of the target's dtype and the region's shape")
+    lead = []
+    for d, entry in enumerate(c.index):
+        given = [1, ints[entry[1]]] if _is_arg(entry, ints) else [0, _constant(entry, shape[d])]
+        lead += [*given, shape[d], dt.itemsize * int(np.prod(shape[d + 1:], dtype=np.int64))]
+    # a copy after the kernel: the other array inputs, none of which may share the target's memory
+    others = [w for p, (k, i) in arrays.items() if p != c.target for w in (k, _nbytes(i))] if after else []
+    return [tk, sk, int(after), c.target, dt.itemsize * int(np.prod(sshape, dtype=np.int64)), _nbytes(target),
+            len(c.index), len(others) // 2, *lead, *others]
 
 
 def _is_arg(entry: Any, ints: dict[int, int]) -> bool:

@@ -136,7 +136,7 @@ class Executable:
         scalar_types: {position: float | int | bool}, the Python type each scalar argument must have (a caller
         whose key distinguishes them); default: the type whose natural dtype is the parameter's.
         compile: whether the entry may be compiled if its object code is not cached (see fastcall.available).
-        copies: regions the entry copies into arguments before the kernel (jitop.runtime.copy_in).
+        copies: regions the entry copies into arguments before or after the kernel (jitop.runtime.copy_in).
         result: the structure the entry returns (as `set_result` takes it), if not the plan's.
 
         >>> fast = fastcall.Table([exe.fast_spec()]).entry()   # doctest: +SKIP

@@ -84,7 +84,7 @@ T_NSPECS, T_SENTINEL, T_HITS, T_NEW, T_ARRAY, T_EMPTY, T_FLOAT, T_LONG, T_BOOL, 
 # (S_CALLS: calls this signature served, for the workload log)
 # (S_NSYM: the kernel's symbols, its last parameter an i64[S_NSYM] of their values; S_PROG: where the dim program
 # starts, 0 for a static signature)
-# (S_COPIES: where the regions copied into arguments before the kernel start (jitop.runtime.copy_in), 0 for none)
+# (S_COPIES: where the regions copied into arguments start (jitop.runtime.copy_in), 0 for none)
 S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST, S_OUTREC, S_CALLS, S_NSYM, S_PROG, \
     S_COPIES, S_RECORDS = range(16)
 GIL_FROM_PROGRAM = 2  # S_GIL of a symbolic signature: the program's SET_GIL decides
