@@ -5,11 +5,11 @@ slower than numpy (a missing schedule rule) before a user meets it.
 
 Each row is one small function (reductions along either axis, argmax, strided and reversed views,
 concatenation, padding, gathers, where/clip, transposed matmul operands, NCHW reductions) on float32 arrays of
-a few MB, called with the same arrays: the best of `--repeat` calls after a warm-up call (the first call
-compiles). `jitop / numpy` is numpy's time over jitop's (above 1: jitop faster); a row under 0.5 is marked
-SLOW, and one that @jitop.kernel runs as plain numpy (an unsupported function: its fallback warning) says
-so. Every result is checked against numpy first (float32 tolerances from the arithmetic: a sum of K
-products within K * eps of its terms' magnitude).
+a few MB (and a 64 MiB one, past the last-level cache, for column reductions), called with the same arrays:
+the best of `--repeat` calls after a warm-up call (the first call compiles). `jitop / numpy` is numpy's time
+over jitop's (above 1: jitop faster); a row under 0.5 is marked SLOW, and one that @jitop.kernel runs as plain
+numpy (an unsupported function: its fallback warning) says so. Every result is checked against numpy first
+(float32 tolerances from the arithmetic: a sum of K products within K * eps of its terms' magnitude).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ SLOW = 0.5
 def cases(rng: np.random.Generator) -> dict[str, tuple]:
     """name -> (function, arguments)."""
     a, b = (rng.standard_normal((2048, 2048)).astype(np.float32) for _ in range(2))
+    big = rng.standard_normal((8192, 2048)).astype(np.float32)  # 64 MiB: past the last-level cache
     v = rng.standard_normal(2048).astype(np.float32)
     x = rng.standard_normal((8, 64, 56, 56)).astype(np.float32)
     rows = rng.integers(0, 2048, 4096)
@@ -37,6 +38,8 @@ def cases(rng: np.random.Generator) -> dict[str, tuple]:
         "a.sum(axis=0)": (lambda a: a.sum(axis=0), (a,)),
         "a.sum(axis=1)": (lambda a: a.sum(axis=1), (a,)),
         "a.max(axis=0)": (lambda a: a.max(axis=0), (a,)),
+        "big.sum(axis=0), 64 MiB": (lambda a: a.sum(axis=0), (big,)),
+        "big.mean(axis=0), 64 MiB": (lambda a: a.mean(axis=0), (big,)),
         "a.argmax(axis=1)": (lambda a: a.argmax(axis=1), (a,)),
         "a.argmax(axis=0)": (lambda a: a.argmax(axis=0), (a,)),
         "a.mean()": (lambda a: a.mean(), (a,)),

@@ -125,6 +125,17 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
         stage.parallel(stage.fuse(*data))
 
 
+def schedule_row_blocks(s: Schedule, t: Tensor, target: Target) -> None:
+    """te_rules._row_blocks' partials: blocks of rows in parallel, each block's rows in order, each row
+    vectorized along its (last) axis."""
+    stage = s[t]
+    block, *data = stage.op.axis
+    outer, lanes = stage.split(data[-1], factor=at_most(target.lanes(t.dtype.itemsize), data[-1].extent))
+    stage.reorder(block, *stage.op.reduce_axis, *data[:-1], outer, lanes)
+    stage.vectorize(lanes)
+    stage.parallel(block)
+
+
 OUTER_REDUCE_VECTORS = (4, 2)  # vectors of output columns one reduction over leading axes keeps in registers
 
 
@@ -341,6 +352,8 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
     kind = st.kind.get(t)
     if kind == "injective":
         schedule_injective(s, t, target)
+    elif kind == "reduce_rows":
+        schedule_row_blocks(s, t, target)
     elif kind in ("reduce", "reduce_outer"):
         schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer")
         consumer = t

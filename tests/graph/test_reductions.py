@@ -471,3 +471,34 @@ def test_a_float_product_overflows_and_meets_zero_in_numpys_order(dtype) -> None
     got, want = jit_call(k, rows), numpy_ref(np.prod, rows, -1)
     np.testing.assert_array_equal(got, want, strict=True)
     assert np.isnan(got[0]) and got[1] == 0
+
+
+# ** over the first axis of an array past L2: read in blocks of whole rows (te_rules._row_blocks) **
+
+FIRST_AXIS = {
+    "sum": lambda a: a.sum(axis=0), "max": lambda a: a.max(axis=0), "min": lambda a: np.min(a, axis=0),
+    "mean": lambda a: a.mean(axis=0), "any": lambda a: (a > 0).any(axis=0), "all": lambda a: (a > -50).all(axis=0),
+    "argmax": lambda a: a.argmax(axis=0), "sumsq 3-d": lambda a: (a * a).reshape(a.shape[0], -1, 1).sum(axis=0),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8", "bool"])
+def test_reductions_over_the_first_axis_of_a_big_array_equal_numpy(dtype, capsys):
+    """1031 rows (prime: the last block is short), past te_rules.ROW_BLOCK_BYTES in every dtype (the columns
+    scale with the item size; a comparison's bool array is smaller, and keeps the one-pass schedule); a NaN in a
+    float column propagates as numpy's does."""
+    x = data(dtype, (1031, 523 * 4 // np.dtype(dtype).itemsize), seed=7)
+    if x.dtype.kind == "f":
+        x[517, 3] = np.nan
+    for name, fn in FIRST_AXIS.items():
+        if dtype == "bool" and name in ("mean", "sumsq 3-d"):
+            continue
+        k = jitop.kernel(fn, fallback=False)
+        got, want = jit_call(k, x), numpy_ref(fn, x)
+        # each float column is a sum of 1031 terms in another order than numpy's: within n * eps of sum |x|
+        bound = x.shape[0] * np.finfo(x.dtype).eps * 4 if x.dtype.kind == "f" else 0
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, rtol=bound, atol=bound * x.shape[0], err_msg=name)
+        if x.nbytes >= 2 << 20 and name == "sum":
+            k.explain(x)
+            assert "_blocks" in capsys.readouterr().out  # (the row-block schedule, not the one-pass one)
