@@ -931,8 +931,9 @@ def _rows_of_transposed(x: Node, y: Node) -> bool:
 
 
 def _is_column(y: Node, dt) -> bool:
-    """y has one column (a vector on the right of a matmul) of a float or int result."""
-    return type(y.shape[-1]) is int and y.shape[-1] == 1 and (dt.is_float or dt.is_int)
+    """y has one column (a vector on the right of a matmul; a symbolic count decides at its representative size,
+    as the other forms do: the row reduction is right for any count) of a float or int result."""
+    return sh.rep_le(y.shape[-1], 1) and (dt.is_float or dt.is_int)
 
 
 def _dot_rows(x: Node, w: Node, dt) -> Tracer:

@@ -319,8 +319,10 @@ def _attach_rows(s: Schedule, st: Stages, groups: dict[Node, list[Node]], target
         for m in members:
             mt = st.tensors[m]
             if rows is not None and mt not in attached:
-                s[mt].compute_at(s[t], rows)
-                attached[mt] = s[mt]
+                for stage in (mt, st.row_blocks.get(mt)):  # (a reduction's row blocks go where it goes)
+                    if stage is not None:
+                        s[stage].compute_at(s[t], rows)
+                        attached[stage] = s[stage]
     return list(attached.values())
 
 

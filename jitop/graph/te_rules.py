@@ -111,6 +111,7 @@ def _row_blocks(c: Lowerer, shape: tuple, src: Node, op: str, value: Callable[[I
     t = te.compute(shape, lambda *i: REDUCERS[op](p[(b.var,) + i], axis=b), name=c.fresh_name(name))
     c.st.kind[p], c.st.kind[t] = "reduce_rows", "reduce_outer"
     c.st.helpers.append(p)
+    c.st.row_blocks[t] = p
     return t
 
 

@@ -33,6 +33,9 @@ class Stages:
     views: dict[te.Tensor, te.Tensor] = field(default_factory=dict)
     # reductions a rule builds beside its node's tensor (argmax's maximum), scheduled like a node's reduction
     helpers: list[te.Tensor] = field(default_factory=list)
+    # a reduction over the first axis -> its partials over blocks of rows (te_rules._row_blocks), computed where
+    # the reduction is
+    row_blocks: dict[te.Tensor, te.Tensor] = field(default_factory=dict)
 
 
 class ToTE:
