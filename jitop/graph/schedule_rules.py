@@ -108,13 +108,16 @@ def schedule_partial(s: Schedule, p: Tensor, consumer: Tensor) -> None:
         stage.compute_at(cons, outer[-1])
 
 
-def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool = False) -> None:
+def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool = False, tail: int = 1) -> None:
     """Data loops outside the reduction; with `vectorize_last`, the last data axis (contiguous in the
-    source) is split into lanes inside the reduction loops."""
+    source; the last `tail` ones fused into one where they are one run of memory in it) is split into lanes
+    inside the reduction loops."""
     stage = s[t]
     data = list(stage.op.axis)
     if not data:
         return
+    if vectorize_last and tail > 1:
+        data = data[:-tail] + [stage.fuse(*data[-tail:])]
     if vectorize_last:
         outer, lanes = stage.split(data[-1], factor=_outer_reduce_lanes(data, target.lanes(t.dtype.itemsize),
                                                                          target.threads))
@@ -357,7 +360,7 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
     elif kind == "reduce_rows":
         schedule_row_blocks(s, t, target)
     elif kind in ("reduce", "reduce_outer"):
-        schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer")
+        schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer", tail=st.contiguous_tail.get(t, 1))
         consumer = t
         for p in st.partials.get(t, []):
             schedule_partial(s, p, consumer)

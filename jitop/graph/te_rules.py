@@ -35,6 +35,7 @@ class Lowerer(Protocol):
 
     st: Any  # to_te.Stages: the rules record their stages' kinds and a reduction's partial stages
     vector_partials: bool  # row reductions keep per-lane partials (a CPU); False: plain (threads split them)
+    target: Any  # jitop.target.Target: its threads decide how many blocks of rows a column reduction takes
 
     def at(self, n: Node, idx: Index) -> Expr: ...
     def fresh_name(self, base: str) -> str: ...
@@ -85,6 +86,8 @@ def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[
     t = te.compute(shape, body, name=c.fresh_name(name or op))
     # reducing leading axes leaves the contiguous last axis as a data axis: vectorize along it
     c.st.kind[t] = "reduce" if last in axes else "reduce_outer"
+    if last not in axes and max(axes, default=last) < last - 1:  # data axes after the last reduced one: one
+        c.st.contiguous_tail[t] = last - max(axes)                # run of memory in the source (x.sum(axis=1))
     return t
 
 

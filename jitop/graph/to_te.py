@@ -36,6 +36,9 @@ class Stages:
     # a reduction over the first axis -> its partials over blocks of rows (te_rules._row_blocks), computed where
     # the reduction is
     row_blocks: dict[te.Tensor, te.Tensor] = field(default_factory=dict)
+    # a reduction over leading axes -> how many of its last data axes are one contiguous run in its source (more
+    # than one: they are vectorized as one axis, not the last alone with a tail)
+    contiguous_tail: dict[te.Tensor, int] = field(default_factory=dict)
 
 
 class ToTE:
