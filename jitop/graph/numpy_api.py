@@ -641,6 +641,52 @@ def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
     return wrap(node("concat", shape, dt, parts, axis=ax))
 
 
+@implements(np.pad)
+def pad(array, pad_width, mode="constant", **kwargs):
+    """numpy's constant padding (other modes run as numpy): each axis in turn gets its blocks of constants, so
+    a corner takes the later axis's value, as in numpy."""
+    if mode != "constant" or set(kwargs) - {"constant_values"}:
+        raise Unsupported(f"np.pad(mode={mode!r}{''.join(f', {k}=' for k in kwargs if k != 'constant_values')})",
+                          "mode='constant' compiles")
+    x = wrap(array_node(array))
+    widths, values = _pad_pairs(pad_width, x.node.ndim), kwargs.get("constant_values", 0)
+    if isinstance(values, Tracer) and values.node.ndim == 0:
+        values = ((values, values),) * x.node.ndim
+    else:
+        values = np.broadcast_to(np.asarray(values), (x.node.ndim, 2))  # numpy's pairs (may hold tracers: no)
+    for axis, ((before, after), sides) in enumerate(zip(widths, values)):
+        shape = list(x.node.shape)
+        parts = []
+        for width, value, at in ((before, sides[0], 0), (after, sides[1], 1)):
+            if width:
+                shape[axis] = width
+                parts.insert(len(parts) * at, full_node(tuple(shape), value, x.node.dtype))
+        if parts:
+            parts.insert(1 if before else 0, x)
+            x = concatenate(parts, axis=axis)
+    return x
+
+
+def _pad_pairs(pad_width: Any, ndim: int) -> np.ndarray:
+    """np.pad's (before, after) per axis from an int, a pair or a pair per axis, checked as numpy checks it."""
+    if isinstance(pad_width, Tracer) or any(isinstance(w, Tracer) for w in np.ravel(np.asarray(pad_width, object))):
+        raise Unsupported("np.pad with a traced pad width", "pass the widths as Python ints (or mark them static)")
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu":
+        raise TypeError("`pad_width` must be of integral type.")
+    if (widths < 0).any():
+        raise ValueError("index can't contain negative values")
+    return np.broadcast_to(widths, (ndim, 2)).tolist()
+
+
+@implements(np.outer)
+def outer(a, b, out=None):
+    if out is not None:
+        raise Unsupported("np.outer(..., out=...)")
+    x, y = reshape(wrap(array_node(a)), (-1,)), reshape(wrap(array_node(b)), (-1,))
+    return ufunc_call(np.multiply, [expand_dims(x, 1).node, expand_dims(y, 0).node])
+
+
 @implements(np.stack)
 def stack(arrays, axis=0, out=None, dtype=None):
     arrays = [wrap(array_node(a)) for a in arrays]
