@@ -851,19 +851,19 @@ def _run_writing(entry: Overload, kf: KernelFunction, values: Sequence[Any]) -> 
         target = values[w.leaf]
         if isinstance(target, np.ndarray) and not target.flags.writeable:  # (a GPU kernel's device array is)
             raise ValueError("assignment destination is read-only")
-        if w.early:
+        if w.early is not None:
             continue
         for j, v in enumerate(values):  # (a loop, not any(): this runs on every call of a decode step)
             if j != w.leaf and isinstance(v, np.ndarray) and np.may_share_memory(target, v):
                 pos, kw = _split_values(kf, values, entry.trace.arg_tree)
                 return kf.fn(*pos, **kw)
     for w in writes:
-        if w.early:
+        if w.early is not None:
             w.write_early(values)
     result, new = entry.exe.call(values)
     placed = {}
     for w, results in zip(writes, new):
-        whole = None if w.early else w.apply(values[w.leaf], results)
+        whole = None if w.early is not None else w.apply(values[w.leaf], results)
         if whole is not None:
             placed[id(whole)] = values[w.leaf]
     return _swapped(result, placed) if placed else result

@@ -37,16 +37,16 @@ Source = tuple  # ("leaf", index into the call's leaves) or ("const", value)
 @dataclass(frozen=True)
 class Write:
     """Argument `leaf`'s new value: the whole array (spec None; one result), or the region a constant basic
-    index spec selects (`region`: the lengths of its slices). Its results: the region's value, then the position
-    of each "at" entry; none if `early` says where the value and positions come from (written before the
-    kernel runs). `positions`: where a region's positions come from when they are arguments or constants (a
-    native entry then takes them from there), else ()."""
+    index spec selects (`region`: the lengths of its slices). `positions`: where the position of each "at"
+    entry comes from when every one is an argument or a constant (else None). Its results: the region's value,
+    then the positions; none if `early` says where the value comes from (written before the kernel runs, at
+    `positions`)."""
 
     leaf: int
     spec: tuple | None = None
     region: tuple[int, ...] = ()
-    early: tuple[Source, tuple[Source, ...]] | None = None
-    positions: tuple[Source, ...] = ()
+    early: Source | None = None
+    positions: tuple[Source, ...] | None = None
 
     def apply(self, target: np.ndarray, results: Sequence[Any]) -> np.ndarray | None:
         """Write this argument's results into `target`; the array whose values it took when whole (else None)."""
@@ -58,8 +58,7 @@ class Write:
 
     def write_early(self, values: Sequence[Any]) -> None:
         """The region write done before the kernel, from the call's leaves."""
-        value, positions = self.early
-        values[self.leaf][self._index([_value(p, values) for p in positions])] = _value(value, values)
+        values[self.leaf][self._index([_value(p, values) for p in self.positions])] = _value(self.early, values)
 
     def _index(self, positions: Sequence[Any]) -> tuple:
         fixed, at = self._fixed
@@ -96,10 +95,10 @@ def copies_in(writes: Sequence[Write], values: Sequence[Any], outputs: Sequence[
     check); None if one is not (such a call takes the Python path)."""
     out = []
     for w, output in zip(writes, outputs):
-        if w.early is not None and w.early[0][0] == "leaf":
-            value, positions = w.early[0][1], w.early[1]
-        elif w.early is None and w.spec is not None and w.positions and output is not None:
-            value, positions = ("out", output), w.positions
+        if w.early is not None and w.early[0] == "leaf":
+            value = w.early[1]
+        elif w.early is None and w.spec is not None and w.positions is not None and output is not None:
+            value = ("out", output)
         else:
             return None
         n_lead = sum(1 for s in w.spec if s[0] != "slice")
@@ -107,7 +106,7 @@ def copies_in(writes: Sequence[Write], values: Sequence[Any], outputs: Sequence[
         if any(s[0] != "slice" or s[1:3] != (0, 1) for s in trailing) or \
                 tuple(w.region) != tuple(values[w.leaf].shape[n_lead:]):
             return None
-        index = [s[1] if s[0] == "int" else _index_source(positions[s[1]]) for s in w.spec[:n_lead]]
+        index = [s[1] if s[0] == "int" else _index_source(w.positions[s[1]]) for s in w.spec[:n_lead]]
         if None in index:
             return None
         out.append(CopyIn(w.leaf, value, tuple(index)))
@@ -137,16 +136,17 @@ def plan(written: dict[int, Tracer], returned: set[int], roots: list[Node]) -> l
             out.append((Write(leaf), [n]))
             continue
         region = tuple(d for d in n.src[1].shape)
-        early = _early(n, graph)
         positions = tuple(_source(p) for p in n.src[2:])
-        out.append((Write(leaf, n.param("spec"), region, early, () if None in positions else positions),
-                    [] if early else list(n.src[1:])))
+        positions = None if None in positions else positions
+        early = _early(n, graph) if positions is not None else None
+        out.append((Write(leaf, n.param("spec"), region, early, positions),
+                    [] if early is not None else list(n.src[1:])))
     return out
 
 
 def early_updates(writes: list[tuple[Write, list[Node]]], written: dict[int, Tracer]) -> dict[int, Node]:
     """id of each update written before the kernel -> the argument it is then read as."""
-    return {id(written[w.leaf].node): written[w.leaf].node.src[0] for w, _ in writes if w.early}
+    return {id(written[w.leaf].node): written[w.leaf].node.src[0] for w, _ in writes if w.early is not None}
 
 
 def _constant(n: Node) -> bool:
@@ -155,17 +155,14 @@ def _constant(n: Node) -> bool:
         type(s[1]) is int for s in n.param("spec") if s[0] in ("int", "slice"))
 
 
-def _early(n: Node, graph: list[Node]) -> tuple[Source, tuple[Source, ...]] | None:
-    """Where update n's value and positions come from, if it can be written before the kernel: the argument's
-    old value is read by nothing else, and they are arguments or constants (cast and broadcast as numpy's
-    assignment casts and broadcasts them)."""
+def _early(n: Node, graph: list[Node]) -> Source | None:
+    """Where update n's value comes from, if it can be written before the kernel (its positions being arguments
+    or constants): the argument's old value is read by nothing else, and the value is an argument or a constant
+    (cast and broadcast as numpy's assignment casts and broadcasts it)."""
     arg = n.src[0]
     if any(s is arg for m in graph if m is not n for s in m.src):
         return None
-    sources = [_source(s) for s in n.src[1:]]
-    if any(s is None for s in sources):
-        return None
-    return sources[0], tuple(sources[1:])
+    return _source(n.src[1])
 
 
 def _source(n: Node) -> Source | None:

@@ -171,6 +171,26 @@ def test_a_computed_row_is_copied_in_natively_after_the_kernel():
     np.testing.assert_array_equal(mine, kept)
 
 
+def computed_at_three(cache, x, w, q):
+    cache[3] = x @ w
+    return cache @ q
+
+
+def test_a_computed_row_at_a_constant_index_is_copied_in_natively_too():
+    """A region with no traced position (its index a constant) is as plain a copy as one at `t`."""
+    rng = np.random.default_rng(6)
+    f = jitop.kernel(computed_at_three, fallback=False)
+    mine, w, q = rng.standard_normal((9, 4)), rng.standard_normal((6, 4)), rng.standard_normal(4)
+    theirs = mine.copy()
+    warm(f, mine, np.zeros(6), w, q)
+    before = natively_served(f)
+    for _ in range(3):
+        x = rng.standard_normal(6)
+        assert_scores(f(mine, x, w, q), computed_at_three(theirs, x, w, q), theirs, q)
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=8 * np.finfo(float).eps * (np.abs(x) @ np.abs(w)).max())
+    assert natively_served(f) - before == 3
+
+
 def test_an_argument_sharing_memory_with_a_row_written_after_the_kernel_gets_numpys_answer():
     """numpy's `cache @ q` sees the new row through q = cache[t]; the kernel read q before the row was copied
     in, so the entry turns the call away and it runs as numpy."""
