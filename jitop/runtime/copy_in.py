@@ -35,10 +35,11 @@ from typing import Any, Iterator, Sequence
 from llvmlite import ir
 import numpy as np
 
+from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, word
+
 __all__ = ["CopyIn", "MAX_COPIES", "section", "copy_in_ir"]
 
 MAX_COPIES = 8  # copies one spec makes
-_I1, _I32, _I64, _I8, _PTR = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.IntType(8), ir.PointerType()
 
 InputInfo = tuple  # ("array", position, dtype, shape) | ("int", position) | ("other",)
 
@@ -122,7 +123,7 @@ def copy_in_ir(flags_offset: int, writeable: int) -> str:
     memmove (a source may overlap its target, as numpy allows). `flags_offset`: where an ndarray keeps its
     flags; `writeable`: NPY_ARRAY_WRITEABLE."""
     mod = ir.Module("jitop_copy_in")
-    fn = ir.Function(mod, ir.FunctionType(_I1, [_PTR] * 4 + [_I64]), "copy_in")
+    fn = ir.Function(mod, ir.FunctionType(I1, [PTR] * 4 + [I64]), "copy_in")
     fn.linkage = "internal"
     sec, args, ptrs, scal, phase = fn.args
     for arg, name in zip(fn.args, ("sec", "args", "ptrs", "scal", "phase")):
@@ -130,23 +131,23 @@ def copy_in_ir(flags_offset: int, writeable: int) -> str:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     v = _Vars(b, "c", "at", "j", "off")
     fail = fn.append_basic_block("fail")
-    n = _word(b, sec, 0, "n")
-    with b.if_then(b.icmp_signed("==", phase, _I64(0))):
-        b.store(_I64(1), v.at)
+    n = word(b, sec, 0, "n")
+    with b.if_then(b.icmp_signed("==", phase, I64(0))):
+        b.store(I64(1), v.at)
         with _range(b, v.c, n):
             _check_one(b, v, sec, args, ptrs, scal, fail, flags_offset, writeable)
-    b.store(_I64(1), v.at)
+    b.store(I64(1), v.at)
     with _range(b, v.c, n):
-        at = b.load(v.at, typ=_I64, name="at")
+        at = b.load(v.at, typ=I64, name="at")
         with b.if_then(b.icmp_signed("==", _field(b, sec, at, _AFTER), phase)):
             _offset(b, v, sec, scal, at, None)
-            dst = b.gep(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), [b.load(v.off, typ=_I64)], source_etype=_I8)
+            dst = b.gep(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), [b.load(v.off, typ=I64)], source_etype=I8)
             src = _pointer(b, ptrs, _field(b, sec, at, _SOURCE))
-            b.call(_memmove(mod), [dst, src, _field(b, sec, at, _BYTES), _I1(0)])
+            b.call(_memmove(mod), [dst, src, _field(b, sec, at, _BYTES), I1(0)])
         b.store(_next_copy(b, sec, at), v.at)
-    b.ret(_I1(1))
+    b.ret(I1(1))
     b.position_at_end(fail)
-    b.ret(_I1(0))
+    b.ret(I1(0))
     return "\n".join(str(g) for g in mod.functions)
 
 
@@ -154,18 +155,18 @@ def _check_one(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, args: ir.Value, ptrs:
                fail: ir.Block, flags_offset: int, writeable: int) -> None:
     """The checks of the copy at word v.at: the target writeable, each index inside its axis, and for a copy
     after the kernel no other array input overlapping the target."""
-    at = b.load(v.at, typ=_I64, name="at")
-    target = b.load(b.gep(args, [_field(b, sec, at, _POSITION)], source_etype=_PTR), typ=_PTR, name="target")
-    flags = b.load(b.gep(target, [_I64(flags_offset)], source_etype=_I8), typ=_I32, name="flags")
-    _require(b, b.icmp_unsigned("!=", b.and_(flags, _I32(writeable)), _I32(0)), fail)
+    at = b.load(v.at, typ=I64, name="at")
+    target = b.load(b.gep(args, [_field(b, sec, at, _POSITION)], source_etype=PTR), typ=PTR, name="target")
+    flags = b.load(b.gep(target, [I64(flags_offset)], source_etype=I8), typ=I32, name="flags")
+    _require(b, b.icmp_unsigned("!=", b.and_(flags, I32(writeable)), I32(0)), fail)
     _offset(b, v, sec, scal, at, fail)
-    tstart = b.ptrtoint(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), _I64, name="tstart")
+    tstart = b.ptrtoint(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), I64, name="tstart")
     tend = b.add(tstart, _field(b, sec, at, _TARGET_BYTES), name="tend")
-    others = b.add(b.add(at, _I64(_HEAD)), b.mul(_field(b, sec, at, _N_INDEX), _I64(4)), name="others")
+    others = b.add(b.add(at, I64(_HEAD)), b.mul(_field(b, sec, at, _N_INDEX), I64(4)), name="others")
     with _range(b, v.j, _field(b, sec, at, _N_OTHER)) as j:  # no other array input's bytes overlap the target's
-        o = b.add(others, b.mul(j, _I64(2)))
-        ostart = b.ptrtoint(_pointer(b, ptrs, _word(b, sec, o)), _I64)
-        oend = b.add(ostart, _word(b, sec, b.add(o, _I64(1))))
+        o = b.add(others, b.mul(j, I64(2)))
+        ostart = b.ptrtoint(_pointer(b, ptrs, word(b, sec, o)), I64)
+        oend = b.add(ostart, word(b, sec, b.add(o, I64(1))))
         overlap = b.and_(b.icmp_unsigned("<", ostart, tend), b.icmp_unsigned("<", tstart, oend))
         _require(b, b.not_(overlap), fail)
     b.store(_next_copy(b, sec, at), v.at)
@@ -175,28 +176,28 @@ def _offset(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, scal: ir.Value, at: ir.V
             fail: ir.Block | None) -> None:
     """The byte offset of the region of the copy at `at` into its target, left in v.off; with `fail`, each
     index is checked to lie inside its axis (numpy's negative indices wrapped first)."""
-    b.store(_I64(0), v.off)
+    b.store(I64(0), v.off)
     with _range(b, v.j, _field(b, sec, at, _N_INDEX)) as j:
-        e = b.add(b.add(at, _I64(_HEAD)), b.mul(j, _I64(4)))
-        entry = lambda k: _word(b, sec, b.add(e, _I64(k)))  # noqa: E731 - the index entry's k-th word
-        is_arg = b.icmp_unsigned("!=", entry(0), _I64(0))
-        given = b.select(is_arg, _word(b, scal, b.select(is_arg, entry(1), _I64(0))), entry(1), name="given")
+        e = b.add(b.add(at, I64(_HEAD)), b.mul(j, I64(4)))
+        entry = lambda k: word(b, sec, b.add(e, I64(k)))  # noqa: E731 - the index entry's k-th word
+        is_arg = b.icmp_unsigned("!=", entry(0), I64(0))
+        given = b.select(is_arg, word(b, scal, b.select(is_arg, entry(1), I64(0))), entry(1), name="given")
         dim = entry(2)
-        idx = b.select(b.icmp_signed("<", given, _I64(0)), b.add(given, dim), given, name="idx")
+        idx = b.select(b.icmp_signed("<", given, I64(0)), b.add(given, dim), given, name="idx")
         if fail is not None:
-            _require(b, b.and_(b.icmp_signed(">=", idx, _I64(0)), b.icmp_signed("<", idx, dim)), fail)
-        b.store(b.add(b.load(v.off, typ=_I64), b.mul(idx, entry(3))), v.off)
+            _require(b, b.and_(b.icmp_signed(">=", idx, I64(0)), b.icmp_signed("<", idx, dim)), fail)
+        b.store(b.add(b.load(v.off, typ=I64), b.mul(idx, entry(3))), v.off)
 
 
 def _field(b: ir.IRBuilder, sec: ir.Value, at: ir.Value, k: int) -> ir.Value:
     """Word k of the copy at `at`."""
-    return _word(b, sec, b.add(at, _I64(k)))
+    return word(b, sec, b.add(at, I64(k)))
 
 
 def _next_copy(b: ir.IRBuilder, sec: ir.Value, at: ir.Value) -> ir.Value:
     """The word after the copy at `at`."""
     n_index, n_other = _field(b, sec, at, _N_INDEX), _field(b, sec, at, _N_OTHER)
-    return b.add(b.add(at, _I64(_HEAD)), b.add(b.mul(n_index, _I64(4)), b.mul(n_other, _I64(2))))
+    return b.add(b.add(at, I64(_HEAD)), b.add(b.mul(n_index, I64(4)), b.mul(n_other, I64(2))))
 
 
 class _Vars:
@@ -204,8 +205,8 @@ class _Vars:
 
     def __init__(self, b: ir.IRBuilder, *names: str):
         for name in names:
-            slot = b.alloca(_I64, name=name)
-            slot.type = _PTR
+            slot = b.alloca(I64, name=name)
+            slot.type = PTR
             setattr(self, name, slot)
 
 
@@ -214,14 +215,14 @@ def _range(b: ir.IRBuilder, counter: ir.Value, n: ir.Value) -> Iterator[ir.Value
     """for i in range(n): the body built inside the with block; the builder continues after the loop."""
     fn = b.function
     head, body, after = (fn.append_basic_block(name) for name in ("loop", "body", "after"))
-    b.store(_I64(0), counter)
+    b.store(I64(0), counter)
     b.branch(head)
     b.position_at_end(head)
-    i = b.load(counter, typ=_I64, name="i")
+    i = b.load(counter, typ=I64, name="i")
     b.cbranch(b.icmp_signed("<", i, n), body, after)
     b.position_at_end(body)
     yield i
-    b.store(b.add(i, _I64(1)), counter)
+    b.store(b.add(i, I64(1)), counter)
     b.branch(head)
     b.position_at_end(after)
 
@@ -233,15 +234,10 @@ def _require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:
     b.position_at_end(cont)
 
 
-def _word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "") -> ir.Value:
-    index = _I64(index) if isinstance(index, int) else index
-    return b.load(b.gep(base, [index], source_etype=_I64), typ=_I64, name=name)
-
-
 def _pointer(b: ir.IRBuilder, ptrs: ir.Value, k: ir.Value) -> ir.Value:
-    return b.load(b.gep(ptrs, [k], source_etype=_PTR), typ=_PTR)
+    return b.load(b.gep(ptrs, [k], source_etype=PTR), typ=PTR)
 
 
 def _memmove(mod: ir.Module) -> ir.Function:
     name = "llvm.memmove.p0.p0.i64"
-    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ir.VoidType(), [_PTR, _PTR, _I64, _I1]), name)
+    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I1]), name)

@@ -49,6 +49,7 @@ from jitop.codegen.target import compile_ir, llvm_version
 from jitop.runtime import dimprog
 from jitop.runtime.copy_in import CopyIn, copy_in_ir, section
 from jitop.runtime.dimprog import MAX_ODIMS, MAX_SLOTS, MAX_STACK, Op
+from jitop.runtime.ir_words import I1, I64, PTR, word
 from jitop.target import Target
 
 __all__ = ["MISS", "MAX_PARAMS", "RELEASE_GIL_BYTES", "Output", "Scalar", "Array", "Const", "CopyIn", "Spec", "Table",
@@ -569,7 +570,6 @@ miss:
 
 
 # ** the symbolic parts of the entry, built with llvmlite.ir and printed into the entry's module **
-_I1, _I64, _PTR = ir.IntType(1), ir.IntType(64), ir.PointerType()
 
 
 def _symbolic_ir() -> str:
@@ -580,14 +580,8 @@ def _symbolic_ir() -> str:
     return "\n".join(str(g) for g in mod.functions)
 
 
-def _word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "") -> ir.Value:
-    """base[index] of an i64 array."""
-    index = _I64(index) if isinstance(index, int) else index
-    return b.load(b.gep(base, [index], source_etype=_I64), typ=_I64, name=name)
-
-
 def _function(mod: ir.Module, name: str, params: list[str], blocks: list[str]) -> tuple[ir.Function, dict]:
-    fn = ir.Function(mod, ir.FunctionType(_I1, [_PTR if p != "n" else _I64 for p in params]), name)
+    fn = ir.Function(mod, ir.FunctionType(I1, [PTR if p != "n" else I64 for p in params]), name)
     fn.linkage = "internal"
     for arg, p in zip(fn.args, params):
         arg.name = p
@@ -603,29 +597,29 @@ def _dims_bind(mod: ir.Module) -> None:
     b = ir.IRBuilder(bb["entry"])
     b.branch(bb["loop"])
     b.position_at_end(bb["loop"])
-    d = b.phi(_I64, "d")
-    d.add_incoming(_I64(0), bb["entry"])
+    d = b.phi(I64, "d")
+    d.add_incoming(I64(0), bb["entry"])
     b.cbranch(b.icmp_signed("==", d, n), bb["yes"], bb["cmp"])
     b.position_at_end(bb["cmp"])
-    x, y = _word(b, have, d, "x"), _word(b, want, d, "y")
-    d.add_incoming(b.add(d, _I64(1), "d1"), bb["next"])
-    b.cbranch(b.icmp_signed(">=", y, _I64(0)), bb["fixed"], bb["symbolic"])
+    x, y = word(b, have, d, "x"), word(b, want, d, "y")
+    d.add_incoming(b.add(d, I64(1), "d1"), bb["next"])
+    b.cbranch(b.icmp_signed(">=", y, I64(0)), bb["fixed"], bb["symbolic"])
     b.position_at_end(bb["fixed"])
     b.cbranch(b.icmp_signed("==", x, y), bb["next"], bb["no"])
     b.position_at_end(bb["symbolic"])
-    slot = b.sub(_I64(-1), y, "slot")
-    b.cbranch(b.icmp_signed("<", slot, _I64(MAX_SLOTS)), bb["bind"], bb["tie"])
+    slot = b.sub(I64(-1), y, "slot")
+    b.cbranch(b.icmp_signed("<", slot, I64(MAX_SLOTS)), bb["bind"], bb["tie"])
     b.position_at_end(bb["bind"])
-    b.store(x, b.gep(slots, [slot], source_etype=_I64))
+    b.store(x, b.gep(slots, [slot], source_etype=I64))
     b.branch(bb["next"])
     b.position_at_end(bb["tie"])
-    bound = _word(b, slots, b.sub(slot, _I64(MAX_SLOTS)), "bound")
+    bound = word(b, slots, b.sub(slot, I64(MAX_SLOTS)), "bound")
     b.cbranch(b.icmp_signed("==", bound, x), bb["next"], bb["no"])
     b.position_at_end(bb["next"])
     b.branch(bb["loop"])
     for label, value in (("yes", 1), ("no", 0)):
         b.position_at_end(bb[label])
-        b.ret(_I1(value))
+        b.ret(I1(value))
 
 
 _ARITH = {Op.ADD: "sadd", Op.SUB: "ssub", Op.MUL: "smul"}
@@ -642,30 +636,30 @@ def _dimprog(mod: ir.Module) -> None:
     fn, bb = _function(mod, "dimprog", ["prog", "slots", "odims", "nbytes"], names)
     prog, slots, odims, nbytes = fn.args
     b = ir.IRBuilder(bb["entry"])
-    stack = b.alloca(ir.ArrayType(_I64, MAX_STACK), name="stack")
-    stack.type = _PTR  # opaque, like every other pointer here (llvmlite types allocas)
+    stack = b.alloca(ir.ArrayType(I64, MAX_STACK), name="stack")
+    stack.type = PTR  # opaque, like every other pointer here (llvmlite types allocas)
     b.branch(bb["loop"])
     b.position_at_end(bb["loop"])
-    pc, sp = b.phi(_I64, "pc"), b.phi(_I64, "sp")
+    pc, sp = b.phi(I64, "pc"), b.phi(I64, "sp")
     for v in (pc, sp):
-        v.add_incoming(_I64(0), bb["entry"])
-    r = _Regs(op=_word(b, prog, pc, "op"), pc1=b.add(pc, _I64(1), "pc1"), pc2=b.add(pc, _I64(2), "pc2"),
-              sp=sp, up=b.add(sp, _I64(1), "up"), down=b.sub(sp, _I64(1), "down"), down2=b.sub(sp, _I64(2), "down2"))
-    r.top = b.gep(stack, [r.down], source_etype=_I64, name="top")
-    r.below = b.gep(stack, [r.down2], source_etype=_I64, name="below")
+        v.add_incoming(I64(0), bb["entry"])
+    r = _Regs(op=word(b, prog, pc, "op"), pc1=b.add(pc, I64(1), "pc1"), pc2=b.add(pc, I64(2), "pc2"),
+              sp=sp, up=b.add(sp, I64(1), "up"), down=b.sub(sp, I64(1), "down"), down2=b.sub(sp, I64(2), "down2"))
+    r.top = b.gep(stack, [r.down], source_etype=I64, name="top")
+    r.below = b.gep(stack, [r.down2], source_etype=I64, name="below")
     sw = b.switch(r.op, bb["fail"])
     for op, label in ((Op.END, "done"), (Op.PUSH_SLOT, "push.slot"), (Op.PUSH_CONST, "push.const"),
                       (Op.STORE_OUT, "store"), (Op.SET_GIL, "gil")):
-        sw.add_case(_I64(int(op)), bb[label])
+        sw.add_case(I64(int(op)), bb[label])
     for op in Op:
         if Op.ADD <= op <= Op.ASSERT_GT:
-            sw.add_case(_I64(int(op)), bb["operands"])
+            sw.add_case(I64(int(op)), bb["operands"])
     _dimprog_push(b, bb, r, prog, slots, stack)
     _dimprog_store(b, bb, r, prog, odims, nbytes)
     _dimprog_operands(b, mod, bb, r)
     for label, value in (("done", 1), ("fail", 0)):
         b.position_at_end(bb[label])
-        b.ret(_I1(value))
+        b.ret(I1(value))
 
 
 class _Regs:
@@ -685,41 +679,41 @@ def _back(b: ir.IRBuilder, bb: dict, pc: ir.Value, sp: ir.Value) -> None:
 
 def _dimprog_push(b: ir.IRBuilder, bb: dict, r: _Regs, prog: ir.Value, slots: ir.Value, stack: ir.Value) -> None:
     b.position_at_end(bb["push.slot"])
-    sv = _word(b, slots, _word(b, prog, r.pc1, "slot"), "sv")
+    sv = word(b, slots, word(b, prog, r.pc1, "slot"), "sv")
     b.branch(bb["push"])
     b.position_at_end(bb["push.const"])
-    cv = _word(b, prog, r.pc1, "cv")
+    cv = word(b, prog, r.pc1, "cv")
     b.branch(bb["push"])
     b.position_at_end(bb["push"])
-    pv = b.phi(_I64, "pv")
+    pv = b.phi(I64, "pv")
     pv.add_incoming(sv, bb["push.slot"])
     pv.add_incoming(cv, bb["push.const"])
-    b.store(pv, b.gep(stack, [r.sp], source_etype=_I64))
+    b.store(pv, b.gep(stack, [r.sp], source_etype=I64))
     _back(b, bb, r.pc2, r.up)
 
 
 def _dimprog_store(b: ir.IRBuilder, bb: dict, r: _Regs, prog: ir.Value, odims: ir.Value,
                    nbytes: ir.Value) -> None:
     b.position_at_end(bb["store"])
-    out = b.load(r.top, typ=_I64, name="out")
-    b.cbranch(b.icmp_signed("<", out, _I64(0)), bb["fail"], bb["store.ok"])
+    out = b.load(r.top, typ=I64, name="out")
+    b.cbranch(b.icmp_signed("<", out, I64(0)), bb["fail"], bb["store.ok"])
     b.position_at_end(bb["store.ok"])
-    b.store(out, b.gep(odims, [_word(b, prog, r.pc1, "j")], source_etype=_I64))
+    b.store(out, b.gep(odims, [word(b, prog, r.pc1, "j")], source_etype=I64))
     _back(b, bb, r.pc2, r.down)
     b.position_at_end(bb["gil"])
-    b.store(b.load(r.top, typ=_I64), nbytes)
+    b.store(b.load(r.top, typ=I64), nbytes)
     _back(b, bb, r.pc1, r.down)
 
 
 def _dimprog_operands(b: ir.IRBuilder, mod: ir.Module, bb: dict, r: _Regs) -> None:
     """The two-operand ops: arithmetic (checked), floor division and modulo, min, max and the assertions."""
     b.position_at_end(bb["operands"])
-    rhs, lhs = b.load(r.top, typ=_I64, name="b"), b.load(r.below, typ=_I64, name="a")
+    rhs, lhs = b.load(r.top, typ=I64, name="b"), b.load(r.below, typ=I64, name="a")
     sw = b.switch(r.op, bb["fail"])
     for op in [*_ARITH, Op.MIN, Op.MAX, *_COMPARE]:
-        sw.add_case(_I64(int(op)), bb[op.name.lower()])
+        sw.add_case(I64(int(op)), bb[op.name.lower()])
     for op in (Op.FLOORDIV, Op.FLOORMOD):
-        sw.add_case(_I64(int(op)), bb["divisor"])
+        sw.add_case(I64(int(op)), bb["divisor"])
     results = []
     for op, fn in _ARITH.items():
         b.position_at_end(bb[op.name.lower()])
@@ -732,7 +726,7 @@ def _dimprog_operands(b: ir.IRBuilder, mod: ir.Module, bb: dict, r: _Regs) -> No
         results.append((b.select(b.icmp_signed(pred, lhs, rhs), lhs, rhs), b.block))
         b.branch(bb["value"])
     b.position_at_end(bb["value"])
-    v = b.phi(_I64, "v")
+    v = b.phi(I64, "v")
     for value, block in results:
         v.add_incoming(value, block)
     b.store(v, r.below)
@@ -747,23 +741,23 @@ def _dimprog_operands(b: ir.IRBuilder, mod: ir.Module, bb: dict, r: _Regs) -> No
 def _overflow_intrinsic(mod: ir.Module, fn: str) -> ir.Function:
     """llvm.<fn>.with.overflow.i64: {result, overflowed}."""
     name = f"llvm.{fn}.with.overflow.i64"
-    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ir.LiteralStructType([_I64, _I1]),
-                                                                     [_I64, _I64]), name)
+    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ir.LiteralStructType([I64, I1]),
+                                                                     [I64, I64]), name)
 
 
 def _floor_divide(b: ir.IRBuilder, bb: dict, op: ir.Value, a: ir.Value, d: ir.Value) -> tuple[ir.Value, ir.Block]:
     """a // d or a % d (op) with Python's floor semantics; a zero divisor or INT64_MIN // -1 fails."""
     b.position_at_end(bb["divisor"])
-    zero = b.icmp_signed("==", d, _I64(0))
-    overflow = b.and_(b.icmp_signed("==", d, _I64(-1)), b.icmp_signed("==", a, _I64(dimprog.I64_MIN)))
+    zero = b.icmp_signed("==", d, I64(0))
+    overflow = b.and_(b.icmp_signed("==", d, I64(-1)), b.icmp_signed("==", a, I64(dimprog.I64_MIN)))
     b.cbranch(b.or_(zero, overflow), bb["fail"], bb["divide"])
     b.position_at_end(bb["divide"])
     q, rem = b.sdiv(a, d, "q"), b.srem(a, d, "rem")
     # the remainder's sign differs from the divisor's: floor, not truncation
-    adjust = b.and_(b.icmp_signed("!=", rem, _I64(0)), b.icmp_signed("<", b.xor(rem, d), _I64(0)), "adjust")
-    fq = b.sub(q, b.zext(adjust, _I64))
+    adjust = b.and_(b.icmp_signed("!=", rem, I64(0)), b.icmp_signed("<", b.xor(rem, d), I64(0)), "adjust")
+    fq = b.sub(q, b.zext(adjust, I64))
     fr = b.select(adjust, b.add(rem, d), rem)
-    result = b.select(b.icmp_signed("==", op, _I64(int(Op.FLOORMOD))), fr, fq, "dv")
+    result = b.select(b.icmp_signed("==", op, I64(int(Op.FLOORMOD))), fr, fq, "dv")
     b.branch(bb["value"])
     return result, b.block
 
