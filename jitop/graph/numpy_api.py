@@ -650,21 +650,22 @@ def pad(array, pad_width, mode="constant", **kwargs):
                           "mode='constant' compiles")
     x = wrap(array_node(array))
     widths, values = _pad_pairs(pad_width, x.node.ndim), kwargs.get("constant_values", 0)
-    if isinstance(values, Tracer) and values.node.ndim == 0:
+    if isinstance(values, Tracer) and values.node.ndim == 0:  # one traced value for every side
         values = ((values, values),) * x.node.ndim
-    else:
-        values = np.broadcast_to(np.asarray(values), (x.node.ndim, 2))  # numpy's pairs (may hold tracers: no)
-    for axis, ((before, after), sides) in enumerate(zip(widths, values)):
-        shape = list(x.node.shape)
-        parts = []
-        for width, value, at in ((before, sides[0], 0), (after, sides[1], 1)):
-            if width:
-                shape[axis] = width
-                parts.insert(len(parts) * at, full_node(tuple(shape), value, x.node.dtype))
-        if parts:
-            parts.insert(1 if before else 0, x)
+    else:  # numpy's pairs: a value, a pair, or a pair per axis
+        values = np.broadcast_to(np.asarray(values), (x.node.ndim, 2))
+    for axis, ((before, after), (low, high)) in enumerate(zip(widths, values)):
+        if before or after:
+            parts = [_pad_block(x, axis, before, low)] * bool(before) + [x] + \
+                [_pad_block(x, axis, after, high)] * bool(after)
             x = concatenate(parts, axis=axis)
     return x
+
+
+def _pad_block(x: Tracer, axis: int, width: int, value: Any) -> Tracer:
+    """A block of `value` of x's shape and dtype, `width` long along `axis`."""
+    shape = x.node.shape
+    return full_node(shape[:axis] + (width,) + shape[axis + 1:], value, x.node.dtype)
 
 
 def _pad_pairs(pad_width: Any, ndim: int) -> np.ndarray:
