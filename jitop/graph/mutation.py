@@ -6,8 +6,8 @@ region replaced (an 'update' node; torch.compile's functionalization does the sa
 makes visible is kept:
 - a view made by basic indexing (`row = x[i]`, `x[:, 1:]`) is derived again from its base after the base
   changes, and writing into one writes its base;
-- an argument written in place is an extra result of the kernel, copied into the caller's array after the call
-  (jitop.kernel);
+- an argument written in place gets its new value in the caller's array (jitop.graph.writeback: a given row
+  written before the kernel, a computed one copied in after it, by the native entry where it can);
 - any other tracer that may share the changed memory (a reshape or transpose of it, an alias jitop does not
   follow) is marked stale: a trace that goes on to use one falls back to numpy rather than compute from the
   old value. Writing through such a view, or into a captured global array, falls back too.
