@@ -43,8 +43,10 @@ from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
 from jitop.graph.ir import Node, node, resolve_graph, substituted, toposort
 from jitop.graph.tasks import row_buckets
-from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt
-from jitop.shape_policy import RECOMPILE_LIMIT, ShapePolicy, struct_key
+from jitop.graph.shapes import MIN_SYMBOL, ShapeEnv, SymInt, as_dim
+from jitop.shape_policy import RECOMPILE_LIMIT, IntPolicy, ShapePolicy, struct_key
+from jitop.tir.nodes import VALUE
+from jitop.tir.simplify import SYMBOL_MAX
 from jitop.te.printer import expr_str
 from jitop.graph.tracer import Tracer, TracerConversionError, Unsupported
 from jitop.runtime import fastcall
@@ -58,9 +60,10 @@ _BUILD_DEPTH = 7  # a warning while building names the caller's line: 6 frames o
 
 
 class _Restart(Exception):
-    """Raised out of a build whose trace made a parameter static: the call is keyed again and built anew."""
+    """Raised out of a build whose trace made a parameter static (`err`), or a Python int parameter a size symbol
+    (err None): the call is keyed again and built anew."""
 
-    def __init__(self, err: ScalarNeeded):
+    def __init__(self, err: ScalarNeeded | None):
         super().__init__(str(err))
         self.err = err
 
@@ -104,6 +107,7 @@ _CONSTANT_LEAVES = (type(None), str, bytes, complex, type, np.dtype, type(Ellips
 _JUST_ARRAYS = {np.ndarray}
 _PYTHON_SCALARS = (bool, int, float, complex)
 _SCALARS_STATIC = "scalars"  # a static flag: static when the value is a Python scalar (made so on use)
+_INT_SIZES = "ints"  # a static flag: a Python int in the symbols' range is a size symbol, other scalars static
 _DTYPE_SHAPE = operator.attrgetter("dtype", "shape")  # an exact ndarray's argspec
 
 
@@ -166,6 +170,8 @@ class Trace:
     reps: dict = field(default_factory=dict)  # symbolic matmul row count -> the size its config is decided at
     # how the arguments the function assigns to in place get their new values (which follow the result: _flatten)
     writes: tuple[writeback.Write, ...] = ()
+    fixed_sizes: dict[str, str] = field(default_factory=dict)  # Python int size symbols the code made ints: where
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> the range its guards leave it
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -193,6 +199,9 @@ class KernelFunction:
         self.signature = inspect.signature(fn)
         names = list(self.signature.parameters)
         self._static_on_use: set[str] = set()  # made static by a call (for Python scalars), kept for the next process
+        # those of them traced as size symbols (their values varied), kept for the next process too
+        self.int_sizes = IntPolicy(lambda symbolic, demoted: kernel_cache.save_int_sizes(
+            self.qualified_name, self._code_digest(), symbolic, demoted))
         self._value_compiles: dict[Any, int] = {}  # argument structure, static values left out -> kernels built
         self._set_static({names[i] for i in static_argnums} | set(static_argnames))
         self._static_loaded = False
@@ -215,12 +224,14 @@ class KernelFunction:
         self.static = static
         # a parameter made static on use is so for Python scalars only (what was used as a size): an array passed
         # to it later is traced as ever, not keyed by identity and computed per call
-        self._static_flags = tuple(_SCALARS_STATIC if p.name in self._static_on_use
+        self._static_flags = tuple(_INT_SIZES if p.name in self.int_sizes.symbolic and p.name in self._static_on_use
+                                   else _SCALARS_STATIC if p.name in self._static_on_use
                                    else p.name in static for p in params)
         self._simple = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
         # the native entry can serve a signature whose leaves are exactly the positional arguments
-        self._positional = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                         p.VAR_POSITIONAL) for p in params)
+        # (a Python int that is a size symbol is an argument it checks: a static one is in the key by value)
+        self._positional = all(f is False or f is _INT_SIZES for f in self._static_flags) and all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
 
     def _made_static(self, err: ScalarNeeded, tree: Any) -> bool:
         """After a Python scalar argument was used as a size (`err`): its parameters made static (a compile per
@@ -242,17 +253,18 @@ class KernelFunction:
         """Count a compile of `struct` among those differing only in static values; past RECOMPILE_LIMIT of them,
         once: why each new value compiles and what serves every value with one kernel."""
         specs = struct[2] if struct is not None and struct[:1] == ("pytree",) else struct
-        if not specs or not any(type(s) is tuple and s[:1] == ("static",) for s in specs):
+        if not specs or not any(type(s) is tuple and s[:1] in (("static",), ("symint",)) for s in specs):
             return None
-        erased = tuple(("static",) if type(s) is tuple and s[:1] == ("static",) else s for s in specs)
+        erased = tuple(("static",) if type(s) is tuple and s[:1] in (("static",), ("symint",)) else s for s in specs)
         n = self._value_compiles[erased] = self._value_compiles.get(erased, 0) + 1
         if n != RECOMPILE_LIMIT + 1:
             return None
         names = ", ".join(sorted(self._static_on_use or self.static))
+        why = "".join(f"; {name} stays static: {reason}" for name, reason in sorted(self.int_sizes.demoted.items()))
         return (f"{n} kernels, one per value of the static parameter(s) {names}: a value that changes on every "
-                "call compiles on every call. Where it sizes a slice of an array argument (`cache[:t + 1]` in "
-                "the kernel), pass the slice instead (`f(cache[:t + 1], ...)`): a dim that varies between calls "
-                "becomes symbolic, one kernel for every size")
+                f"call compiles on every call{why}. A Python int used only as a size (`cache[:t + 1]`, "
+                "`np.zeros(n)`) is one kernel for every value; one the code needs as a Python int (`range(n)`, "
+                "a loop over it, a dict key) is not: keep that out of the kernel, or pass the arrays it selects")
 
     def _code_digest(self) -> str:
         """What identifies this version of the function's code (a record of what its calls made static on use
@@ -273,6 +285,8 @@ class KernelFunction:
         params = {p.name for p in self.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)}
         names = set(kernel_cache.load_static(self.qualified_name, self._code_digest())) & params
+        symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, self._code_digest())
+        self.int_sizes.load(set(symbolic) & names, demoted)
         self._static_on_use |= names - self.static
         return names - self.static
 
@@ -404,7 +418,12 @@ class KernelFunction:
         specs: list[tuple] = []
         defs = []
         for v, flag in zip(values, self._static_flags):
-            static = flag is True or flag is _SCALARS_STATIC and type(v) in _PYTHON_SCALARS
+            if flag is _INT_SIZES and type(v) is int and MIN_SYMBOL <= v <= SYMBOL_MAX:
+                leaves.append(v)
+                specs.append(("symint", v))  # its value is the kernel's size symbol (the structure drops it)
+                defs.append(None)
+                continue
+            static = flag is True or (flag is _SCALARS_STATIC or flag is _INT_SIZES) and type(v) in _PYTHON_SCALARS
             if static or not pytree.is_node(v) or not _holds_array(v):
                 leaves.append(v)
                 specs.append(argspec(v, static))
@@ -446,8 +465,13 @@ class KernelFunction:
                struct: Any = None) -> Overload | Any:
         # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)
         dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
+        if self._sizes_varied(struct):
+            raise _Restart(None)
         try:
             ov = self._trace_and_build(values, tree, struct, dims)
+            for name, why in ov.trace.fixed_sizes.items():
+                self.int_sizes.demote(name, why)
+                self._set_static(self.static)
             why = self.policy.compiled(struct, ov.accepts is not None) if struct is not None else None
             why = why or self._static_recompiles(struct)
             if why:
@@ -460,8 +484,12 @@ class KernelFunction:
                 raise _Restart(err) from None
             return self._fall_back(err, _BUILD_DEPTH)
         except (Unsupported, TracerConversionError, NotImplementedError) as err:
+            if self._sizes_failed(struct, err):
+                raise _Restart(None) from None
             return self._fall_back(err, _BUILD_DEPTH)
         except Exception as err:
+            if self._sizes_failed(struct, err):
+                raise _Restart(None) from None
             # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
             # succeeds, jitop failed on valid code: run it as numpy rather than break it
             numpy_error = None if run_numpy is None else self._numpy_raises(run_numpy)
@@ -470,6 +498,29 @@ class KernelFunction:
             if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
                 raise numpy_error
             return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
+
+    def _sizes_varied(self, struct: Any) -> bool:
+        """Whether this call makes Python int parameters size symbols (their value varied; IntPolicy): then it is
+        keyed again. Only for parameters that are leaves of their own, on the CPU."""
+        names = list(self.signature.parameters)
+        if self.gpu is not None or struct is None or struct[:1] == ("pytree",) or len(struct) != len(names):
+            return False
+        if not self.int_sizes.varied(struct, names, self._static_on_use):
+            return False
+        self._set_static(self.static)
+        return True
+
+    def _sizes_failed(self, struct: Any, err: Exception) -> bool:
+        """After a trace with size symbols failed (`err`): those parameters static again, True (keyed again)."""
+        names = list(self.signature.parameters)
+        if struct is None or struct[:1] == ("pytree",) or len(struct) != len(names):
+            return False
+        failed = [name for name, spec in zip(names, struct) if spec[:1] == ("symint",)]
+        for name in failed:
+            self.int_sizes.demote(name, f"the trace with {name} as a size symbol failed ({type(err).__name__}: "
+                                        f"{err})")
+        self._set_static(self.static)
+        return bool(failed)
 
     def rebuild(self, old: Overload) -> bool:
         """Build `old`'s signature again from its trace (configs picked anew: a tuned record arrived), off the
@@ -481,7 +532,7 @@ class KernelFunction:
         """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
         tr = old.trace
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
-                       reps=tr.reps)
+                       bounds=tr.bounds, reps=tr.reps)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         new = self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
@@ -552,7 +603,7 @@ class KernelFunction:
                                           accepts=exe.accepts if exe.symbolic else None))
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
-                       reps=tr.reps)
+                       bounds=tr.bounds, reps=tr.reps)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
         exe.set_result(tr.result)
         if tr.sizes:
@@ -595,7 +646,8 @@ class KernelFunction:
             values = pytree.unflatten(tree, values)
         leaves, specs, tree = self._flatten_params(values)
         code = getattr(self.fn, "__code__", None)
-        env = ShapeEnv(user_files={code.co_filename} if code else set()) if dynamic else None
+        sized = dynamic or any(s[:1] == ("symint",) for s in specs)
+        env = ShapeEnv(user_files={code.co_filename} if code else set()) if sized else None
         tr = Trace(arg_tree=tree, env=env)
         self.traces += 1
         with env.active() if env is not None else contextlib.nullcontext():
@@ -615,9 +667,18 @@ class KernelFunction:
         # a symbolic matmul row count: a kernel per size bucket, its config decided at the bucket's size
         tr.reps, buckets = row_buckets(tr.results, env.hint)
         tr.shape_guards += [f"{expr_str(m)} {rel}" for m, rel in buckets]
+        tr.bounds = env.bounds()
+        # a size symbol the trace tied or fixed stays the kernel's (its input holds it): the tie is a guard
+        for n in tr.inputs:
+            held = n.param("holds") if n.prim == "scalar_arg" else None
+            if held is not None and held in env.subst:
+                tied = as_dim(env.resolve(held))
+                tr.shape_guards.append(f"{held.name} == {tied if isinstance(tied, int) else expr_str(tied)}")
         for sp in env.specialised:
             for sym in sp.symbols:
                 self.policy.static[tr.symbols[sym]] = str(sp)
+                if tr.symbols[sym][1] == VALUE:  # a Python int the code needs as an int: static again
+                    tr.fixed_sizes[tr.symbols[sym][0]] = str(sp)
 
     def _trace_into(self, tr: Trace, leaves: list, specs: tuple, tree: Any,
                     dynamic: Mapping[int, Sequence[int]]) -> None:
@@ -629,7 +690,10 @@ class KernelFunction:
                                   "(jitop traces the arrays and numbers in there, and keeps None, strings and "
                                   "containers without arrays as constants; pass other objects as arguments of "
                                   "their own)")
-            inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr, dynamic.get(k, ())))
+            if spec[0] == "symint":
+                inputs.append(self._size_symbol(k, name, v, tr))
+            else:
+                inputs.append(v if spec[0] == "static" else self._tracer_for(k, name, v, tr, dynamic.get(k, ())))
         pos, kw = _split_values(self, inputs, tree)
         # captured arrays are traced as live constants (read in place), and arrays the function creates with
         # np.zeros & co. as tracers (it may fill them in place); if the function uses one outside the tracer (an
@@ -687,6 +751,19 @@ class KernelFunction:
         if n.prim == "arg":  # numpy keeps a non-native byte order through views and copies
             return Tracer(n, array0d=True, order=None if value.dtype.isnative else value.dtype)
         return Tracer(n)
+
+    @staticmethod
+    def _size_symbol(k: int, name: str, value: int, tr: Trace) -> SymInt:
+        """A Python int argument used as a size, as the symbol `<name>`: its value binds it on each call (a 0-d
+        int64 input holding it), and the trace sees a SymInt."""
+        symbol = _identifier(name)
+        tr.symbols[symbol] = (name, VALUE)
+        sym = tr.env.symbol(symbol, value)
+        tr.env.held[sym] = node("scalar_arg", (), dtypes.int64, weak=True, index=k, holds=sym)
+        tr.inputs.append(tr.env.held[sym])
+        tr.names.append(symbol)
+        tr.plan.append(("scalar", (k, dtypes.int64.np)))
+        return SymInt(sym, tr.env)
 
     @staticmethod
     def _symbol(tr: Trace, name: str, dim: int, size: int) -> Any:
@@ -763,7 +840,7 @@ class KernelFunction:
             if func is None:  # loaded from disk without its loop IR: rebuilt for display only
                 tr = entry.trace
                 func = compile_graph(self.__name__, tr.inputs, tr.names, tr.plan, tr.results,
-                                     guards=tr.shape_guards, reps=tr.reps).func
+                                     guards=tr.shape_guards, bounds=tr.bounds, reps=tr.reps).func
             shapes = shape_lines(entry.trace, self.policy.why, self.policy.static, self.policy.refused())
             text = describe(self.__name__, entry.exe, entry.trace, cached, entry.lookup, func, shapes)
         print(text)
@@ -781,7 +858,8 @@ def _native_spec(ov: Overload, values: Sequence[Any], args: tuple) -> Any:
     specs = _leaf_specs(ov.key)
     if specs is None or len(values) != len(args) or any(v is not a for v, a in zip(values, args)):
         return None
-    scalars = {k: part[1] for k, part in enumerate(specs) if part[0] == "scalar"}
+    scalars = {k: int if part[0] == "symint" else part[1] for k, part in enumerate(specs)
+               if part[0] in ("scalar", "symint")}
     if not ov.trace.writes:
         return ov.exe.fast_spec(len(values), scalars)
     # a function writing regions of its arguments: the entry copies them in (its checks first: any that fails

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from jitop.graph.shapes import MIN_SYMBOL
+from jitop.tir.simplify import SYMBOL_MAX
+
 Dims = dict[int, tuple[int, ...]]  # leaf index -> its symbolic dims
 RECOMPILE_LIMIT = 8  # constant-shape kernels of one structure before a JitopRecompileWarning (torch's limit)
 
@@ -131,6 +134,69 @@ class ShapePolicy:
         return dict(self._refused)
 
 
+class IntPolicy:
+    """Which Python int parameters the function uses as sizes are traced as symbols (torch.compile's automatic
+    dynamic ints): a parameter made static on use (`cache[:t + 1]` with t an argument) whose value differs
+    between two calls of one structure is a symbol from the next compile on (`symbolic`; the key then holds
+    ("symint", value) for a value in the symbols' range, which a symbolic kernel serves through its guards); one
+    the function converts to a Python int again (`range(t)`) is static once more (`demote`). Decisions persist
+    through `save(symbolic, demoted)`.
+
+    >>> p = IntPolicy()
+    >>> p.varied((("f4", 2), ("static", (int, 5))), ["x", "t"], {"t"})
+    set()
+    >>> p.varied((("f4", 2), ("static", (int, 6))), ["x", "t"], {"t"})
+    {'t'}
+    >>> p.demote("t", "range(t) at f.py:3"); sorted(p.symbolic), p.demoted
+    ([], {'t': 'range(t) at f.py:3'})
+    """
+
+    def __init__(self, save: Callable[[list[str], dict[str, str]], None] | None = None):
+        self.symbolic: set[str] = set()
+        self.demoted: dict[str, str] = {}             # name -> why it is static again
+        self._first: dict[Any, tuple[Any, ...]] = {}  # structure, sizes erased -> the first call's sizes
+        self._save = save
+
+    def load(self, symbolic: Sequence[str], demoted: Mapping[str, str]) -> None:
+        """An earlier run's decisions (for the names the function has)."""
+        self.demoted.update(demoted)
+        self.symbolic |= set(symbolic) - set(self.demoted)
+
+    def varied(self, specs: tuple, names: Sequence[str], candidates: set[str]) -> set[str]:
+        """The `candidates` (parameters static on use; `names`: each leaf's) whose int value in `specs` (a call's
+        key, one spec per parameter) differs from the first call of the same structure: symbolic from now on."""
+        sizes = [k for k, (s, name) in enumerate(zip(specs, names))
+                 if name in candidates and name not in self.demoted and _size_spec(s)]
+        if not sizes:
+            return set()
+        erased = tuple(("static", int) if k in sizes else s for k, s in enumerate(specs))
+        values = tuple(specs[k] for k in sizes)
+        first = self._first.setdefault(erased, values)
+        new = {names[k] for k, a, b in zip(sizes, first, values) if a != b}
+        if new:
+            self.symbolic |= new
+            self._persist()
+        return new
+
+    def demote(self, name: str, why: str) -> None:
+        """`name` was converted to a Python int by the function (`why`: where): static again, for good."""
+        self.symbolic.discard(name)
+        self.demoted[name] = why
+        self._persist()
+
+    def _persist(self) -> None:
+        if self._save is not None:
+            self._save(sorted(self.symbolic), dict(self.demoted))
+
+
+def _size_spec(spec: Any) -> bool:
+    """A static Python int in the symbols' range (the spec `argspec` gives it)."""
+    if not (type(spec) is tuple and len(spec) == 2 and spec[0] == "static" and type(spec[1]) is tuple):
+        return False
+    t, value = spec[1][0], spec[1][-1]
+    return t is int and MIN_SYMBOL <= value <= SYMBOL_MAX
+
+
 def struct_key(key: tuple) -> Any:
     """A call's key with each array's shape replaced by its rank: the calls a symbolic overload may serve
     (None for a key that is not by value: such a call is never memoised)."""
@@ -139,4 +205,5 @@ def struct_key(key: tuple) -> Any:
     if key[:1] == ("pytree",):
         return ("pytree", key[1], struct_key(key[2]))
     return tuple((s[0], len(s[1])) if len(s) == 2 and isinstance(s[1], tuple) and type(s[0]) is not str
-                 else ("subclass", s[1], s[2], len(s[3])) if s[:1] == ("subclass",) else s for s in key)
+                 else ("subclass", s[1], s[2], len(s[3])) if s[:1] == ("subclass",)
+                 else ("symint",) if s[:1] == ("symint",) else s for s in key)

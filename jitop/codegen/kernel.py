@@ -18,7 +18,7 @@ from jitop.codegen import ops
 from jitop.codegen.emitter import LoopEmitter, flatten, ident
 from jitop.codegen.instances import Shared, find_shared
 from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, walk
-from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, walk_stmts
+from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, VALUE, walk_stmts
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
 from jitop.target import Target
 
@@ -305,9 +305,13 @@ class KernelCodegen(LoopEmitter):
         values = b.alloca(ir.ArrayType(I64, len(self.symbol_sources)), name="symbols")
         values.type = PTR
         for k, (param, dim) in enumerate(self.symbol_sources):
-            field = b.gep(arrays[param], [ir.Constant(I64, ARRAY_DIMS_OFFSET)], source_etype=ir.IntType(8))
-            dims = b.load(field, typ=PTR)
-            size = b.load(b.gep(dims, [ir.Constant(I64, dim)], source_etype=I64), typ=I64)
+            if dim == VALUE:  # the value of a 0-d int64 input (te.size_param)
+                field = b.gep(arrays[param], [ir.Constant(I64, ARRAY_DATA_OFFSET)], source_etype=ir.IntType(8))
+                size = b.load(b.load(field, typ=PTR), typ=I64)
+            else:
+                field = b.gep(arrays[param], [ir.Constant(I64, ARRAY_DIMS_OFFSET)], source_etype=ir.IntType(8))
+                dims = b.load(field, typ=PTR)
+                size = b.load(b.gep(dims, [ir.Constant(I64, dim)], source_etype=I64), typ=I64)
             b.store(size, b.gep(values, [ir.Constant(I64, k)], source_etype=I64))
         return values
 

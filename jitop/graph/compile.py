@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitop import dtypes, te
-from jitop.driver import compile_func, default_target, lower, printed_dim
+from jitop.driver import compile_func, default_target, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.batching import batch_slices
 from jitop.graph.fusion import groups as fusion_groups
@@ -27,6 +27,7 @@ from jitop.runtime.executable import Executable, Plan
 from jitop.schedule.schedule import Schedule
 from jitop.target import Target
 from jitop.te.tensor import Tensor
+from jitop.tir.lower import lower
 from jitop.tir.padding import fold_padding, padding
 from jitop.tir.storage import plan_arena, storage
 from jitop.tuner import registry
@@ -50,23 +51,26 @@ class Prepared:
     # templated node -> its constant weights as its template packs them (made once here, not on each call)
     packed: dict[Node, list[np.ndarray]] = field(default_factory=dict)
     rewrites: list[str] = field(default_factory=list)  # what the graph rewrites decided (`rewritten`'s notes)
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> the range its guards leave it
 
 
 def compile_graph(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                   results: list[Node], target: Target | None = None, profile: bool = False,
-                  guards: Sequence[str] = (), reps: dict | None = None) -> Executable:
+                  guards: Sequence[str] = (), reps: dict | None = None,
+                  bounds: dict[str, tuple[int, int]] | None = None) -> Executable:
     """Compile the graph computing `results` from `inputs` for `target` (default: `default_target()`);
     `profile`: a build that counts the time spent in each loop nest (see jitop.runtime.profile); `guards`:
     the relations its shape symbols must satisfy (see `prepare`)."""
-    return build(prepare(name, inputs, input_names, input_plan, results, target, guards, reps), profile)
+    return build(prepare(name, inputs, input_names, input_plan, results, target, guards, reps, bounds), profile)
 
 
 def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
             results: list[Node], target: Target | None = None, guards: Sequence[str] = (),
-            reps: dict | None = None) -> Prepared:
+            reps: dict | None = None, bounds: dict[str, tuple[int, int]] | None = None) -> Prepared:
     """The first, cheap steps of the pipeline: fusion decisions, tasks and the config `pick` chooses for each.
-    `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call;
-    `reps`: the size each symbolic matmul row count's config is decided at (tasks.row_buckets)."""
+    `guards`: what the trace relied on about its shape symbols (printed relations), checked on every call, and
+    `bounds` the range they leave each symbol (lowering proves accesses with them); `reps`: the size each
+    symbolic matmul row count's config is decided at (tasks.row_buckets)."""
     target = target or default_target()
     # every returned array is its own buffer, even if two results are the same expression (after `rewritten`)
     rewrites: list[str] = []
@@ -81,7 +85,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
     # prepack: a template's copy of constant weights (packed panels) is made now, once
     packed = prepack_all(choices, target)
     return Prepared(name, inputs, input_names, input_plan, outputs, unique, why, choices, target, list(guards),
-                    packed, rewrites)
+                    packed, rewrites, dict(bounds or {}))
 
 
 def build(prep: Prepared, profile: bool = False) -> Executable:
@@ -101,7 +105,7 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     sch = schedule_rules.apply(st, unique, target, epilogues, rows)
     # lower: root intermediates become scratch arguments, recycled across calls instead of malloc'd
     scratch = scratch_tensors(sch, graph.outputs)
-    func = lower(sch, graph.placeholders + graph.outputs + scratch, name=prep.name)
+    func = lower(sch, graph.placeholders + graph.outputs + scratch, name=prep.name, bounds=prep.bounds)
     # padding: a convolution's padded copy of an intermediate becomes where that intermediate is written
     func = fold_padding(func, len(scratch), target.lanes(4))
     n_scratch = len(func.params) - len(graph.placeholders) - len(graph.outputs)

@@ -5,6 +5,7 @@ from typing import Any
 
 from jitop.graph.ir import Node, toposort
 from jitop.graph.compile import rewritten
+from jitop.tir.nodes import VALUE
 
 
 def _node_line(n: Node, names: dict[Node, str]) -> str:
@@ -24,13 +25,14 @@ def shape_lines(trace: Any, why: dict, static: dict, refused: dict) -> list[str]
     else:
         for sym in env.symbols:
             leaf, dim = trace.symbols[sym.name]
+            source = f"{leaf} dim {dim}" if dim != VALUE else f"the Python int {leaf}"
             if sym in env.subst:
                 tie = next((t for t in env.ties if t.symbol is sym), None)
                 where = f" ({tie.why} at {tie.line})" if tie is not None and tie.line else ""
-                lines.append(f"  {leaf} dim {dim} = {env.resolve(sym)!r}{where}")
+                lines.append(f"  {source} = {env.resolve(sym)!r}{where}")
             else:
-                lines.append(f"  {sym.name} = {leaf} dim {dim} (traced at {env.hints[sym]}): "
-                             f"{why.get((leaf, dim), 'dynamic=')}")
+                reason = why.get((leaf, dim), "dynamic=") if dim != VALUE else "used as a size, its value varied"
+                lines.append(f"  {sym.name} = {source} (traced at {env.hints[sym]}): {reason}")
         guards = [f"{g} ({g.why} at {g.line})" if g.line else str(g) for g in env.current_guards()]
         lines.append(f"  guards: every symbol >= 2{''.join('; ' + g for g in guards)}")
         lines.append("  sizes 0 and 1 are compiled as constants (they broadcast): a call with one gets its own kernel")

@@ -86,7 +86,16 @@ def whole(n: Node, spec: list, shape: list) -> bool:
 
 def _position(it: Any) -> bool:
     """A traced integer scalar (a Python int argument, say) used as an index: a position known when it runs."""
-    return isinstance(it, Tracer) and it.node.ndim == 0 and it.node.dtype.is_int and not it.node.dtype.is_bool
+    return isinstance(it, Tracer) and it.node.ndim == 0 and it.node.dtype.is_int and not it.node.dtype.is_bool \
+        or _held(it) is not None
+
+
+def _held(it: Any) -> Node | None:
+    """The input node of a Python int argument traced as a size symbol, for `it` that symbol (an assignment at
+    it then writes where the argument says, as at a traced int: before the kernel where it can)."""
+    if not isinstance(it, sh.SymInt):
+        return None
+    return it.env.held.get(it.env.resolve(it.expr))
 
 
 def basic_index(n: Node, key: Any, positions: list[Node] | None = None) -> tuple[list, list]:
@@ -104,7 +113,7 @@ def basic_index(n: Node, key: Any, positions: list[Node] | None = None) -> tuple
         if positions is not None and _position(it):
             if type(size) is int and size == 0:
                 raise IndexError(f"index is out of bounds for axis {dim} with size 0")
-            p = it.node
+            p = it.node if isinstance(it, Tracer) else _held(it)
             positions.append(p if p.dtype is dtypes.int64 else node("cast", (), dtypes.int64, (p,)))
             spec.append(("at", len(positions) - 1))
         elif isinstance(it, slice) and _constant(it, size):

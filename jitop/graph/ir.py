@@ -296,5 +296,7 @@ def resolve_graph(env: Any, inputs: list[Node], results: list[Node]) -> tuple[li
     for n in toposort(inputs + results):
         src = tuple(new[id(s)] for s in n.src)
         shape = [env.resolve(d) for d in n.shape]
-        new[id(n)] = node(n.prim, shape, n.dtype, src, n.weak, **{k: param(v) for k, v in n.params})
+        # an input holding a size symbol keeps it (its value is read on each call; a tie is a guard)
+        new[id(n)] = node(n.prim, shape, n.dtype, src, n.weak, **{k: v if k == "holds" else param(v)
+                                                                  for k, v in n.params})
     return [new[id(n)] for n in inputs], [new[id(n)] for n in results]

@@ -90,6 +90,8 @@ def graph_key(prep: Prepared) -> str | None:
             params.append((name, v))
         h.update(f"{n.prim}|{n.shape}|{n.dtype}|{n.weak}|{params}|{[index[s] for s in n.src]}\n".encode())
     h.update(repr([index[o] for o in prep.outputs]).encode())
+    if prep.guards or prep.bounds:  # a symbolic kernel serves only calls its guards admit; lowering relied on them
+        h.update(repr((prep.guards, sorted(prep.bounds.items()))).encode())
     return h.hexdigest()
 
 
@@ -415,8 +417,8 @@ def save_dynamic(function: str, struct: Any, dims: list[tuple[int, int]]) -> Non
 STATIC = "static/"
 
 
-def _static_key(function: str, code: str) -> str:
-    return STATIC + hashlib.sha256(f"{function}\n{code}".encode()).hexdigest()
+def _static_key(function: str, code: str, prefix: str = STATIC) -> str:
+    return prefix + hashlib.sha256(f"{function}\n{code}".encode()).hexdigest()
 
 
 def load_static(function: str, code: str) -> list[str]:
@@ -437,6 +439,37 @@ def save_static(function: str, code: str, names: list[str]) -> None:
     """Keep the parameters `function`'s calls made static for the next process (never fails a call)."""
     try:
         store().put(_static_key(function, code), json.dumps(sorted(names)).encode())
+    except OSError:
+        pass
+
+
+# ** the Python int parameters a function's calls made size symbols (jitop.shape_policy.IntPolicy) **
+INTS = "ints/"
+
+
+def load_int_sizes(function: str, code: str) -> tuple[list[str], dict[str, str]]:
+    """(symbolic, demoted) as an earlier run of `function` (its code's digest `code`) left them; empty if none or
+    if the record is not exactly that shape (it only ever decides what is traced as a symbol)."""
+    try:
+        raw = store().get(_static_key(function, code, INTS))
+        record = json.loads(raw) if raw is not None else {}
+    except (ValueError, OSError):
+        return [], {}
+    if not isinstance(record, dict):
+        return [], {}
+    symbolic, demoted = record.get("symbolic", []), record.get("demoted", {})
+    if not (isinstance(symbolic, list) and all(isinstance(n, str) and n.isidentifier() for n in symbolic)
+            and isinstance(demoted, dict) and all(isinstance(n, str) and n.isidentifier() and isinstance(w, str)
+                                                  for n, w in demoted.items())):
+        return [], {}
+    return symbolic, demoted
+
+
+def save_int_sizes(function: str, code: str, symbolic: list[str], demoted: dict[str, str]) -> None:
+    """Keep `function`'s size-symbol decisions for the next process (never fails a call)."""
+    try:
+        record = {"symbolic": sorted(symbolic), "demoted": demoted}
+        store().put(_static_key(function, code, INTS), json.dumps(record).encode())
     except OSError:
         pass
 

@@ -735,6 +735,8 @@ def atleast_2d(*arys):
 def split(a, indices_or_sections, axis=0):
     if isinstance(indices_or_sections, Tracer):
         indices_or_sections._concrete("np.split's indices_or_sections")
+    if isinstance(indices_or_sections, sh.SymInt):  # the number of parts the function gets back: an int
+        indices_or_sections = indices_or_sections.specialise("np.split's number of sections")
     n = as_node(a)
     ax = _axes(axis, n.ndim)[0]
     size = n.shape[ax]
@@ -1032,6 +1034,25 @@ class TracingNumpy:
 
     def empty(self, shape, dtype=float, order="C", **kwargs):
         return self.zeros(shape, dtype, order, **kwargs)
+
+    def arange(self, *args, dtype=None, **kwargs):
+        """np.arange with a symbolic bound (a size symbol: `np.arange(n)`, `np.arange(t, t + 8)`) as a traced
+        range; with int bounds it is numpy's (a constant)."""
+        for a in args:
+            if isinstance(a, Tracer):  # a Python int argument: made static on use (a size symbol if it varies)
+                a._concrete("np.arange's bounds")
+        if kwargs or not any(isinstance(a, sh.SymInt) for a in args) or not 1 <= len(args) <= 3 or \
+                not all(isinstance(a, (int, sh.SymInt)) and not isinstance(a, bool) for a in args):
+            return np.arange(*args, dtype=dtype, **kwargs)
+        start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+        if isinstance(step, sh.SymInt) or step == 0:
+            step = int(step)  # (specialised; numpy's error for 0)
+            if step == 0:
+                raise ZeroDivisionError("division by zero")
+        length = (stop - start + step - (1 if step > 0 else -1)) // step
+        length = length if length >= 0 else 0  # (decided at this call's values: recorded)
+        values = wrap(node("iota", (sh.as_dim(length),), dtypes.int64, axis=0)) * step + start
+        return values if dtype is None else astype(values, np.dtype(dtype))
 
     def full(self, shape, fill_value, dtype=None, order="C", **kwargs):
         traced = isinstance(fill_value, Tracer)

@@ -129,6 +129,7 @@ class ShapeEnv:
         self.guards: list[Guard] = []
         self.ties: list[Tie] = []
         self.specialised: list[Specialisation] = []
+        self.held: dict[Expr, Any] = {}  # a symbol that is a Python int argument's value -> its input node
         self.user_files = frozenset(_path(f) for f in user_files)
         self.rep = rep
 
@@ -306,6 +307,29 @@ class ShapeEnv:
             e = simplify(substitute(g.expr, self.subst), self.ranges)
             if self.prove(binary({"==": Op.EQ, ">=": Op.GE, "!=": Op.NE}[g.op], e, 0)) is None:
                 out.append(Guard(e, g.op, g.line, g.why))
+        return out
+
+    def bounds(self) -> dict[str, tuple[int, int]]:
+        """symbol name -> (lowest, highest) value the guards leave it (`-t + 255 >= 0`: t <= 255), for the
+        symbols a guard bounds on its own: every call checks the guards before the kernel runs, so lowering may
+        prove its accesses with them (a Python int argument used as a size has no array dim to bound it)."""
+        out: dict[str, tuple[int, int]] = {}
+        for g in self.current_guards():
+            lin = to_lin(g.expr, self.ranges)
+            if g.op == "!=" or len(lin.terms) != 1:
+                continue
+            (s, a), = lin.terms.items()
+            if s.op is not Op.VAR:
+                continue
+            c = lin.const
+            if g.op == "==" and a < 0:
+                a, c = -a, -c
+            lo, hi = out.get(s.name, self.ranges.get(s, (MIN_SYMBOL, SYMBOL_MAX)))
+            if a > 0:  # a*s + c >= 0 (or == 0): s >= ceil(-c / a)
+                lo = max(lo, -(c // a))
+            if a < 0 or g.op == "==":  # s <= floor(-c / a)
+                hi = min(hi, -c // a)
+            out[s.name] = (lo, hi)
         return out
 
     def user_line(self) -> str | None:

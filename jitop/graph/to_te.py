@@ -64,7 +64,8 @@ class ToTE:
         return f"{base}_{k}" if k else base
 
     def placeholder(self, n: Node, name: str) -> te.Tensor:
-        t = te.placeholder(n.shape, n.dtype, name)
+        held = n.param("holds") if n.prim == "scalar_arg" else None  # a Python int argument used as a size
+        t = te.size_param(held) if held is not None else te.placeholder(n.shape, n.dtype, name)
         self.st.placeholders[n] = t
         return t
 

@@ -26,6 +26,8 @@ def as_node(x: Any) -> Node:
     """A graph node for a tracer, a Python/numpy scalar or a constant numpy array."""
     if isinstance(x, Tracer):
         return x.node
+    if isinstance(x, SymInt):  # a symbolic size as a value: a Python int the kernel computes from its symbols
+        return node("dim", (), dtypes.int64, weak=True, expr=x.as_expr())
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         return scalar_const(x, weak=True)
     if isinstance(x, np.generic):
@@ -226,6 +228,8 @@ def _in_place(name: str):
 def _operator(name: str, uf: np.ufunc, reflected: bool):
     """An array's operator is numpy's ufunc; a Python scalar's is Python's (jitop.graph.pyscalar)."""
     def method(self, other):
+        if isinstance(other, SymInt):  # a symbolic size: the Python int the kernel computes
+            other = Tracer(as_node(other))
         if self.node.weak:
             from jitop.graph import pyscalar
             return pyscalar.binary(name, other, self) if reflected else pyscalar.binary(name, self, other)

@@ -2,8 +2,9 @@
 
 A dimension of a parameter is an int, or (a kernel with symbolic shapes) the printed expression of its
 size over the kernel's symbols ("n", "n * 2", "(n + 7) // 8"). Each symbol is read from one input's
-dimension (`SymbolSpec`); every other symbolic dimension is an equality the kernel relies on, checked
-before the call (`ShapeBinder`).
+dimension, or from the value of a 0-d int64 input (a Python int argument used as a size: `SymbolSpec` with
+dim VALUE); every other symbolic dimension is an equality the kernel relies on, checked before the call
+(`ShapeBinder`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jitop.tir.nodes import VALUE  # SymbolSpec.dim of a symbol that is its 0-d int64 input's value
 from jitop.tir.simplify import SYMBOL_MAX
 
 Dim = int | str
@@ -170,7 +172,8 @@ def _compile(node: ast.AST, text: str) -> DimFn:
 
 @dataclass(frozen=True)
 class SymbolSpec:
-    """A symbol of a kernel with symbolic shapes: read from input `param`'s dimension `dim` at call time."""
+    """A symbol of a kernel with symbolic shapes: read from input `param`'s dimension `dim` at call time (dim
+    VALUE: the value of that 0-d int64 input)."""
 
     name: str
     param: int
@@ -221,11 +224,12 @@ class ShapeBinder:
         return values
 
     def values(self, arrays: Sequence[np.ndarray]) -> list[int]:
-        values = [arrays[s.param].shape[s.dim] for s in self.symbols]
+        values = [arrays[s.param].shape[s.dim] if s.dim != VALUE else int(arrays[s.param]) for s in self.symbols]
         for s, v in zip(self.symbols, values):
             if v > SYMBOL_LIMITS.get(s.dtype, SYMBOL_MAX):
-                raise ValueError(f"{self._where(s.param)} dimension {s.dim} is {v}, too large for symbol "
-                                 f"{s.name} ({s.dtype})")
+                raise ValueError(f"{self._source(s)} is {v}, too large for symbol {s.name} ({s.dtype})")
+            if v < 0:  # a value may be negative (a dim never is)
+                raise ValueError(f"{self._source(s)} is {v}, but symbol {s.name} is a size (at least 0)")
         return values
 
     def shape(self, k: int, values: Sequence[int]) -> tuple[int, ...]:
@@ -248,7 +252,7 @@ class ShapeBinder:
         return f"argument '{self.specs[k].name}' (position {k})"
 
     def _source(self, s: SymbolSpec) -> str:
-        return f"{self._where(s.param)} dimension {s.dim}"
+        return f"{self._where(s.param)} {'value' if s.dim == VALUE else f'dimension {s.dim}'}"
 
     def _mismatch(self, k: int, j: int, got: int, text: str, env: dict[str, int]) -> str:
         head = f"{self._where(k)} dimension {j} is {got}, but it must "
@@ -271,9 +275,15 @@ def check_symbols(specs: Sequence[ParamSpec], symbols: Sequence[SymbolSpec]) -> 
         raise ValueError(f"symbols {names} are not distinct")
     for s in symbols:
         if not (type(s.param) is int and 0 <= s.param < len(specs) and type(s.dim) is int
-                and 0 <= s.dim < len(specs[s.param].shape)):
+                and (0 <= s.dim < len(specs[s.param].shape) or s.dim == VALUE)):
             raise ValueError(f"symbol {s.name!r} is read from parameter {s.param!r} dimension {s.dim!r}, "
                              "which does not exist")
+        if s.dim == VALUE:
+            p = specs[s.param]
+            if p.is_output or p.shape != () or p.dtype != np.int64 or p.name != s.name or s.dtype != "int64":
+                raise ValueError(f"symbol {s.name!r} must be read from the value of a 0-d int64 input of its own "
+                                 f"name (it is {p.name!r}, {p.describe()}, {s.dtype})")
+            continue
         if specs[s.param].is_output or specs[s.param].shape[s.dim] != s.name or s.dtype not in SYMBOL_LIMITS:
             raise ValueError(f"symbol {s.name!r} must be read from an input dimension that is exactly {s.name!r}"
                              f" and be int64 or int32 (it is {specs[s.param].name!r} dimension {s.dim}, "

@@ -101,15 +101,18 @@ class DimPlan:
 
 def plan_dims(symbols: Sequence[str], inputs: Sequence[Sequence[Dim]], outputs: Sequence[Sequence[Dim]],
               guards: Sequence[str] = (), sized: Sequence[tuple[int, Sequence[Dim]]] = (),
-              const_bytes: int = 0) -> DimPlan:
+              const_bytes: int = 0, held: Sequence[str] = ()) -> DimPlan:
     """Slots and program for a signature whose kernel has `symbols` (slots 0..k-1, in order).
 
     inputs / outputs: each array's dims (ints, or printed expressions over the symbols); guards: conditions
     on the symbols (``"n >= 2"``, ``"n != m"``, ``and`` and chained comparisons); sized: (itemsize, dims) of
     every array the call touches and const_bytes the rest, whose sum decides the GIL. Each symbol must be an
-    input's dimension on its own (ValueError otherwise, or when slots, stack or output dims run out).
+    input's dimension on its own or `held` (the entry binds those from int arguments: their values), ValueError
+    otherwise, or when slots, stack or output dims run out.
     """
     b = _Builder(list(symbols))
+    b.held = set(held) & set(symbols)
+    b.bound |= b.held
     words = [[b.input_word(d) for d in dims] for dims in inputs]
     missing = [s for s in symbols if s not in b.bound]
     if missing:
@@ -133,6 +136,9 @@ class _Builder:
             raise ValueError(f"symbols {symbols} must be distinct and at most {MAX_SLOTS}")
         self.slots = {s: k for k, s in enumerate(symbols)}
         self.bound: set[str] = set()
+        # symbols the entry binds from int arguments, in whatever order they come: a dim equal to one is checked
+        # by the program (after every input matched), never tied to a slot that may not hold it yet
+        self.held: set[str] = set()
         self.checks: list[tuple[str, int]] = []   # (an input dim's expression, the slot holding the dim)
         self.n_slots, self.n_odims = len(symbols), 0
         self.program: list[int] = []
@@ -142,7 +148,7 @@ class _Builder:
         if not isinstance(d, str):
             return _constant(d)
         text = _checked(d)
-        if text in self.slots:
+        if text in self.slots and text not in self.held:
             slot = self.slots[text]
             if text in self.bound:
                 return tie_word(slot)

@@ -34,7 +34,7 @@ import numpy as np
 
 from jitop.errors import TargetMismatchError
 from jitop.runtime import fastcall
-from jitop.runtime.args import SYMBOL_LIMITS, Dim, DimFn, ParamSpec, compile_dim, dim_names, shape_str
+from jitop.runtime.args import SYMBOL_LIMITS, VALUE, Dim, DimFn, ParamSpec, compile_dim, dim_names, shape_str
 from jitop.runtime.module import FORMAT_VERSION as MODULE_FORMAT
 from jitop.runtime.module import Module, check_meta
 from jitop.target import Target
@@ -91,7 +91,7 @@ class Executable:
         self._shapes: _SymbolicShapes | None = None
         if self.module.symbols or self.plan.symbolic:  # symbolic dims must be exactly the kernel's parameters'
             _check_outputs(self.plan, self.module.params)
-            _check_guards(self.plan.guards, self.module.params)
+            _check_guards(self.plan.guards, self.module.params, [s.name for s in self.module.symbols])
             self._shapes = _SymbolicShapes(self.plan, self.module)
         self.run = _specialised_runner(self.plan, self.module)
         self.set_result(self.plan.result)
@@ -300,7 +300,8 @@ def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict
         return None
     inputs: list[Any] = []
     positions = []
-    for (kind, what), p in zip(plan.inputs, module.params):
+    held = {sym.param: sym for sym in module.symbols if sym.dim == VALUE}  # ints that are a symbol's value
+    for k, ((kind, what), p) in enumerate(zip(plan.inputs, module.params)):
         if kind == "arg":  # a symbolic parameter's dims are printed expressions: the entry binds and ties them
             inputs.append(fastcall.Array(what, p.dtype, p.shape))
             positions.append(what)
@@ -314,7 +315,11 @@ def _fast_spec(plan: Plan, module: Module, nargs: int | None, scalar_types: dict
                 return None
             # a Python int must fit every integer dtype it meets (NEP 50): outside, the slow path raises
             lo, hi = _int_range(what[2]) if py is int and len(what) > 2 else (-2 ** 63, 2 ** 63 - 1)
-            inputs.append(fastcall.Scalar(pos, py, lo, hi))
+            if k in held:  # a size: the program's guards check the rest of its range
+                sym = held[k]
+                inputs.append(fastcall.Scalar(pos, py, max(lo, 0), min(hi, SYMBOL_LIMITS[sym.dtype]), sym.name))
+            else:
+                inputs.append(fastcall.Scalar(pos, py, lo, hi))
             positions.append(pos)
         else:  # byte-swapped: converted on each call
             return None
@@ -773,7 +778,8 @@ def _decode(meta: dict, plan_json: dict, files: dict[str, bytes], supplied: list
     if not (isinstance(guards, list) and all(isinstance(g, str) for g in guards)):
         raise ValueError("guards must be a list of strings")
     plan = Plan(inputs, outputs, slots, _position(plan_json["n_scratch"]), plan_json["result"], guards)
-    _check_plan(plan, params)
+    # (check_meta accepted the symbols: each a dict with a name)
+    _check_plan(plan, params, [s["name"] for s in meta.get("symbols", []) if s.get("dim") == VALUE])
     return plan
 
 
@@ -815,9 +821,10 @@ def _int_dtypes(extra: list) -> list[tuple[str, ...]]:
     return [tuple(names)]
 
 
-def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
+def _check_plan(plan: Plan, params: list[ParamSpec], held: Sequence[str] = ()) -> None:
     """Raise ValueError unless every buffer the plan hands the kernel is the one its parameter describes:
-    the kernel indexes each as its parameter's shape and dtype, whatever it is given."""
+    the kernel indexes each as its parameter's shape and dtype, whatever it is given (`held`: the symbols
+    int arguments hold)."""
     if len(plan.inputs) + len(plan.outputs) != len(params) or plan.n_scratch > len(plan.outputs):
         raise ValueError(f"plan has {len(plan.inputs)} inputs and {len(plan.outputs)} outputs for "
                          f"{len(params)} kernel parameters")
@@ -839,7 +846,7 @@ def _check_plan(plan: Plan, params: list[ParamSpec]) -> None:
             raise ValueError(f"plan input {kind} {_describe_input(kind, what)} does not match kernel parameter "
                              f"{p.name}: {'an output' if p.is_output else p.describe()}")
     _check_outputs(plan, params)
-    _check_guards(plan.guards, params)
+    _check_guards(plan.guards, params, held)
     if any(k >= len(plan.outputs) - plan.n_scratch for k in plan.result_slots):
         raise ValueError("a result slot points past the kernel's outputs")
     if plan.result is not None:
@@ -858,10 +865,10 @@ def _check_outputs(plan: Plan, params: list[ParamSpec]) -> None:
                              f"{p.describe()}")
 
 
-def _check_guards(guards: Sequence[str], params: list[ParamSpec]) -> None:
+def _check_guards(guards: Sequence[str], params: list[ParamSpec], held: Sequence[str] = ()) -> None:
     """Raise ValueError unless every guard is a well-formed relation over the kernel's symbols (the names its
-    parameters' symbolic dims use)."""
-    symbols = {n for p in params for d in p.shape if type(d) is str for n in dim_names(d)}
+    parameters' symbolic dims use, and `held`: those int arguments hold)."""
+    symbols = {n for p in params for d in p.shape if type(d) is str for n in dim_names(d)} | set(held)
     for g in guards:
         compile_guard(g)
         unknown = dim_names(g) - symbols
@@ -894,6 +901,7 @@ def _check_values(plan: Plan, params: list[ParamSpec], values: Sequence[Any],
         if kind == "scalar":
             if np.ndim(v) != 0:
                 raise ValueError(f"{where} must be a scalar, got shape {np.shape(v)}")
+            arrays[-1] = v  # (its value may bind a symbol)
             continue
         if not isinstance(v, np.ndarray):
             raise TypeError(f"{where} must be a numpy.ndarray ({p.describe()}), got {type(v).__name__}")

@@ -90,7 +90,8 @@ S_NARGS, S_NIN, S_NOUT, S_KERNEL, S_GIL, S_FLAG, S_CHECK, S_KIND, S_SLOT, S_POST
     S_COPIES, S_RECORDS = range(16)
 GIL_FROM_PROGRAM = 2  # S_GIL of a symbolic signature: the program's SET_GIL decides
 # input record: [kind, position | data address, descr | lo, ndim | hi, dims...] (dims: dimprog's dim words)
-IN_ARRAY, IN_CONST, IN_FLOAT, IN_INT, IN_BOOL = range(5)
+# (IN_SIZE: an int that is a symbol's value, [kind, position, lo, hi, slot]: bound into its slot too)
+IN_ARRAY, IN_CONST, IN_FLOAT, IN_INT, IN_BOOL, IN_SIZE = range(6)
 # output record: [descr, ndim, recycle, spare array (a strong reference, or 0), dims...] (a symbolic signature's
 # output dims come from the program's odims, outputs' dims concatenated)
 # result kinds: the output at spec[S_SLOT]; that 0-d output as a scalar (o[()]); post(*outputs)
@@ -204,6 +205,7 @@ body:
                                 i64 {IN_CONST}, label %const
                                 i64 {IN_FLOAT}, label %float
                                 i64 {IN_INT}, label %int
+                                i64 {IN_SIZE}, label %int
                                 i64 {IN_BOOL}, label %bool ]
 array:
   %ao = call ptr @arg(ptr %args, i64 %a)
@@ -276,6 +278,13 @@ int.value:
 int.ok:
   store i64 %iv, ptr %cell, align 8
   store ptr %cell, ptr %slot, align 8
+  %is.size = icmp eq i64 %kind, {IN_SIZE}
+  br i1 %is.size, label %size, label %next
+size:  ; a symbol's value (a symbolic spec: %slots is not null)
+  %size.slot = call i64 @w(ptr %spec, i64 %at4)
+  %size.p = getelementptr i64, ptr %slots, i64 %size.slot
+  store i64 %iv, ptr %size.p, align 8
+  %at5 = add i64 %at, 5
   br label %next
 bool:
   %bo = call ptr @arg(ptr %args, i64 %a)
@@ -292,7 +301,7 @@ bool.ok:
   br label %next
 next:
   %at1 = phi i64 [ %at.arr, %array.ok ], [ %at4, %const ], [ %at4, %float.ok ], [ %at4, %int.ok ],
-                 [ %at4, %bool.ok ]
+                 [ %at5, %size ], [ %at4, %bool.ok ]
   %k1 = add i64 %k, 1
   br label %loop
 yes:
@@ -534,7 +543,7 @@ matched:
 program:
   %prog = getelementptr i64, ptr %spec, i64 %pw
   %ok = call i1 @dimprog(ptr %prog, ptr %slots, ptr %odims, ptr %nbytes)
-  br i1 %ok, label %hit.sym, label %next
+  br i1 %ok, label %hit, label %next
 next:
   %i1 = add i64 %i, 1
   br label %loop
@@ -547,6 +556,8 @@ copy:  ; regions copied into arguments first: a check that fails writes nothing,
   %copied = call i1 @copy_in(ptr %sec, ptr %args, ptr %ptrs, ptr %scal, i64 0)
   br i1 %copied, label %hit.run, label %next
 hit.run:
+  br i1 %sym, label %hit.sym, label %hit.static
+hit.static:
   %g = call i64 @w(ptr %spec, i64 {S_GIL})
   %r = call ptr @run(ptr %table, ptr %spec, ptr %ptrs, ptr null, ptr null, i64 %g, ptr %args, ptr %scal)
   ret ptr %r
@@ -953,12 +964,14 @@ class Array:
 @dataclass(frozen=True)
 class Scalar:
     """Input: argument `position`, an exact Python `kind` (float, int or bool), as a 0-d float64/int64/bool;
-    an int must lie in [lo, hi]."""
+    an int must lie in [lo, hi]. `symbol`: the spec's symbol whose value the int is (a Python int used as a
+    size; it binds the symbol as an input's dim does)."""
 
     position: int
     kind: type
     lo: int = -2 ** 63
     hi: int = 2 ** 63 - 1
+    symbol: str | None = None
 
 
 @dataclass(frozen=True)
@@ -988,8 +1001,8 @@ class Spec:
     input dim and the `guards` ("n >= 2", "m != 1"), computes the output dims, and misses (the slow path runs)
     when any check fails (jitop.runtime.dimprog).
 
-    `copies` (a static spec's): regions copied into arguments before or after the kernel
-    (jitop.runtime.copy_in.CopyIn).
+    `copies`: regions copied into arguments before or after the kernel (jitop.runtime.copy_in.CopyIn; the
+    arrays they involve have int dims).
 
     >>> spec = Spec(2, address, [Array(0, f4, (10,)), Array(1, f4, (10,))], [Output(f4, (10,))], 0)  # doctest: +SKIP
     >>> spec = Spec(2, address, [Array(0, f4, ("n",)), Array(1, f4, ("n",))], [Output(f4, ("n",))], 0,
@@ -1007,7 +1020,7 @@ class Spec:
         self._keep: list[Any] = []  # every object a word points to
         in_dims = iter(plan.inputs) if plan else None
         for i in inputs:
-            words += self._input(i, next(in_dims) if in_dims and isinstance(i, Array) else None)
+            words += self._input(i, next(in_dims) if in_dims and isinstance(i, Array) else None, list(symbols))
         out_at = len(words)
         slots = []
         for k, o in enumerate(outputs):
@@ -1033,9 +1046,8 @@ class Spec:
     @staticmethod
     def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output],
                 plan: Any) -> list[int]:
-        """The words of the regions copied into arguments (jitop.runtime.copy_in.section)."""
-        if plan is not None:
-            raise ValueError("only a static spec copies regions into its arguments")
+        """The words of the regions copied into arguments (jitop.runtime.copy_in.section: ValueError where an
+        array a copy involves has a symbolic dim)."""
         info = [("array", i.position, _native(i.dtype), i.shape) if isinstance(i, Array) else
                 ("int", i.position) if isinstance(i, Scalar) and i.kind is int else ("other",) for i in inputs]
         return section(copies, info, [(_native(o.dtype), o.shape) for o in outputs])
@@ -1051,8 +1063,9 @@ class Spec:
             return None
         sized = [(_native(a.dtype).itemsize, a.shape) for a in [*arrays, *outputs]]
         const = sum(i.array.nbytes if isinstance(i, Const) else 8 for i in inputs if not isinstance(i, Array))
+        held = [i.symbol for i in inputs if isinstance(i, Scalar) and i.symbol is not None]
         return dimprog.plan_dims(symbols, [a.shape for a in arrays], [o.shape for o in outputs], guards,
-                                 sized, const)
+                                 sized, const, held)
 
     def _head(self, nargs: int, inputs: Sequence[Any], outputs: Sequence[Output], kernel_address: int, gil: int,
               error_flag: int, raise_error: Callable[[], None] | None,
@@ -1068,7 +1081,8 @@ class Spec:
         return [nargs, len(inputs), len(outputs), kernel_address, gil, error_flag,
                 id(raise_error) if error_flag else 0, kind, slot, id(post) if post is not None else 0, out_at, 0]
 
-    def _input(self, i: Array | Scalar | Const, dim_words: list[int] | None = None) -> list[int]:
+    def _input(self, i: Array | Scalar | Const, dim_words: list[int] | None = None,
+               symbols: Sequence[str] = ()) -> list[int]:
         if isinstance(i, Array):
             dt = _native(i.dtype)
             self._keep.append(dt)
@@ -1082,7 +1096,12 @@ class Spec:
         kind = {float: IN_FLOAT, int: IN_INT, bool: IN_BOOL}.get(i.kind)
         if kind is None:
             raise ValueError(f"a scalar input must be a Python float, int or bool, not {i.kind.__name__}")
-        return [kind, i.position, max(i.lo, -2 ** 63), min(i.hi, 2 ** 63 - 1)]
+        words = [kind, i.position, max(i.lo, -2 ** 63), min(i.hi, 2 ** 63 - 1)]
+        if i.symbol is None:
+            return words
+        if i.kind is not int or i.symbol not in symbols:
+            raise ValueError(f"scalar input {i.position} holds symbol {i.symbol!r}: an int, and one of {symbols}")
+        return [IN_SIZE, *words[1:], symbols.index(i.symbol)]
 
     @property
     def calls(self) -> int:

@@ -11,7 +11,7 @@ from jitop.te.intrin import (abs, acos, asin, atan, atan2, cbrt, ceil, copysign,
                              sign, sin, sinh, sqrt, tan, tanh, trunc, truncdiv, truncmod)
 from jitop.te.expr import select
 from jitop.te.tensor import (ComputeOp, IterVar, Operation, PlaceholderOp, Reducer, Tensor, broadcast_index,
-                             comm_reducer, compute, max, min, placeholder, prod, reduce_axis, sum, ThreadAxis,
-                             thread_axis)
+                             comm_reducer, compute, max, min, placeholder, prod, reduce_axis, size_param, sum,
+                             ThreadAxis, thread_axis)
 
 __all__ = [n for n in dir() if not n.startswith("_")]

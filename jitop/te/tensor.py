@@ -174,16 +174,19 @@ class Operation:
 
 
 class PlaceholderOp(Operation):
-    """An input tensor's op (an argument of the built function)."""
+    """An input tensor's op (an argument of the built function); `value`: the shape symbol a 0-d int64 input
+    holds (its value binds the symbol at call time, as an input's dimension binds one)."""
 
-    def __init__(self, name: str, shape: tuple[Dim, ...], dtype: DType):
+    def __init__(self, name: str, shape: tuple[Dim, ...], dtype: DType, value: Expr | None = None):
         self.name = name
+        self.value = value
         self.outputs = (Tensor(self, 0, shape, dtype),)
 
     @property
     def key(self) -> str:
         t = self.outputs[0]
-        return hashlib.sha256(f"placeholder|{self.name}|{t.shape}|{t.dtype}".encode()).hexdigest()
+        held = f"|{self.value.name}" if self.value is not None else ""
+        return hashlib.sha256(f"placeholder|{self.name}|{t.shape}|{t.dtype}{held}".encode()).hexdigest()
 
 
 class ComputeOp(Operation):
@@ -249,6 +252,20 @@ def placeholder(shape: Sequence[Dim] | Dim, dtype: Any = "float32", name: str = 
     (n, 4)
     """
     return PlaceholderOp(name, _shape(shape, f"placeholder '{name}'"), dtypes.as_dtype(dtype)).output(0)
+
+
+def size_param(symbol: Expr) -> Tensor:
+    """A 0-d int64 input whose value is `symbol` (a te.var / te.size_var) at run time: the symbol need not be
+    any input's dimension (TVM passes such a var as an argument of its own). Pass it among the arguments.
+
+    >>> from jitop.te.expr import size_var
+    >>> t = size_var("t")
+    >>> size_param(t).shape, size_param(t).op.value
+    ((), t)
+    """
+    if not (isinstance(symbol, Expr) and symbol.op is Op.VAR and symbol.dtype == dtypes.int64):
+        raise TypeError(f"size_param takes an int64 te.var or te.size_var, got {symbol!r}")
+    return PlaceholderOp(symbol.name, (), dtypes.int64, value=symbol).output(0)
 
 
 def reduce_axis(dom: tuple[Dim, Dim] | Dim, name: str = "rv") -> IterVar:

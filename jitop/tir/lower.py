@@ -11,7 +11,7 @@ extent is guarded unless the factor provably divides it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from jitop import dtypes
 from jitop.errors import LoweringError
@@ -41,9 +41,10 @@ class StageLoops:
 class Lowering:
     """State of one lower() call."""
 
-    def __init__(self, sch: Schedule, args: Sequence[Tensor]):
+    def __init__(self, sch: Schedule, args: Sequence[Tensor], bounds: Mapping[str, tuple[int, int]] | None = None):
         self.sch = sch
         self.args = list(args)
+        self.bounds = dict(bounds or {})
         self.loops: dict[Stage, StageLoops] = {}
         self.buffers: dict[Tensor, Buffer] = {}
         self.ranges: Ranges = {}
@@ -55,6 +56,9 @@ class Lowering:
     def _symbols(self) -> tuple[Expr, ...]:
         found: dict[Expr, str] = {}
         for t in self.args:
+            held = getattr(t.op, "value", None)  # te.size_param: an input whose value is a symbol
+            if held is not None:
+                found.setdefault(held, f"'{t.name}' value")
             for k, d in enumerate(getattr(t, "shape", ())):
                 for v in (sorted(free_vars(d), key=lambda x: x.name) if isinstance(d, Expr) else ()):
                     found.setdefault(v, f"'{t.name}' dimension {k}")
@@ -65,7 +69,8 @@ class Lowering:
                                     f"the other in {where}); a kernel reads each symbol by its name: make one "
                                     f"te.var('{v.name}') and use it in every shape")
             by_name[v.name] = v
-            self.ranges[v] = (size_var_min(v), SYMBOL_MAX)
+            lo, hi = self.bounds.get(v.name, (0, SYMBOL_MAX))
+            self.ranges[v] = (max(size_var_min(v), lo), min(SYMBOL_MAX, hi))
         return tuple(found)
 
     def _check_body_vars(self, stage: Stage) -> None:
@@ -466,7 +471,10 @@ class Lowering:
             if buf.scope == "global":
                 body = Allocate(buf, body)
         outputs = tuple(k for k, t in enumerate(self.args) if not isinstance(t.op, PlaceholderOp))
-        return PrimFunc(name, params, body, outputs, symbols=self.symbols)
+        # te.size_param inputs: the symbol each one's value binds
+        held = {t.op.value.name: k for k, t in enumerate(self.args) if getattr(t.op, "value", None) is not None}
+        return PrimFunc(name, params, body, outputs, attrs={"symbol_values": held} if held else {},
+                        symbols=self.symbols)
 
 
 REGION_SCOPES = ("local", "shared")  # buffers that hold a region of their tensor, indexed relative to it
@@ -510,13 +518,15 @@ def _guard(body: Stmt, conds: list[Expr]) -> Stmt:
     return body
 
 
-def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc:
-    """Lower a schedule to loop IR; `print()` the result to read the loops.
+def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main",
+          bounds: Mapping[str, tuple[int, int]] | None = None) -> PrimFunc:
+    """Lower a schedule to loop IR; `print()` the result to read the loops. `bounds`: symbol name -> the lowest
+    and highest value its callers guarantee (checked before every call: @jitop.kernel's guards).
 
     >>> f = lower(s, [A, B])   # doctest: +SKIP
     >>> print(f)               # doctest: +SKIP
     """
-    low = Lowering(sch, args)
+    low = Lowering(sch, args, bounds)
     # regions of compute_at stages come from their consumers' loops
     low.infer()
     # build loop nests with guards, reductions and attached stages

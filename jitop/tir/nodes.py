@@ -9,6 +9,8 @@ from jitop.dtypes import DType
 from jitop.schedule.schedule import ForKind
 from jitop.te.expr import Expr, Op, const
 
+VALUE = -1  # the "dimension" a symbol is read from when it is its input's value (te.size_param), not a dim
+
 
 @dataclass(frozen=True, eq=False)
 class Buffer:
@@ -115,14 +117,18 @@ class PrimFunc:
     symbols: tuple[Expr, ...] = ()
 
     def symbol_sources(self) -> tuple[tuple[int, int], ...]:
-        """(parameter, dimension) each symbol is read from at call time: its first bare occurrence as a dim
-        of an input (parameters in order). ValueError for a symbol that is never one (its value could not
+        """(parameter, dimension) each symbol is read from at call time: the input whose value it is
+        (te.size_param: dimension VALUE), else its first bare occurrence as a dim of an input (parameters in order). ValueError for a symbol that is never one (its value could not
         be read from the arguments) or for two distinct symbols with one name."""
         names = [v.name for v in self.symbols]
         if len(set(names)) != len(names):
             raise ValueError(f"function '{self.name}': two distinct symbols share a name ({', '.join(names)}); "
                              "give each te.var/te.size_var its own name")
         found: dict[Expr, tuple[int, int]] = {}
+        held = self.attrs.get("symbol_values", {})  # symbol name -> the 0-d input whose value it is (te.size_param)
+        for v in self.symbols:
+            if v.name in held:
+                found[v] = (held[v.name], VALUE)
         for k, buf in enumerate(self.params):
             for j, d in enumerate(buf.shape):
                 if k not in self.outputs and isinstance(d, Expr) and d.op is Op.VAR:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
-from jitop.te.expr import Expr, Op, const, free_vars, rebuild, walk
+from jitop.te.expr import Expr, Op, const, free_vars, is_size_var, rebuild, walk
 from jitop.dtypes import DType
 
 Endpoint = int | Expr
@@ -259,7 +259,7 @@ def _symbolic(e: Expr, ranges: Ranges, memo: Memo) -> bool:
 
 def _symbolic_var(v: Expr, ranges: Ranges) -> bool:
     r = ranges.get(v)
-    return r is not None and (not isinstance(r[0], int) or not isinstance(r[1], int) or r[1] >= SYMBOL_MAX)
+    return r is not None and (not isinstance(r[0], int) or not isinstance(r[1], int) or is_symbol(v, ranges))
 
 
 def bounds(e: Expr, ranges: Ranges, memo: Memo | None = None) -> Interval:
@@ -377,9 +377,10 @@ def _replace(lin: Lin, atom: Expr, by: Lin) -> Lin:
 
 
 def is_symbol(v: Expr, ranges: Ranges) -> bool:
-    """A shape symbol: a variable ranging over [0, SYMBOL_MAX] (loop variables have smaller ranges)."""
+    """A shape symbol: a te.size_var (its range may be narrowed by the guards its callers check) or another
+    variable ranging over [0, SYMBOL_MAX] (loop variables have smaller ranges)."""
     r = ranges.get(v)
-    return r is not None and isinstance(r[1], int) and r[1] >= SYMBOL_MAX
+    return r is not None and (is_size_var(v) or isinstance(r[1], int) and r[1] >= SYMBOL_MAX)
 
 
 def max_over(lin: Lin, eliminate: set[Expr], ranges: Ranges, memo: Memo | None = None) -> Lin | None:

@@ -140,16 +140,16 @@ def test_an_array_jitop_does_not_compile_falls_back_after_its_parameter_was_made
 
 
 def test_a_static_value_that_changes_every_call_warns_once_with_what_to_do_instead():
-    """`cache[:t + 1]` in the kernel makes t static (a size): a compile per t. Past the recompile limit, one
-    JitopRecompileWarning names t and says to pass the slice (whose length then becomes symbolic)."""
-    f = jitop.kernel(lambda cache, t: cache[:t + 1].sum(axis=0))
+    """`range(t)` in the kernel needs t as a Python int: a compile per t. Past the recompile limit, one
+    JitopRecompileWarning names t, the line that keeps it static and what to do."""
+    f = jitop.kernel(lambda cache, t: sum(cache[i] for i in range(t + 1)))
     cache = np.arange(40.0).reshape(20, 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for t in range(12):
             np.testing.assert_array_equal(f(cache, t), cache[:t + 1].sum(axis=0))
     said = [str(w.message) for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)]
-    assert len(said) == 1 and "static parameter(s) t" in said[0] and "pass the slice" in said[0], said
+    assert len(said) == 1 and "static parameter(s) t" in said[0] and "range(" in said[0], said
     g = jitop.kernel(lambda x: x[:-1].sum(axis=0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
