@@ -10,7 +10,11 @@ Each case is written as numpy users write it, with in-place assignment:
   Python int), then attention of one query over the whole cache; the cache is changed in the caller's array, as
   numpy changes it. The same attention without the write beside it says what the write costs;
 - decode step, k and v computed: one head of a decode layer, its query, key and value projected from x (512 ->
-  64, float32), k and v written into their caches (1024 x 64) at t, then attention over them.
+  64, float32), k and v written into their caches (1024 x 64) at t, then attention over them;
+- a decode loop slicing its cache in the kernel (`cache[t] = k`, then attention over `cache[:t + 1]`, t a Python
+  int): t = 0, 1, 2, ... in order, each value once, as generation runs. The first 256 steps (compiles included)
+  and then the mean step over the next 512 (every t new to the function) are reported, with the kernels traced
+  (before t became a size symbol, each t was a compile of its own).
 jitop runs each compiled (a given row is written into the caller's cache before the kernel, which reads it
 there; a computed row after the kernel);
 numpy runs the same function; torch (where installed) runs the same steps with in-place tensor ops. Times are
@@ -62,6 +66,15 @@ def attention(cache, k, q, t):
     return w @ cache / w.sum()
 
 
+def decode_sliced(cache, k, q, t):
+    cache[t] = k
+    kc = cache[:t + 1]
+    scores = kc @ q / 8.0
+    scores -= scores.max()
+    w = np.exp(scores)
+    return w @ kc / w.sum()
+
+
 def decode_layer(kc, vc, x, wq, wk, wv, t):
     q = x @ wq
     kc[t] = x @ wk
@@ -104,6 +117,10 @@ def torch_versions():
         cache[t] = k
         return attention_t(cache, k, q, t)
 
+    def sliced_t(cache, k, q, t):
+        cache[t] = k
+        return attention_t(cache[:t + 1], k, q, t)
+
     def layer_t(kc, vc, x, wq, wk, wv, t):
         q = x @ wq
         kc[t] = x @ wk
@@ -113,7 +130,7 @@ def torch_versions():
         w = torch.exp(scores)
         return w @ vc / w.sum()
     return torch, {"softmax in place": softmax_t, "features": features_t, "decode step,": layer_t,
-                   "decode step": decode_t, "attention": attention_t}
+                   "decode step": decode_t, "attention": attention_t, "decode loop": sliced_t}
 
 
 def cases(quick: bool, rng: np.random.Generator) -> list[tuple[str, object, list]]:
@@ -163,6 +180,38 @@ def measure(quick: bool) -> list[list[str]]:
     return rows
 
 
+def measure_loop(quick: bool) -> list[list[str]]:
+    """The decode loop slicing its cache by t: first steps (compiles included), then the mean later step."""
+    import time
+    import jitop
+    rng = np.random.default_rng(26)
+    length, width, first, later = (512, 64, 64, 128) if quick else (1024, 64, 256, 512)
+    ks = rng.standard_normal((first + later, width)).astype(np.float32)
+    qs = rng.standard_normal((first + later, width)).astype(np.float32)
+    peers = torch_versions()
+    runs = [("numpy", decode_sliced, np.zeros((length, width), np.float32), lambda a: a)]
+    if peers is not None:
+        torch, fns = peers
+        runs.append(("torch", fns["decode loop"], torch.zeros((length, width)), torch.from_numpy))
+    kernel = jitop.kernel(decode_sliced, fallback=False)
+    runs.append(("jitop", kernel, np.zeros((length, width), np.float32), lambda a: a))
+    rows, outs = [], {}
+    for name, fn, cache, conv in runs:
+        args = [(conv(ks[t]), conv(qs[t])) for t in range(first + later)]
+        t0 = time.perf_counter()
+        for t in range(first):
+            fn(cache, *args[t], t)
+        t1 = time.perf_counter()
+        outs[name] = [np.asarray(fn(cache, *args[t], t)) for t in range(first, first + later)]
+        t2 = time.perf_counter()
+        rows.append([name, f"{(t1 - t0) * 1e3:.1f}", f"{(t2 - t1) / later * 1e6:.1f}"])
+    same = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(outs["numpy"], outs["jitop"]))
+    rows[-1] += ["yes" if same else "NO", str(kernel.traces)]
+    for r in rows[:-1]:
+        r += ["-", "-"]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
@@ -176,6 +225,10 @@ def main() -> None:
         print()
         print(table(["case", "numpy µs", "torch µs", "jitop µs", "numpy / jitop", "numpy's result and arguments",
                      "traces"], measure(args.quick)))
+        print()
+        print("decode loop slicing its cache in the kernel (cache[t] = k; attention over cache[:t + 1]; t = 0, 1, ...)")
+        print(table(["run", "first steps, ms in all", "later step, µs (mean)", "numpy's results", "traces"],
+                    measure_loop(args.quick)))
 
 
 if __name__ == "__main__":

@@ -285,8 +285,9 @@ class KernelFunction:
         params = {p.name for p in self.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)}
         names = set(kernel_cache.load_static(self.qualified_name, self._code_digest())) & params
-        symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, self._code_digest())
-        self.int_sizes.load(set(symbolic) & names, demoted)
+        if self.gpu is None:  # (a GPU kernel keys its ints by value)
+            symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, self._code_digest())
+            self.int_sizes.load(set(symbolic) & names, demoted)
         self._static_on_use |= names - self.static
         return names - self.static
 
