@@ -286,16 +286,25 @@ def resolve_graph(env: Any, inputs: list[Node], results: list[Node]) -> tuple[li
     if not env.subst:
         return inputs, results
     new: dict[int, Node] = {}
+    resolved: dict[int, Any] = {}  # id of a dim -> its resolved form (the nodes keep each dim alive meanwhile)
+
+    def resolve(d: Any) -> Any:
+        if not isinstance(d, Expr):
+            return d
+        k = id(d)
+        if k not in resolved:
+            resolved[k] = env.resolve(d)
+        return resolved[k]
 
     def param(v: Any) -> Any:
         if isinstance(v, Expr):
-            d = env.resolve(v)
+            d = resolve(v)
             return as_dim(d) if isinstance(d, Expr) else d
         return tuple(param(x) for x in v) if type(v) is tuple else v
 
     for n in toposort(inputs + results):
         src = tuple(new[id(s)] for s in n.src)
-        shape = [env.resolve(d) for d in n.shape]
+        shape = [resolve(d) for d in n.shape]
         # an input holding a size symbol keeps it (its value is read on each call; a tie is a guard)
         new[id(n)] = node(n.prim, shape, n.dtype, src, n.weak, **{k: v if k == "holds" else param(v)
                                                                   for k, v in n.params})

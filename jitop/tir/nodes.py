@@ -118,8 +118,9 @@ class PrimFunc:
 
     def symbol_sources(self) -> tuple[tuple[int, int], ...]:
         """(parameter, dimension) each symbol is read from at call time: the input whose value it is
-        (te.size_param: dimension VALUE), else its first bare occurrence as a dim of an input (parameters in order). ValueError for a symbol that is never one (its value could not
-        be read from the arguments) or for two distinct symbols with one name."""
+        (te.size_param: dimension VALUE), else its first bare occurrence as a dim of an input (parameters in
+        order). ValueError for a symbol that is never one (its value could not be read from the arguments) or
+        for two distinct symbols with one name."""
         names = [v.name for v in self.symbols]
         if len(set(names)) != len(names):
             raise ValueError(f"function '{self.name}': two distinct symbols share a name ({', '.join(names)}); "
