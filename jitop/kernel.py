@@ -452,9 +452,9 @@ class KernelFunction:
         build = functools.partial(self._build, values, run_numpy, tree, struct)
         try:
             ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
-        except _Restart as restart:  # a parameter became static: the call's key holds its value now
+        except _Restart as restart:  # a parameter became static (or a size symbol): keyed again
             static_key = self._flatten_params(values)[1]
-            if static_key == key:  # never: a static parameter is traced as its value
+            if static_key == key and restart.err is not None:  # never: a static parameter is traced as its value
                 return self._fall_back(restart.err, _BUILD_DEPTH - 1)
             return self._compile(static_key, values, run_numpy, tree)
         workloads.maybe_flush()

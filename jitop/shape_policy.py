@@ -23,9 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from jitop.graph.shapes import MIN_SYMBOL
-from jitop.tir.simplify import SYMBOL_MAX
-
 Dims = dict[int, tuple[int, ...]]  # leaf index -> its symbolic dims
 RECOMPILE_LIMIT = 8  # constant-shape kernels of one structure before a JitopRecompileWarning (torch's limit)
 
@@ -165,8 +162,8 @@ class IntPolicy:
     def varied(self, specs: tuple, names: Sequence[str], candidates: set[str]) -> set[str]:
         """The `candidates` (parameters static on use; `names`: each leaf's) whose int value in `specs` (a call's
         key, one spec per parameter) differs from the first call of the same structure: symbolic from now on."""
-        sizes = [k for k, (s, name) in enumerate(zip(specs, names))
-                 if name in candidates and name not in self.demoted and _size_spec(s)]
+        sizes = [k for k, (s, name) in enumerate(zip(specs, names)) if name in candidates and
+                 name not in self.demoted and name not in self.symbolic and _int_spec(s)]
         if not sizes:
             return set()
         erased = tuple(("static", int) if k in sizes else s for k, s in enumerate(specs))
@@ -189,12 +186,11 @@ class IntPolicy:
             self._save(sorted(self.symbolic), dict(self.demoted))
 
 
-def _size_spec(spec: Any) -> bool:
-    """A static Python int in the symbols' range (the spec `argspec` gives it)."""
-    if not (type(spec) is tuple and len(spec) == 2 and spec[0] == "static" and type(spec[1]) is tuple):
-        return False
-    t, value = spec[1][0], spec[1][-1]
-    return t is int and MIN_SYMBOL <= value <= SYMBOL_MAX
+def _int_spec(spec: Any) -> bool:
+    """A static Python int (the spec `argspec` gives it): 0 then 1 vary as much as 5 then 6 (a decode loop's
+    first steps), though only values from 2 up are served by the symbolic kernel."""
+    return type(spec) is tuple and len(spec) == 2 and spec[0] == "static" and type(spec[1]) is tuple \
+        and spec[1][0] is int
 
 
 def struct_key(key: tuple) -> Any:
