@@ -121,6 +121,11 @@ def verify() -> bool:
     return _env_int("JITOP_VERIFY", 0) != 0
 
 
+def warm_records() -> bool:
+    """JITOP_WARM_RECORDS=0: a warm process traces every function again, as before records (jitop.graph.warm)."""
+    return _env_int("JITOP_WARM_RECORDS", 1) != 0
+
+
 def autotune() -> str:
     """JITOP_AUTOTUNE: "background" tunes every @jitop.kernel's heavy workloads while the program runs ("" if unset)."""
     return os.environ.get("JITOP_AUTOTUNE", "").strip()

@@ -32,12 +32,12 @@ from jitop import config
 from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
-from jitop.driver import resolve_target
+from jitop.driver import default_target, resolve_target
 from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_device_array
 from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
-from jitop.graph import kernel_cache, mutation, writeback
+from jitop.graph import kernel_cache, mutation, warm, writeback
 from jitop.graph.numpy_api import TRACING_NUMPY
 from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
@@ -172,6 +172,7 @@ class Trace:
     writes: tuple[writeback.Write, ...] = ()
     fixed_sizes: dict[str, str] = field(default_factory=dict)  # Python int size symbols the code made ints: where
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> the range its guards leave it
+    recorded: bool = False  # the fields a call needs only, from a warm record (jitop.graph.warm): not traced
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -449,7 +450,7 @@ class KernelFunction:
             self._set_static(self.static | learned)
             return self._compile(self._keyed(values)[1], values, run_numpy, tree)
         struct = struct_key(key)
-        build = functools.partial(self._build, values, run_numpy, tree, struct)
+        build = functools.partial(self._build, values, run_numpy, tree, struct, key)
         try:
             ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
         except _Restart as restart:  # a parameter became static (or a size symbol): keyed again
@@ -463,13 +464,14 @@ class KernelFunction:
         return ov
 
     def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
-               struct: Any = None) -> Overload | Any:
+               struct: Any = None, key: Any = None) -> Overload | Any:
         # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)
         dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         if self._sizes_varied(struct):
             raise _Restart(None)
+        records = self._warm_records(key, tree, dims)
         try:
-            ov = self._trace_and_build(values, tree, struct, dims)
+            ov = self._from_record(records, values) or self._trace_and_build(values, tree, struct, dims, records)
             for name, why in ov.trace.fixed_sizes.items():
                 self.int_sizes.demote(name, why)
                 self._set_static(self.static)
@@ -531,7 +533,7 @@ class KernelFunction:
 
     def built_again(self, old: Overload) -> Overload:
         """A new kernel for `old`'s signature from its trace, configs picked anew; not swapped in."""
-        tr = old.trace
+        tr = old.trace if not old.trace.recorded else self._traced_for(old.key)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        bounds=tr.bounds, reps=tr.reps)
         exe, lookup = kernel_cache.load_or_build(prep, self.qualified_name)
@@ -565,18 +567,57 @@ class KernelFunction:
         return FALLBACK
 
     def _trace_and_build(self, values: Sequence[Any], tree: Any = None, struct: Any = None,
-                         dims: Mapping[int, Sequence[int]] | None = None) -> Overload:
+                         dims: Mapping[int, Sequence[int]] | None = None,
+                         records: tuple[str, str] | None = None) -> Overload:
         """Trace (with `dims` symbolic: leaf index -> dims) and build. A symbolic trace or build that fails is
-        done again with constant dims; if that works, this structure stays constant (the reason is kept)."""
+        done again with constant dims; if that works, this structure stays constant (the reason is kept).
+        `records`: where the next process finds the kernel without tracing (`_warm_records`)."""
         if dims:
             try:
-                return self._build_trace(self.trace(values, tree, dims))
+                return self._build_trace(self.trace(values, tree, dims), records)
             except Exception as err:  # noqa: BLE001 - the safety net: a symbol never makes a call fail
                 symbolic_error = err
-            ov = self._build_trace(self.trace(values, tree))  # its error, if any, is the call's
+            ov = self._build_trace(self.trace(values, tree), records)  # its error, if any, is the call's
             self.policy.refuse(struct, f"{type(symbolic_error).__name__}: {symbolic_error}")
             return ov
-        return self._build_trace(self.trace(values, tree))
+        return self._build_trace(self.trace(values, tree), records)
+
+    def _traced_for(self, key: tuple) -> Trace:
+        """The trace of a signature whose overload came from a warm record (its key `_recordable`: arrays of no
+        memory of their own stand in for the arguments; the trace reads only their shapes and dtypes)."""
+        values = [_stand_in_for(spec) for spec in key]
+        return self.trace(values, None, self._dynamic_dims(struct_key(key), values, None))
+
+    def _warm_records(self, key: Any, tree: Any, dims: Mapping[int, Sequence[int]]) -> tuple[str, str] | None:
+        """Where this call's warm record may be (jitop.graph.warm): keyed by the call's exact key, and (a symbolic
+        kernel's, serving other sizes) by its structure. None: a GPU kernel, a call with containers or with
+        static values other than Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
+        if self.gpu is not None or tree is not None or key is None or key[:1] in (("pytree",), ("unhashable",)) \
+                or not all(_recordable(s) for s in key) or not config.warm_records():
+            return None
+        printed = warm.fingerprint(self.fn)
+        if printed is None:
+            return None
+        parts = (self.qualified_name, printed, dims, default_target().key, kernel_cache.code_version())
+        return warm.record_key(parts, key), warm.record_key(parts, struct_key(key))
+
+    def _from_record(self, records: tuple[str, str] | None, values: Sequence[Any]) -> Overload | None:
+        """The overload a warm record names for this call, built without tracing, or None. (Its `trace` holds
+        what a call needs only; `explain` and a rebuild trace the function.)"""
+        for k, where in enumerate(records or ()):
+            found = warm.load(where)
+            if found is None:
+                continue
+            exe, result, writes, python_ints, tasks = found
+            symbolic = bool(exe.module.symbols or exe.plan.guards)
+            if symbolic != (k == 1) or symbolic and not exe.accepts(values):
+                continue
+            # (a fingerprinted function reads no array by name: its guards are values, checked on each call)
+            guards = capture(self.fn, True, Tracer).guards
+            tr = Trace(result=result, writes=writes, python_ints=python_ints, guards=guards, recorded=True)
+            lookup = kernel_cache.Lookup("hit", reason="named by a warm record: the function was not traced")
+            return self._overload(exe, tr, lookup, tasks)
+        return None
 
     def _dynamic_dims(self, struct: Any, values: Sequence[Any], tree: Any) -> dict[int, tuple[int, ...]]:
         shapes = [v.shape if isinstance(v, np.ndarray) else None for v in values]
@@ -591,7 +632,7 @@ class KernelFunction:
             return list(self.signature.parameters)
         return [p for name, d in zip(self.signature.parameters, tree[1]) for p in pytree.paths(d, name)]
 
-    def _build_trace(self, tr: Trace) -> Overload:
+    def _build_trace(self, tr: Trace, records: tuple[str, str] | None = None) -> Overload:
         if self.gpu is not None:
             if any(w.early is None for w in tr.writes):  # (a row given as an argument is written before the kernel)
                 raise Unsupported("in-place assignment of a computed value to an argument of a GPU kernel",
@@ -609,6 +650,9 @@ class KernelFunction:
         exe.set_result(tr.result)
         if tr.sizes:
             tr.flops = flops_at(prep, tr.env)
+        if records is not None and tr.arg_tree is None:
+            symbolic = bool(exe.module.symbols or exe.plan.guards)
+            warm.save(records[symbolic], prep, lookup.key, tr.result, tr.writes, tr.python_ints)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
@@ -837,6 +881,8 @@ class KernelFunction:
             text = explain_gpu(self.__name__, entry.exe, entry.trace, cached, self.gpu, shapes)
         else:
             from jitop.graph.explain import describe, shape_lines
+            if entry.trace.recorded:  # built from a warm record: traced now, the disk cache's kernel shown
+                entry = self._build_trace(self.trace(values, tree, self._dynamic_dims(struct, values, tree)))
             func = entry.exe.func
             if func is None:  # loaded from disk without its loop IR: rebuilt for display only
                 tr = entry.trace
@@ -1009,6 +1055,29 @@ def _leaf_specs(key: tuple) -> tuple | None:
     if key[:1] == ("unhashable",):
         return None
     return key[2] if key[:1] == ("pytree",) else key
+
+
+def _recordable(spec: Any) -> bool:
+    """A leaf's key part a warm record may be keyed by: an array's dtype and shape, a scalar's type, a size
+    symbol's value, a static Python scalar (its value), a numpy scalar's dtype."""
+    if type(spec) is not tuple or not spec:
+        return False
+    if isinstance(spec[0], np.dtype):
+        return True
+    if spec[0] == "static":
+        return type(spec[1]) is tuple and spec[1][:1] in ((int,), (float,), (bool,))
+    return spec[0] in ("scalar", "symint", "npscalar")
+
+
+def _stand_in_for(spec: tuple) -> Any:
+    """A value with this `_recordable` key part (an array: one zero seen at every index)."""
+    if isinstance(spec[0], np.dtype):
+        return np.ndarray(spec[1], spec[0], buffer=np.zeros(1, spec[0]), strides=(0,) * len(spec[1]))
+    if spec[0] == "scalar":
+        return spec[1](0)
+    if spec[0] == "npscalar":
+        return np.dtype(spec[1]).type(0)
+    return spec[1] if spec[0] == "symint" else spec[1][1]  # a size symbol's value, a static scalar's
 
 
 def _identifier(path: str) -> str:

@@ -276,6 +276,30 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
     return exe, ""
 
 
+def load_named(key_json: str, built_for: str, constants: list[np.ndarray]) -> Executable | None:
+    """The stored kernel a warm record names (jitop.graph.warm), or None: its entry must be stored under that key
+    and built for that signature (`built_for`: `signature`'s JSON); `constants`: the arrays it reads after its
+    arguments (the record keeps them). Never raises because of the cache."""
+    st = store()
+    if st is _NULL:
+        return None
+
+    def built_for_this(params: list[ParamSpec], plan: Plan) -> None:  # before its object code is linked in
+        if json.dumps(executable_signature(params, plan)) != built_for:
+            raise _OtherEntry("signature")
+    try:
+        key = Key.from_json(key_json)
+        blob = st.get(KERNEL + key.digest)
+        if blob is None:
+            return None
+        head, body = parse_entry(blob)
+        if head["key"] != key.to_json() or json.dumps(head["signature"]) != built_for:
+            return None
+        return Executable.from_bytes(body, constants=constants, expect=built_for_this)
+    except (_OtherEntry, ValueError, TypeError, KeyError, TargetMismatchError):
+        return None
+
+
 def _remove(st: DiskStore | NullStore, key: Key) -> None:
     st.delete(KERNEL + key.digest)
     st.delete(_info_key(key))
