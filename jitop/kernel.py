@@ -605,7 +605,7 @@ class KernelFunction:
         """The overload a warm record names for this call, built without tracing, or None. (Its `trace` holds
         what a call needs only; `explain` and a rebuild trace the function.)"""
         for k, where in enumerate(records or ()):
-            found = warm.load(where)
+            found = warm.load(where, default_target())
             if found is None:
                 continue
             exe, result, writes, python_ints, tasks = found

@@ -34,6 +34,7 @@ from jitop.cachedir import NULL, store
 from jitop.graph.capture import LiveArray, code_objects
 from jitop.graph.compile import Prepared, kernel_constants, read_constants
 from jitop.graph.kernel_cache import load_named, signature
+from jitop.graph.to_te import choice_line
 from jitop.graph.writeback import Write
 from jitop.runtime.executable import Executable
 from jitop.tuner.task import Task, pick
@@ -157,10 +158,10 @@ def save(where: str, prep: Prepared, kernel_key: Any, result: Any, writes: tuple
         pass
 
 
-def load(where: str) -> tuple[Executable, Any, tuple[Write, ...], bool, list[Task]] | None:
+def load(where: str, target: Any) -> tuple[Executable, Any, tuple[Write, ...], bool, list[Task]] | None:
     """(kernel, result tree, writes, python_ints, tasks) of the record at `where`, or None: no record, one that
     is not well-formed, names a kernel not stored (or not built for its signature), or was made with configs
-    other than those the tuning sources pick now (a tuned record arrived since)."""
+    other than those the tuning sources pick now for `target` (a tuned record arrived since)."""
     st = store()
     if st is NULL:
         return None
@@ -171,17 +172,21 @@ def load(where: str) -> tuple[Executable, Any, tuple[Write, ...], bool, list[Tas
         rec = loads(blob)
         if rec.get("schema") != SCHEMA or type(rec["python_ints"]) is not bool:
             return None
-        tasks = []
-        for task_json, config in rec["tasks"]:
+        tasks, templates = [], []
+        for k, (task_json, config) in enumerate(rec["tasks"]):
             task = Task.from_json(task_json)
-            if json.dumps(pick(task).config.as_dict(), sort_keys=True) != config:
+            choice = pick(task)
+            if json.dumps(choice.config.as_dict(), sort_keys=True) != config:
                 return None
             tasks.append(task)
+            templates.append(choice_line(f"{task.template}{k}", task, choice, target))
         writes = tuple(_write(*w) for w in rec["writes"])
         exe = load_named(rec["kernel"], rec["signature"], [_array(*c) for c in rec["constants"]])
         if exe is None:
             return None
         exe.set_result(rec["result"])  # (checked: a tree over the kernel's results)
+        exe.templates = templates
+        exe.decisions = ["named by a warm record: the function was not traced (explain traces it)"]
         return exe, rec["result"], writes, rec["python_ints"], tasks
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OSError):
         return None
