@@ -326,12 +326,13 @@ def test_issue_case_in_a_child_process(tmp_path, verify):
 
 
 def test_the_check_runs_once_per_signature_not_per_call(monkeypatch):
-    """The entry is checked when it is loaded (once per signature per process); calls never repeat it."""
+    """The entry is checked when it is loaded (once per signature per process, whether a warm record named it or
+    a trace found it); calls never repeat it."""
     a = np.ones(16, np.float32)
     jitop.kernel(add, fallback=False)(a, a)  # stored
     calls = []
-    real = kernel_cache.signature
-    monkeypatch.setattr(kernel_cache, "signature", lambda prep: calls.append(1) or real(prep))
+    real = kernel_cache.executable_signature
+    monkeypatch.setattr(kernel_cache, "executable_signature", lambda *args: calls.append(1) or real(*args))
     k = jitop.kernel(add, fallback=False)
     for _ in range(50):
         k(a, a)

@@ -253,7 +253,7 @@ def test_a_warm_second_process_serves_twenty_sizes_with_zero_compiles(tmp_path):
     assert cold["compiles"] >= 1
     warm = run(list(range(30, 50)))  # 20 sizes it never saw, the first of them too
     assert warm["compiles"] == 0, warm
-    assert warm["traces"] == 1
+    assert warm["traces"] == 0  # the symbolic kernel's warm record serves a new size (jitop.graph.warm)
 
 
 def test_explain_shows_the_symbols_ties_guards_and_why():

@@ -80,9 +80,10 @@ def test_int_sizes_in_any_order_match_numpy(values):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * 29, equal_nan=True)
 
 
-def test_the_decision_is_kept_for_the_next_process():
+def test_the_decision_is_kept_for_the_next_process(monkeypatch):
     """A fresh function object of the same code (a new process's) starts with t a size symbol: its first call
-    traces once and compiles the symbolic kernel."""
+    traces once (without the warm record that would name the kernel: jitop.graph.warm)."""
+    monkeypatch.setenv("JITOP_WARM_RECORDS", "0")
     x = np.arange(30.0)
     first = jitop.kernel(lambda x, n: x[:n] * 2)
     for n in (4, 5, 6):
