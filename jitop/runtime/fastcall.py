@@ -831,9 +831,8 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
     does not load (not an object file, or one without the entry's symbol: another component's) is a miss and is
     removed (the cache never makes a call fail, nor leaves the entry unavailable from one process to the next):
     compiled again if allowed, else None (a later caller that may compile builds and stores it)."""
-    ll = _entry_ir()
     host = Target.host()
-    key = "fastcall-" + hashlib.sha256(json.dumps([ll, host.triple, host.cpu, host.features,
+    key = "fastcall-" + hashlib.sha256(json.dumps([_entry_sources(), host.triple, host.cpu, host.features,
                                                    llvm_version()]).encode()).hexdigest()
     store = _object_store()
     obj = store.get(key)
@@ -844,10 +843,21 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
             getattr(store, "delete", lambda _: None)(key)
     if not compile:
         return None
-    _, obj = compile_ir(ll, host)
+    _, obj = compile_ir(_entry_ir(), host)
     loaded = _load(api, obj)
     store.put(key, obj)
     return loaded
+
+
+def _entry_sources() -> str:
+    """A digest of the modules the entry's IR is generated from (this one, copy_in, dimprog, ir_words): its
+    cache key, so a process that loads the stored entry never generates the IR (~8 ms)."""
+    from jitop.runtime import copy_in, ir_words
+    h = hashlib.sha256()
+    for module in (sys.modules[__name__], copy_in, dimprog, ir_words):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 def _pyapi(name: str, restype: Any, *argtypes: Any) -> Any:
