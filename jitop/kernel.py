@@ -471,7 +471,8 @@ class KernelFunction:
             raise _Restart(None)
         records = self._warm_records(key, tree, dims)
         try:
-            ov = self._from_record(records, values) or self._trace_and_build(values, tree, struct, dims, records)
+            ov = self._from_record(records, values, tree) or \
+                self._trace_and_build(values, tree, struct, dims, records)
             for name, why in ov.trace.fixed_sizes.items():
                 self.int_sizes.demote(name, why)
                 self._set_static(self.static)
@@ -585,15 +586,17 @@ class KernelFunction:
     def _traced_for(self, key: tuple) -> Trace:
         """The trace of a signature whose overload came from a warm record (its key `_recordable`: arrays of no
         memory of their own stand in for the arguments; the trace reads only their shapes and dtypes)."""
-        values = [_stand_in_for(spec) for spec in key]
-        return self.trace(values, None, self._dynamic_dims(struct_key(key), values, None))
+        tree, specs = (key[1], key[2]) if key[:1] == ("pytree",) else (None, key)
+        values = [_stand_in_for(spec) for spec in specs]
+        return self.trace(values, tree, self._dynamic_dims(struct_key(key), values, tree))
 
     def _warm_records(self, key: Any, tree: Any, dims: Mapping[int, Sequence[int]]) -> tuple[str, str] | None:
         """Where this call's warm record may be (jitop.graph.warm): keyed by the call's exact key, and (a symbolic
-        kernel's, serving other sizes) by its structure. None: a GPU kernel, a call with containers or with
-        static values other than Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
-        if self.gpu is not None or tree is not None or key is None or key[:1] in (("pytree",), ("unhashable",)) \
-                or not all(_recordable(s) for s in key) or not config.warm_records():
+        kernel's, serving other sizes) by its structure. None: a GPU kernel, a call with static values other than
+        Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
+        specs = key[2] if key is not None and key[:1] == ("pytree",) else key
+        if self.gpu is not None or key is None or key[:1] == ("unhashable",) or \
+                not all(_recordable(s) for s in specs) or not config.warm_records():
             return None
         printed = warm.fingerprint(self.fn)
         if printed is None:
@@ -601,7 +604,7 @@ class KernelFunction:
         parts = (self.qualified_name, printed, dims, default_target().key, kernel_cache.code_version())
         return warm.record_key(parts, key), warm.record_key(parts, struct_key(key))
 
-    def _from_record(self, records: tuple[str, str] | None, values: Sequence[Any]) -> Overload | None:
+    def _from_record(self, records: tuple[str, str] | None, values: Sequence[Any], tree: Any) -> Overload | None:
         """The overload a warm record names for this call, built without tracing, or None. (Its `trace` holds
         what a call needs only; `explain` and a rebuild trace the function.)"""
         for k, where in enumerate(records or ()):
@@ -614,7 +617,8 @@ class KernelFunction:
                 continue
             # (a fingerprinted function reads no array by name: its guards are values, checked on each call)
             guards = capture(self.fn, True, Tracer).guards
-            tr = Trace(result=result, writes=writes, python_ints=python_ints, guards=guards, recorded=True)
+            tr = Trace(result=result, writes=writes, python_ints=python_ints, guards=guards, arg_tree=tree,
+                       recorded=True)
             lookup = kernel_cache.Lookup("hit", reason="named by a warm record: the function was not traced")
             return self._overload(exe, tr, lookup, tasks)
         return None
@@ -650,7 +654,7 @@ class KernelFunction:
         exe.set_result(tr.result)
         if tr.sizes:
             tr.flops = flops_at(prep, tr.env)
-        if records is not None and tr.arg_tree is None:
+        if records is not None:
             symbolic = bool(exe.module.symbols or exe.plan.guards)
             warm.save(records[symbolic], prep, lookup.key, tr.result, tr.writes, tr.python_ints)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])

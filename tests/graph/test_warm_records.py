@@ -96,6 +96,16 @@ def test_writes_into_arguments_come_from_the_record():
     assert again.traces == 0
 
 
+def test_a_call_with_a_dict_of_weights_comes_from_the_record():
+    x, w = _args()
+    params = {"w": w, "scale": 2.0, "shift": np.float32(3)}
+    f = lambda x, p: np.tanh(x @ p["w"]) * p["scale"] + p["shift"]  # noqa: E731
+    want = jitop.kernel(f)(x, params)
+    again = jitop.kernel(f)
+    np.testing.assert_array_equal(again(x, params), want)
+    assert again.traces == 0
+
+
 def test_a_captured_array_is_traced_in_every_process():
     table = np.arange(8.0)
     f = lambda x: x + table  # noqa: E731 - read in place, guarded: no record
@@ -182,3 +192,20 @@ def test_a_new_process_does_not_trace(tmp_path):
     outs = [r.stdout.split() for r in runs]
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert outs[0][0] == outs[1][0] and outs[0][1] == "1" and outs[1][1] == "0"
+
+
+@pytest.mark.parametrize("pytree", [False, True])
+def test_a_recorded_kernel_is_built_again_from_a_fresh_trace(pytree):
+    """A background rebuild (a tuned record arrived) of a kernel a record named traces with stand-in arguments."""
+    x, w = _args()
+    f = (lambda x, p: block(x, p["w"])) if pytree else block
+    args = (x, {"w": w}) if pytree else (x, w)
+    want = jitop.kernel(f)(*args)
+    again = jitop.kernel(f)
+    again(*args)
+    (ov,) = again.cache.values()
+    assert ov.trace.recorded
+    new = again.built_again(ov)
+    assert not new.trace.recorded and again.traces == 1
+    values = again._bind(args, {})[0]
+    np.testing.assert_allclose(new.call(values), want, rtol=1e-6, atol=1e-6)
