@@ -11,11 +11,13 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import jitop
 from jitop.cachedir import store
 from jitop.graph import warm
-from jitop.tuner.task import Choice, add_source, remove_source
+from test_hypothesis_programs import check_program, programs
+from tuning_fakes import tuned_source
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -119,18 +121,9 @@ def test_a_captured_array_is_traced_in_every_process():
 def test_a_new_tuned_config_is_not_served_from_an_older_record():
     x, w = _args()
     jitop.kernel(block)(x, w)
-    chosen = {}
-
-    def tuned(task):
-        space = task.config_space()
-        chosen["config"] = space.get(len(space) // 3)
-        return Choice(chosen["config"], "tuned")
-    add_source(tuned)
-    try:
+    with tuned_source() as chosen:
         again = jitop.kernel(block)
         got = again(x, w)
-    finally:
-        remove_source(tuned)
     assert again.traces == 1 and chosen
     np.testing.assert_allclose(got, block(x, w), rtol=1e-5, atol=1e-5)
 
@@ -209,3 +202,21 @@ def test_a_recorded_kernel_is_built_again_from_a_fresh_trace(pytree):
     assert not new.trace.recorded and again.traces == 1
     values = again._bind(args, {})[0]
     np.testing.assert_allclose(new.call(values), want, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+    HealthCheck.function_scoped_fixture])
+@given(programs())
+def test_random_programs_from_their_records_match_numpy(prog):
+    """test_hypothesis_programs' random programs, each compiled once and then run by a fresh function object
+    that finds the kernel through its warm record (not traced), against numpy."""
+    def from_record(fn):
+        def run(*args):
+            jitop.kernel(fn, fallback=False)(*[a.copy() for a in args])
+            fresh = jitop.kernel(fn, fallback=False)
+            out = fresh(*args)
+            assert fresh.traces == 0
+            return out
+        return run
+    check_program(prog, from_record)

@@ -12,6 +12,7 @@ from jitop.tuner import registry
 from jitop.tuner.space import Config
 from jitop.tuner.task import Choice, Task, add_source, pick, remove_source
 from targets import HOST, runnable_targets
+from tuning_fakes import tuned_source
 
 MATMUL_FIELDS = dict(m=7, n=19, k=5, dtype="float32", a_batch=(2,), b_batch=())
 CONV_FIELDS = dict(n=1, c=3, h=9, w=8, oc=5, kh=3, kw=3, stride=(2, 1), pads=(1, 1, 0, 1), dilation=(1, 1),
@@ -123,17 +124,8 @@ def test_graph_builds_the_picked_config_and_explain_says_so():
     @jitop.kernel
     def f(a, b):
         return np.maximum(a @ b, 0)
-    chosen = {}
-
-    def tuned(task):
-        space = task.config_space()
-        chosen["config"] = space.get(len(space) // 3)
-        return Choice(chosen["config"], "tuned")
-    add_source(tuned)
-    try:
+    with tuned_source() as chosen:
         text = f.explain(a, b)
         got = f(a, b)
-    finally:
-        remove_source(tuned)
     assert "tuned config" in text and chosen["config"].to_json() in text
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
