@@ -13,7 +13,7 @@ from typing import Any
 
 from jitop.cli.common import CommandError, table
 
-KINDS = {"kernels": ("kernel/", "kernel-info/"), "tuned": ("tuned/",), "workloads": ("workload/",),
+KINDS = {"kernels": ("kernel/", "kernel-info/", "warm/"), "tuned": ("tuned/",), "workloads": ("workload/",),
          "runtime": ("pool/", "fastcall/"), "peaks": ("machine/peak/",)}
 LISTED = ("kernels", "tuned", "workloads", "peaks")
 
