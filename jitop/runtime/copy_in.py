@@ -106,7 +106,9 @@ def _constant(entry: Any, dim: int) -> int:
 
 
 def _nbytes(info: InputInfo) -> int:
-    """An array input's bytes."""
+    """An array input's bytes; ValueError for one of a symbolic shape (the entry compares byte ranges it knows)."""
+    if any(type(d) is not int for d in info[3]):
+        raise ValueError(f"argument {info[1]} has a symbolic shape {info[3]}: its bytes are not known here")
     return info[2].itemsize * int(np.prod(info[3], dtype=np.int64))
 
 
