@@ -492,13 +492,14 @@ class KernelFunction:
                 raise _Restart(None) from None
             return self._fall_back(err, _BUILD_DEPTH)
         except Exception as err:
-            if self._sizes_failed(struct, err):
-                raise _Restart(None) from None
             # numpy's own error (a shape mismatch, say) must surface as numpy raises it; if numpy
-            # succeeds, jitop failed on valid code: run it as numpy rather than break it
+            # succeeds, jitop failed on valid code: run it as numpy rather than break it (or, where a size
+            # symbol was traced, trace again with the int's value: a bad call never makes it static for good)
             numpy_error = None if run_numpy is None else self._numpy_raises(run_numpy)
             if run_numpy is None or numpy_error is not None and type(numpy_error) is type(err):
                 raise
+            if self._sizes_failed(struct, err):
+                raise _Restart(None) from None
             if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
                 raise numpy_error
             return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
@@ -725,9 +726,11 @@ class KernelFunction:
                 tr.shape_guards.append(f"{held.name} == {tied if isinstance(tied, int) else expr_str(tied)}")
         for sp in env.specialised:
             for sym in sp.symbols:
-                self.policy.static[tr.symbols[sym]] = str(sp)
-                if tr.symbols[sym][1] == VALUE:  # a Python int the code needs as an int: static again
-                    tr.fixed_sizes[tr.symbols[sym][0]] = str(sp)
+                leaf, dim = tr.symbols[sym]
+                if dim == VALUE:  # a Python int the code needs as an int: static again
+                    tr.fixed_sizes[leaf] = str(sp)
+                else:
+                    self.policy.static[(leaf, dim)] = str(sp)
 
     def _trace_into(self, tr: Trace, leaves: list, specs: tuple, tree: Any,
                     dynamic: Mapping[int, Sequence[int]]) -> None:

@@ -147,3 +147,15 @@ def test_guards_bound_a_symbol_for_lowering():
         t, u = SymInt(env.symbol("t", 5), env), SymInt(env.symbol("u", 9), env)
         assert t + 1 <= 256 and 3 * u >= 20 and t * u > 3
     assert env.bounds() == {"t": (2, 255), "u": (7, 2 ** 48 - 1)}
+
+
+def test_a_call_numpy_rejects_raises_numpys_error_and_keeps_the_size_symbol():
+    """numpy's error for one bad call (a broadcast of mismatched sizes) is the call's; the int stays a symbol."""
+    kf = jitop.kernel(lambda x, y, n: x[:n] + y)
+    x, y = np.arange(20.0), np.ones(6)
+    for n in (4, 5, 6):
+        np.testing.assert_array_equal(kf(x, np.ones(n), n), x[:n] + 1)
+    with pytest.raises(ValueError):
+        kf(x, y, 9)
+    assert kf.int_sizes.symbolic == {"n"} and not kf.int_sizes.demoted
+    np.testing.assert_array_equal(kf(x, np.ones(7), 7), x[:7] + 1)
