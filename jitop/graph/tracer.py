@@ -159,6 +159,12 @@ class Tracer:
             "operations inside @jitop.kernel, or call the function with fallback=True (the default)")
 
     def __bool__(self) -> bool:
+        ints = [n for n in toposort([self.node]) if n.prim == "scalar_arg"] if self.node.weak else []
+        if ints and all(n.dtype.is_int or n.dtype.is_bool for n in ints):
+            # `if t > 0:` on Python int arguments: they are made static on use (a size symbol, guarded, once one
+            # varies); a float's truth stays numpy's (a compile per value of a float that changes every call
+            # would cost more than it saves)
+            self._concrete("a truth value (`if`, `while`, `and`/`or`)")
         raise Unsupported("Python control flow on a traced value (`if`, `while`, `and`/`or` on an array)",
                           "use np.where(cond, a, b) instead of if/else, or mark the argument static")
 

@@ -504,7 +504,8 @@ class _SymbolicShapes:
 
     def _bound(self, env: dict[str, int]) -> str:
         def source(sym: Any) -> str:
-            return f"argument '{self.params[sym.param].name}' dimension {sym.dim}"
+            where = "value" if sym.dim == VALUE else f"dimension {sym.dim}"
+            return f"argument '{self.params[sym.param].name}' {where}"
         return ", ".join(f"{sym.name} = {env[sym.name]} (from {source(sym)})" for sym in self.symbols)
 
 

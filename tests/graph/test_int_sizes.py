@@ -43,6 +43,7 @@ def test_a_decode_step_slicing_its_cache_by_t_compiles_once_for_every_t():
     assert kf.traces <= 4  # t = 0 (twice: a run-time value, then static), 1, then the symbolic kernel
     (ov,) = _size_overloads(kf)
     assert ov.spec is not None and ov.spec.calls > 50  # the native entry served the steps (its copy too)
+    assert not ov.exe.module.checked  # every access proved in bounds (the guards bound t), none checked per call
 
 
 def test_a_size_beyond_the_array_is_numpys_error_and_a_size_inside_it_still_works():
@@ -159,3 +160,23 @@ def test_a_call_numpy_rejects_raises_numpys_error_and_keeps_the_size_symbol():
         kf(x, y, 9)
     assert kf.int_sizes.symbolic == {"n"} and not kf.int_sizes.demoted
     np.testing.assert_array_equal(kf(x, np.ones(7), 7), x[:7] + 1)
+
+
+def branchy(x, n):
+    if n > 10:  # the same graph either way: only the guard differs
+        return x[:n] * 2
+    return x[:n] * 2
+
+
+def test_kernels_of_one_graph_under_other_guards_are_stored_apart(monkeypatch):
+    """`if n > 10:` on an int argument makes it static on use, then a size symbol with the branch as a guard (it
+    ran as numpy before). A kernel stored for n <= 10 is not the kernel of a trace that decided n > 10 (the disk
+    cache's key holds the guards): a new function object finds its own."""
+    monkeypatch.setenv("JITOP_WARM_RECORDS", "0")
+    x = np.arange(40.0)
+    first = jitop.kernel(branchy, fallback=False)
+    for n in (4, 5, 6):
+        first(x, n)
+    again = jitop.kernel(branchy, fallback=False)
+    np.testing.assert_array_equal(again(x, 20), x[:20] * 2)
+    np.testing.assert_array_equal(again(x, 7), x[:7] * 2)
