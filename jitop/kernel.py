@@ -285,9 +285,10 @@ class KernelFunction:
         self._static_loaded = True
         params = {p.name for p in self.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)}
-        names = set(kernel_cache.load_static(self.qualified_name, self._code_digest())) & params
+        code = self._code_digest()
+        names = set(kernel_cache.load_static(self.qualified_name, code)) & params
         if self.gpu is None:  # (a GPU kernel keys its ints by value)
-            symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, self._code_digest())
+            symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, code)
             self.int_sizes.load(set(symbolic) & names, demoted)
         self._static_on_use |= names - self.static
         return names - self.static
@@ -504,21 +505,25 @@ class KernelFunction:
                 raise numpy_error
             return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
 
+    def _param_leaves(self, struct: Any) -> list[str] | None:
+        """The parameters' names where `struct` has one leaf per parameter (no containers, no *args), else None:
+        only such a parameter's int may be a size symbol."""
+        names = list(self.signature.parameters)
+        return None if struct is None or struct[:1] == ("pytree",) or len(struct) != len(names) else names
+
     def _sizes_varied(self, struct: Any) -> bool:
         """Whether this call makes Python int parameters size symbols (their value varied; IntPolicy): then it is
         keyed again. Only for parameters that are leaves of their own, on the CPU."""
-        names = list(self.signature.parameters)
-        if self.gpu is not None or struct is None or struct[:1] == ("pytree",) or len(struct) != len(names):
-            return False
-        if not self.int_sizes.varied(struct, names, self._static_on_use):
+        names = self._param_leaves(struct)
+        if self.gpu is not None or names is None or not self.int_sizes.varied(struct, names, self._static_on_use):
             return False
         self._set_static(self.static)
         return True
 
     def _sizes_failed(self, struct: Any, err: Exception) -> bool:
         """After a trace with size symbols failed (`err`): those parameters static again, True (keyed again)."""
-        names = list(self.signature.parameters)
-        if struct is None or struct[:1] == ("pytree",) or len(struct) != len(names):
+        names = self._param_leaves(struct)
+        if names is None:
             return False
         failed = [name for name, spec in zip(names, struct) if spec[:1] == ("symint",)]
         for name in failed:

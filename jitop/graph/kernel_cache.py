@@ -248,19 +248,8 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
     blob = st.get(KERNEL + key.digest)
     if blob is None:
         return None, "no entry with this key" + _nearest_reason(st, key)
-    expected = signature(prep)
-
-    def built_for_this(params: list[ParamSpec], plan: Plan) -> None:  # before its object code is linked in
-        if executable_signature(params, plan) != expected:
-            raise _OtherEntry("signature")
-
     try:
-        head, body = parse_entry(blob)
-        if head["key"] != key.to_json():
-            raise _OtherEntry("key")
-        if head["signature"] != expected:
-            raise _OtherEntry("signature")
-        exe = Executable.from_bytes(body, constants=kernel_constants(prep), expect=built_for_this)
+        exe = _entry_executable(blob, key, signature(prep), kernel_constants(prep))
     except _OtherEntry as other:  # a valid entry, copied or moved under this key: never called
         _remove(st, key)
         return None, f"the stored entry was built for another {other} and was removed"
@@ -276,6 +265,22 @@ def _load(st: DiskStore, key: Key, prep: Prepared) -> tuple[Executable | None, s
     return exe, ""
 
 
+def _entry_executable(blob: bytes, key: Key, expected: list, constants: list[np.ndarray]) -> Executable:
+    """The Executable of a stored entry, checked to be stored under `key` and built for the signature `expected`
+    (`signature`'s data) before its object code is linked in: _OtherEntry if it is not, ValueError (or
+    TargetMismatchError) if it is damaged or not for this machine."""
+    def built_for_this(params: list[ParamSpec], plan: Plan) -> None:
+        if executable_signature(params, plan) != expected:
+            raise _OtherEntry("signature")
+
+    head, body = parse_entry(blob)
+    if head["key"] != key.to_json():
+        raise _OtherEntry("key")
+    if head["signature"] != expected:
+        raise _OtherEntry("signature")
+    return Executable.from_bytes(body, constants=constants, expect=built_for_this)
+
+
 def load_named(key_json: str, built_for: str, constants: list[np.ndarray]) -> Executable | None:
     """The stored kernel a warm record names (jitop.graph.warm), or None: its entry must be stored under that key
     and built for that signature (`built_for`: `signature`'s JSON); `constants`: the arrays it reads after its
@@ -283,19 +288,10 @@ def load_named(key_json: str, built_for: str, constants: list[np.ndarray]) -> Ex
     st = store()
     if st is _NULL:
         return None
-
-    def built_for_this(params: list[ParamSpec], plan: Plan) -> None:  # before its object code is linked in
-        if json.dumps(executable_signature(params, plan)) != built_for:
-            raise _OtherEntry("signature")
     try:
         key = Key.from_json(key_json)
         blob = st.get(KERNEL + key.digest)
-        if blob is None:
-            return None
-        head, body = parse_entry(blob)
-        if head["key"] != key.to_json() or json.dumps(head["signature"]) != built_for:
-            return None
-        return Executable.from_bytes(body, constants=constants, expect=built_for_this)
+        return None if blob is None else _entry_executable(blob, key, json.loads(built_for), constants)
     except (_OtherEntry, ValueError, TypeError, KeyError, TargetMismatchError):
         return None
 
