@@ -110,9 +110,7 @@ def plan_dims(symbols: Sequence[str], inputs: Sequence[Sequence[Dim]], outputs: 
     input's dimension on its own or `held` (the entry binds those from int arguments: their values), ValueError
     otherwise, or when slots, stack or output dims run out.
     """
-    b = _Builder(list(symbols))
-    b.held = set(held) & set(symbols)
-    b.bound |= b.held
+    b = _Builder(list(symbols), held)
     words = [[b.input_word(d) for d in dims] for dims in inputs]
     missing = [s for s in symbols if s not in b.bound]
     if missing:
@@ -131,14 +129,14 @@ def plan_dims(symbols: Sequence[str], inputs: Sequence[Sequence[Dim]], outputs: 
 
 
 class _Builder:
-    def __init__(self, symbols: list[str]):
+    def __init__(self, symbols: list[str], held: Sequence[str] = ()):
         if len(set(symbols)) != len(symbols) or len(symbols) > MAX_SLOTS:
             raise ValueError(f"symbols {symbols} must be distinct and at most {MAX_SLOTS}")
         self.slots = {s: k for k, s in enumerate(symbols)}
-        self.bound: set[str] = set()
         # symbols the entry binds from int arguments, in whatever order they come: a dim equal to one is checked
         # by the program (after every input matched), never tied to a slot that may not hold it yet
-        self.held: set[str] = set()
+        self.held = set(held) & set(symbols)
+        self.bound: set[str] = set(self.held)
         self.checks: list[tuple[str, int]] = []   # (an input dim's expression, the slot holding the dim)
         self.n_slots, self.n_odims = len(symbols), 0
         self.program: list[int] = []

@@ -1041,7 +1041,7 @@ class Spec:
         prog_at = len(words) if plan else 0
         words += plan.program if plan else []
         copies_at = len(words) if copies else 0
-        words += self._copies(copies, inputs, outputs, plan) if copies else []
+        words += self._copies(copies, inputs, outputs) if copies else []
         gil = GIL_FROM_PROGRAM if plan and release_gil is None else \
             int(_nbytes(inputs, outputs) >= RELEASE_GIL_BYTES if release_gil is None else release_gil)
         words[:S_RECORDS] = self._head(nargs, inputs, outputs, kernel_address, gil, error_flag, raise_error,
@@ -1054,8 +1054,8 @@ class Spec:
         weakref.finalize(self, _drop_spares, self.words, slots)
 
     @staticmethod
-    def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const], outputs: Sequence[Output],
-                plan: Any) -> list[int]:
+    def _copies(copies: Sequence[CopyIn], inputs: Sequence[Array | Scalar | Const],
+                outputs: Sequence[Output]) -> list[int]:
         """The words of the regions copied into arguments (jitop.runtime.copy_in.section: ValueError where an
         array a copy involves has a symbolic dim)."""
         info = [("array", i.position, _native(i.dtype), i.shape) if isinstance(i, Array) else
