@@ -287,9 +287,8 @@ class KernelFunction:
                                                                                        p.VAR_KEYWORD)}
         code = self._code_digest()
         names = set(kernel_cache.load_static(self.qualified_name, code)) & params
-        if self.gpu is None:  # (a GPU kernel keys its ints by value)
-            symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, code)
-            self.int_sizes.load(set(symbolic) & names, demoted)
+        symbolic, demoted = kernel_cache.load_int_sizes(self.qualified_name, code)
+        self.int_sizes.load(set(symbolic) & names, demoted)
         self._static_on_use |= names - self.static
         return names - self.static
 
@@ -515,7 +514,7 @@ class KernelFunction:
         """Whether this call makes Python int parameters size symbols (their value varied; IntPolicy): then it is
         keyed again. Only for parameters that are leaves of their own, on the CPU."""
         names = self._param_leaves(struct)
-        if self.gpu is not None or names is None or not self.int_sizes.varied(struct, names, self._static_on_use):
+        if names is None or not self.int_sizes.varied(struct, names, self._static_on_use):
             return False
         self._set_static(self.static)
         return True
@@ -649,7 +648,7 @@ class KernelFunction:
                                   "return the new value, or assign through the device array's index outside")
             from jitop.graph.gpu import compile_graph_gpu
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
-                                    tr.shape_guards, tr.reps)
+                                    tr.shape_guards, tr.reps, tr.bounds)
             exe.set_result(tr.result)
             return self._guarded(Overload(exe.call, exe, tr, native=False,
                                           accepts=exe.accepts if exe.symbolic else None))

@@ -41,7 +41,7 @@ import numpy as np
 from jitop import te
 from jitop.codegen.target import llvm_version
 from jitop.codegen.merge_kernels import merge_kernels
-from jitop.driver import compile_gpu_func, lower
+from jitop.driver import compile_gpu_func
 from jitop.graph import prims
 from jitop.graph.batching import batch_slices
 from jitop.graph.capture import LiveArray
@@ -59,6 +59,7 @@ from jitop.runtime.cuda.memory import DeviceArray, is_device_array
 from jitop.runtime.executable import check_python_int, compile_guard, rebuilder
 from jitop.target import CudaTarget
 from jitop.te.tensor import Tensor
+from jitop.tir.lower import lower
 from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
@@ -211,7 +212,7 @@ class GpuExecutable:
                 return False
             if kind == "arg" and np.dtype(value.dtype) != p.dtype:
                 return False
-            shaped.append(SimpleNamespace(shape=shape))
+            shaped.append(np.asarray(value) if kind == "scalar" else SimpleNamespace(shape=shape))  # (a size's value)
         try:
             env = dict(zip((s.name for s in self.function.symbols), self.function.binder.bind(shaped)))
         except ValueError:  # a tied dim disagrees, or a size beyond its symbol's type
@@ -291,18 +292,22 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                       results: list[Node], target: CudaTarget, guards: Sequence[str] = (),
-                      reps: Mapping[Any, int] | None = None) -> GpuExecutable:
+                      reps: Mapping[Any, int] | None = None,
+                      bounds: Mapping[str, tuple[int, int]] | None = None) -> GpuExecutable:
     """The graph computing `results` as a GPU function (see the module's docstring): from the persistent cache
     when a process compiled it before (its PTX and, where it was linked on a GPU, its cubin), else compiled,
     linked for this machine's GPU if it has one, and stored. `guards`: a symbolic graph's relations between
-    its symbols, which the calls it serves must satisfy (GpuExecutable.accepts); `reps`: the size each symbolic
-    matmul row count's config is decided at (tasks.row_buckets)."""
+    its symbols, which the calls it serves must satisfy (GpuExecutable.accepts), and `bounds` the range they
+    leave each symbol (lowering proves accesses in bounds with them); `reps`: the size each symbolic matmul row
+    count's config is decided at (tasks.row_buckets)."""
     outputs, unique, consts, choices = _graph_parts(results, target, reps)
     # a captured array (live: its owner may change it in place) is compared with what was uploaded on each call
     plan = input_plan + [("live" if isinstance(n.param("data"), LiveArray) else "const", constant_array(n))
                          for n in consts]
     slots = [unique.index(o) for o in outputs]
-    content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target)
+    bounds = dict(bounds or {})
+    content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target, guards,
+                             bounds)
     store = ComponentStore("gpu")
     blob = store.get(content) if content is not None else None
     if blob is not None:
@@ -310,7 +315,8 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
             return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, guards)
         except ValueError:
             store.delete(content)  # damaged or foreign: compile it again
-    function = _compile(name, inputs, input_names, unique, consts, choices, target)
+    function = compile_gpu_func(lower_graph(name, inputs, input_names, unique, consts, choices, target,
+                                            bounds=bounds), target)
     if content is not None:
         _link_if_possible(function)
         store.put(content, function.to_bytes())
@@ -328,8 +334,9 @@ def _graph_parts(results: list[Node], target: CudaTarget, reps: Mapping[Any, int
 
 
 def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: list[Node],
-                target: CudaTarget, notes: list[str] | None = None,
-                reps: Mapping[Any, int] | None = None) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
+                target: CudaTarget, notes: list[str] | None = None, reps: Mapping[Any, int] | None = None,
+                bounds: Mapping[str, tuple[int, int]] | None = None
+                ) -> tuple[PrimFunc, dict[Node, tuple[Task, Choice]]]:
     """The GPU loop IR of a traced graph exactly as compile_graph_gpu lowers it (parameters: the inputs, the
     array constants, the distinct results), and the task and config of each templated node: for explain() and
     for tests that run the loop IR."""
@@ -337,7 +344,7 @@ def lower_trace(name: str, inputs: list[Node], input_names: list[str], results: 
     _, unique, consts, choices = _graph_parts(results, target, reps, batch_notes)
     if notes is not None:
         notes += [f"slice batching: {d}" for d in batch_notes]
-    return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes), choices
+    return lower_graph(name, inputs, input_names, unique, consts, choices, target, notes, bounds), choices
 
 
 def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target: CudaTarget,
@@ -347,7 +354,8 @@ def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target:
     from jitop.graph.explain import describe_gpu
     from jitop.graph.to_te import choice_line
     notes: list[str] = []
-    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes, trace.reps)
+    func, choices = lower_trace(name, trace.inputs, trace.names, trace.results, target, notes, trace.reps,
+                                trace.bounds)
     templates = [choice_line(f"{task.template} #{k}", task, choice, target)
                  for k, (task, choice) in enumerate(choices.values())]
     return describe_gpu(name, trace, cached, target, templates, notes, exe.function.built.kernels, func, shapes)
@@ -355,11 +363,12 @@ def explain_gpu(name: str, exe: GpuExecutable, trace: Any, cached: bool, target:
 
 def _cache_content(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                    outputs: list[Node], unique: list[Node], choices: dict[Node, tuple[Task, Choice]],
-                   target: CudaTarget) -> str | None:
-    """The cache's content key of a GPU kernel: the traced graph's key, the configs its templated stages are
-    built with (another record applied is another kernel) and the GPU target's (None when the graph has no
-    stable key)."""
-    prep = Prepared(name, inputs, input_names, input_plan, outputs, unique, {}, choices, target)
+                   target: CudaTarget, guards: Sequence[str], bounds: dict[str, tuple[int, int]]) -> str | None:
+    """The cache's content key of a GPU kernel: the traced graph's key (with a symbolic graph's guards and the
+    bounds lowering relied on), the configs its templated stages are built with (another record applied is
+    another kernel) and the GPU target's (None when the graph has no stable key)."""
+    prep = Prepared(name, inputs, input_names, input_plan, outputs, unique, {}, choices, target, list(guards),
+                    bounds=bounds)
     graph = graph_key(prep)
     configs = json.dumps([[task.key, choice.config.as_dict()] for task, choice in choices.values()])
     return None if graph is None else f"{graph}|{configs}|{target.key}|{llvm_version()}"
@@ -433,17 +442,13 @@ def _link_if_possible(function: GpuFunction) -> None:
         function.link()
 
 
-def _compile(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
-             choices: dict[Node, tuple[Task, Choice]], target: CudaTarget) -> GpuFunction:
-    return compile_gpu_func(lower_graph(name, inputs, input_names, unique, consts, choices, target), target)
-
-
 def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: list[Node], consts: list[Node],
                 choices: dict[Node, tuple[Task, Choice]], target: CudaTarget,
-                notes: list[str] | None = None) -> PrimFunc:
+                notes: list[str] | None = None, bounds: Mapping[str, tuple[int, int]] | None = None) -> PrimFunc:
     """The GPU loop IR of the graph computing `unique`: parameters are the inputs, then the constants `consts`,
     then the results; every stage scheduled by its kind (`schedule_stage`) or its template. `notes`, if given,
-    receives a line per decision explain() shows (epilogues, row groups)."""
+    receives a line per decision explain() shows (epilogues, row groups); `bounds`: the symbols' ranges their
+    guards leave (accesses proved in bounds with them are not checked at run time)."""
     why = materialize(unique)
     lowering = GpuToTE(why, target, choices)
     placeholders = [lowering.placeholder(n, nm) for n, nm in zip(inputs, input_names)]
@@ -465,7 +470,7 @@ def lower_graph(name: str, inputs: list[Node], input_names: list[str], unique: l
     if notes is not None:
         notes[:0] = [f"{e.op.name} is computed from {t.op.name}'s register tile (its epilogue)"
                      for t, e in epilogues.items()]
-    return merge_kernels(lower(s, placeholders + tensors, name=name), target, notes)
+    return merge_kernels(lower(s, placeholders + tensors, name=name, bounds=bounds), target, notes)
 
 
 def read_constants_of(unique: list[Node]) -> list[Node]:

@@ -138,6 +138,9 @@ class Tensor:
             if not (e.dtype.is_int or e.dtype.is_bool):
                 raise TypeError(f"index {i!r} of tensor '{self.name}' must be an integer expression, got {e.dtype}; "
                                 "convert explicitly with te.floor(x).astype('int64') if that is what you mean")
+        held = getattr(self.op, "value", None)
+        if held is not None:  # a te.size_param's value is its symbol: no kernel reads its (host-side) buffer
+            return held
         return Expr(Op.LOAD, self.dtype, tuple(cast(e, dtypes.INDEX) for e in raw), self)
 
     def __call__(self, *indices: Any) -> Expr:

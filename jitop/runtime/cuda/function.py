@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jitop.codegen.nvptx import ALLOC_ALIGN, GpuBuild, Launch
-from jitop.runtime.args import ParamSpec, ShapeBinder, SymbolSpec, compile_dim, fits_constant_dims, shape_str
+from jitop.runtime.args import VALUE, ParamSpec, ShapeBinder, SymbolSpec, compile_dim, fits_constant_dims, shape_str
 from jitop.runtime.cuda import driver, memory
 from jitop.runtime.cuda.memory import DeviceArray
 from jitop.runtime.cuda.plan import CallPlan, LaunchTemplate, Planner
@@ -23,6 +23,16 @@ from jitop.runtime.module import flagged_error
 from jitop.target import CudaTarget
 
 MAX_PLANS = 64  # call plans kept per function (a decode loop makes one per sequence length)
+
+
+class _NoBuffer:
+    """What a size parameter (te.size_param) passes as its buffer: no kernel reads it (reading it is its
+    symbol), so its value stays on the host and no copy is made."""
+
+    ptr = 0
+
+
+_NO_BUFFER = _NoBuffer()
 
 
 class GpuFunction:
@@ -39,6 +49,8 @@ class GpuFunction:
         self.params = [ParamSpec.from_json(p) for p in meta["params"]]
         self.symbols = [SymbolSpec.from_json(s) for s in meta.get("symbols", [])]
         self.binder = ShapeBinder(self.params, self.symbols)
+        # the size parameters (te.size_param): passed as ints (or 0-d integer arrays), read on the host
+        self._sizes = {s.param: s.name for s in self.symbols if s.dim == VALUE}
         self.n_inputs = sum(not p.is_output for p in self.params)
         sized = [d for k in built.kernels for d in (*k.grid, *k.block)] + [d for *_, s in built.workspaces for d in s]
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
@@ -83,6 +95,8 @@ class GpuFunction:
 
     # ** calling **
     def __call__(self, *args: Any) -> Any:
+        if self._sizes:
+            args = self._size_values(args)
         if len(args) in (self.n_inputs, len(self.params)):
             key = self._plan_key(args)
             if key is not None:
@@ -92,16 +106,39 @@ class GpuFunction:
     def _run_planned(self, args: Sequence[DeviceArray], key: tuple) -> Any:
         """Launch on device arrays `args` through the call plan of `key` (theirs: `_plan_key`), made and checked
         on the first call of those shapes."""
-        return (self._plans.get(key) or self._plan(args, key)).run(self.raise_if_flagged, args)
+        plan = self._plans.get(key) or self._plan(args, key)
+        return plan.run(self.raise_if_flagged, self._buffers(args) if self._sizes else args)
+
+    def _size_values(self, args: Sequence[Any]) -> tuple:
+        """`args` with each size parameter's argument as a Python int: an int, a numpy integer or 0-d integer
+        array, or a 0-d jitop device array (read back: a copy that waits for the GPU); a TypeError names any
+        other."""
+        args = list(args)
+        for k, name in self._sizes.items():
+            if k >= len(args) or type(args[k]) is int:
+                continue
+            a = args[k].get() if type(args[k]) is DeviceArray else args[k]
+            if not (isinstance(a, (np.integer, np.ndarray)) and np.ndim(a) == 0 and np.asarray(a).dtype.kind in "iu"):
+                raise TypeError(f"argument '{self.params[k].name}' (position {k}) is the size {name}: an int, got "
+                                f"{type(args[k]).__name__}{'' if np.ndim(a) == 0 else f' of shape {np.shape(a)}'}")
+            args[k] = int(a)
+        return tuple(args)
+
+    def _buffers(self, args: Sequence[Any]) -> list[Any]:
+        """The call's buffers: its arguments, a size parameter's value replaced by no buffer."""
+        return [_NO_BUFFER if k in self._sizes else a for k, a in enumerate(args)]
 
     def _plan_key(self, args: Sequence[Any]) -> tuple | None:
         """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), the
         key of its call plan: the arguments' shapes and dtypes; None for any other call."""
         key = []
-        for a in args:
-            if type(a) is not DeviceArray or a.ptr % ALLOC_ALIGN:
+        for k, a in enumerate(args):
+            if type(a) is int and k in self._sizes:  # a size parameter's value (`_size_values`)
+                key.append(a)
+            elif type(a) is not DeviceArray or a.ptr % ALLOC_ALIGN:
                 return None
-            key.append((a.shape, a.dtype))
+            else:
+                key.append((a.shape, a.dtype))
         return tuple(key)
 
     def symbol_values(self, arrays: Sequence[DeviceArray | np.ndarray]) -> list[int]:
@@ -117,11 +154,13 @@ class GpuFunction:
         if len(arrays) not in (self.n_inputs, len(self.params)):
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(arrays)}")
-        key = tuple([(a.shape, a.dtype) for a in arrays])
+        if self._sizes:
+            arrays = self._size_values(arrays)
+        key = tuple([a if k in self._sizes else (a.shape, a.dtype) for k, a in enumerate(arrays)])
         checked_key, values = self._last_checked
         if key != checked_key:
             for k, (a, p) in enumerate(zip(arrays, self.params)):
-                if a.dtype != p.dtype or not fits_constant_dims(p.shape, a.shape):
+                if k not in self._sizes and (a.dtype != p.dtype or not fits_constant_dims(p.shape, a.shape)):
                     self._argument(k, a, a)  # raises the error that names what does not fit
             values = self.binder.bind(arrays)
             self._last_checked = key, values
@@ -131,7 +170,7 @@ class GpuFunction:
         """The call plan of the device arrays `args`, checked here as `_call` checks them (a bad call raises its
         error)."""
         for k, a in enumerate(args):
-            if a.ptr % ALLOC_ALIGN:
+            if k not in self._sizes and a.ptr % ALLOC_ALIGN:
                 self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
         return self._plan_checked(self.symbol_values(args), len(args), key)
 
@@ -150,7 +189,7 @@ class GpuFunction:
         """A call with numpy arrays, foreign device arrays (torch, CuPy) or a mix: numpy inputs copied in, the
         outputs allocated (numpy results copied back), then launched through the call plan of their shapes."""
         if len(args) == self.n_inputs < len(self.params) and self._copies_in_plainly(args):
-            device = [memory.to_device(a) if type(a) is np.ndarray else a for a in args]
+            device = [memory.to_device(a) if type(a) is np.ndarray else a for a in args]  # (sizes stay ints)
             key = self._plan_key(device)
             if key is not None:  # as a call on device arrays (checked when its plan is made), then results copied
                 outs = self._run_planned(device, key)
@@ -167,15 +206,16 @@ class GpuFunction:
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
-        key = tuple((d.shape, d.dtype) for d in device)
-        (self._plans.get(key) or self._plan_checked(values, len(device), key)).run(self.raise_if_flagged, device)
+        key = tuple(args[k] if k in self._sizes else (d.shape, d.dtype) for k, d in enumerate(device))
+        plan = self._plans.get(key) or self._plan_checked(values, len(device), key)
+        plan.run(self.raise_if_flagged, self._buffers(device) if self._sizes else device)
         return self._results(args, arrays, device, on_device)
 
     def _copies_in_plainly(self, args: Sequence[Any]) -> bool:
         """Whether every input is a jitop device array or a numpy array of its parameter's dtype (copied in as it
         is, then checked with the device arrays' call plan: the errors name the same argument)."""
         return all(type(a) is DeviceArray or type(a) is np.ndarray and a.dtype == p.dtype
-                   for a, p in zip(args, self.params))
+                   or type(a) is int and k in self._sizes for k, (a, p) in enumerate(zip(args, self.params)))
 
     def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
         """A function that only queues this function's kernels on `args` (every argument, inputs then outputs, a
@@ -188,12 +228,14 @@ class GpuFunction:
         """
         if len(args) != len(self.params):
             raise TypeError(f"{self.name}.launcher() takes all {len(self.params)} arguments (inputs then outputs)")
-        given = [memory.as_device_array(a) for a in args]
+        args = self._size_values(args) if self._sizes else args
+        given = [a if k in self._sizes else memory.as_device_array(a) for k, a in enumerate(args)]
         if any(dev is None for dev in given):
-            raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device)")
+            raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device), and ints for "
+                            "sizes")
         plan = self._plan(given, None)
         arena = plan.allocate_arena()  # it lives as long as the launcher
-        buffers = [a.ptr for a in given] + plan.workspace_pointers(arena)
+        buffers = [a.ptr for a in self._buffers(given)] + plan.workspace_pointers(arena)
         return lambda keep=(given, arena): plan.queue(buffers)
 
     def raise_if_flagged(self) -> None:
@@ -228,6 +270,8 @@ class GpuFunction:
 
     def _to_device(self, k: int, a: Any, values: list[int]) -> Any:
         spec = self.params[k]
+        if k in self._sizes:
+            return a  # its value: passed to the kernels as its symbol
         if a is None:
             return memory.empty(self.binder.shape(k, values), spec.dtype)
         if isinstance(a, np.ndarray):
