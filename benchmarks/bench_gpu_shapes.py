@@ -161,6 +161,7 @@ def call_costs() -> dict:
              "@jitop.kernel, constant shape": lambda: constant(da, db),
              "@jitop.kernel, symbolic size": lambda: symbolic(da, db)}
     calls.update(_decode_layer_calls())
+    calls.update(_sliced_decode_calls())
     out = {name: bench_gpu.us_per_call(call, driver.synchronize) for name, call in calls.items() if call is not None}
     return {"gpu": driver.available(), "us": out}
 
@@ -185,6 +186,31 @@ def _decode_layer_calls() -> dict[str, Callable[[], Any]]:
         _, grown[0], grown[1] = step(h, *grown, *params)
     return {"decode layer (10 launches), the same cache length": lambda: step(h, *same, *params),
             "decode layer, a cache one row longer every call": longer}
+
+
+def _sliced_decode_calls() -> dict[str, Callable[[], Any]]:
+    """bench_assignment's decode step that slices its cache by a Python int (`cache[t] = k`, attention over
+    `cache[:t + 1]`; cache 1024 x 64 float32 on the GPU), t one more every call (a size symbol: one GPU function
+    for every t), and numpy's on host arrays for scale."""
+    import bench_assignment as ba
+    import jitop
+    rng = np.random.default_rng(6)
+    host = [np.zeros((1024, 64), np.float32)] + [rng.standard_normal(64).astype(np.float32) for _ in range(2)]
+    cache, k, q = (jitop.cuda.to_device(a) for a in host)
+    step = jitop.kernel(ba.decode_sliced, target="cuda")
+    for t in range(4):  # t = 0 and 1 are kernels of their own, then t is a size symbol
+        step(cache, k, q, t)
+    t = [4]
+
+    def jitop_step() -> None:
+        step(cache, k, q, t[0])
+        t[0] = 4 + (t[0] - 3) % 1000
+
+    def numpy_step() -> None:
+        ba.decode_sliced(*host, t[0])
+        t[0] = 4 + (t[0] - 3) % 1000
+    return {"decode step slicing its cache by a Python int t (t + 1 every call)": jitop_step,
+            "the same step, numpy on host arrays": numpy_step}
 
 
 LONG = "long"
@@ -335,7 +361,8 @@ def main() -> None:
         print(f"| {mode} | {r['cold_s']:.2f} | {r['steady_step_ms']:.2f} | {launches or '-'} | {per_launch} | "
               f"{r.get('compiles', '-')} | {r.get('traces', '-')} | {r.get('signatures', '-')} | {_allocs(r)} | "
               f"{same} |")
-    print(f"\nHost cost of a call: a 256-element kernel, and one decode layer (`decode_step`, 10 launches), "
+    print(f"\nHost cost of a call: a 256-element kernel, one decode layer (`decode_step`, 10 launches), and a "
+          "decode step slicing its cache by t (bench_assignment.decode_sliced, cache 1024 x 64), "
           "device arrays in and out, best of 3 x 3000 calls "
           f"({'this GPU' if costs['gpu'] else 'no GPU: the launch itself is a no-op stand-in'})\n")
     print("| call | us per call |\n|---|---|")
