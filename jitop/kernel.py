@@ -600,30 +600,32 @@ class KernelFunction:
         kernel's, serving other sizes) by its structure. None: a GPU kernel, a call with static values other than
         Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
         specs = key[2] if key is not None and key[:1] == ("pytree",) else key
-        if self.gpu is not None or key is None or key[:1] == ("unhashable",) or \
+        if key is None or key[:1] == ("unhashable",) or \
                 not all(_recordable(s) for s in specs) or not config.warm_records():
             return None
         printed = warm.fingerprint(self.fn)
         if printed is None:
             return None
-        parts = (self.qualified_name, printed, dims, default_target().key, kernel_cache.code_version())
+        parts = (self.qualified_name, printed, dims, (self.gpu or default_target()).key, kernel_cache.code_version())
         return warm.record_key(parts, key), warm.record_key(parts, struct_key(key))
 
     def _from_record(self, records: tuple[str, str] | None, values: Sequence[Any], tree: Any) -> Overload | None:
         """The overload a warm record names for this call, built without tracing, or None. (Its `trace` holds
         what a call needs only; `explain` and a rebuild trace the function.)"""
         for k, where in enumerate(records or ()):
-            found = warm.load(where, default_target())
+            found = warm.load(where, default_target()) if self.gpu is None else warm.load_gpu(where, self.gpu)
             if found is None:
                 continue
             exe, result, writes, python_ints, tasks = found
-            symbolic = bool(exe.module.symbols or exe.plan.guards)
+            symbolic = exe.symbolic if self.gpu is not None else bool(exe.module.symbols or exe.plan.guards)
             if symbolic != (k == 1) or symbolic and not exe.accepts(values):
                 continue
             # (a fingerprinted function reads no array by name: its guards are values, checked on each call)
             guards = capture(self.fn, True, Tracer).guards
             tr = Trace(result=result, writes=writes, python_ints=python_ints, guards=guards, arg_tree=tree,
                        recorded=True)
+            if self.gpu is not None:
+                return self._gpu_overload(exe, tr)
             lookup = kernel_cache.Lookup("hit", reason="named by a warm record: the function was not traced")
             return self._overload(exe, tr, lookup, tasks)
         return None
@@ -650,8 +652,9 @@ class KernelFunction:
             exe = compile_graph_gpu(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, self.gpu,
                                     tr.shape_guards, tr.reps, tr.bounds)
             exe.set_result(tr.result)
-            return self._guarded(Overload(exe.call, exe, tr, native=False,
-                                          accepts=exe.accepts if exe.symbolic else None))
+            if records is not None:
+                warm.save_gpu(records[exe.symbolic], exe, tr.result, tr.writes, tr.python_ints)
+            return self._gpu_overload(exe, tr)
         # memory missed: the disk cache, keyed on this trace, else compile (and save)
         prep = prepare(self.__name__, tr.inputs, tr.names, tr.plan, tr.results, guards=tr.shape_guards,
                        bounds=tr.bounds, reps=tr.reps)
@@ -663,6 +666,9 @@ class KernelFunction:
             symbolic = bool(exe.module.symbols or exe.plan.guards)
             warm.save(records[symbolic], prep, lookup.key, tr.result, tr.writes, tr.python_ints)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
+
+    def _gpu_overload(self, exe: Any, tr: Trace) -> Overload:
+        return self._guarded(Overload(exe.call, exe, tr, native=False, accepts=exe.accepts if exe.symbolic else None))
 
     def _overload(self, exe: Executable, tr: Trace, lookup: Any, tasks: list[Task]) -> Overload:
         # a function reading globals/closure data, computing with Python ints or writing an argument whole
@@ -883,6 +889,8 @@ class KernelFunction:
         struct = struct_key(key)
         cached = self.dispatcher.find(key, values, struct) is not None
         entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
+        if entry is not FALLBACK and entry.trace.recorded:  # built from a warm record: traced now
+            entry = self._build_trace(self.trace(values, tree, self._dynamic_dims(struct, values, tree)))
         if entry is FALLBACK:
             text = f"{self.__name__}: runs as plain numpy for this signature (see the warning)"
         elif self.gpu is not None:
@@ -892,8 +900,6 @@ class KernelFunction:
             text = explain_gpu(self.__name__, entry.exe, entry.trace, cached, self.gpu, shapes)
         else:
             from jitop.graph.explain import describe, shape_lines
-            if entry.trace.recorded:  # built from a warm record: traced now, the disk cache's kernel shown
-                entry = self._build_trace(self.trace(values, tree, self._dynamic_dims(struct, values, tree)))
             func = entry.exe.func
             if func is None:  # loaded from disk without its loop IR: rebuilt for display only
                 tr = entry.trace

@@ -184,8 +184,12 @@ class GpuExecutable:
     `guards`: relations of a symbolic function's symbols that every call's shapes must satisfy (`accepts`)."""
 
     def __init__(self, function: Any, inputs: list[tuple[str, Any]], result_slots: list[int],
-                 guards: Sequence[str] = ()):
+                 guards: Sequence[str] = (), stored_as: str | None = None,
+                 choices: Sequence[tuple[Task, Choice]] = ()):
         self.function, self.inputs, self.result_slots = function, inputs, result_slots
+        # its GPU cache entry's content key (None: not stored) and its templated stages' tasks and configs: what
+        # a warm record names (jitop.graph.warm)
+        self.stored_as, self.choices = stored_as, list(choices)
         self.guards = [(g, compile_guard(g)) for g in guards]
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, tuple[Any, Any]] = {}  # input -> (its device copy, the host bytes copied)
@@ -308,19 +312,47 @@ def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], inp
     bounds = dict(bounds or {})
     content = _cache_content(name, inputs, input_names, input_plan, outputs, unique, choices, target, guards,
                              bounds)
-    store = ComponentStore("gpu")
-    blob = store.get(content) if content is not None else None
-    if blob is not None:
-        try:
-            return GpuExecutable(GpuFunction.from_bytes(blob, "a cached GPU kernel"), plan, slots, guards)
-        except ValueError:
-            store.delete(content)  # damaged or foreign: compile it again
+    stored = stored_executable(content, plan, slots, guards, choices.values()) if content is not None else None
+    if stored is not None:
+        return stored
     function = compile_gpu_func(lower_graph(name, inputs, input_names, unique, consts, choices, target,
                                             bounds=bounds), target)
     if content is not None:
         _link_if_possible(function)
-        store.put(content, function.to_bytes())
-    return GpuExecutable(function, plan, slots, guards)
+        GPU_STORE.put(content, function.to_bytes())
+    return GpuExecutable(function, plan, slots, guards, content, choices.values())
+
+
+GPU_STORE = ComponentStore("gpu")
+
+
+def stored_executable(content: str, plan: list[tuple[str, Any]], slots: list[int], guards: Sequence[str],
+                      choices: Any) -> GpuExecutable | None:
+    """The GPU function stored under `content`, called through `plan` (checked against its parameters: a plan
+    that does not fit is None), or None where none is stored; an entry that does not load is removed."""
+    blob = GPU_STORE.get(content)
+    if blob is None:
+        return None
+    try:
+        function = GpuFunction.from_bytes(blob, "a cached GPU kernel")
+    except ValueError:
+        GPU_STORE.delete(content)  # damaged or foreign: compile it again
+        return None
+    n_outputs = len(function.params) - function.n_inputs
+    if len(plan) != function.n_inputs or not all(0 <= k < n_outputs for k in slots) or not all(
+            _fits(kind, what, p) for (kind, what), p in zip(plan, function.params)):
+        return None
+    return GpuExecutable(function, plan, list(slots), guards, content, choices)
+
+
+def _fits(kind: str, what: Any, param: Any) -> bool:
+    """Whether a plan entry can feed `param`: a constant of its dtype and shape, a value converted to its
+    dtype (an argument as it is is checked on each call)."""
+    if kind in ("const", "live"):
+        return what.dtype == param.dtype and fits_constant_dims(param.shape, what.shape)
+    if kind in ("arg_swapped", "scalar"):
+        return np.dtype(what[1]) == param.dtype
+    return kind == "arg"
 
 
 def _graph_parts(results: list[Node], target: CudaTarget, reps: Mapping[Any, int] | None = None,

@@ -140,16 +140,42 @@ def save(where: str, prep: Prepared, kernel_key: Any, result: Any, writes: tuple
     """Keep the record of a build (`kernel_key`: the disk cache's key of its kernel, None if it has none), with
     the constant arrays the trace computed (none for a captured array, read in place, or beyond
     MAX_CONSTANT_BYTES) and the result's structure (JSON data only). Never fails a call."""
-    st = store()
-    constants = kernel_constants(prep)
-    if st is NULL or kernel_key is None or sum(c.nbytes for c in constants) > MAX_CONSTANT_BYTES or \
-            any(isinstance(n.param("data"), LiveArray) for n in read_constants(prep)):
+    if kernel_key is None or any(isinstance(n.param("data"), LiveArray) for n in read_constants(prep)):
         return
-    tasks = [(task.to_json(), json.dumps(choice.config.as_dict(), sort_keys=True))
-             for task, choice in prep.choices.values()]
+    _put(where, {"kernel": kernel_key.to_json(), "signature": json.dumps(signature(prep))}, result, writes,
+         python_ints, list(prep.choices.values()), kernel_constants(prep))
+
+
+def save_gpu(where: str, exe: Any, result: Any, writes: tuple[Write, ...], python_ints: bool) -> None:
+    """`save` for a GPU function (`exe`: a jitop.graph.gpu.GpuExecutable stored in the GPU cache): the record
+    names its cache entry and holds how the call's values reach its parameters (its input plan)."""
+    if exe.stored_as is None:
+        return
+    rows, constants = [], []
+    for kind, what in exe.inputs:
+        if kind == "live":  # a captured array: read in place on each call (no fingerprint reads one anyway)
+            return
+        if kind == "const":
+            rows.append(["const", len(constants)])
+            constants.append(np.asarray(what))
+        elif kind == "arg":
+            rows.append(["arg", int(what)])
+        else:
+            rows.append([kind, int(what[0]), np.dtype(what[1]).str, [str(t) for t in what[2]] if len(what) > 2 else []])
+    _put(where, {"gpu": exe.stored_as, "plan": rows, "slots": list(exe.result_slots),
+                 "guards": [text for text, _ in exe.guards]}, result, writes, python_ints, exe.choices, constants)
+
+
+def _put(where: str, kernel: dict, result: Any, writes: tuple[Write, ...], python_ints: bool,
+         choices: list[tuple[Task, Any]], constants: list[np.ndarray]) -> None:
+    """Store a record: what names the kernel (`kernel`), then what every record holds beside it."""
+    st = store()
+    if st is NULL or sum(c.nbytes for c in constants) > MAX_CONSTANT_BYTES:
+        return
+    tasks = [(task.to_json(), json.dumps(choice.config.as_dict(), sort_keys=True)) for task, choice in choices]
     try:
-        blob = dumps({"schema": SCHEMA, "kernel": kernel_key.to_json(), "signature": json.dumps(signature(prep)),
-                      "result": result, "writes": [(w.leaf, w.spec, w.region, w.early, w.positions) for w in writes],
+        blob = dumps({"schema": SCHEMA, **kernel, "result": result,
+                      "writes": [(w.leaf, w.spec, w.region, w.early, w.positions) for w in writes],
                       "python_ints": python_ints, "tasks": tasks,
                       "constants": [(c.dtype.str, c.shape, np.ascontiguousarray(c).tobytes().hex())
                                     for c in constants]})
@@ -158,38 +184,84 @@ def save(where: str, prep: Prepared, kernel_key: Any, result: Any, writes: tuple
         pass
 
 
+_LOAD_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OSError)
+
+
 def load(where: str, target: Any) -> tuple[Executable, Any, tuple[Write, ...], bool, list[Task]] | None:
     """(kernel, result tree, writes, python_ints, tasks) of the record at `where`, or None: no record, one that
     is not well-formed, names a kernel not stored (or not built for its signature), or was made with configs
     other than those the tuning sources pick now for `target` (a tuned record arrived since)."""
-    st = store()
-    if st is NULL:
-        return None
     try:
-        blob = st.get(where)
-        if blob is None:
+        found = _get(where, target)
+        if found is None or "kernel" not in found[0]:
             return None
-        rec = loads(blob)
-        if rec.get("schema") != SCHEMA or type(rec["python_ints"]) is not bool:
-            return None
-        tasks, templates = [], []
-        for k, (task_json, config) in enumerate(rec["tasks"]):
-            task = Task.from_json(task_json)
-            choice = pick(task)
-            if json.dumps(choice.config.as_dict(), sort_keys=True) != config:
-                return None
-            tasks.append(task)
-            templates.append(choice_line(f"{task.template}{k}", task, choice, target))
-        writes = tuple(_write(*w) for w in rec["writes"])
-        exe = load_named(rec["kernel"], rec["signature"], [_array(*c) for c in rec["constants"]])
+        rec, tasks, templates, constants, writes = found
+        exe = load_named(rec["kernel"], rec["signature"], constants)
         if exe is None:
             return None
         exe.set_result(rec["result"])  # (checked: a tree over the kernel's results)
         exe.templates = templates
         exe.decisions = ["named by a warm record: the function was not traced (explain traces it)"]
         return exe, rec["result"], writes, rec["python_ints"], tasks
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OSError):
+    except _LOAD_ERRORS:
         return None
+
+
+def load_gpu(where: str, target: Any) -> tuple[Any, Any, tuple[Write, ...], bool, list[Task]] | None:
+    """`load` for a GPU function (a GpuExecutable of the GPU cache's entry the record names, its input plan
+    checked against the function's parameters), or None."""
+    from jitop.graph.gpu import stored_executable
+    try:
+        found = _get(where, target)
+        if found is None or "gpu" not in found[0]:
+            return None
+        rec, tasks, _, constants, writes = found
+        plan = [_plan_row(row, constants) for row in rec["plan"]]
+        choices = [(task, pick(task)) for task in tasks]
+        exe = stored_executable(rec["gpu"], plan, rec["slots"], rec["guards"], choices)
+        if exe is None:
+            return None
+        exe.set_result(rec["result"])
+        return exe, rec["result"], writes, rec["python_ints"], tasks
+    except _LOAD_ERRORS:
+        return None
+
+
+def _get(where: str, target: Any) -> tuple[dict, list[Task], list[str], list[np.ndarray], tuple] | None:
+    """The record at `where` (its data, tasks, their template lines, constants and writes), or None where there
+    is none, its schema is another, or a task's config is not the one the tuning sources pick now."""
+    st = store()
+    blob = None if st is NULL else st.get(where)
+    if blob is None:
+        return None
+    rec = loads(blob)
+    if rec.get("schema") != SCHEMA or type(rec["python_ints"]) is not bool:
+        return None
+    tasks, templates = [], []
+    for k, (task_json, config) in enumerate(rec["tasks"]):
+        task = Task.from_json(task_json)
+        choice = pick(task)
+        if json.dumps(choice.config.as_dict(), sort_keys=True) != config:
+            return None
+        tasks.append(task)
+        templates.append(choice_line(f"{task.template}{k}", task, choice, target))
+    writes = tuple(_write(*w) for w in rec["writes"])
+    return rec, tasks, templates, [_array(*c) for c in rec["constants"]], writes
+
+
+def _plan_row(row: list, constants: list[np.ndarray]) -> tuple[str, Any]:
+    """An input plan entry of a GPU record (its kinds and types checked)."""
+    kind, *rest = row
+    if kind == "const" and len(rest) == 1 and type(rest[0]) is int:
+        return "const", constants[rest[0]]
+    if kind == "arg" and len(rest) == 1 and type(rest[0]) is int and rest[0] >= 0:
+        return "arg", rest[0]
+    if kind in ("arg_swapped", "scalar") and len(rest) == 3 and type(rest[0]) is int and rest[0] >= 0:
+        pos, dtype, names = rest[0], np.dtype(rest[1]), tuple(np.dtype(t).name for t in rest[2])
+        if dtype.kind not in "biuf":
+            raise ValueError("a malformed input plan")
+        return kind, ((pos, dtype, names) if kind == "scalar" and names else (pos, dtype))
+    raise ValueError("a malformed input plan")
 
 
 def _array(dtype: str, shape: tuple, data: str) -> np.ndarray:
