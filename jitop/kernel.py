@@ -228,7 +228,10 @@ class KernelFunction:
         self._static_flags = tuple(_INT_SIZES if p.name in self.int_sizes.symbolic and p.name in self._static_on_use
                                    else _SCALARS_STATIC if p.name in self._static_on_use
                                    else p.name in static for p in params)
-        self._simple = not static and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        self._simple = not static and positional
+        # a call of arrays and size symbols' ints by position is keyed without binding (`_arrays_key`)
+        self._by_position = positional and all(f is False or f is _INT_SIZES for f in self._static_flags)
         # the native entry can serve a signature whose leaves are exactly the positional arguments
         # (a Python int that is a size symbol is an argument it checks: a static one is in the key by value)
         self._positional = all(f is False or f is _INT_SIZES for f in self._static_flags) and all(
@@ -372,14 +375,17 @@ class KernelFunction:
 
     def _arrays_key(self, args: tuple) -> tuple | None:
         """The key `_bind` gives a call whose arguments are, by position, numpy arrays or jitop DeviceArrays
-        (each its (dtype, shape)); None for any other call."""
-        if not self._simple or len(args) != len(self._static_flags):
+        (each its (dtype, shape)), or ints of size symbols; None for any other call."""
+        if not self._by_position or len(args) != len(self._static_flags):
             return None
         key = []
-        for a in args:
-            if type(a) is not DeviceArray and type(a) is not np.ndarray:
+        for a, flag in zip(args, self._static_flags):
+            if type(a) is DeviceArray or type(a) is np.ndarray:
+                key.append((a.dtype, a.shape))
+            elif type(a) is int and flag is _INT_SIZES and MIN_SYMBOL <= a <= SYMBOL_MAX:
+                key.append(("symint", a))  # a size symbol's value (a decode step's t), as `_flatten_params` keys it
+            else:
                 return None
-            key.append((a.dtype, a.shape))
         return tuple(key)
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[Sequence[Any], tuple, Any]:

@@ -64,7 +64,8 @@ from jitop.tir.nodes import PrimFunc
 from jitop.tuner import registry
 from jitop.tuner.task import Choice, Task, pick
 
-_ARRAY_TYPES = (np.ndarray, DeviceArray)  # arguments whose shape a call plan reads as it is
+# arguments a call plan reads as they are: arrays (their shapes) and a size's value (an int)
+_PLAIN_TYPES = (np.ndarray, DeviceArray, int)
 
 # a graph primitive (or CPU template) -> its GPU templates, found through the registry, in order of preference:
 # the first whose workload type takes the sizes computes it (a product of few rows is a GEMV: `gpu_workload`)
@@ -193,8 +194,11 @@ class GpuExecutable:
         self.guards = [(g, compile_guard(g)) for g in guards]
         self._rebuild: Any = None  # the result tree's builder, compiled once (`rebuilder`)
         self._constants: dict[int, tuple[Any, Any]] = {}  # input -> (its device copy, the host bytes copied)
-        # the argument each input is, when every input is one as it is (no constants, casts or scalars)
-        self._plain = [what for _, what in inputs] if all(kind == "arg" for kind, _ in inputs) else None
+        # the argument each input is, when every input is one as it is (no constants, casts or scalars other than
+        # a size's value, which the GPU function takes as the int it is)
+        plain = all(kind == "arg" or kind == "scalar" and k in function.sizes and len(what) == 2
+                    for k, (kind, what) in enumerate(inputs))
+        self._plain = [what if kind == "arg" else what[0] for kind, what in inputs] if plain else None
         self._direct = False  # whether a call is the GPU function's call on the arguments as they are (set_result)
 
     @property
@@ -206,7 +210,7 @@ class GpuExecutable:
         """Whether `values` (numpy or device arrays, or stand-ins of their shapes) fit the compiled signature:
         ranks, dtypes, constant and tied dims, guards. What a dispatcher asks before it serves a new size with
         this function."""
-        if self._plain is not None and all(type(values[k]) in _ARRAY_TYPES for k in self._plain):
+        if self._plain is not None and all(type(values[k]) in _PLAIN_TYPES for k in self._plain):
             return self._accepts_arrays([values[k] for k in self._plain])
         shaped = []
         for (kind, what), p in zip(self.inputs, self.function.params):
@@ -228,7 +232,7 @@ class GpuExecutable:
         the call checks them (which then finds them checked), and the guards hold at the symbols' values."""
         try:
             values = self.function.symbol_values(arrays)
-        except (TypeError, ValueError):  # a dtype, rank or dim that does not fit, a size beyond its symbol's type
+        except (TypeError, ValueError, AttributeError):  # a dtype, rank or dim that does not fit, a size too large
             return False
         env = dict(zip((s.name for s in self.function.symbols), values))
         return all(holds(env) for _, holds in self.guards)

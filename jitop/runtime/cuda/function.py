@@ -49,8 +49,10 @@ class GpuFunction:
         self.params = [ParamSpec.from_json(p) for p in meta["params"]]
         self.symbols = [SymbolSpec.from_json(s) for s in meta.get("symbols", [])]
         self.binder = ShapeBinder(self.params, self.symbols)
+        # each parameter's shape where it is constant (compared as a tuple), else None (its constant dims checked)
+        self._constant_shapes = [p.shape if all(type(d) is int for d in p.shape) else None for p in self.params]
         # the size parameters (te.size_param): passed as ints (or 0-d integer arrays), read on the host
-        self._sizes = {s.param: s.name for s in self.symbols if s.dim == VALUE}
+        self.sizes = {s.param: s.name for s in self.symbols if s.dim == VALUE}
         self.n_inputs = sum(not p.is_output for p in self.params)
         sized = [d for k in built.kernels for d in (*k.grid, *k.block)] + [d for *_, s in built.workspaces for d in s]
         self._dims = {d: compile_dim(d) for d in sized if isinstance(d, str)}
@@ -95,7 +97,7 @@ class GpuFunction:
 
     # ** calling **
     def __call__(self, *args: Any) -> Any:
-        if self._sizes:
+        if self.sizes:
             args = self._size_values(args)
         if len(args) in (self.n_inputs, len(self.params)):
             key = self._plan_key(args)
@@ -107,14 +109,14 @@ class GpuFunction:
         """Launch on device arrays `args` through the call plan of `key` (theirs: `_plan_key`), made and checked
         on the first call of those shapes."""
         plan = self._plans.get(key) or self._plan(args, key)
-        return plan.run(self.raise_if_flagged, self._buffers(args) if self._sizes else args)
+        return plan.run(self.raise_if_flagged, self._buffers(args) if self.sizes else args)
 
     def _size_values(self, args: Sequence[Any]) -> tuple:
         """`args` with each size parameter's argument as a Python int: an int, a numpy integer or 0-d integer
         array, or a 0-d jitop device array (read back: a copy that waits for the GPU); a TypeError names any
         other."""
         args = list(args)
-        for k, name in self._sizes.items():
+        for k, name in self.sizes.items():
             if k >= len(args) or type(args[k]) is int:
                 continue
             a = args[k].get() if type(args[k]) is DeviceArray else args[k]
@@ -126,14 +128,14 @@ class GpuFunction:
 
     def _buffers(self, args: Sequence[Any]) -> list[Any]:
         """The call's buffers: its arguments, a size parameter's value replaced by no buffer."""
-        return [_NO_BUFFER if k in self._sizes else a for k, a in enumerate(args)]
+        return [_NO_BUFFER if k in self.sizes else a for k, a in enumerate(args)]
 
     def _plan_key(self, args: Sequence[Any]) -> tuple | None:
         """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), the
         key of its call plan: the arguments' shapes and dtypes; None for any other call."""
         key = []
         for k, a in enumerate(args):
-            if type(a) is int and k in self._sizes:  # a size parameter's value (`_size_values`)
+            if type(a) is int and k in self.sizes:  # a size parameter's value (`_size_values`)
                 key.append(a)
             elif type(a) is not DeviceArray or a.ptr % ALLOC_ALIGN:
                 return None
@@ -154,13 +156,16 @@ class GpuFunction:
         if len(arrays) not in (self.n_inputs, len(self.params)):
             raise TypeError(f"{self.name}() takes its {self.n_inputs} inputs, or all {len(self.params)} arguments "
                             f"(inputs then outputs); got {len(arrays)}")
-        if self._sizes:
+        if self.sizes:
             arrays = self._size_values(arrays)
-        key = tuple([a if k in self._sizes else (a.shape, a.dtype) for k, a in enumerate(arrays)])
+        key = tuple([a if k in self.sizes else (a.shape, a.dtype) for k, a in enumerate(arrays)])
         checked_key, values = self._last_checked
         if key != checked_key:
-            for k, (a, p) in enumerate(zip(arrays, self.params)):
-                if k not in self._sizes and (a.dtype != p.dtype or not fits_constant_dims(p.shape, a.shape)):
+            for k, (a, p, shape) in enumerate(zip(arrays, self.params, self._constant_shapes)):
+                if k in self.sizes:
+                    continue
+                if a.dtype != p.dtype or (a.shape != shape if shape is not None else
+                                          not fits_constant_dims(p.shape, a.shape)):
                     self._argument(k, a, a)  # raises the error that names what does not fit
             values = self.binder.bind(arrays)
             self._last_checked = key, values
@@ -170,7 +175,7 @@ class GpuFunction:
         """The call plan of the device arrays `args`, checked here as `_call` checks them (a bad call raises its
         error)."""
         for k, a in enumerate(args):
-            if k not in self._sizes and a.ptr % ALLOC_ALIGN:
+            if k not in self.sizes and a.ptr % ALLOC_ALIGN:
                 self._argument(k, a, a)  # raises: an address the kernels' vector loads cannot start at
         return self._plan_checked(self.symbol_values(args), len(args), key)
 
@@ -206,16 +211,16 @@ class GpuFunction:
         if len(args) == self.n_inputs:
             arrays += [None] * (len(self.params) - self.n_inputs)
         device = [self._to_device(k, a, values) for k, a in enumerate(arrays)]
-        key = tuple(args[k] if k in self._sizes else (d.shape, d.dtype) for k, d in enumerate(device))
+        key = tuple(args[k] if k in self.sizes else (d.shape, d.dtype) for k, d in enumerate(device))
         plan = self._plans.get(key) or self._plan_checked(values, len(device), key)
-        plan.run(self.raise_if_flagged, self._buffers(device) if self._sizes else device)
+        plan.run(self.raise_if_flagged, self._buffers(device) if self.sizes else device)
         return self._results(args, arrays, device, on_device)
 
     def _copies_in_plainly(self, args: Sequence[Any]) -> bool:
         """Whether every input is a jitop device array or a numpy array of its parameter's dtype (copied in as it
         is, then checked with the device arrays' call plan: the errors name the same argument)."""
         return all(type(a) is DeviceArray or type(a) is np.ndarray and a.dtype == p.dtype
-                   or type(a) is int and k in self._sizes for k, (a, p) in enumerate(zip(args, self.params)))
+                   or type(a) is int and k in self.sizes for k, (a, p) in enumerate(zip(args, self.params)))
 
     def launcher(self, args: Sequence[Any]) -> Callable[[], None]:
         """A function that only queues this function's kernels on `args` (every argument, inputs then outputs, a
@@ -228,8 +233,8 @@ class GpuFunction:
         """
         if len(args) != len(self.params):
             raise TypeError(f"{self.name}.launcher() takes all {len(self.params)} arguments (inputs then outputs)")
-        args = self._size_values(args) if self._sizes else args
-        given = [a if k in self._sizes else memory.as_device_array(a) for k, a in enumerate(args)]
+        args = self._size_values(args) if self.sizes else args
+        given = [a if k in self.sizes else memory.as_device_array(a) for k, a in enumerate(args)]
         if any(dev is None for dev in given):
             raise TypeError(f"{self.name}.launcher() takes device arrays only (jitop.cuda.to_device), and ints for "
                             "sizes")
@@ -270,7 +275,7 @@ class GpuFunction:
 
     def _to_device(self, k: int, a: Any, values: list[int]) -> Any:
         spec = self.params[k]
-        if k in self._sizes:
+        if k in self.sizes:
             return a  # its value: passed to the kernels as its symbol
         if a is None:
             return memory.empty(self.binder.shape(k, values), spec.dtype)
