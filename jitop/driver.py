@@ -6,6 +6,7 @@ import json
 import re
 from typing import Sequence
 
+from jitop.codegen.collector import deferring_full_collections
 from jitop.codegen.forked import compile_kernel
 from jitop.codegen.target import llvm_version
 from jitop.config import compile_jobs
@@ -23,6 +24,7 @@ from jitop.tir.lower import lower as _lower
 from jitop.tir.nodes import Allocate, Barrier, For, PrimFunc, walk_stmts
 
 
+@deferring_full_collections
 def lower(s: Schedule, args: Sequence[Tensor], name: str = "main", simple_mode: bool = True) -> PrimFunc:
     """Lower a schedule to loop IR; print the result to read the loops.
 
@@ -34,6 +36,7 @@ def lower(s: Schedule, args: Sequence[Tensor], name: str = "main", simple_mode: 
     return _lower(s, args, name)
 
 
+@deferring_full_collections
 def build(s: Schedule | PrimFunc, args: Sequence[Tensor] | None = None,
           target: str | Target | CudaTarget | None = None, name: str = "main") -> "Module | GpuFunction":
     """Compile a schedule (or lowered function) and load it if this machine can run it.

@@ -32,6 +32,7 @@ from jitop import config
 from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
+from jitop.codegen.collector import deferring_full_collections
 from jitop.driver import default_target, resolve_target
 from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_device_array
 from jitop.target import CudaTarget
@@ -469,6 +470,7 @@ class KernelFunction:
             watch_for_autotune(self)
         return ov
 
+    @deferring_full_collections  # (a trace and a build allocate much and keep it to the end)
     def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
                struct: Any = None, key: Any = None) -> Overload | Any:
         # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitop import dtypes, te
+from jitop.codegen.collector import deferring_full_collections
 from jitop.driver import compile_func, default_target, printed_dim
 from jitop.graph import schedule_rules
 from jitop.graph.batching import batch_slices
@@ -88,6 +89,7 @@ def prepare(name: str, inputs: list[Node], input_names: list[str], input_plan: l
                     packed, rewrites, dict(bounds or {}))
 
 
+@deferring_full_collections
 def build(prep: Prepared, profile: bool = False) -> Executable:
     """The rest of the pipeline, from tensor expressions to loaded object code and the call plan."""
     target, why, unique, choices = prep.target, prep.why, prep.unique, prep.choices

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jitop import te
+from jitop.codegen.collector import deferring_full_collections
 from jitop.codegen.target import llvm_version
 from jitop.codegen.merge_kernels import merge_kernels
 from jitop.driver import compile_gpu_func
@@ -298,6 +299,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(bits), b.view(bits)))
 
 
+@deferring_full_collections
 def compile_graph_gpu(name: str, inputs: list[Node], input_names: list[str], input_plan: list[tuple[str, Any]],
                       results: list[Node], target: CudaTarget, guards: Sequence[str] = (),
                       reps: Mapping[Any, int] | None = None,
