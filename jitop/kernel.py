@@ -32,7 +32,7 @@ from jitop import config
 from jitop import dispatch
 from jitop import workloads
 from jitop.dispatch import FALLBACK, Dispatcher, Overload
-from jitop.codegen.collector import deferring_full_collections
+from jitop.codegen.collector import full_collections_deferred
 from jitop.driver import default_target, resolve_target
 from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_device_array
 from jitop.target import CudaTarget
@@ -459,7 +459,8 @@ class KernelFunction:
         struct = struct_key(key)
         build = functools.partial(self._build, values, run_numpy, tree, struct, key)
         try:
-            ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
+            with full_collections_deferred():  # (a trace and a build allocate much and keep it to the end)
+                ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
         except _Restart as restart:  # a parameter became static (or a size symbol): keyed again
             static_key = self._flatten_params(values)[1]
             if static_key == key and restart.err is not None:  # never: a static parameter is traced as its value
@@ -470,7 +471,6 @@ class KernelFunction:
             watch_for_autotune(self)
         return ov
 
-    @deferring_full_collections  # (a trace and a build allocate much and keep it to the end)
     def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
                struct: Any = None, key: Any = None) -> Overload | Any:
         # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)
