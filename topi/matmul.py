@@ -170,6 +170,7 @@ def _vector_counts(m: Size) -> tuple[int, ...]:
 
 
 GEMV_CHUNK = 256  # K rows per chunk of a one-row product's default config (see default_config)
+GEMV_CHUNK_BYTES = 512 << 10  # ... for a B whose chunks hold at least this much
 
 
 def default_config(wl: MatmulWorkload, target: Target) -> Config:
@@ -177,10 +178,12 @@ def default_config(wl: MatmulWorkload, target: Target) -> Config:
     representative size of a symbolic dim (at least 2: a symbol is never 1)."""
     m, n, k = (max(2, rep(d)) if is_sym(d) else d for d in (wl.m, wl.n, wl.k))
     tile = default_tile(m, n, k, wl.itemsize, target)
-    if wl.m == 1 and not is_sym(wl.k) and k > GEMV_CHUNK and k * n * wl.itemsize > 2 * target.l2_bytes:
+    if wl.m == 1 and not is_sym(wl.k) and k > GEMV_CHUNK and k * n * wl.itemsize > 2 * target.l2_bytes and \
+            GEMV_CHUNK * n * wl.itemsize >= GEMV_CHUNK_BYTES:
         # one row against a B beyond the L2 caches (a decode step's weights): B streamed in K chunks of 256
         # rows, k unrolled by 2, measured 1.2-1.7x faster here (768x2304..3072 and 3072x768 float32, 2 threads;
-        # neutral or slower for a B that fits in cache)
+        # neutral or slower for a B that fits in cache). Not for a narrow B (attention's weights times a
+        # 128-wide value cache): its chunks are too little work per parallel launch (1.4x slower, 8192 x 128)
         tile = dataclasses.replace(tile, k_chunk=GEMV_CHUNK, k_unroll=2)
     return tile.to_config(wl.m, wl.n, wl.k)
 
@@ -194,6 +197,12 @@ def default_tile(m: int, n: int, k: int, itemsize: int, target: Target) -> Matmu
     widest = min(16, target.vector_registers // 2) if m == 1 else 4 if target.vector_registers >= 32 else 2
     # powers of two only: LLVM splits a 3-register vector badly (a 48-lane tile runs 10x slower)
     vectors = max(v for v in _vector_counts(m) if v <= widest and v & (v - 1) == 0 and (v == 1 or (v - 1) * lanes < n))
+    if m == 1:
+        # a single row is parallel over panels only: a panel per thread where 2 vectors or more still make one
+        # (16 lanes, 2 threads: a 128-wide B as two 64-wide panels, 1.2-1.6x faster than one 128-wide panel;
+        # a 64-wide as two 32-wide, 1.07x)
+        split = [v for v in (16, 8, 4, 2) if v <= vectors and math.ceil(n / (v * lanes)) >= target.threads]
+        vectors = split[0] if split else vectors
     bn = vectors * lanes
     mr = max(1, min(6 if vectors >= 4 else 8, m, (target.vector_registers - vectors - 2) // vectors))
     panels = math.ceil(n / bn)
