@@ -171,6 +171,7 @@ def _vector_counts(m: Size) -> tuple[int, ...]:
 
 GEMV_CHUNK = 256  # K rows per chunk of a one-row product's default config (see default_config)
 GEMV_CHUNK_BYTES = 512 << 10  # ... for a B whose chunks hold at least this much
+GEMV_SPLIT_BYTES = 1 << 20  # a one-row product's B split into a panel per thread from this size (default_tile)
 
 
 def default_config(wl: MatmulWorkload, target: Target) -> Config:
@@ -197,10 +198,10 @@ def default_tile(m: int, n: int, k: int, itemsize: int, target: Target) -> Matmu
     widest = min(16, target.vector_registers // 2) if m == 1 else 4 if target.vector_registers >= 32 else 2
     # powers of two only: LLVM splits a 3-register vector badly (a 48-lane tile runs 10x slower)
     vectors = max(v for v in _vector_counts(m) if v <= widest and v & (v - 1) == 0 and (v == 1 or (v - 1) * lanes < n))
-    if m == 1:
+    if m == 1 and k * n * itemsize >= GEMV_SPLIT_BYTES:
         # a single row is parallel over panels only: a panel per thread where 2 vectors or more still make one
         # (16 lanes, 2 threads: a 128-wide B as two 64-wide panels, 1.2-1.6x faster than one 128-wide panel;
-        # a 64-wide as two 32-wide, 1.07x)
+        # a 64-wide as two 32-wide, 1.07x); a smaller B is read faster than a parallel launch costs
         split = [v for v in (16, 8, 4, 2) if v <= vectors and math.ceil(n / (v * lanes)) >= target.threads]
         vectors = split[0] if split else vectors
     bn = vectors * lanes

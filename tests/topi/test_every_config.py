@@ -223,13 +223,15 @@ MATMUL_SHAPES = [(1, 1, 1), (1, 1000, 1), (1000, 1, 3), (13, 37, 9), (6, 64, 4),
                  (100, 17, 300), (512, 512, 512), (3, 4096, 5), (4096, 3, 4096)]
 
 
-@pytest.mark.parametrize("n, bn, k_chunk", [(128, 64, 0), (64, 32, 0), (16, 16, 0), (2304, 256, 256)])
-def test_a_one_row_product_has_a_panel_per_thread_where_its_width_allows(n, bn, k_chunk):
-    """[1, 8192] @ [8192, n] float32 on 16 lanes and 2 threads: the row's only parallel loop is over panels, so
-    a narrow B is split into one panel per thread (at least 2 vectors wide), and K is cut into chunks only
-    where a chunk is enough work for a parallel launch (a decode step's 2304-wide weights)."""
+@pytest.mark.parametrize("k, n, bn, k_chunk", [(8192, 128, 64, 0), (8192, 64, 32, 0), (8192, 16, 16, 0),
+                                                (1024, 64, 64, 0), (8192, 2304, 256, 256)])
+def test_a_one_row_product_has_a_panel_per_thread_where_its_width_allows(k, n, bn, k_chunk):
+    """[1, k] @ [k, n] float32 on 16 lanes and 2 threads: the row's only parallel loop is over panels, so a
+    narrow B of 1 MiB or more is split into one panel per thread (at least 2 vectors wide; a smaller one is
+    read faster than a parallel launch costs), and K is cut into chunks only where a chunk is enough work for
+    a parallel launch (a decode step's 2304-wide weights)."""
     target = Target.from_string("x86-64-v4").replace(threads=2)
-    typed = tm.MatmulConfig.from_config(tm.default_config(tm.MatmulWorkload(1, n, 8192, "float32"), target))
+    typed = tm.MatmulConfig.from_config(tm.default_config(tm.MatmulWorkload(1, n, k, "float32"), target))
     assert (typed.bn, typed.k_chunk) == (bn, k_chunk)
 
 
