@@ -110,6 +110,8 @@ def test_a_gpu_kernel_relying_on_its_guards_is_stored_under_them(monkeypatch):
     tr = _size_overload(kf).trace
     guards, bounds = tr.shape_guards, tr.bounds
     assert bounds["n"][1] <= 40
+    text = kf.explain(x, 7)
+    assert "n = the Python int n (traced at 5)" in text and "grid ('(n + 255) // 256', 1, 1)" in text
     import jitop.graph.gpu as gpu
     compiled = []
     real = gpu.compile_gpu_func
