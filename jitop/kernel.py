@@ -520,7 +520,7 @@ class KernelFunction:
 
     def _sizes_varied(self, struct: Any) -> bool:
         """Whether this call makes Python int parameters size symbols (their value varied; IntPolicy): then it is
-        keyed again. Only for parameters that are leaves of their own, on the CPU."""
+        keyed again. Only for parameters that are leaves of their own (on the CPU and the GPU alike)."""
         names = self._param_leaves(struct)
         if names is None or not self.int_sizes.varied(struct, names, self._static_on_use):
             return False
@@ -605,8 +605,8 @@ class KernelFunction:
 
     def _warm_records(self, key: Any, tree: Any, dims: Mapping[int, Sequence[int]]) -> tuple[str, str] | None:
         """Where this call's warm record may be (jitop.graph.warm): keyed by the call's exact key, and (a symbolic
-        kernel's, serving other sizes) by its structure. None: a GPU kernel, a call with static values other than
-        Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
+        kernel's, serving other sizes) by its structure, for the CPU or the GPU target. None: a call with static
+        values other than Python scalars, a function without a fingerprint, or JITOP_WARM_RECORDS=0."""
         specs = key[2] if key is not None and key[:1] == ("pytree",) else key
         if key is None or key[:1] == ("unhashable",) or \
                 not all(_recordable(s) for s in specs) or not config.warm_records():

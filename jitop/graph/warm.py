@@ -12,7 +12,8 @@ by name, followed through helper functions (their code, defaults, closures) to t
 strings, None and tuples, lists and dicts of them). Modules count by name (numpy, math); anything else a function
 reads by name (an object, an array, a module of the user's, a class) leaves the function without a fingerprint:
 it is traced in every process, as before. Editing a helper, a default or a global constant changes the
-fingerprint, so a record never serves code it was not made from.
+fingerprint, so a record never serves code it was not made from. A GPU kernel's record names its GPU cache
+entry and holds its input plan (`save_gpu`, `load_gpu`).
 
 >>> def double(x): return x * 2
 >>> fingerprint(double) == fingerprint(double), fingerprint(lambda x: x * GLOBAL_OBJECT) is None
@@ -149,19 +150,21 @@ def save(where: str, prep: Prepared, kernel_key: Any, result: Any, writes: tuple
 def save_gpu(where: str, exe: Any, result: Any, writes: tuple[Write, ...], python_ints: bool) -> None:
     """`save` for a GPU function (`exe`: a jitop.graph.gpu.GpuExecutable stored in the GPU cache): the record
     names its cache entry and holds how the call's values reach its parameters (its input plan)."""
-    if exe.stored_as is None:
-        return
+    if exe.stored_as is None or any(kind == "live" for kind, _ in exe.inputs):
+        return  # (a captured array is read in place on each call; no fingerprinted function reads one anyway)
     rows, constants = [], []
-    for kind, what in exe.inputs:
-        if kind == "live":  # a captured array: read in place on each call (no fingerprint reads one anyway)
-            return
-        if kind == "const":
-            rows.append(["const", len(constants)])
-            constants.append(np.asarray(what))
-        elif kind == "arg":
-            rows.append(["arg", int(what)])
-        else:
-            rows.append([kind, int(what[0]), np.dtype(what[1]).str, [str(t) for t in what[2]] if len(what) > 2 else []])
+    try:
+        for kind, what in exe.inputs:
+            if kind == "const":
+                rows.append(["const", len(constants)])
+                constants.append(np.asarray(what))
+            elif kind == "arg":
+                rows.append(["arg", int(what)])
+            else:
+                names = [str(t) for t in what[2]] if len(what) > 2 else []
+                rows.append([kind, int(what[0]), np.dtype(what[1]).str, names])
+    except (TypeError, ValueError):
+        return
     _put(where, {"gpu": exe.stored_as, "plan": rows, "slots": list(exe.result_slots),
                  "guards": [text for text, _ in exe.guards]}, result, writes, python_ints, exe.choices, constants)
 

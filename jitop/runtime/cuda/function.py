@@ -131,8 +131,9 @@ class GpuFunction:
         return [_NO_BUFFER if k in self.sizes else a for k, a in enumerate(args)]
 
     def _plan_key(self, args: Sequence[Any]) -> tuple | None:
-        """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), the
-        key of its call plan: the arguments' shapes and dtypes; None for any other call."""
+        """For a call whose every argument is a jitop DeviceArray (the hot path of device-resident code), or an
+        int for a size parameter, the key of its call plan: the arrays' shapes and dtypes and the sizes' values;
+        None for any other call."""
         key = []
         for k, a in enumerate(args):
             if type(a) is int and k in self.sizes:  # a size parameter's value (`_size_values`)
