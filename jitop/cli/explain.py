@@ -82,7 +82,7 @@ def roofline(entries: list, times: dict) -> tuple[Any, float | None, float | Non
     target = default_target()
     fastest = max((_gflops(e, times.get(id(e))) for e in entries), default=0.0)
     streaming = max((_nbytes(e) / times[id(e)][0] / 1e9 for e in entries  # as much data as the triad moves
-                     if times.get(id(e)) and _nbytes(e) >= 3 * triad_array_bytes(target)), default=0.0)
+                     if times.get(id(e)) and (_nbytes(e) or 0) >= 3 * triad_array_bytes(target)), default=0.0)
     try:  # a kernel beating the stored peak or bandwidth makes them be measured again
         measured = machine_peak(target, at_least=fastest or None, at_least_gbs=streaming or None)
     except Exception as err:  # noqa: BLE001 - the report goes on without the roofline
@@ -143,8 +143,7 @@ def _describe(name: str, key: tuple, entry, calls: int, timed: tuple[float, int]
     lines = [head, f"  {len(exe.groups)} loop nest(s) in one kernel; "
                    f"calls: {calls}"]
     if getattr(entry, "accepts", None) is not None:  # one kernel for every size its guards allow
-        sizes = ", ".join(f"{k} = {v}" for k, v in entry.trace.sizes.items())
-        lines.append(f"  symbolic shapes: timed at {sizes}; checks {'; '.join(exe.plan.guards)}")
+        lines.append(f"  symbolic shapes: {_traced_at(entry, 'timed')}; checks {'; '.join(exe.plan.guards)}")
     lines += [f"  {t}" for t in exe.templates]
     lookup = entry.lookup
     if lookup is not None:
@@ -165,11 +164,17 @@ def _describe_gpu(head: str, entry: Any, calls: int) -> str:
     lines = [head, f"  {len(kernels)} launch(es) of {len({k.name for k in kernels})} GPU kernel(s) for "
                    f"{exe.function.target.arch}; calls: {calls}"]
     if entry.accepts is not None:
-        sizes = ", ".join(f"{k} = {v}" for k, v in entry.trace.sizes.items())
-        lines.append(f"  symbolic shapes: traced at {sizes}; checks {'; '.join(g for g, _ in exe.guards)}")
+        lines.append(f"  symbolic shapes: {_traced_at(entry, 'traced')}; checks {'; '.join(g for g, _ in exe.guards)}")
     lines.append("  time: not measured for GPU kernels here (CUDA events: jitop.cuda.Event; "
                  "benchmarks/bench_gpu.py)")
     return "\n".join(lines) + "\n"
+
+
+def _traced_at(entry: Any, verb: str) -> str:
+    """Where a symbolic signature's sizes come from: its trace's call, or a warm record (no trace, no sizes)."""
+    if entry.trace.recorded:
+        return "found through a warm record (not traced in this process)"
+    return f"{verb} at " + ", ".join(f"{k} = {v}" for k, v in entry.trace.sizes.items())
 
 
 def _signature(key: tuple) -> str:
@@ -188,16 +193,20 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3f}" if ms >= 1 else f"{ms:.4g}"
 
 
-def _nbytes(entry: Any) -> int:
-    """Bytes of a signature's arguments and results (what one call must read and write at least)."""
+def _nbytes(entry: Any) -> int | None:
+    """Bytes of a signature's arguments and results (what one call must read and write at least); None for a
+    symbolic one found through a warm record (its traced sizes are unknown)."""
     plan = entry.exe.plan
     sizes = getattr(entry.trace, "sizes", {})  # a symbolic kernel's dims at its first call
 
     def count(shape: tuple) -> int:
         return math.prod(d if isinstance(d, int) else compile_dim(d)(sizes) for d in shape)
     real = plan.outputs[:len(plan.outputs) - plan.n_scratch]  # scratch buffers stay in cache, mostly
-    nbytes = sum(count(s) * np.dtype(d).itemsize for s, d in real)
-    return nbytes + sum(count(p.shape) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
+    try:
+        nbytes = sum(count(s) * np.dtype(d).itemsize for s, d in real)
+        return nbytes + sum(count(p.shape) * p.dtype.itemsize for p in entry.exe.module.params if not p.is_output)
+    except KeyError:
+        return None
 
 
 def _gflops(entry: Any, timed: tuple[float, int] | None) -> float:
@@ -208,7 +217,10 @@ def _gflops(entry: Any, timed: tuple[float, int] | None) -> float:
 
 
 def _flops(entry: Any) -> int:
-    """Flops of one call at the sizes explain times it (a symbolic kernel: its first call's)."""
+    """Flops of one call at the sizes explain times it (a symbolic kernel: its first call's; 0 for one found
+    through a warm record, whose traced sizes are unknown)."""
+    if entry.trace.recorded and getattr(entry, "accepts", None) is not None:
+        return 0
     at_call = getattr(entry.trace, "flops", None)
     return at_call if at_call is not None else sum(task.flops for task in entry.tasks)
 
@@ -227,6 +239,8 @@ def _speed(entry, timed: tuple[float, int] | None, peak: float | None, bandwidth
     if flops:
         gf = flops / t / 1e9
         text += f", {gf:.1f} GFLOP/s" + (f" = {100 * gf / peak:.0f}% of peak" if peak else "")
+    if nbytes is None:
+        return text
     gb = nbytes / t / 1e9
     text += f", {gb:.1f} GB/s of arguments and results"
     if bandwidth:

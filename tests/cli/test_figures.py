@@ -134,3 +134,33 @@ def test_cache_list_shows_percent_of_the_stored_measured_peak(slow_machine, caps
     out = capsys.readouterr().out
     assert re.search(r"matmul 16x16x16 float32\s+\S+\s+2\.0\s+4000%\s", out), out  # 2 / 0.05: of the stored peak
     assert "peaks (1):" in out and task.target.key in out.split("peaks (1):")[1], out
+
+
+SYMBOLIC_PROG = textwrap.dedent('''\
+    import numpy as np
+
+    import jitop
+
+
+    @jitop.kernel
+    def figures_rows(x):
+        return np.tanh(x) * 2
+
+
+    if __name__ == "__main__":
+        for n in (40, 41, 42):
+            figures_rows(np.ones((n, 32), np.float32))
+''')
+
+
+def test_explain_of_a_warm_process_s_recorded_symbolic_kernel(slow_machine, tmp_path: Path, capsys) -> None:
+    """The second run finds the symbolic kernel through its warm record (not traced: no traced sizes): explain
+    still describes it and times it, without a bandwidth figure it cannot work out."""
+    prog = tmp_path / "figures_rows_prog.py"
+    prog.write_text(SYMBOLIC_PROG)
+    assert main(["explain", str(prog)]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(prog)]) == 0  # it raised KeyError: a symbol's size at the traced call
+    out = capsys.readouterr().out
+    block = [b for b in out.split("\n\n") if "figures_rows(" in b and "x_0" in b][-1]
+    assert "found through a warm record" in block and re.search(r"time [\d.]+ ms \(median of \d+ calls\)", block)
