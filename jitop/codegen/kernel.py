@@ -432,7 +432,7 @@ class KernelCodegen(LoopEmitter):
         """Lanes start, start+1, ... of loop `s`; those at or past `extent` (an int: only when lanes do not
         divide it) are masked off."""
         b = self.b
-        iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        iota = ops.vector_constant(I64, range(lanes))
         index = b.add(ops.splat(b, start, lanes), iota)
         mask = None
         if isinstance(extent, ir.Value):
@@ -565,7 +565,7 @@ class KernelCodegen(LoopEmitter):
         span = self._masked_intrinsic("llvm.masked.load", wide_t, [ptr, ir.Constant(i32, buf.dtype.itemsize), mask,
                                                                   ir.Constant(wide_t, ir.Undefined)])
         return b.shuffle_vector(span, ir.Constant(wide_t, ir.Undefined),
-                                ir.Constant(ir.VectorType(i32, v.lanes), [stride * k for k in range(v.lanes)]))
+                                ops.vector_constant(i32, [stride * k for k in range(v.lanes)]))
 
     def _any(self, mask: ir.Value) -> ir.Value:
         fn = ops.declare_intrinsic(self.module, "llvm.vector.reduce.or", [mask.type],
@@ -773,7 +773,7 @@ def _vector_gep(b: ir.IRBuilder, base: ir.Value, index: ir.Value, elem: ir.Type)
 
 
 def _all_true(lanes: int) -> ir.Value:
-    return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
+    return ops.splat_constant(ir.IntType(1), 1, lanes)
 
 
 def _split_lane(flat: Expr, var: Expr) -> tuple[int | None, Expr]:

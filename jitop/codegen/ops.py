@@ -5,7 +5,8 @@ x // 0 and wraps INT_MIN // -1); float -> int casts follow x86 (out of range giv
 """
 from __future__ import annotations
 
-from typing import Callable
+import struct
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from llvmlite import ir
@@ -34,21 +35,43 @@ def lanes_of(v: ir.Value) -> int | None:
     return v.type.count if isinstance(v.type, ir.VectorType) else None
 
 
+_VECTORS: dict[tuple, ir.Constant] = {}  # (element type, its values' bits) -> the one constant of them
+_MAX_VECTORS = 8192
+
+
+def vector_constant(ty: ir.Type, values: Sequence[Any]) -> ir.Constant:
+    """A vector constant of element type `ty`: one object per distinct constant in the process. llvmlite prints
+    a constant's text once per object, and a 16-lane constant made at each use (a splat, a lane index, a
+    shuffle mask) took ~0.1 ms to print, thousands of times per model. Floats are told apart by their bits (0.0
+    and -0.0 are two constants; so are NaNs of other payloads)."""
+    key = (str(ty), tuple(int(v) if isinstance(v, (int, np.integer)) else struct.pack("<d", float(v))
+                          for v in values))
+    c = _VECTORS.get(key)
+    if c is None:
+        if len(_VECTORS) >= _MAX_VECTORS:
+            _VECTORS.clear()
+        c = _VECTORS[key] = ir.Constant(ir.VectorType(ty, len(values)), list(values))
+    return c
+
+
+def splat_constant(ty: ir.Type, value: Any, lanes: int | None) -> ir.Constant:
+    """`value` as a constant of the scalar type `ty`, broadcast to `lanes` lanes (None: the scalar)."""
+    return ir.Constant(ty, value) if lanes is None else vector_constant(ty, [value] * lanes)
+
+
 def splat(b: ir.IRBuilder, v: ir.Value, lanes: int | None) -> ir.Value:
     """Broadcast a scalar to `lanes` lanes (no-op for scalars or values already vectors)."""
     if lanes is None or isinstance(v.type, ir.VectorType):
         return v
     if isinstance(v, ir.Constant):
-        return ir.Constant(ir.VectorType(v.type, lanes), [v.constant] * lanes)
+        return splat_constant(v.type, v.constant, lanes)
     vt = ir.VectorType(v.type, lanes)
     one = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), splat_constant(ir.IntType(32), 0, lanes))
 
 
 def constant(dt: DType, value, lanes: int | None = None) -> ir.Value:
-    ty = llvm_type(dt)
-    c = ir.Constant(ty, float(value) if dt.is_float else int(value))
-    return c if lanes is None else ir.Constant(ir.VectorType(ty, lanes), [c.constant] * lanes)
+    return splat_constant(llvm_type(dt), float(value) if dt.is_float else int(value), lanes)
 
 
 def _like(dt: DType, value, like: ir.Value) -> ir.Value:
@@ -240,7 +263,7 @@ def _float_to_int(b: ir.IRBuilder, src: DType, dst: DType, x: ir.Value, lanes: i
     lo, hi = -(2.0 ** (via_bits - 1)), 2.0 ** (via_bits - 1)
     ok = b.and_(b.fcmp_ordered(">=", x, _like(src, lo, x)), b.fcmp_ordered("<", x, _like(src, hi, x)))
     safe = b.select(ok, x, _like(src, 0.0, x))
-    indefinite = ir.Constant(wide, [-(1 << (via_bits - 1))] * lanes) if lanes else ir.Constant(wide, -(1 << (via_bits - 1)))
+    indefinite = splat_constant(ir.IntType(via_bits), -(1 << (via_bits - 1)), lanes)
     val = b.select(ok, b.fptosi(safe, wide), indefinite)
     out_ty = llvm_type(dst) if lanes is None else ir.VectorType(llvm_type(dst), lanes)
     return val if dst.bits == via_bits else b.trunc(val, out_ty)
@@ -258,7 +281,7 @@ def from_memory(b: ir.IRBuilder, dt: DType, v: ir.Value) -> ir.Value:
     """Loaded value -> register value (any non-zero byte is True)."""
     if not dt.is_bool:
         return v
-    return b.icmp_unsigned("!=", v, ir.Constant(v.type, [0] * v.type.count) if lanes_of(v) else ir.Constant(v.type, 0))
+    return b.icmp_unsigned("!=", v, splat_constant(ir.IntType(8), 0, lanes_of(v)))
 
 
 def select(b: ir.IRBuilder, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:

@@ -46,6 +46,8 @@ from fractions import Fraction
 
 from llvmlite import ir
 
+from jitop.codegen import ops
+
 
 __all__ = ["MATH_FUNCTIONS", "emit_math"]
 
@@ -193,12 +195,12 @@ class _E:
     def c(self, v):
         if isinstance(v, ir.Value):
             return v
-        return ir.Constant(self.ty, [float(v)] * self.n if self.n else float(v))
+        return ops.splat_constant(self.ty.element if self.n else self.ty, float(v), self.n or None)
 
     def i(self, v):
         if isinstance(v, ir.Value):
             return v
-        return ir.Constant(self.ity, [int(v)] * self.n if self.n else int(v))
+        return ops.splat_constant(self.ity.element if self.n else self.ity, int(v), self.n or None)
 
     # float arithmetic
     def add(self, a, b): return self.b.fadd(self.c(a), self.c(b))
@@ -246,8 +248,7 @@ class _E:
         return self.sel(self.gt(x, hi), hi, self.sel(self.lt(x, lo), lo, x))
 
     def bool(self, v: bool):
-        t = self.vec(ir.IntType(1))
-        return ir.Constant(t, [int(v)] * self.n if self.n else int(v))
+        return ops.splat_constant(ir.IntType(1), int(v), self.n or None)
 
     def signbit(self, a):
         return self.b.icmp_signed("<", self.as_int(a), self.i(0))
@@ -286,7 +287,7 @@ class _E:
             self.b.module, ir.FunctionType(reg, [reg, reg, reg, mask_ty, ir.IntType(32)]), name)
         parts = []
         for k in range(0, self.n, lanes):
-            idx = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(k, k + lanes)))
+            idx = ops.vector_constant(ir.IntType(32), range(k, k + lanes))
             a, b = (self.b.shuffle_vector(v, v, idx) for v in (p, nf))
             parts.append(self.b.call(fn, [a, b, a, ir.Constant(mask_ty, -1), ir.Constant(ir.IntType(32), 4)]))
         while len(parts) > 1:  # concatenate pairwise back to the full width
