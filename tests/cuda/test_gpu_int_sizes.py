@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jitop
 import sim_gpu
@@ -71,6 +72,19 @@ def test_ints_in_any_order_match_numpy_including_0_1_negative_and_beyond_the_arr
     assert kf.traces < 12  # the symbolic function served most values
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(-5, 35), min_size=3, max_size=8))
+def test_int_sequences_in_any_order_match_numpy(monkeypatch, values):
+    sim_gpu.gpu_or_simulated(monkeypatch)
+    x = np.random.default_rng(3).standard_normal(29).astype(F4)
+    kf = jitop.kernel(lambda x, n: x[:n] * 2 + x[n // 2:n].sum(), target="cuda")
+    for n in values:
+        want = x[:n] * 2 + x[n // 2:n].sum()
+        got = kf(x, n)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * 29)
+
+
 def test_the_value_of_a_size_param_binds_its_symbol_and_reads_as_it(monkeypatch):
     """jitop.build(target="cuda") with te.size_param: the size is an int, a numpy integer or a 0-d array (read
     on the host: the kernels get it as their symbol, reading it is the symbol); anything else names it."""
@@ -94,6 +108,8 @@ def test_the_value_of_a_size_param_binds_its_symbol_and_reads_as_it(monkeypatch)
         f(a, np.array([1, 2]))
     with pytest.raises(ValueError, match="argument 'n' .* value is -3"):
         f(a, -3)
+    with pytest.raises(ValueError, match="too large for symbol n"):
+        f(a, 2 ** 70)
     launch = f.launcher([memory.to_device(a), 6, memory.empty((6,), F4)])  # a launcher takes the size as an int
     launch()
     f.raise_if_flagged()
