@@ -621,12 +621,11 @@ class KernelFunction:
         """The overload a warm record names for this call, built without tracing, or None. (Its `trace` holds
         what a call needs only; `explain` and a rebuild trace the function.)"""
         for k, where in enumerate(records or ()):
-            found = warm.load(where, default_target()) if self.gpu is None else warm.load_gpu(where, self.gpu)
+            found = warm.load(where, default_target()) if self.gpu is None else warm.load_gpu(where)
             if found is None:
                 continue
             exe, result, writes, python_ints, tasks = found
-            symbolic = exe.symbolic if self.gpu is not None else bool(exe.module.symbols or exe.plan.guards)
-            if symbolic != (k == 1) or symbolic and not exe.accepts(values):
+            if exe.symbolic != (k == 1) or exe.symbolic and not exe.accepts(values):
                 continue
             # (a fingerprinted function reads no array by name: its guards are values, checked on each call)
             guards = capture(self.fn, True, Tracer).guards
@@ -671,8 +670,7 @@ class KernelFunction:
         if tr.sizes:
             tr.flops = flops_at(prep, tr.env)
         if records is not None:
-            symbolic = bool(exe.module.symbols or exe.plan.guards)
-            warm.save(records[symbolic], prep, lookup.key, tr.result, tr.writes, tr.python_ints)
+            warm.save(records[exe.symbolic], prep, lookup.key, tr.result, tr.writes, tr.python_ints)
         return self._overload(exe, tr, lookup, [task for task, _ in prep.choices.values()])
 
     def _gpu_overload(self, exe: Any, tr: Trace) -> Overload:
@@ -682,9 +680,8 @@ class KernelFunction:
         # a function reading globals/closure data, computing with Python ints or writing an argument whole
         # has no native entry: `call` serves it alone (a region's write, the entry makes)
         guarded = bool(tr.guards or tr.python_ints or any(w.spec is None for w in tr.writes))
-        symbolic = exe.module.symbols or exe.plan.guards
         return self._guarded(Overload(exe.call, exe, tr, lookup, tasks, native=not guarded,
-                                      accepts=exe.accepts if symbolic else None))
+                                      accepts=exe.accepts if exe.symbolic else None))
 
     def _guarded(self, ov: Overload) -> Overload:
         """`ov`, whose call first checks the globals/closure data its trace read (traced again if they changed)

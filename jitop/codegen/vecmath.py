@@ -195,12 +195,12 @@ class _E:
     def c(self, v):
         if isinstance(v, ir.Value):
             return v
-        return ops.splat_constant(self.ty.element if self.n else self.ty, float(v), self.n or None)
+        return ops.splat_constant(self.elt, float(v), self.n or None)
 
     def i(self, v):
         if isinstance(v, ir.Value):
             return v
-        return ops.splat_constant(self.ity.element if self.n else self.ity, int(v), self.n or None)
+        return ops.splat_constant(ir.IntType(self.width), int(v), self.n or None)
 
     # float arithmetic
     def add(self, a, b): return self.b.fadd(self.c(a), self.c(b))

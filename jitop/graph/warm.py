@@ -38,7 +38,7 @@ from jitop.graph.kernel_cache import load_named, signature
 from jitop.graph.to_te import choice_line
 from jitop.graph.writeback import Write
 from jitop.runtime.executable import Executable
-from jitop.tuner.task import Task, pick
+from jitop.tuner.task import Choice, Task, pick
 
 GLOBAL_OBJECT = object()  # (for the doctest: an object read by name has no fingerprint)
 _MODULES_BY_NAME = ("numpy", "math", "cmath", "operator", "functools", "itertools", "jitop")
@@ -193,46 +193,47 @@ _LOAD_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, Rec
 def load(where: str, target: Any) -> tuple[Executable, Any, tuple[Write, ...], bool, list[Task]] | None:
     """(kernel, result tree, writes, python_ints, tasks) of the record at `where`, or None: no record, one that
     is not well-formed, names a kernel not stored (or not built for its signature), or was made with configs
-    other than those the tuning sources pick now for `target` (a tuned record arrived since)."""
+    other than those the tuning sources pick now (a tuned record arrived since). `target`: the Target the
+    kernel's template lines (for explain) describe."""
     try:
-        found = _get(where, target)
+        found = _get(where)
         if found is None or "kernel" not in found[0]:
             return None
-        rec, tasks, templates, constants, writes = found
+        rec, choices, constants, writes = found
         exe = load_named(rec["kernel"], rec["signature"], constants)
         if exe is None:
             return None
         exe.set_result(rec["result"])  # (checked: a tree over the kernel's results)
-        exe.templates = templates
+        exe.templates = [choice_line(f"{task.template}{k}", task, choice, target)
+                         for k, (task, choice) in enumerate(choices)]
         exe.decisions = ["named by a warm record: the function was not traced (explain traces it)"]
-        return exe, rec["result"], writes, rec["python_ints"], tasks
+        return exe, rec["result"], writes, rec["python_ints"], [task for task, _ in choices]
     except _LOAD_ERRORS:
         return None
 
 
-def load_gpu(where: str, target: Any) -> tuple[Any, Any, tuple[Write, ...], bool, list[Task]] | None:
+def load_gpu(where: str) -> tuple[Any, Any, tuple[Write, ...], bool, list[Task]] | None:
     """`load` for a GPU function (a GpuExecutable of the GPU cache's entry the record names, its input plan
     checked against the function's parameters), or None."""
     from jitop.graph.gpu import stored_executable
     try:
-        found = _get(where, target)
+        found = _get(where)
         if found is None or "gpu" not in found[0]:
             return None
-        rec, tasks, _, constants, writes = found
+        rec, choices, constants, writes = found
         plan = [_plan_row(row, constants) for row in rec["plan"]]
-        choices = [(task, pick(task)) for task in tasks]
         exe = stored_executable(rec["gpu"], plan, rec["slots"], rec["guards"], choices)
         if exe is None:
             return None
         exe.set_result(rec["result"])
-        return exe, rec["result"], writes, rec["python_ints"], tasks
+        return exe, rec["result"], writes, rec["python_ints"], [task for task, _ in choices]
     except _LOAD_ERRORS:
         return None
 
 
-def _get(where: str, target: Any) -> tuple[dict, list[Task], list[str], list[np.ndarray], tuple] | None:
-    """The record at `where` (its data, tasks, their template lines, constants and writes), or None where there
-    is none, its schema is another, or a task's config is not the one the tuning sources pick now."""
+def _get(where: str) -> tuple[dict, list[tuple[Task, Choice]], list[np.ndarray], tuple] | None:
+    """The record at `where` (its data, each task with the config picked for it, constants and writes), or None
+    where there is none, its schema is another, or a task's config is not the one the tuning sources pick now."""
     st = store()
     blob = None if st is NULL else st.get(where)
     if blob is None:
@@ -240,16 +241,15 @@ def _get(where: str, target: Any) -> tuple[dict, list[Task], list[str], list[np.
     rec = loads(blob)
     if rec.get("schema") != SCHEMA or type(rec["python_ints"]) is not bool:
         return None
-    tasks, templates = [], []
-    for k, (task_json, config) in enumerate(rec["tasks"]):
+    choices = []
+    for task_json, config in rec["tasks"]:
         task = Task.from_json(task_json)
         choice = pick(task)
         if json.dumps(choice.config.as_dict(), sort_keys=True) != config:
             return None
-        tasks.append(task)
-        templates.append(choice_line(f"{task.template}{k}", task, choice, target))
+        choices.append((task, choice))
     writes = tuple(_write(*w) for w in rec["writes"])
-    return rec, tasks, templates, [_array(*c) for c in rec["constants"]], writes
+    return rec, choices, [_array(*c) for c in rec["constants"]], writes
 
 
 def _plan_row(row: list, constants: list[np.ndarray]) -> tuple[str, Any]:

@@ -96,6 +96,11 @@ class Executable:
         self.run = _specialised_runner(self.plan, self.module)
         self.set_result(self.plan.result)
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether one compiled kernel serves many shapes (symbolic dims, or guards on them)."""
+        return bool(self.module.symbols or self.plan.guards)
+
     def set_result(self, tree: Any) -> None:
         """Make `call` return the structure `tree` describes (see `rebuild`); None: the flat list of results."""
         if tree is not None:
