@@ -28,16 +28,15 @@ source parameter an input or, after the kernel, an output (the kernel's paramete
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from llvmlite import ir
 import numpy as np
 
-from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, word
+from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, counted, function, i64_variable, require, word
 
-__all__ = ["CopyIn", "MAX_COPIES", "section", "copy_in_ir"]
+__all__ = ["CopyIn", "MAX_COPIES", "section", "add_copy_in"]
 
 MAX_COPIES = 8  # copies one spec makes
 
@@ -117,29 +116,26 @@ def _nbytes(info: InputInfo) -> int:
 _TARGET, _SOURCE, _AFTER, _POSITION, _BYTES, _TARGET_BYTES, _N_INDEX, _N_OTHER, _HEAD = range(9)
 
 
-def copy_in_ir(flags_offset: int, writeable: int) -> str:
-    """@copy_in(sec, args, ptrs, scal, phase) -> i1, as LLVM IR text for the entry's module: `sec` a spec's
-    section, `args` the call's arguments, `ptrs`/`scal` the kernel's parameters the entry filled (data pointers,
-    scalar values). Phase 0, before the kernel: checks every copy, then makes those before the kernel; 0
-    (nothing written) if a check fails. Phase 1, after it: makes the copies after the kernel. Each copy is a
-    memmove (a source may overlap its target, as numpy allows). `flags_offset`: where an ndarray keeps its
-    flags; `writeable`: NPY_ARRAY_WRITEABLE."""
-    mod = ir.Module("jitop_copy_in")
-    fn = ir.Function(mod, ir.FunctionType(I1, [PTR] * 4 + [I64]), "copy_in")
-    fn.linkage = "internal"
+def add_copy_in(mod: ir.Module, flags_offset: int, writeable: int) -> ir.Function:
+    """@copy_in(sec, args, ptrs, scal, phase) -> i1, added to the entry's module: `sec` a spec's section, `args`
+    the call's arguments, `ptrs`/`scal` the kernel's parameters the entry filled (data pointers, scalar values).
+    Phase 0, before the kernel: checks every copy, then makes those before the kernel; 0 (nothing written) if a
+    check fails. Phase 1, after it: makes the copies after the kernel. Each copy is a memmove (a source may
+    overlap its target, as numpy allows). `flags_offset`: where an ndarray keeps its flags; `writeable`:
+    NPY_ARRAY_WRITEABLE."""
+    fn, bb = function(mod, "copy_in", I1, [("sec", PTR), ("args", PTR), ("ptrs", PTR), ("scal", PTR),
+                                           ("phase", I64)], ["entry", "fail"])
     sec, args, ptrs, scal, phase = fn.args
-    for arg, name in zip(fn.args, ("sec", "args", "ptrs", "scal", "phase")):
-        arg.name = name
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b = ir.IRBuilder(bb["entry"])
     v = _Vars(b, "c", "at", "j", "off")
-    fail = fn.append_basic_block("fail")
+    fail = bb["fail"]
     n = word(b, sec, 0, "n")
     with b.if_then(b.icmp_signed("==", phase, I64(0))):
         b.store(I64(1), v.at)
-        with _range(b, v.c, n):
+        with counted(b, v.c, n):
             _check_one(b, v, sec, args, ptrs, scal, fail, flags_offset, writeable)
     b.store(I64(1), v.at)
-    with _range(b, v.c, n):
+    with counted(b, v.c, n):
         at = b.load(v.at, typ=I64, name="at")
         with b.if_then(b.icmp_signed("==", _field(b, sec, at, _AFTER), phase)):
             _offset(b, v, sec, scal, at, None)
@@ -150,7 +146,7 @@ def copy_in_ir(flags_offset: int, writeable: int) -> str:
     b.ret(I1(1))
     b.position_at_end(fail)
     b.ret(I1(0))
-    return "\n".join(str(g) for g in mod.functions)
+    return fn
 
 
 def _check_one(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, args: ir.Value, ptrs: ir.Value, scal: ir.Value,
@@ -160,17 +156,17 @@ def _check_one(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, args: ir.Value, ptrs:
     at = b.load(v.at, typ=I64, name="at")
     target = b.load(b.gep(args, [_field(b, sec, at, _POSITION)], source_etype=PTR), typ=PTR, name="target")
     flags = b.load(b.gep(target, [I64(flags_offset)], source_etype=I8), typ=I32, name="flags")
-    _require(b, b.icmp_unsigned("!=", b.and_(flags, I32(writeable)), I32(0)), fail)
+    require(b, b.icmp_unsigned("!=", b.and_(flags, I32(writeable)), I32(0)), fail)
     _offset(b, v, sec, scal, at, fail)
     tstart = b.ptrtoint(_pointer(b, ptrs, _field(b, sec, at, _TARGET)), I64, name="tstart")
     tend = b.add(tstart, _field(b, sec, at, _TARGET_BYTES), name="tend")
     others = b.add(b.add(at, I64(_HEAD)), b.mul(_field(b, sec, at, _N_INDEX), I64(4)), name="others")
-    with _range(b, v.j, _field(b, sec, at, _N_OTHER)) as j:  # no other array input's bytes overlap the target's
+    with counted(b, v.j, _field(b, sec, at, _N_OTHER)) as j:  # no other array input's bytes overlap the target's
         o = b.add(others, b.mul(j, I64(2)))
         ostart = b.ptrtoint(_pointer(b, ptrs, word(b, sec, o)), I64)
         oend = b.add(ostart, word(b, sec, b.add(o, I64(1))))
         overlap = b.and_(b.icmp_unsigned("<", ostart, tend), b.icmp_unsigned("<", tstart, oend))
-        _require(b, b.not_(overlap), fail)
+        require(b, b.not_(overlap), fail)
     b.store(_next_copy(b, sec, at), v.at)
 
 
@@ -179,7 +175,7 @@ def _offset(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, scal: ir.Value, at: ir.V
     """The byte offset of the region of the copy at `at` into its target, left in v.off; with `fail`, each
     index is checked to lie inside its axis (numpy's negative indices wrapped first)."""
     b.store(I64(0), v.off)
-    with _range(b, v.j, _field(b, sec, at, _N_INDEX)) as j:
+    with counted(b, v.j, _field(b, sec, at, _N_INDEX)) as j:
         e = b.add(b.add(at, I64(_HEAD)), b.mul(j, I64(4)))
         entry = lambda k: word(b, sec, b.add(e, I64(k)))  # noqa: E731 - the index entry's k-th word
         is_arg = b.icmp_unsigned("!=", entry(0), I64(0))
@@ -187,7 +183,7 @@ def _offset(b: ir.IRBuilder, v: "_Vars", sec: ir.Value, scal: ir.Value, at: ir.V
         dim = entry(2)
         idx = b.select(b.icmp_signed("<", given, I64(0)), b.add(given, dim), given, name="idx")
         if fail is not None:
-            _require(b, b.and_(b.icmp_signed(">=", idx, I64(0)), b.icmp_signed("<", idx, dim)), fail)
+            require(b, b.and_(b.icmp_signed(">=", idx, I64(0)), b.icmp_signed("<", idx, dim)), fail)
         b.store(b.add(b.load(v.off, typ=I64), b.mul(idx, entry(3))), v.off)
 
 
@@ -203,37 +199,11 @@ def _next_copy(b: ir.IRBuilder, sec: ir.Value, at: ir.Value) -> ir.Value:
 
 
 class _Vars:
-    """i64 stack slots (LLVM's mem2reg makes them registers), made in the entry block."""
+    """The copy loop's i64 variables, made in the entry block."""
 
     def __init__(self, b: ir.IRBuilder, *names: str):
         for name in names:
-            slot = b.alloca(I64, name=name)
-            slot.type = PTR
-            setattr(self, name, slot)
-
-
-@contextlib.contextmanager
-def _range(b: ir.IRBuilder, counter: ir.Value, n: ir.Value) -> Iterator[ir.Value]:
-    """for i in range(n): the body built inside the with block; the builder continues after the loop."""
-    fn = b.function
-    head, body, after = (fn.append_basic_block(name) for name in ("loop", "body", "after"))
-    b.store(I64(0), counter)
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.load(counter, typ=I64, name="i")
-    b.cbranch(b.icmp_signed("<", i, n), body, after)
-    b.position_at_end(body)
-    yield i
-    b.store(b.add(i, I64(1)), counter)
-    b.branch(head)
-    b.position_at_end(after)
-
-
-def _require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:
-    """Go on if `ok`, else to `fail`."""
-    cont = b.function.append_basic_block("ok")
-    b.cbranch(ok, cont, fail)
-    b.position_at_end(cont)
+            setattr(self, name, i64_variable(b, name))
 
 
 def _pointer(b: ir.IRBuilder, ptrs: ir.Value, k: ir.Value) -> ir.Value:

@@ -1,5 +1,6 @@
-"""What the native entry's llvmlite.ir builders share (jitop.runtime.fastcall's symbolic parts,
-jitop.runtime.copy_in): the types they use and a word read from an i64 table (a spec's words, a call's slots).
+"""What the native entry's llvmlite.ir builders share (jitop.runtime.entry_ir, dimprog_ir, copy_in): the types
+they use, a word read from an i64 table (a spec's words, a call's slots) and the few control-flow shapes they
+repeat.
 
 >>> b = ir.IRBuilder(ir.Function(ir.Module(), ir.FunctionType(I64, [PTR]), "f").append_basic_block())
 >>> b.ret(word(b, b.function.args[0], 3))  # doctest: +ELLIPSIS
@@ -7,9 +8,13 @@ jitop.runtime.copy_in): the types they use and a word read from an i64 table (a 
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator, Sequence
+
 from llvmlite import ir
 
-__all__ = ["I1", "I8", "I32", "I64", "PTR", "word"]
+__all__ = ["I1", "I8", "I32", "I64", "PTR", "word", "pointer_word", "function", "require", "counted",
+           "stack_array", "i64_variable"]
 
 I1, I8, I32, I64, PTR = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType()
 
@@ -18,3 +23,61 @@ def word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "")
     """base[index] of an i64 array."""
     index = I64(index) if isinstance(index, int) else index
     return b.load(b.gep(base, [index], source_etype=I64), typ=I64, name=name)
+
+
+def pointer_word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "",
+                 typ: ir.Type = PTR) -> ir.Value:
+    """base[index] of an i64 array, read as a pointer (a word holding an address)."""
+    index = I64(index) if isinstance(index, int) else index
+    return b.load(b.gep(base, [index], source_etype=I64), typ=typ, name=name)
+
+
+def function(mod: ir.Module, name: str, ret: ir.Type, params: Sequence[tuple[str, ir.Type]],
+             blocks: Sequence[str] = ("entry",), internal: bool = True) -> tuple[ir.Function, dict[str, ir.Block]]:
+    """A function of `mod` with named parameters and its basic blocks, by label (the first is its entry)."""
+    fn = ir.Function(mod, ir.FunctionType(ret, [t for _, t in params]), name)
+    if internal:
+        fn.linkage = "internal"
+    for arg, (pname, _) in zip(fn.args, params):
+        arg.name = pname
+    return fn, {label: fn.append_basic_block(label) for label in blocks}
+
+
+def require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:
+    """Go on if `ok`, else to `fail`."""
+    cont = b.function.append_basic_block("ok")
+    b.cbranch(ok, cont, fail)
+    b.position_at_end(cont)
+
+
+def stack_array(b: ir.IRBuilder, element: ir.Type, n: int, name: str) -> ir.Value:
+    """An n-element array on the stack, as an opaque pointer (llvmlite types its allocas)."""
+    cells = b.alloca(ir.ArrayType(element, n), name=name)
+    cells.align = 16
+    cells.type = PTR
+    return cells
+
+
+def i64_variable(b: ir.IRBuilder, name: str) -> ir.Value:
+    """An i64 stack slot (LLVM's mem2reg makes it a register); build it in the entry block."""
+    slot = b.alloca(I64, name=name)
+    slot.type = PTR
+    return slot
+
+
+@contextlib.contextmanager
+def counted(b: ir.IRBuilder, counter: ir.Value, n: ir.Value) -> Iterator[ir.Value]:
+    """for i in range(n), counting in the i64 variable `counter`: the body is built inside the with block; the
+    builder continues after the loop."""
+    fn = b.function
+    head, body, after = (fn.append_basic_block(name) for name in ("loop", "body", "after"))
+    b.store(I64(0), counter)
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.load(counter, typ=I64, name="i")
+    b.cbranch(b.icmp_signed("<", i, n), body, after)
+    b.position_at_end(body)
+    yield i
+    b.store(b.add(i, I64(1)), counter)
+    b.branch(head)
+    b.position_at_end(after)
