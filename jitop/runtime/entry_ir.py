@@ -24,7 +24,8 @@ from jitop.runtime.entry_words import (
     S_NARGS, S_NIN, S_NOUT, S_OUTREC, S_POST, S_PROG, S_RECORDS, S_SLOT, T_ARRAY, T_BOOL, T_EMPTY, T_FLOAT, T_HITS,
     T_LONG, T_NEW, T_NSPECS, T_SENTINEL, T_SPECS, T_TRUE, WRITEABLE)
 from jitop.runtime.ir_words import (
-    I1, I8, I32, I64, PTR, counted, function, i64_variable, pointer_word, require, stack_array, word)
+    I1, I8, I32, I64, PTR, CodePointer, counted, function, i64_variable, pointer_word, require, stack_array,
+    stack_slot, word)
 
 __all__ = ["PY_API", "entry_module"]
 
@@ -37,14 +38,6 @@ PY_API = {"Py_IncRef": (VOID, [PTR]), "Py_DecRef": (VOID, [PTR]), "PyEval_SaveTh
           "PyFloat_AsDouble": (DOUBLE, [PTR]), "PyLong_AsLongLongAndOverflow": (I64, [PTR, PTR])}
 # PyArray_NewFromDescr(subtype, descr, nd, dims, strides, data, flags, obj), called through numpy's API table
 _NEW_FROM_DESCR = ir.FunctionType(PTR, [PTR, PTR, I32, PTR, PTR, PTR, I32, PTR])
-
-
-class _CodePointer(ir.PointerType):
-    """An opaque pointer to code of a known function type: llvmlite's `call` reads the callee's type from it."""
-
-    def __init__(self, function_type: ir.FunctionType):
-        super().__init__()
-        self.pointee = function_type
 
 
 def entry_module() -> ir.Module:
@@ -133,8 +126,7 @@ def _match(mod: ir.Module) -> None:
                       ["entry", "loop", "body", "next", "yes", "no"])
     table, spec, args, ptrs, scal, slots = fn.args
     b = ir.IRBuilder(bb["entry"])
-    overflow = b.alloca(I32, name="overflow")
-    overflow.type = PTR
+    overflow = stack_slot(b, I32, "overflow")
     nin = word(b, spec, S_NIN, "nin")
     b.branch(bb["loop"])
     b.position_at_end(bb["loop"])
@@ -271,7 +263,7 @@ def _output(mod: ir.Module) -> None:
     b.ret(spare)
     b.position_at_end(bb["fresh"])
     _call(b, "Py_IncRef", descr)  # PyArray_NewFromDescr steals it
-    new = pointer_word(b, table, T_NEW, "new", typ=_CodePointer(_NEW_FROM_DESCR))
+    new = pointer_word(b, table, T_NEW, "new", typ=CodePointer(_NEW_FROM_DESCR))
     array = b.call(new, [pointer_word(b, table, T_ARRAY), descr, b.trunc(nd, I32), dims, NULL, NULL, I32(0), NULL])
     b.cbranch(_is(b, array, NULL), bb["fail"], bb["keep"])
     b.position_at_end(bb["keep"])
@@ -308,7 +300,7 @@ def _invoke(mod: ir.Module) -> None:
         switch.add_case(I64(arity), case)
         b.position_at_end(case)
         params = [b.load(b.gep(ptrs, [I64(k)], source_etype=PTR), typ=PTR) for k in range(arity)]
-        kernel = _CodePointer(ir.FunctionType(VOID, [PTR] * arity))
+        kernel = CodePointer(ir.FunctionType(VOID, [PTR] * arity))
         b.call(pointer_word(b, spec, S_KERNEL, "kernel", typ=kernel), params)
         b.branch(bb["out"])
     b.position_at_end(bb["out"])

@@ -13,10 +13,23 @@ from typing import Iterator, Sequence
 
 from llvmlite import ir
 
-__all__ = ["I1", "I8", "I32", "I64", "PTR", "word", "pointer_word", "function", "require", "counted",
-           "stack_array", "i64_variable"]
+__all__ = ["I1", "I8", "I32", "I64", "PTR", "CodePointer", "word", "pointer_word", "function", "require", "counted",
+           "stack_slot", "stack_array", "i64_variable"]
 
 I1, I8, I32, I64, PTR = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType()
+
+
+class CodePointer(ir.PointerType):
+    """An opaque pointer (printed `ptr`) to code of a known function type: llvmlite calls only through a value
+    whose type names the callee's function type.
+
+    >>> str(CodePointer(ir.FunctionType(ir.VoidType(), [I64])))
+    'ptr'
+    """
+
+    def __init__(self, function_type: ir.FunctionType):
+        super().__init__()
+        self.pointee = function_type
 
 
 def word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: str = "") -> ir.Value:
@@ -33,11 +46,14 @@ def pointer_word(b: ir.IRBuilder, base: ir.Value, index: ir.Value | int, name: s
 
 
 def function(mod: ir.Module, name: str, ret: ir.Type, params: Sequence[tuple[str, ir.Type]],
-             blocks: Sequence[str] = ("entry",), internal: bool = True) -> tuple[ir.Function, dict[str, ir.Block]]:
+             blocks: Sequence[str] = ("entry",), internal: bool = True,
+             attributes: Sequence[str] = ()) -> tuple[ir.Function, dict[str, ir.Block]]:
     """A function of `mod` with named parameters and its basic blocks, by label (the first is its entry)."""
     fn = ir.Function(mod, ir.FunctionType(ret, [t for _, t in params]), name)
     if internal:
         fn.linkage = "internal"
+    for attribute in attributes:
+        fn.attributes.add(attribute)
     for arg, (pname, _) in zip(fn.args, params):
         arg.name = pname
     return fn, {label: fn.append_basic_block(label) for label in blocks}
@@ -50,19 +66,22 @@ def require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:
     b.position_at_end(cont)
 
 
+def stack_slot(b: ir.IRBuilder, typ: ir.Type, name: str, align: int | None = None) -> ir.Value:
+    """A stack slot of `typ` where the builder is, as an opaque pointer (llvmlite types its allocas)."""
+    slot = b.alloca(typ, name=name)
+    slot.align = align
+    slot.type = PTR
+    return slot
+
+
 def stack_array(b: ir.IRBuilder, element: ir.Type, n: int, name: str) -> ir.Value:
-    """An n-element array on the stack, as an opaque pointer (llvmlite types its allocas)."""
-    cells = b.alloca(ir.ArrayType(element, n), name=name)
-    cells.align = 16
-    cells.type = PTR
-    return cells
+    """An n-element array on the stack, 16-byte aligned."""
+    return stack_slot(b, ir.ArrayType(element, n), name, 16)
 
 
 def i64_variable(b: ir.IRBuilder, name: str) -> ir.Value:
     """An i64 stack slot (LLVM's mem2reg makes it a register); build it in the entry block."""
-    slot = b.alloca(I64, name=name)
-    slot.type = PTR
-    return slot
+    return stack_slot(b, I64, name)
 
 
 @contextlib.contextmanager

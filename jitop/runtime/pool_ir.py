@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from jitop.runtime.ir_words import I1, I8, I32, I64, PTR
+from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, CodePointer, function, stack_slot
 
 __all__ = ["SLOT_BYTES", "pool_module"]
 
 VOID = ir.VoidType()
-# A loop body (begin, end, closure), called through a pointer typed as pointing to it: llvmlite calls only through
-# typed function pointers (printed `void (i64, i64, ptr)*`, which LLVM's parser reads as `ptr`: the code is the
-# same).
-BODY_PTR = ir.FunctionType(VOID, [I64, I64, PTR]).as_pointer()
+BODY_PTR = CodePointer(ir.FunctionType(VOID, [I64, I64, PTR]))  # a loop body(begin, end, closure)
 SLOT_BYTES = 128     # a worker's slot: generation, sleeping, tid, 1 + the CPU it is kept off, padding
 ALIGN = 128          # of every global: two cache lines
 CPU_SET_BYTES = 128  # sizeof(cpu_set_t): 1024 CPUs, as [16 x i64]
@@ -97,13 +94,7 @@ class _Pool:
                exported: bool = False) -> tuple[ir.IRBuilder, dict[str, ir.Block]]:
         """A nounwind function (internal unless `exported`) with named parameters and basic blocks: a builder at
         the end of the first block, and the blocks by name."""
-        fn = ir.Function(self.module, ir.FunctionType(ret, [t for _, t in params]), name)
-        for arg, (arg_name, _) in zip(fn.args, params):
-            arg.name = arg_name
-        fn.attributes.add("nounwind")
-        if not exported:
-            fn.linkage = "internal"
-        named = {block: fn.append_basic_block(block) for block in blocks}
+        _, named = function(self.module, name, ret, params, blocks, internal=not exported, attributes=["nounwind"])
         return ir.IRBuilder(named[blocks[0]]), named
 
     def call(self, b: ir.IRBuilder, name: str, args: list[ir.Value], result: str = "") -> ir.CallInstr:
@@ -122,14 +113,6 @@ class _Pool:
         """The job's `field` (a plain load: read only after a claim, which orders it after the publishing)."""
         ptr = b.gep(self.job, [I32(0), I32(field)], source_etype=self.job_t, name=name + ".p")
         return b.load(ptr, typ=typ, align=8, name=name)
-
-
-def _alloca(b: ir.IRBuilder, typ: ir.Type, name: str, align: int = 8) -> ir.AllocaInstr:
-    """A stack slot of `typ` where the builder is, typed as an opaque pointer."""
-    slot = b.alloca(typ, name=name)
-    slot.align = align
-    slot.type = PTR
-    return slot
 
 
 def _store_atomic(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, ordering: str, align: int) -> None:
@@ -274,7 +257,7 @@ def _test_delay(p: _Pool) -> None:
     b.cbranch(b.icmp_unsigned("==", ns, I64(0), name="off"), bb["out"], bb["sleep"])
     b.position_at_end(bb["sleep"])
     timespec = ir.LiteralStructType([I64, I64])
-    ts = _alloca(b, timespec, "ts")
+    ts = stack_slot(b, timespec, "ts", 8)
     sec = b.udiv(ns, I64(10**9), name="sec")
     nsec = b.urem(ns, I64(10**9), name="nsec")
     b.store(sec, ts, align=8)
@@ -296,7 +279,7 @@ def _worker_main(p: _Pool) -> None:
     tid_p = p.slot(b, idx, TID, "tid.p")
     tid = p.sys(b, SYS_GETTID, result="tid")  # for steer_away
     _store_atomic(b, b.trunc(tid, I32, name="tid32"), tid_p, "monotonic", 4)  # published by the seq_cst `sleeping`
-    seen = _alloca(b, I32, "seen", align=4)
+    seen = stack_slot(b, I32, "seen", 4)
     b.store(I32(0), seen, align=4)  # the slot was never signalled before this thread existed
     b.branch(bb["loop"])
     b.position_at_end(bb["loop"])
@@ -324,10 +307,10 @@ def _spawn_worker(p: _Pool) -> None:
     new thread inherits the mask; signals go to Python's threads)."""
     b, bb = p.define("spawn_worker", I1, [("idx", I64)], ["entry", "detach", "out"])
     idx, = b.function.args
-    tid = _alloca(b, I64, "tid")
+    tid = stack_slot(b, I64, "tid", 8)
     sigset = ir.ArrayType(I8, 128)
-    all_ = _alloca(b, sigset, "all")
-    saved = _alloca(b, sigset, "saved")
+    all_ = stack_slot(b, sigset, "all", 8)
+    saved = stack_slot(b, sigset, "saved", 8)
     b.call(p.sigfillset, [all_], name="r0")
     b.call(p.pthread_sigmask, [I32(SIG_SETMASK), all_, saved], name="r1")
     arg = b.inttoptr(idx, PTR, name="arg")
@@ -397,7 +380,7 @@ def _steer_away(p: _Pool) -> None:
     b.position_at_end(bb["set"])
     b.store(tag, ex_p, align=4)
     mask_t = p.cpu_mask.value_type
-    mask = _alloca(b, mask_t, "mask")
+    mask = stack_slot(b, mask_t, "mask", 8)
     b.call(p.memcpy, [mask, p.cpu_mask, I64(CPU_SET_BYTES), I1(0)])
     word_p = b.gep(mask, [I32(0), b.lshr(cpu, I32(6), name="word")], source_etype=mask_t, name="word.p")
     bits = b.load(word_p, typ=I64, align=8, name="bits")
