@@ -4,6 +4,7 @@ jitop again on the cache the first run left (issue 23's recompilation storm).
     python benchmarks/bench_shapes.py                    # both programs
     python benchmarks/bench_shapes.py --programs mlp     # one
     python benchmarks/bench_shapes.py --quick            # fewer tokens and batches (a smoke test)
+    python benchmarks/bench_shapes.py --background       # also @jitop.kernel(compile="background") cold
 
 1. decode: greedy generation with 2 GPT-2-width layers (C=768, 12 heads, float32, random weights): a 16-token
    prompt through `prefill` (one call per layer), then 48 new tokens, each through `decode_step` per layer with
@@ -142,8 +143,12 @@ def batch_sizes(rng: np.random.Generator, count: int) -> list[int]:
 def child(program: str, mode: str, quick: bool, out_dir: str) -> dict:
     """Run one program under numpy or jitop in this process; what the parent reports."""
     t_import = time.perf_counter()
+    if mode == "jitop-background":
+        os.environ["JITOP_COMPILE"] = "background"
+        mode = "jitop"
     if mode == "jitop":
         import jitop
+        from jitop import build_beside
         from jitop.codegen.target import compile_count
     import_s = time.perf_counter() - t_import
     rng = np.random.default_rng(23)
@@ -157,7 +162,11 @@ def child(program: str, mode: str, quick: bool, out_dir: str) -> dict:
         tokens, _ = generate(pre, step, layers, embed, prompt, new)
         result["program_s"] = time.perf_counter() - t0
         result["compiles"] = compile_count() if mode == "jitop" else 0
+        _built_beside(result, mode)
         _, times = generate(pre, step, layers, embed, prompt, new)  # again: every shape seen once already
+        if mode == "jitop" and not build_beside.wait(0):  # (compile="background": the builds this run started)
+            build_beside.wait()
+            _, times = generate(pre, step, layers, embed, prompt, new)
         result["steady_step_s"] = float(np.median(times))
         result["tokens"] = tokens
         if mode == "jitop":
@@ -171,11 +180,21 @@ def child(program: str, mode: str, quick: bool, out_dir: str) -> dict:
         outs = [fn(x, *weights) for x in xs]
         result["program_s"] = time.perf_counter() - t0
         result["compiles"] = compile_count() if mode == "jitop" else 0
+        _built_beside(result, mode)
         np.savez(os.path.join(out_dir, f"mlp-{mode}-{os.getpid()}.npz"), *outs)
         result["outputs"] = os.path.join(out_dir, f"mlp-{mode}-{os.getpid()}.npz")
         if mode == "jitop":
             result["signatures"] = {"mlp3": len(fn.cache)}
     return result
+
+
+def _built_beside(result: dict, mode: str) -> None:
+    """compile="background": how long after the program its kernels were all built (the children's work)."""
+    if mode == "jitop" and os.environ.get("JITOP_COMPILE") == "background":
+        from jitop import build_beside
+        t0 = time.perf_counter()
+        build_beside.wait()
+        result["built_after_s"] = time.perf_counter() - t0
 
 
 def run_child(program: str, mode: str, quick: bool, cache: str, out_dir: str) -> dict:
@@ -198,13 +217,19 @@ def mlp_agrees(numpy_file: str, jitop_file: str) -> bool:
     return all(np.allclose(a[k], b[k], rtol=bound, atol=bound) for k in a.files)
 
 
-def measure(program: str, quick: bool, root: str) -> list[list[str]]:
+def measure(program: str, quick: bool, root: str, background: bool) -> list[list[str]]:
     cache = os.path.join(root, f"cache-{program}")
     ref = run_child(program, "numpy", quick, os.path.join(root, "unused-cache"), root)
     cold = run_child(program, "jitop", quick, cache, root)
     warm = run_child(program, "jitop", quick, cache, root)
+    runs = [("numpy", ref), ("jitop, empty cache", cold), ("jitop, warm cache", warm)]
+    if background:  # compile="background" on an empty cache of its own, then a plain run on what it left
+        cache = os.path.join(root, f"cache-{program}-background")
+        cold_bg = run_child(program, "jitop-background", quick, cache, root)
+        runs += [(f"jitop compile=background, empty cache (built {cold_bg['built_after_s']:.2f} s after)", cold_bg),
+                 ("jitop, the cache it left", run_child(program, "jitop", quick, cache, root))]
     rows = []
-    for name, r in (("numpy", ref), ("jitop, empty cache", cold), ("jitop, warm cache", warm)):
+    for name, r in runs:
         if program == "decode":
             same = "-" if r is ref else ("yes" if r["tokens"] == ref["tokens"] else "NO")
             steady = f"{r['steady_step_s'] * 1e3:.2f}"
@@ -222,6 +247,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--programs", nargs="+", choices=("decode", "mlp"), default=["decode", "mlp"])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--background", action="store_true", help="also compile=background on an empty cache")
     p.add_argument("--child", nargs=3, metavar=("PROGRAM", "MODE", "OUT_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -237,7 +263,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jitop-bench-shapes-") as root:
         for program in args.programs:
             print(f"\n### {program}\n")
-            print(table(header, measure(program, args.quick, root)))
+            print(table(header, measure(program, args.quick, root, args.background)))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,14 @@ def store() -> DiskStore | NullStore:
     return found
 
 
+def close_all() -> None:
+    """Close every store's database connections (each reopens at its next use): before forking a child that
+    writes to the cache. An SQLite connection open across a fork makes the child's own connections share its
+    lock state, and their writes can be lost."""
+    for st in list(_stores.values()):
+        st.close()
+
+
 _warned: set[str] = set()
 
 

@@ -126,6 +126,12 @@ def warm_records() -> bool:
     return _env_int("JITOP_WARM_RECORDS", 1) != 0
 
 
+def compile_mode() -> str:
+    """JITOP_COMPILE: "background" builds every @jitop.kernel's new kernels in a child process while their calls
+    run as numpy (jitop.build_beside); "now" (default) compiles at the call."""
+    return os.environ.get("JITOP_COMPILE", "").strip() or "now"
+
+
 def autotune() -> str:
     """JITOP_AUTOTUNE: "background" tunes every @jitop.kernel's heavy workloads while the program runs ("" if unset)."""
     return os.environ.get("JITOP_AUTOTUNE", "").strip()

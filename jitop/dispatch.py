@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from jitop.runtime import fastcall
 
-__all__ = ["FALLBACK", "MAX_FAST_SIGNATURES", "PROMOTE_AFTER", "CallCount", "Dispatcher", "Overload",
+__all__ = ["FALLBACK", "PENDING", "MAX_FAST_SIGNATURES", "PROMOTE_AFTER", "CallCount", "Dispatcher", "Overload",
            "clear_all", "dispatchers", "drain_all", "on_first_call"]
 
 MAX_FAST_SIGNATURES = 16  # overloads the native entry tries, newest first (each costs a few ns to rule out)
@@ -50,6 +50,19 @@ class _Fallback:
 
 
 FALLBACK = _Fallback()
+
+
+class _Pending:
+    """What serves a call whose signature a child process builds (jitop.build_beside): plain numpy, this call only
+    (never kept: a later call looks again)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "jitop.dispatch.PENDING"
+
+
+PENDING = _Pending()
 _UNSET = object()  # an overload whose native spec was not asked for yet
 
 
@@ -189,7 +202,7 @@ class Dispatcher:
                     ov.struct = struct
                     self._symbolic.setdefault(struct, []).insert(0, ov)
                     self._accepts_memo.clear()
-            if memo:
+            if memo and ov is not PENDING:
                 self._memo[key] = ov
         return ov
 

@@ -28,10 +28,10 @@ import numpy as np
 from jitop import dtypes, pytree
 from jitop.errors import FallbackError, JitopFallbackWarning, JitopRecompileWarning, ScalarNeeded
 from jitop.graph.capture import capture, code_objects, holds, reading
-from jitop import config
+from jitop import build_beside, config
 from jitop import dispatch
 from jitop import workloads
-from jitop.dispatch import FALLBACK, Dispatcher, Overload
+from jitop.dispatch import FALLBACK, PENDING, Dispatcher, Overload
 from jitop.codegen.collector import full_collections_deferred
 from jitop.driver import default_target, resolve_target
 from jitop.runtime.cuda.memory import DeviceArray, declared_shape_dtype, is_device_array
@@ -187,7 +187,8 @@ class KernelFunction:
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
                  fallback: bool = True, autotune: str | None = None,
-                 dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None):
+                 dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None,
+                 compile: str | None = None):
         self.fn = fn
         # a GPU target: traced graphs compile to GPU functions, one per shape (jitop.graph.gpu)
         self.gpu = resolve_target(target) if target is not None else None
@@ -195,6 +196,7 @@ class KernelFunction:
             raise ValueError(f"jitop.kernel(target={target!r}): a CPU kernel is built for the host (JITOP_CPU picks "
                              "another); target= is for 'cuda'")
         self.autotune = autotune_mode(autotune)
+        self.compile_mode = _compile_mode(compile)
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = fn.__doc__
@@ -341,7 +343,7 @@ class KernelFunction:
             ov = self.dispatcher.lookup(key, values, struct_key(key))
         if ov is None:
             ov = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
-        if ov is FALLBACK:
+        if ov is FALLBACK or ov is PENDING:
             return self.fn(*args, **kwargs)
         if not kwargs and ov.spec is not None and not ov.native and self._positional \
                 and len(values) == len(args) <= fastcall.MAX_PARAMS:
@@ -449,15 +451,16 @@ class KernelFunction:
         return leaves, tuple(specs), ((tuple, tuple(defs)) if nested else None)
 
     def _compile(self, key: tuple, values: Sequence[Any], run_numpy: Callable[[], Any] | None = None,
-                 tree: Any = None) -> Overload | Any:
+                 tree: Any = None, beside: bool = True) -> Overload | Any:
         """What serves `key`: the dispatcher's, else traced and built (the disk cache, else compiled and saved),
-        verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy."""
+        verified (JITOP_VERIFY=1), or FALLBACK when it runs as numpy; PENDING (this call runs as numpy) while a
+        child process builds it (compile="background", unless `beside` is False)."""
         learned = self._learned_static() if tree is None else set()
         if learned:
             self._set_static(self.static | learned)
-            return self._compile(self._keyed(values)[1], values, run_numpy, tree)
+            return self._compile(self._keyed(values)[1], values, run_numpy, tree, beside)
         struct = struct_key(key)
-        build = functools.partial(self._build, values, run_numpy, tree, struct, key)
+        build = functools.partial(self._build, values, run_numpy, tree, struct, key, beside)
         try:
             with full_collections_deferred():  # (a trace and a build allocate much and keep it to the end)
                 ov = self.dispatcher.get(key, build, memo=struct is not None, struct=struct, leaves=values)
@@ -465,22 +468,27 @@ class KernelFunction:
             static_key = self._flatten_params(values)[1]
             if static_key == key and restart.err is not None:  # never: a static parameter is traced as its value
                 return self._fall_back(restart.err, _BUILD_DEPTH - 1)
-            return self._compile(static_key, values, run_numpy, tree)
+            return self._compile(static_key, values, run_numpy, tree, beside)
         workloads.maybe_flush()
-        if self.autotune == "background" and ov is not FALLBACK and ov.tasks:
+        if self.autotune == "background" and isinstance(ov, Overload) and ov.tasks:
             watch_for_autotune(self)
         return ov
 
     def _build(self, values: Sequence[Any], run_numpy: Callable[[], Any] | None, tree: Any,
-               struct: Any = None, key: Any = None) -> Overload | Any:
+               struct: Any = None, key: Any = None, beside: bool = False) -> Overload | Any:
         # which dims are symbolic (a `dynamic=` that does not fit the call raises here, not as a fallback)
         dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         if self._sizes_varied(struct):
             raise _Restart(None)
         records = self._warm_records(key, tree, dims)
+        if beside and self.compile_mode == "background" and records is not None and build_beside.pending(records):
+            return PENDING  # its child has not finished: no record to look for yet
         try:
-            ov = self._from_record(records, values, tree) or \
-                self._trace_and_build(values, tree, struct, dims, records)
+            ov = self._from_record(records, values, tree)
+            build = functools.partial(self._trace_and_build, values, tree, struct, dims, records)
+            if ov is None and beside and run_numpy is not None and self._built_beside(key, records, dims, build):
+                return PENDING  # (before the checks below: they are the child's, and this process's at the load)
+            ov = ov or self._trace_and_build(values, tree, struct, dims, records)
             for name, why in ov.trace.fixed_sizes.items():
                 self.int_sizes.demote(name, why)
                 self._set_static(self.static)
@@ -511,6 +519,18 @@ class KernelFunction:
             if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
                 raise numpy_error
             return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
+
+    def _built_beside(self, key: Any, records: tuple[str, str] | None, dims: Mapping[int, Sequence[int]],
+                      build: Callable[[], Overload]) -> bool:
+        """compile="background": whether a child process builds this signature (or the one it builds now first),
+        this call running as numpy. Only where the child's kernel can reach this process: the disk cache on, a
+        warm record to find it by; never for the GPU (a CUDA context does not survive a fork)."""
+        if self.compile_mode != "background" or self.gpu is not None or records is None \
+                or not config.cache_enabled():
+            return False
+        specs = key[2] if key[:1] == ("pytree",) else key
+        symbolic = bool(dims) or any(s[:1] == ("symint",) for s in specs)  # found by its structure's record
+        return build_beside.defer(records if symbolic else records[:1], records[1], build)
 
     def _param_leaves(self, struct: Any) -> list[str] | None:
         """The parameters' names where `struct` has one leaf per parameter (no containers, no *args), else None:
@@ -893,7 +913,7 @@ class KernelFunction:
         values, key, tree = self._bind(args, kwargs)
         struct = struct_key(key)
         cached = self.dispatcher.find(key, values, struct) is not None
-        entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree)
+        entry = self._compile(key, values, lambda: self.fn(*args, **kwargs), tree, beside=False)
         if entry is not FALLBACK and entry.trace.recorded:  # built from a warm record: traced now
             entry = self._build_trace(self.trace(values, tree, self._dynamic_dims(struct, values, tree)))
         if entry is FALLBACK:
@@ -1190,7 +1210,8 @@ def _returned_tracers(result: Any) -> list[Tracer]:
 
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
            fallback: bool = True, autotune: str | None = None,
-           dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None) -> Any:
+           dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None,
+           compile: str | None = None) -> Any:
     """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
 
     >>> @jitop.kernel
@@ -1212,7 +1233,10 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     the first call; {"x": (0,)}: those dims of those parameters; False: a kernel per shape. Sizes 0 and 1
     are always compiled as constants (they broadcast).
     target="cuda": run it on this machine's NVIDIA GPU (jitop.graph.gpu): numpy arguments are copied to the GPU
-    and the results back; a kernel per shape (no symbolic shapes, tuning or disk cache there yet).
+    and the results back; device arrays stay there.
+    compile="background" (or JITOP_COMPILE=background): a call whose kernel is neither in memory nor on disk runs
+    as plain numpy while a child process compiles it into the disk cache; later calls load it from there once
+    it is ready (jitop.build_beside). compile="now" (default): the call traces and compiles.
 
     >>> @jitop.kernel
     ... def double(x):
@@ -1231,8 +1255,17 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     (array([1., 1.]), array([2., 2.]), array([0., 1., 0., 1.]))
     """
     def wrap(f: Callable) -> KernelFunction:
-        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target)
+        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target, compile)
     return wrap(fn) if fn is not None else wrap
+
+
+def _compile_mode(mode: str | None) -> str:
+    """compile= of @jitop.kernel: "now" or "background" (None: JITOP_COMPILE, else "now")."""
+    mode = config.compile_mode() if mode is None else mode
+    if mode not in ("now", "background"):
+        raise ValueError(f"jitop.kernel(compile={mode!r}): expected 'now' or 'background' (JITOP_COMPILE sets the "
+                         "default)")
+    return mode
 
 
 def profile(fn: KernelFunction, *args: Any, repeat: int = 10, **kwargs: Any) -> Any:

@@ -144,6 +144,19 @@ def _read_all(fd: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
 
 
+def poll(child: Child) -> int | None:
+    """The child's exit code once it has exited (then its pipe is closed and it is reaped), else None: for a child
+    whose work is its side effect (jitop.build_beside), never read."""
+    try:
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped already (SIGCHLD ignored): its outcome is unknown, its work tells
+        pid, status = child.pid, 0
+    if pid == 0:
+        return None
+    os.close(child.fd)
+    return os.waitstatus_to_exitcode(status)
+
+
 def stop(child: Child, kill: bool = True) -> int:
     """Close the pipe, kill the child if asked, wait for it; its exit code (negative: killed by a signal)."""
     os.close(child.fd)
