@@ -32,7 +32,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from jitop import cachedir
 from jitop.codegen import children
@@ -48,6 +48,7 @@ _MAX_FINISHED = 4096     # records remembered as built beside (or failed); forgo
 @dataclass
 class _Build:
     records: tuple[str, ...]        # where the kernel it builds will be found (its warm records' keys)
+    owner: Hashable                 # what it builds for: a function's argument structure
     build: Callable[[], object]
     child: children.Child | None = None
     started: float = 0.0
@@ -55,16 +56,16 @@ class _Build:
 
 _lock = threading.Lock()
 _running: _Build | None = None
-_queued: dict[str, _Build] = {}  # the builds waiting for the child, by their signature's structure
+_queued: dict[Hashable, _Build] = {}  # the builds waiting for the child, by owner
 _finished: dict[str, bool] = {}  # record -> whether its child exited cleanly
 _at_exit_registered = False
 
 
-def defer(records: Sequence[str], structure: str, build: Callable[[], object]) -> bool:
+def defer(records: Sequence[str], owner: Hashable, build: Callable[[], object]) -> bool:
     """Whether a call whose kernel would be found at one of `records` (its warm records' keys) runs as numpy now:
-    a child builds it (now, or after the builds before it; a later call of the same argument `structure` takes
-    its place in the queue: its shape decisions are the newer). False: build it here (its child is done and its
-    kernel was not found, or no child can start)."""
+    a child builds it (now, or after the builds before it). `owner`: what the build is for (a function's
+    argument structure): a later call of the same owner takes its place in the queue (its shape decisions are
+    the newer). False: build it here (its child is done and its kernel was not found, or no child can start)."""
     with _lock:
         _reap()
         if any(r in _finished for r in records):
@@ -73,19 +74,19 @@ def defer(records: Sequence[str], structure: str, build: Callable[[], object]) -
             return True
         if not children.may_fork():
             return False
-        _queued.pop(structure, None)
-        _queued[structure] = _Build(tuple(records), build)
+        _queued.pop(owner, None)
+        _queued[owner] = _Build(tuple(records), owner, build)
         _register_at_exit()
         _start_next()
         return True
 
 
-def pending(records: Sequence[str]) -> bool:
-    """Whether a child builds, or will build, the kernel found at one of `records` (a call can run as numpy
-    without looking for it)."""
+def pending(owner: Hashable) -> bool:
+    """Whether a child builds, or will build, a kernel for `owner` (a call of it runs as numpy without looking
+    for its kernel: it is built by then, or it waits for the running build)."""
     with _lock:
         _reap()
-        return any(r in b.records for b in (_running, *_queued.values()) if b is not None for r in records)
+        return owner in _queued or _running is not None and _running.owner == owner
 
 
 def status(record: str) -> str | None:
@@ -171,7 +172,7 @@ def _in_child(builds: Sequence[Callable[[], object]]) -> bytes:
     it was forked from; its warnings are the parent's to give, if a signature is built there."""
     warnings.simplefilter("ignore")
     try:
-        os.nice(5)
+        os.nice(19)
     except OSError:
         pass
     for build in builds:

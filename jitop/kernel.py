@@ -480,13 +480,15 @@ class KernelFunction:
         dims = self._dynamic_dims(struct, values, tree) if struct is not None else {}
         if self._sizes_varied(struct):
             raise _Restart(None)
+        owner = self._beside_owner(key, struct, dims) if beside and run_numpy is not None else None
+        if owner is not None and build_beside.pending(owner):
+            return PENDING  # a child builds for this structure: no record to look for yet
         records = self._warm_records(key, tree, dims)
-        if beside and self.compile_mode == "background" and records is not None and build_beside.pending(records):
-            return PENDING  # its child has not finished: no record to look for yet
         try:
             ov = self._from_record(records, values, tree)
             build = functools.partial(self._trace_and_build, values, tree, struct, dims, records)
-            if ov is None and beside and run_numpy is not None and self._built_beside(key, records, dims, build):
+            if ov is None and owner is not None and records is not None and \
+                    build_beside.defer(records if owner[2] else records[:1], owner, build):
                 return PENDING  # (before the checks below: they are the child's, and this process's at the load)
             ov = ov or self._trace_and_build(values, tree, struct, dims, records)
             for name, why in ov.trace.fixed_sizes.items():
@@ -520,17 +522,15 @@ class KernelFunction:
                 raise numpy_error
             return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
 
-    def _built_beside(self, key: Any, records: tuple[str, str] | None, dims: Mapping[int, Sequence[int]],
-                      build: Callable[[], Overload]) -> bool:
-        """compile="background": whether a child process builds this signature (or the one it builds now first),
-        this call running as numpy. Only where the child's kernel can reach this process: the disk cache on, a
-        warm record to find it by; never for the GPU (a CUDA context does not survive a fork)."""
-        if self.compile_mode != "background" or self.gpu is not None or records is None \
-                or not config.cache_enabled():
-            return False
+    def _beside_owner(self, key: Any, struct: Any, dims: Mapping[int, Sequence[int]]) -> tuple | None:
+        """compile="background": what a child builds this call's kernel for (this function, the argument structure,
+        whether its kernel is symbolic: a call that made it symbolic is built anew), or None where it is built
+        here: the child's kernel reaches this process through the disk cache and a warm record only, and a CUDA
+        context does not survive a fork."""
+        if self.compile_mode != "background" or self.gpu is not None or struct is None or not config.cache_enabled():
+            return None
         specs = key[2] if key[:1] == ("pytree",) else key
-        symbolic = bool(dims) or any(s[:1] == ("symint",) for s in specs)  # found by its structure's record
-        return build_beside.defer(records if symbolic else records[:1], records[1], build)
+        return id(self), struct, bool(dims) or any(s[:1] == ("symint",) for s in specs)
 
     def _param_leaves(self, struct: Any) -> list[str] | None:
         """The parameters' names where `struct` has one leaf per parameter (no containers, no *args), else None:
