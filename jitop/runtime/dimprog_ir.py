@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from jitop.runtime import dimprog
 from jitop.runtime.dimprog import MAX_SLOTS, MAX_STACK, Op
-from jitop.runtime.ir_words import I1, I64, PTR, function, stack_array, word
+from jitop.runtime.ir_words import I1, I64, PTR, answer, function, index_loop, stack_array, word
 
 __all__ = ["add_dims_bind", "add_dimprog"]
 
@@ -24,12 +24,7 @@ def add_dims_bind(mod: ir.Module) -> ir.Function:
                       ["entry", "loop", "cmp", "fixed", "symbolic", "bind", "tie", "next", "yes", "no"])
     have, want, n, slots = fn.args
     b = ir.IRBuilder(bb["entry"])
-    b.branch(bb["loop"])
-    b.position_at_end(bb["loop"])
-    d = b.phi(I64, "d")
-    d.add_incoming(I64(0), bb["entry"])
-    b.cbranch(b.icmp_signed("==", d, n), bb["yes"], bb["cmp"])
-    b.position_at_end(bb["cmp"])
+    d = index_loop(b, bb, n)
     x, y = word(b, have, d, "x"), word(b, want, d, "y")
     d.add_incoming(b.add(d, I64(1), "d1"), bb["next"])
     b.cbranch(b.icmp_signed(">=", y, I64(0)), bb["fixed"], bb["symbolic"])
@@ -46,9 +41,7 @@ def add_dims_bind(mod: ir.Module) -> ir.Function:
     b.cbranch(b.icmp_signed("==", bound, x), bb["next"], bb["no"])
     b.position_at_end(bb["next"])
     b.branch(bb["loop"])
-    for label, value in (("yes", 1), ("no", 0)):
-        b.position_at_end(bb[label])
-        b.ret(I1(value))
+    answer(b, bb)
     return fn
 
 
@@ -86,9 +79,7 @@ def add_dimprog(mod: ir.Module) -> ir.Function:
     _dimprog_push(b, bb, r, prog, slots, stack)
     _dimprog_store(b, bb, r, prog, odims, nbytes)
     _dimprog_operands(b, mod, bb, r)
-    for label, value in (("done", 1), ("fail", 0)):
-        b.position_at_end(bb[label])
-        b.ret(I1(value))
+    answer(b, bb, "done", "fail")
     return fn
 
 

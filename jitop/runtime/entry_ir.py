@@ -24,8 +24,8 @@ from jitop.runtime.entry_words import (
     S_NARGS, S_NIN, S_NOUT, S_OUTREC, S_POST, S_PROG, S_RECORDS, S_SLOT, T_ARRAY, T_BOOL, T_EMPTY, T_FLOAT, T_HITS,
     T_LONG, T_NEW, T_NSPECS, T_SENTINEL, T_SPECS, T_TRUE, WRITEABLE)
 from jitop.runtime.ir_words import (
-    I1, I8, I32, I64, PTR, CodePointer, counted, function, i64_variable, pointer_word, require, stack_array,
-    stack_slot, word)
+    I1, I8, I32, I64, PTR, CodePointer, answer, counted, function, i64_variable, index_loop, pointer_word, require,
+    stack_array, stack_slot, word)
 
 __all__ = ["PY_API", "entry_module"]
 
@@ -78,13 +78,6 @@ def _call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     return b.call(b.module.get_global(name), list(args))
 
 
-def _answer(b: ir.IRBuilder, bb: dict[str, ir.Block]) -> None:
-    """Blocks "yes" and "no" return 1 and 0."""
-    for label, value in (("yes", 1), ("no", 0)):
-        b.position_at_end(bb[label])
-        b.ret(I1(value))
-
-
 # ** the entry's functions **
 def _dims_equal(mod: ir.Module) -> None:
     """@dims_equal(have, want, n): the first n words of two i64 arrays are equal."""
@@ -92,16 +85,11 @@ def _dims_equal(mod: ir.Module) -> None:
                       ["entry", "loop", "cmp", "yes", "no"])
     have, want, n = fn.args
     b = ir.IRBuilder(bb["entry"])
-    b.branch(bb["loop"])
-    b.position_at_end(bb["loop"])
-    d = b.phi(I64, "d")
-    d.add_incoming(I64(0), bb["entry"])
-    b.cbranch(b.icmp_signed("==", d, n), bb["yes"], bb["cmp"])
-    b.position_at_end(bb["cmp"])
+    d = index_loop(b, bb, n)
     equal = b.icmp_signed("==", word(b, have, d, "x"), word(b, want, d, "y"))
     d.add_incoming(b.add(d, I64(1), "d1"), bb["cmp"])
     b.cbranch(equal, bb["loop"], bb["no"])
-    _answer(b, bb)
+    answer(b, bb)
 
 
 class _Record:
@@ -161,7 +149,7 @@ def _match(mod: ir.Module) -> None:
     k.add_incoming(b.add(k, I64(1), "k1"), bb["next"])
     at.add_incoming(next_at, bb["next"])
     b.branch(bb["loop"])
-    _answer(b, bb)
+    answer(b, bb)
 
 
 def _match_array(b: ir.IRBuilder, r: _Record, table: ir.Value, args: ir.Value, slots: ir.Value, no: ir.Block,

@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 from llvmlite import ir
 
 __all__ = ["I1", "I8", "I32", "I64", "PTR", "CodePointer", "word", "pointer_word", "function", "require", "counted",
-           "stack_slot", "stack_array", "i64_variable"]
+           "index_loop", "answer", "stack_slot", "stack_array", "i64_variable"]
 
 I1, I8, I32, I64, PTR = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType()
 
@@ -64,6 +64,25 @@ def require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:
     cont = b.function.append_basic_block("ok")
     b.cbranch(ok, cont, fail)
     b.position_at_end(cont)
+
+
+def index_loop(b: ir.IRBuilder, bb: dict[str, ir.Block], n: ir.Value) -> ir.PhiInstr:
+    """for d in range(n) over blocks "entry" (the builder's), "loop" and "cmp": the builder left in "cmp" (the
+    body, which adds d + 1 as the phi's incoming value from the block that loops back); "yes" when d reaches n."""
+    b.branch(bb["loop"])
+    b.position_at_end(bb["loop"])
+    d = b.phi(I64, "d")
+    d.add_incoming(I64(0), bb["entry"])
+    b.cbranch(b.icmp_signed("==", d, n), bb["yes"], bb["cmp"])
+    b.position_at_end(bb["cmp"])
+    return d
+
+
+def answer(b: ir.IRBuilder, bb: dict[str, ir.Block], yes: str = "yes", no: str = "no") -> None:
+    """Blocks `yes` and `no` return i1 1 and 0."""
+    for label, value in ((yes, 1), (no, 0)):
+        b.position_at_end(bb[label])
+        b.ret(I1(value))
 
 
 def stack_slot(b: ir.IRBuilder, typ: ir.Type, name: str, align: int | None = None) -> ir.Value:
