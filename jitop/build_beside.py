@@ -59,6 +59,17 @@ _running: _Build | None = None
 _queued: dict[Hashable, _Build] = {}  # the builds waiting for the child, by owner
 _finished: dict[str, bool] = {}  # record -> whether its child exited cleanly
 _at_exit_registered = False
+_forked = False  # this process is a child: whatever it builds (a kernel its trace calls), it builds itself
+
+
+def _after_fork() -> None:
+    """In a forked child: no builds of the parent's, a lock of its own (the parent may have held it)."""
+    global _lock, _running, _forked
+    _lock, _running, _forked = threading.Lock(), None, True
+    _queued.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def defer(records: Sequence[str], owner: Hashable, build: Callable[[], object]) -> bool:
@@ -72,7 +83,7 @@ def defer(records: Sequence[str], owner: Hashable, build: Callable[[], object]) 
             return False
         if _running is not None and any(r in _running.records for r in records):
             return True
-        if not children.may_fork():
+        if _forked or not children.may_fork():
             return False
         _queued.pop(owner, None)
         _queued[owner] = _Build(tuple(records), owner, build)
@@ -175,7 +186,13 @@ def _in_child(builds: Sequence[Callable[[], object]]) -> bytes:
         os.nice(19)
     except OSError:
         pass
+    failed = 0
     for build in builds:
-        build()
+        try:
+            build()
+        except Exception:  # noqa: BLE001 - that signature is built at its next call, in the program
+            failed += 1
     fastcall.available()  # the native entry's object code too, if no process has stored it yet
+    if failed:
+        raise RuntimeError(f"{failed} of {len(builds)} builds failed")
     return b""

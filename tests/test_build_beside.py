@@ -106,6 +106,20 @@ def test_a_signature_whose_child_fails_is_built_here_with_the_usual_warning(besi
         np.testing.assert_array_equal(f(a), a + a)
 
 
+def test_a_child_builds_what_its_trace_needs_itself_even_forked_under_the_lock(beside):
+    """A child is forked while the parent holds the queue's lock; a kernel its trace calls (with arrays, not
+    tracers) asks whether to build beside: it must get "no, build it here" at once, not wait for the lock."""
+    with build_beside._lock:
+        child = children.fork(lambda: b"" if build_beside.defer(["r"], "owner", lambda: None) is False else 1 / 0)
+    assert child is not None
+    deadline = time.monotonic() + 20
+    while (code := children.poll(child)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if code is None:
+        children.stop(child)
+    assert code == 0
+
+
 def test_compile_now_is_the_default_and_a_bad_mode_is_a_clear_error(beside, monkeypatch):
     f = jitop.kernel(_chain)
     a = np.ones(4, F4)
