@@ -1261,11 +1261,11 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
 
 def _compile_mode(mode: str | None) -> str:
     """compile= of @jitop.kernel: "now" or "background" (None: JITOP_COMPILE, else "now")."""
-    mode = config.compile_mode() if mode is None else mode
-    if mode not in ("now", "background"):
-        raise ValueError(f"jitop.kernel(compile={mode!r}): expected 'now' or 'background' (JITOP_COMPILE sets the "
-                         "default)")
-    return mode
+    given = config.compile_mode() if mode is None else mode
+    if given not in ("now", "background"):
+        where = f"environment variable JITOP_COMPILE={given!r}" if mode is None else f"jitop.kernel(compile={given!r})"
+        raise ValueError(f"{where}: expected 'now' or 'background'")
+    return given
 
 
 def profile(fn: KernelFunction, *args: Any, repeat: int = 10, **kwargs: Any) -> Any:

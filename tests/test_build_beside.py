@@ -129,6 +129,9 @@ def test_compile_now_is_the_default_and_a_bad_mode_is_a_clear_error(beside, monk
         jitop.kernel(_chain, compile="soon")
     monkeypatch.setenv("JITOP_COMPILE", "background")
     assert jitop.kernel(_chain).compile_mode == "background"
+    monkeypatch.setenv("JITOP_COMPILE", "later")
+    with pytest.raises(ValueError, match="JITOP_COMPILE='later'"):
+        jitop.kernel(_chain)
 
 
 def test_without_a_disk_cache_the_call_compiles_here(beside, monkeypatch):
