@@ -33,8 +33,6 @@ False
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import sys
 import threading
 import weakref
@@ -45,7 +43,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from jitop.codegen.loader import load_object
-from jitop.codegen.target import compile_ir, llvm_version
+from jitop.codegen.target import compile_ir
 from jitop.runtime import dimprog
 from jitop.runtime.copy_in import CopyIn, section
 from jitop.runtime.entry_ir import PY_API, entry_module
@@ -54,6 +52,7 @@ from jitop.runtime.entry_words import (
     OFFSETS, R_ARRAY, R_POST, R_SCALAR, RELEASE_GIL_BYTES, S_CALLS, S_GIL, S_NIN, S_NOUT, S_NSYM, S_OUTREC, S_PROG,
     S_RECORDS, T_ARRAY, T_BOOL, T_EMPTY, T_FLOAT, T_HITS, T_LONG, T_NEW, T_NSPECS, T_SENTINEL, T_SPECS, T_TRUE,
     WRITEABLE)
+from jitop.runtime.object_key import NoStore, object_key
 from jitop.target import Target
 
 __all__ = ["MISS", "MAX_PARAMS", "RELEASE_GIL_BYTES", "Output", "Scalar", "Array", "Const", "CopyIn", "Spec", "Table",
@@ -82,18 +81,7 @@ class _MethodDef(ctypes.Structure):
                 ("ml_doc", ctypes.c_char_p)]
 
 
-class _NoStore:
-    def get(self, key: str) -> None:
-        return None
-
-    def put(self, key: str, value: bytes) -> None:
-        pass
-
-    def delete(self, key: str) -> None:
-        pass
-
-
-_object_store: Callable[[], Any] = _NoStore
+_object_store: Callable[[], Any] = NoStore
 _lock = threading.Lock()
 _state: dict[str, Any] | None = None   # the loaded entry; {} when unavailable
 _store_missed = False                  # a caller that may not compile found no cached object code
@@ -135,9 +123,10 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
     does not load (not an object file, or one without the entry's symbol: another component's) is a miss and is
     removed (the cache never makes a call fail, nor leaves the entry unavailable from one process to the next):
     compiled again if allowed, else None (a later caller that may compile builds and stores it)."""
-    host = Target.host()
-    key = "fastcall-" + hashlib.sha256(json.dumps([_entry_sources(), host.triple, host.cpu, host.features,
-                                                   llvm_version()]).encode()).hexdigest()
+    from jitop.runtime import copy_in, dimprog_ir, entry_ir, entry_words, ir_words
+    # (the modules its IR is generated from: a process that loads the stored entry never generates it, ~15 ms)
+    key = object_key("fastcall", [sys.modules[__name__], entry_ir, entry_words, copy_in, dimprog, dimprog_ir,
+                                  ir_words])
     store = _object_store()
     obj = store.get(key)
     if obj is not None:
@@ -147,21 +136,10 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
             getattr(store, "delete", lambda _: None)(key)
     if not compile:
         return None
-    _, obj = compile_ir(str(entry_module()), host)
+    _, obj = compile_ir(str(entry_module()), Target.host())
     loaded = _load(api, obj)
     store.put(key, obj)
     return loaded
-
-
-def _entry_sources() -> str:
-    """A digest of the modules the entry's IR is generated from (this one, entry_ir and the modules it builds
-    from): its cache key, so a process that loads the stored entry never generates the IR (~15 ms)."""
-    from jitop.runtime import copy_in, dimprog_ir, entry_ir, entry_words, ir_words
-    h = hashlib.sha256()
-    for module in (sys.modules[__name__], entry_ir, entry_words, copy_in, dimprog, dimprog_ir, ir_words):
-        with open(module.__file__, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
 
 
 def _pyapi(name: str, restype: Any, *argtypes: Any) -> Any:

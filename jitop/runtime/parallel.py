@@ -64,8 +64,6 @@ child forgets the parent's workers (they do not exist there) and creates its own
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import ctypes
 import os
 import threading
@@ -77,8 +75,9 @@ import llvmlite.binding as llvm
 
 from jitop import config
 from jitop.codegen.loader import load_object
-from jitop.codegen.target import compile_ir, llvm_version
-from jitop.runtime.pool_ir import pool_module
+from jitop.codegen.target import compile_ir
+from jitop.runtime import ir_words, pool_ir
+from jitop.runtime.object_key import NoStore, object_key
 from jitop.target import Target
 
 __all__ = ["MAX_THREADS", "get_num_threads", "parallel_for_address", "pool_object_code", "run_parallel",
@@ -129,8 +128,7 @@ def _register_libc_symbols() -> None:
 def _build_pool() -> _Pool:
     _register_libc_symbols()
     # the initial values matter only where nothing calls configure (a library built from the object)
-    ll = str(pool_module(MAX_THREADS, _num_threads, SPIN_TICKS, CHUNKS_PER_THREAD))  # the text keys the object store
-    obj, addrs = _pool_object(ll)
+    obj, addrs = _pool_object([MAX_THREADS, _num_threads, SPIN_TICKS, CHUNKS_PER_THREAD])
     llvm.add_symbol("jitop_parallel_for", addrs["jitop_parallel_for"])
     pool = _Pool(addrs, obj)
     pool.configure(_num_threads, SPIN_TICKS, _oversubscribed(_num_threads))
@@ -139,18 +137,7 @@ def _build_pool() -> _Pool:
     return pool
 
 
-class _NoStore:
-    def get(self, key: str) -> None:
-        return None
-
-    def put(self, key: str, value: bytes) -> None:
-        pass
-
-    def delete(self, key: str) -> None:
-        pass
-
-
-_object_store = _NoStore  # makes the persistent cache; installed by the layer that owns it (use_object_store)
+_object_store: Callable[[], Any] = NoStore  # makes the persistent cache; installed by the layer that owns it (use_object_store)
 
 
 def use_object_store(make_store: Callable[[], Any]) -> None:
@@ -160,14 +147,12 @@ def use_object_store(make_store: Callable[[], Any]) -> None:
     _object_store = make_store
 
 
-def _pool_object(ll: str) -> tuple[bytes, dict[str, int]]:
+def _pool_object(parameters: list[int]) -> tuple[bytes, dict[str, int]]:
     """Object code of the pool for this machine, loaded, and its symbols' addresses: from the object store,
     else compiled (and stored). A stored object that does not load (not an object file, or one without the
     pool's symbols: another component's) is removed and compiled afresh: the cache never leaves the pool
     unavailable, and the kernels that need it running as numpy, from one process to the next."""
-    host = Target.host()
-    identity = json.dumps([ll, host.triple, host.cpu, host.features, llvm_version()])
-    key = "pool-" + hashlib.sha256(identity.encode()).hexdigest()
+    key = object_key("pool", [pool_ir, ir_words], parameters)
     store = _object_store()
     obj = store.get(key)
     if obj is not None:
@@ -177,7 +162,7 @@ def _pool_object(ll: str) -> tuple[bytes, dict[str, int]]:
             getattr(store, "delete", lambda _: None)(key)
     # Launch cost is cache-line transfers and syscalls, not instruction quality: the IR
     # optimiser leaves it unchanged (measured) and would double the first-use compile time.
-    _, obj = compile_ir(ll, host, speed_level=0)
+    _, obj = compile_ir(str(pool_ir.pool_module(*parameters)), Target.host(), speed_level=0)
     addrs = _load_pool(obj)
     store.put(key, obj)
     return obj, addrs
