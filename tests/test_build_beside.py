@@ -120,6 +120,18 @@ def test_a_child_builds_what_its_trace_needs_itself_even_forked_under_the_lock(b
     assert code == 0
 
 
+def test_fallback_false_raises_at_the_first_call_after_the_child_failed(beside):
+    def weird(a):
+        return np.array([float(x) for x in a.tolist()], dtype=F4) + a
+
+    f = jitop.kernel(weird, compile="background", fallback=False)
+    a = np.arange(3, dtype=F4)
+    np.testing.assert_array_equal(f(a), a + a)  # while its child builds: numpy, as every such call
+    assert build_beside.wait(TIMEOUT_S)
+    with pytest.raises(jitop.FallbackError):
+        f(a)
+
+
 def test_compile_now_is_the_default_and_a_bad_mode_is_a_clear_error(beside, monkeypatch):
     f = jitop.kernel(_chain)
     a = np.ones(4, F4)
