@@ -3,7 +3,8 @@
 A call whose signature has no kernel in memory, in a warm record or in the disk cache runs as plain numpy at
 once (the function itself runs: its results are numpy's), while a forked child process traces and compiles that
 signature into the disk cache with its warm record (jitop.graph.warm). A later call of the signature, once the
-child is done, loads the kernel from there without tracing or compiling. A program's first calls are never
+child is done, loads the kernel from there without tracing or compiling (a function that cannot have a warm
+record is traced, and its kernel found in the disk cache). A program's first calls are never
 slower than numpy; its kernels are ready for the rest of the run and for the next process: what a cold cache
 costs moves off the call path (as a JIT's interpreter tier runs code while its compiler works).
 

@@ -487,8 +487,9 @@ class KernelFunction:
         try:
             ov = self._from_record(records, values, tree)
             build = functools.partial(self._trace_and_build, values, tree, struct, dims, records)
-            if ov is None and owner is not None and records is not None and \
-                    build_beside.defer(records if owner[2] else records[:1], owner, build):
+            # (a function without warm records is traced here once its child is done: the kernel, from the disk cache)
+            where = records or (f"traced {id(self)} {hash(key)}", f"traced {id(self)} {hash(struct)}")
+            if ov is None and owner is not None and build_beside.defer(where if owner[2] else where[:1], owner, build):
                 return PENDING  # (before the checks below: they are the child's, and this process's at the load)
             ov = ov or self._trace_and_build(values, tree, struct, dims, records)
             for name, why in ov.trace.fixed_sizes.items():
@@ -525,8 +526,8 @@ class KernelFunction:
     def _beside_owner(self, key: Any, struct: Any, dims: Mapping[int, Sequence[int]]) -> tuple | None:
         """compile="background": what a child builds this call's kernel for (this function, the argument structure,
         whether its kernel is symbolic: a call that made it symbolic is built anew), or None where it is built
-        here: the child's kernel reaches this process through the disk cache and a warm record only, and a CUDA
-        context does not survive a fork."""
+        here: the child's kernel reaches this process through the disk cache only, and a CUDA context does not
+        survive a fork."""
         if self.compile_mode != "background" or self.gpu is not None or struct is None or not config.cache_enabled():
             return None
         specs = key[2] if key[:1] == ("pytree",) else key

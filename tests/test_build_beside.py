@@ -73,6 +73,27 @@ def test_varying_sizes_are_served_by_the_symbolic_kernel_built_beside(beside):
     assert len(served) <= 2, "a static kernel for the first size at most, and one symbolic kernel for the rest"
 
 
+W = np.linspace(-1, 1, 16 * 16, dtype=F4).reshape(16, 16)
+
+
+def test_a_function_without_warm_records_is_traced_here_and_its_kernel_loaded(beside):
+    from jitop.codegen.target import compile_count
+
+    def project(x):
+        return np.tanh(x @ W)  # reads a global array: no fingerprint, so no warm record
+
+    f = jitop.kernel(project, compile="background")
+    x = np.linspace(0, 1, 5 * 16, dtype=F4).reshape(5, 16)
+    np.testing.assert_array_equal(f(x), np.tanh(x @ W))
+    assert f.traces == 0
+    assert build_beside.wait(TIMEOUT_S)
+    before = compile_count()
+    got = f(x)
+    assert f.traces == 1 and compile_count() == before, "traced here, its kernel loaded from the disk cache"
+    bound = 16 * 4 * np.finfo(F4).eps  # a 16-term dot product of values <= 1, then tanh
+    np.testing.assert_allclose(got, np.tanh(x @ W), rtol=bound, atol=bound)
+
+
 def test_a_second_function_waits_its_turn_and_is_built_after(beside):
     f = jitop.kernel(_chain, compile="background")
     g = jitop.kernel(lambda a: np.sqrt(a) * 2, compile="background")
