@@ -10,7 +10,8 @@ costs moves off the call path (as a JIT's interpreter tier runs code while its c
 
 One child at a time per process (a build forks helpers of its own: jitop.codegen.forked): a signature that
 misses while a child builds another runs as numpy and waits in a queue. A child that fails,
-crashes or runs past BUILD_TIMEOUT_S leaves its signature to be built the usual way at its next call, in the
+crashes or runs past BUILD_TIMEOUT_S of CPU time (at nice 19 beside a busy program, wall time says little)
+leaves its signature to be built the usual way at its next call, in the
 program's process (with the usual warning if it runs as numpy): a child never decides what a call computes.
 Forking needs a process without other Python threads (jitop.codegen.children.may_fork); where it cannot fork,
 the call compiles as it would without this mode.
@@ -41,7 +42,8 @@ from jitop.runtime import fastcall
 
 __all__ = ["BUILD_TIMEOUT_S", "defer", "pending", "status", "wait"]
 
-BUILD_TIMEOUT_S = 300.0  # a child building longer is stopped; its signature is built at its next call
+BUILD_TIMEOUT_S = 300.0  # a child using more CPU time is stopped; its signature is built at its next call
+HANG_FACTOR = 4          # ... and one taking this many times as long in wall time (a hang uses no CPU)
 _POLL_S = 0.005
 _MAX_FINISHED = 4096     # records remembered as built beside (or failed); forgotten all at once past this
 
@@ -146,13 +148,33 @@ def _reap() -> None:
     if _running is None:
         return
     code = children.poll(_running.child)
-    if code is None and time.monotonic() - _running.started > BUILD_TIMEOUT_S:
+    if code is None and _overrun(_running):
         code = children.stop(_running.child)
     if code is None:
         return
     _finish(_running, code == 0)
     _running = None
     _start_next()
+
+
+def _overrun(b: _Build) -> bool:
+    """Whether a running child has used more than BUILD_TIMEOUT_S of CPU (its own and its reaped helpers'), or
+    taken HANG_FACTOR times that in wall time (where its CPU time cannot be read, BUILD_TIMEOUT_S of wall time)."""
+    wall = time.monotonic() - b.started
+    if wall <= BUILD_TIMEOUT_S:
+        return False
+    cpu = _cpu_seconds(b.child.pid)
+    return wall > HANG_FACTOR * BUILD_TIMEOUT_S if cpu is not None and cpu <= BUILD_TIMEOUT_S else True
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system time of a process and its reaped children (Linux's /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _finish(b: _Build, ok: bool) -> None:

@@ -243,3 +243,22 @@ def test_poll_reports_a_childs_exit_code():
     while (code := children.poll(failing)) is None:
         time.sleep(0.01)
     assert code == 1
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="a child's CPU time is read from /proc")
+def test_a_child_is_stopped_for_the_cpu_time_it_uses_not_for_waiting(beside, monkeypatch):
+    monkeypatch.setattr(build_beside, "BUILD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(build_beside, "HANG_FACTOR", 60)  # (a build that hangs: stopped after 30 s)
+    assert build_beside.defer(["slow but idle"], "idle", lambda: time.sleep(2.5))
+    assert build_beside.wait(TIMEOUT_S)
+    assert build_beside.status("slow but idle") == "built"  # 2.5 s of wall time, little CPU: not stopped
+    assert build_beside.defer(["busy"], "busy", lambda: _spin(20))
+    t0 = time.monotonic()
+    assert build_beside.wait(TIMEOUT_S)
+    assert build_beside.status("busy") == "failed" and time.monotonic() - t0 < 15
