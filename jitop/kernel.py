@@ -487,11 +487,9 @@ class KernelFunction:
         try:
             ov = self._from_record(records, values, tree)
             build = functools.partial(self._trace_and_build, values, tree, struct, dims, records)
-            # (a function without warm records is traced here once its child is done: the kernel, from the disk cache)
-            where = records or (f"traced {id(self)} {hash(key)}", f"traced {id(self)} {hash(struct)}")
-            if ov is None and owner is not None and build_beside.defer(where if owner[2] else where[:1], owner, build):
+            if ov is None and owner is not None and self._deferred(owner, key, struct, records, build):
                 return PENDING  # (before the checks below: they are the child's, and this process's at the load)
-            ov = ov or self._trace_and_build(values, tree, struct, dims, records)
+            ov = ov or build()
             for name, why in ov.trace.fixed_sizes.items():
                 self.int_sizes.demote(name, why)
                 self._set_static(self.static)
@@ -532,6 +530,14 @@ class KernelFunction:
             return None
         specs = key[2] if key[:1] == ("pytree",) else key
         return id(self), struct, bool(dims) or any(s[:1] == ("symint",) for s in specs)
+
+    def _deferred(self, owner: tuple, key: Any, struct: Any, records: tuple[str, str] | None,
+                  build: Callable[[], Overload]) -> bool:
+        """Whether a child builds this call's kernel (the call runs as numpy): found afterwards by its warm records,
+        or for a function without any by tracing it here once the child is done (its kernel, from the disk
+        cache); a symbolic kernel by its structure's record."""
+        where = records or (f"traced {id(self)} {hash(key)}", f"traced {id(self)} {hash(struct)}")
+        return build_beside.defer(where if owner[2] else where[:1], owner, build)
 
     def _param_leaves(self, struct: Any) -> list[str] | None:
         """The parameters' names where `struct` has one leaf per parameter (no containers, no *args), else None:

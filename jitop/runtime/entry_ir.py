@@ -24,8 +24,8 @@ from jitop.runtime.entry_words import (
     S_NARGS, S_NIN, S_NOUT, S_OUTREC, S_POST, S_PROG, S_RECORDS, S_SLOT, T_ARRAY, T_BOOL, T_EMPTY, T_FLOAT, T_HITS,
     T_LONG, T_NEW, T_NSPECS, T_SENTINEL, T_SPECS, T_TRUE, WRITEABLE)
 from jitop.runtime.ir_words import (
-    I1, I8, I32, I64, PTR, CodePointer, answer, counted, function, i64_variable, index_loop, pointer_word, require,
-    stack_array, stack_slot, word)
+    I1, I8, I32, I64, PTR, CodePointer, answer, call_named, counted, function, i64_variable, index_loop, pointer_word,
+    require, stack_array, stack_slot, word)
 
 __all__ = ["PY_API", "entry_module"]
 
@@ -71,11 +71,6 @@ def _argument(b: ir.IRBuilder, args: ir.Value, k: ir.Value) -> ir.Value:
 
 def _is(b: ir.IRBuilder, a: ir.Value, c: ir.Value) -> ir.Value:
     return b.icmp_unsigned("==", a, c)
-
-
-def _call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
-    """A call of the module's function `name`."""
-    return b.call(b.module.get_global(name), list(args))
 
 
 # ** the entry's functions **
@@ -165,10 +160,10 @@ def _match_array(b: ir.IRBuilder, r: _Record, table: ir.Value, args: ir.Value, s
     dims, want = _field(b, array, "dimensions"), b.gep(r.spec, [r.at4], source_etype=I64, name="want")
     with b.if_else(b.icmp_unsigned("!=", slots, NULL)) as (symbolic, static):
         with symbolic:  # binds its symbols: a call with side effects, so a branch rather than a select
-            bound = _call(b, "dims_bind", dims, want, r.c, slots)
+            bound = call_named(b, "dims_bind", [dims, want, r.c, slots])
             bound_in = b.block
         with static:
-            equal = _call(b, "dims_equal", dims, want, r.c)
+            equal = call_named(b, "dims_equal", [dims, want, r.c])
             equal_in = b.block
     fits = b.phi(I1, "fits")
     fits.add_incoming(bound, bound_in)
@@ -198,7 +193,7 @@ def _match_float(b: ir.IRBuilder, r: _Record, table: ir.Value, args: ir.Value, n
     """An exact Python float, passed as a double."""
     obj = _argument(b, args, r.a)
     _exact_type(b, obj, table, T_FLOAT, no)
-    _pass_cell(b, r, _call(b, "PyFloat_AsDouble", obj))
+    _pass_cell(b, r, call_named(b, "PyFloat_AsDouble", [obj]))
     matched(r.at4)
 
 
@@ -209,7 +204,7 @@ def _match_int(b: ir.IRBuilder, r: _Record, table: ir.Value, args: ir.Value, slo
     obj = _argument(b, args, r.a)
     _exact_type(b, obj, table, T_LONG, no)
     b.store(I32(0), overflow, align=4)
-    value = _call(b, "PyLong_AsLongLongAndOverflow", obj, overflow)
+    value = call_named(b, "PyLong_AsLongLongAndOverflow", [obj, overflow])
     fits = b.and_(b.and_(b.icmp_signed(">=", value, r.b), b.icmp_signed("<=", value, r.c)),
                   _is(b, b.load(overflow, typ=I32, align=4), I32(0)))
     require(b, fits, no)
@@ -244,23 +239,23 @@ def _output(mod: ir.Module) -> None:
     require(b, b.icmp_unsigned("!=", spare, NULL), bb["fresh"])
     require(b, _is(b, b.load(spare, typ=I64, align=8, name="refcnt"), I64(1)), bb["fresh"])
     with b.if_then(sym):
-        require(b, _call(b, "dims_equal", _field(b, spare, "dimensions"), dims, nd), bb["fresh"])
+        require(b, call_named(b, "dims_equal", [_field(b, spare, "dimensions"), dims, nd]), bb["fresh"])
     b.branch(bb["reuse"])
     b.position_at_end(bb["reuse"])
-    _call(b, "Py_IncRef", spare)
+    call_named(b, "Py_IncRef", [spare])
     b.ret(spare)
     b.position_at_end(bb["fresh"])
-    _call(b, "Py_IncRef", descr)  # PyArray_NewFromDescr steals it
+    call_named(b, "Py_IncRef", [descr])  # PyArray_NewFromDescr steals it
     new = pointer_word(b, table, T_NEW, "new", typ=CodePointer(_NEW_FROM_DESCR))
     array = b.call(new, [pointer_word(b, table, T_ARRAY), descr, b.trunc(nd, I32), dims, NULL, NULL, I32(0), NULL])
     b.cbranch(_is(b, array, NULL), bb["fail"], bb["keep"])
     b.position_at_end(bb["keep"])
     with b.if_then(recycled):  # the new array is the next call's spare; the old one is still referenced elsewhere
         old = b.load(slotp, typ=PTR, align=8, name="old")
-        _call(b, "Py_IncRef", array)
+        call_named(b, "Py_IncRef", [array])
         b.store(array, slotp, align=8)
         with b.if_then(b.icmp_unsigned("!=", old, NULL)):
-            _call(b, "Py_DecRef", old)  # never freed here: something else holds it
+            call_named(b, "Py_DecRef", [old])  # never freed here: something else holds it
     b.ret(array)
     b.position_at_end(bb["fail"])
     b.ret(NULL)
@@ -272,7 +267,7 @@ def _release(mod: ir.Module) -> None:
     outs, n = fn.args
     b = ir.IRBuilder(bb["entry"])
     with counted(b, i64_variable(b, "j"), n) as j:
-        _call(b, "Py_DecRef", b.load(b.gep(outs, [j], source_etype=PTR), typ=PTR, align=8))
+        call_named(b, "Py_DecRef", [b.load(b.gep(outs, [j], source_etype=PTR), typ=PTR, align=8)])
     b.ret_void()
 
 
@@ -313,9 +308,9 @@ def _run(mod: ir.Module) -> None:
     _count_call(b, table, spec)
     _raise_kernel_error(b, spec, outs, nout)
     with b.if_then(b.icmp_signed("!=", word(b, spec, S_COPIES), I64(0))):
-        _call(b, "copy_in", b.gep(spec, [word(b, spec, S_COPIES)], source_etype=I64), args, ptrs, scal, I64(1))
+        call_named(b, "copy_in", [b.gep(spec, [word(b, spec, S_COPIES)], source_etype=I64), args, ptrs, scal, I64(1)])
     result = _result(b, table, spec, outs, nout)
-    _call(b, "release", outs, nout)
+    call_named(b, "release", [outs, nout])
     b.ret(result)
 
 
@@ -335,8 +330,8 @@ def _run_outputs(b: ir.IRBuilder, bb: dict[str, ir.Block], table: ir.Value, spec
     record = lambda k: b.add(at, I64(k))  # noqa: E731 - word k of output j's record
     nd = word(b, spec, record(1), "nd")
     dims = b.select(sym, b.gep(odims, [od], source_etype=I64), b.gep(spec, [record(4)], source_etype=I64), "dims")
-    out = _call(b, "output", table, pointer_word(b, spec, at, "descr"), nd, dims, word(b, spec, record(2), "rec"),
-                b.gep(spec, [record(3)], source_etype=I64, name="spare"), sym)
+    out = call_named(b, "output", [table, pointer_word(b, spec, at, "descr"), nd, dims, word(b, spec, record(2), "rec"),
+                                   b.gep(spec, [record(3)], source_etype=I64, name="spare"), sym])
     b.cbranch(_is(b, out, NULL), bb["fail"], bb["allocated"])
     b.position_at_end(bb["allocated"])
     b.store(out, b.gep(outs, [j], source_etype=PTR), align=8)
@@ -346,7 +341,7 @@ def _run_outputs(b: ir.IRBuilder, bb: dict[str, ir.Block], table: ir.Value, spec
     od.add_incoming(b.add(od, nd), bb["allocated"])
     b.branch(bb["alloc"])
     b.position_at_end(bb["fail"])
-    _call(b, "release", outs, j)
+    call_named(b, "release", [outs, j])
     b.ret(NULL)
 
 
@@ -360,14 +355,14 @@ def _run_kernel(b: ir.IRBuilder, spec: ir.Value, ptrs: ir.Value, slots: ir.Value
     unlock = b.icmp_signed("!=", gil, I64(0), "unlock")
     before = b.block
     with b.if_then(unlock):
-        saved = _call(b, "PyEval_SaveThread")
+        saved = call_named(b, "PyEval_SaveThread", [])
         saved_in = b.block
     thread_state = b.phi(PTR, "thread_state")
     thread_state.add_incoming(NULL, before)
     thread_state.add_incoming(saved, saved_in)
-    _call(b, "invoke", spec, ptrs, n)
+    call_named(b, "invoke", [spec, ptrs, n])
     with b.if_then(unlock):
-        _call(b, "PyEval_RestoreThread", thread_state)
+        call_named(b, "PyEval_RestoreThread", [thread_state])
 
 
 def _count_call(b: ir.IRBuilder, table: ir.Value, spec: ir.Value) -> None:
@@ -382,13 +377,13 @@ def _raise_kernel_error(b: ir.IRBuilder, spec: ir.Value, outs: ir.Value, nout: i
     flag = pointer_word(b, spec, S_FLAG, "flag")
     with b.if_then(b.icmp_unsigned("!=", flag, NULL)):
         with b.if_then(b.icmp_signed("!=", b.load_atomic(flag, "monotonic", 4, typ=I32), I32(0))):
-            raised = _call(b, "PyObject_CallNoArgs", pointer_word(b, spec, S_CHECK, "check"))
+            raised = call_named(b, "PyObject_CallNoArgs", [pointer_word(b, spec, S_CHECK, "check")])
             with b.if_else(_is(b, raised, NULL)) as (error, fine):
                 with error:
-                    _call(b, "release", outs, nout)
+                    call_named(b, "release", [outs, nout])
                     b.ret(NULL)
                 with fine:
-                    _call(b, "Py_DecRef", raised)
+                    call_named(b, "Py_DecRef", [raised])
 
 
 def _result(b: ir.IRBuilder, table: ir.Value, spec: ir.Value, outs: ir.Value, nout: ir.Value) -> ir.Value:
@@ -401,13 +396,13 @@ def _result(b: ir.IRBuilder, table: ir.Value, spec: ir.Value, outs: ir.Value, no
     switch.add_case(I64(R_ARRAY), single)
     switch.add_case(I64(R_SCALAR), scalar)
     b.position_at_end(single)
-    _call(b, "Py_IncRef", out)
+    call_named(b, "Py_IncRef", [out])
     b.branch(done)
     b.position_at_end(scalar)
-    item = _call(b, "PyObject_GetItem", out, pointer_word(b, table, T_EMPTY))
+    item = call_named(b, "PyObject_GetItem", [out, pointer_word(b, table, T_EMPTY)])
     b.branch(done)
     b.position_at_end(post)
-    built = _call(b, "PyObject_Vectorcall", pointer_word(b, spec, S_POST), outs, nout, NULL)
+    built = call_named(b, "PyObject_Vectorcall", [pointer_word(b, spec, S_POST), outs, nout, NULL])
     b.branch(done)
     b.position_at_end(done)
     result = b.phi(PTR, "result")
@@ -440,24 +435,25 @@ def _fastcall(mod: ir.Module) -> None:
     require(b, _is(b, word(b, spec, S_NARGS), nargs), bb["next"])
     program = word(b, spec, S_PROG, "program")
     sym = b.icmp_signed("!=", program, I64(0), "sym")
-    require(b, _call(b, "match", table, spec, args, ptrs, scal, b.select(sym, slots, NULL)), bb["next"])
+    require(b, call_named(b, "match", [table, spec, args, ptrs, scal, b.select(sym, slots, NULL)]), bb["next"])
     with b.if_then(sym):
-        require(b, _call(b, "dimprog", b.gep(spec, [program], source_etype=I64), slots, odims, nbytes), bb["next"])
+        ran = call_named(b, "dimprog", [b.gep(spec, [program], source_etype=I64), slots, odims, nbytes])
+        require(b, ran, bb["next"])
     copies = word(b, spec, S_COPIES, "copies")
     with b.if_then(b.icmp_signed("!=", copies, I64(0))):
         # copies into arguments first: a check that fails writes nothing, and the call misses
-        copied = _call(b, "copy_in", b.gep(spec, [copies], source_etype=I64), args, ptrs, scal, I64(0))
+        copied = call_named(b, "copy_in", [b.gep(spec, [copies], source_etype=I64), args, ptrs, scal, I64(0)])
         require(b, copied, bb["next"])
     b.branch(bb["hit"])
     b.position_at_end(bb["next"])
     i.add_incoming(b.add(i, I64(1), "i1"), bb["next"])
     b.branch(bb["loop"])
     b.position_at_end(bb["hit"])
-    b.ret(_call(b, "run", table, spec, ptrs, b.select(sym, slots, NULL), b.select(sym, odims, NULL),
-                _gil(b, spec, sym, nbytes), args, scal))
+    b.ret(call_named(b, "run", [table, spec, ptrs, b.select(sym, slots, NULL), b.select(sym, odims, NULL),
+                                _gil(b, spec, sym, nbytes), args, scal]))
     b.position_at_end(bb["miss"])
     sentinel = pointer_word(b, table, T_SENTINEL, "sentinel")
-    _call(b, "Py_IncRef", sentinel)
+    call_named(b, "Py_IncRef", [sentinel])
     b.ret(sentinel)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from jitop.codegen.loader import load_object
 from jitop.codegen.target import compile_ir
-from jitop.runtime import dimprog
+from jitop.runtime import copy_in, dimprog, dimprog_ir, entry_ir, entry_words, ir_words
 from jitop.runtime.copy_in import CopyIn, section
 from jitop.runtime.entry_ir import PY_API, entry_module
 from jitop.runtime.entry_words import (
@@ -123,7 +123,6 @@ def _load_entry(api: tuple[int, int], compile: bool) -> dict[str, Any] | None:
     does not load (not an object file, or one without the entry's symbol: another component's) is a miss and is
     removed (the cache never makes a call fail, nor leaves the entry unavailable from one process to the next):
     compiled again if allowed, else None (a later caller that may compile builds and stores it)."""
-    from jitop.runtime import copy_in, dimprog_ir, entry_ir, entry_words, ir_words
     # (the modules its IR is generated from: a process that loads the stored entry never generates it, ~15 ms)
     key = object_key("fastcall", [sys.modules[__name__], entry_ir, entry_words, copy_in, dimprog, dimprog_ir,
                                   ir_words])

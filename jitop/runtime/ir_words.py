@@ -13,8 +13,8 @@ from typing import Iterator, Sequence
 
 from llvmlite import ir
 
-__all__ = ["I1", "I8", "I32", "I64", "PTR", "CodePointer", "word", "pointer_word", "function", "require", "counted",
-           "index_loop", "answer", "stack_slot", "stack_array", "i64_variable"]
+__all__ = ["I1", "I8", "I32", "I64", "PTR", "CodePointer", "word", "pointer_word", "function", "call_named",
+           "require", "counted", "index_loop", "answer", "stack_slot", "stack_array", "i64_variable"]
 
 I1, I8, I32, I64, PTR = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType()
 
@@ -57,6 +57,11 @@ def function(mod: ir.Module, name: str, ret: ir.Type, params: Sequence[tuple[str
     for arg, (pname, _) in zip(fn.args, params):
         arg.name = pname
     return fn, {label: fn.append_basic_block(label) for label in blocks}
+
+
+def call_named(b: ir.IRBuilder, name: str, args: Sequence[ir.Value], result: str = "") -> ir.CallInstr:
+    """A call of the function `name` of the builder's module (declared or defined before)."""
+    return b.call(b.module.get_global(name), list(args), name=result)
 
 
 def require(b: ir.IRBuilder, ok: ir.Value, fail: ir.Block) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, CodePointer, function, stack_slot
+from jitop.runtime.ir_words import I1, I8, I32, I64, PTR, CodePointer, call_named, function, stack_slot
 
 __all__ = ["SLOT_BYTES", "pool_module"]
 
@@ -97,10 +97,6 @@ class _Pool:
         _, named = function(self.module, name, ret, params, blocks, internal=not exported, attributes=["nounwind"])
         return ir.IRBuilder(named[blocks[0]]), named
 
-    def call(self, b: ir.IRBuilder, name: str, args: list[ir.Value], result: str = "") -> ir.CallInstr:
-        """A call of the pool's function `name` (defined before)."""
-        return b.call(self.module.get_global(name), args, name=result)
-
     def sys(self, b: ir.IRBuilder, number: int, *args: ir.Value, result: str = "r") -> ir.CallInstr:
         """syscall(number, args...)."""
         return b.call(self.syscall, [I64(number), *args], name=result)
@@ -170,7 +166,7 @@ def _await_change(p: _Pool) -> None:
     v2 = b.load_atomic(word, "seq_cst", 4, name="v2", typ=I32)
     b.cbranch(b.icmp_unsigned("==", v2, old, name="same"), bb["wait"], bb["woke"])
     b.position_at_end(bb["wait"])
-    p.call(b, "futex_wait", [word, old])
+    call_named(b, "futex_wait", [word, old])
     b.branch(bb["woke"])
     b.position_at_end(bb["woke"])
     _store_atomic(b, I32(0), sleeping, "monotonic", 4)
@@ -225,7 +221,7 @@ def _work(p: _Pool) -> None:
     actual = b.extract_value(cx, 0, name="actual")
     b.cbranch(b.extract_value(cx, 1, name="ok"), bb["ran"], bb["check"])  # lost the race: retry with `actual`
     b.position_at_end(bb["ran"])
-    p.call(b, "run_chunk", [chunk])
+    call_named(b, "run_chunk", [chunk])
     count1 = b.add(count, I32(1), name="count1")
     b.branch(bb["check"])  # `taken` is the likeliest value of @range now; a miss costs one retry
     b.position_at_end(bb["out"])
@@ -285,18 +281,18 @@ def _worker_main(p: _Pool) -> None:
     b.position_at_end(bb["loop"])
     old = b.load(seen, typ=I32, align=4, name="old")
     budget = b.load_atomic(p.spin_ticks, "monotonic", 8, name="budget", typ=I64)
-    b.store(p.call(b, "await_change", [gen, old, sleeping, budget], "new"), seen, align=4)
+    b.store(call_named(b, "await_change", [gen, old, sleeping, budget], "new"), seen, align=4)
     guess = b.load_atomic(p.range, "monotonic", 8, name="guess", typ=I64)
-    p.call(b, "test_delay", [])  # a late worker's guess is stale: work() must cope
-    ran = p.call(b, "work", [guess, I1(1)], "ran")
+    call_named(b, "test_delay", [])  # a late worker's guess is stale: work() must cope
+    ran = call_named(b, "work", [guess, I1(1)], "ran")
     b.cbranch(b.icmp_unsigned("!=", ran, I32(0), name="any"), bb["report"], bb["loop"])
     b.position_at_end(bb["report"])
-    b.cbranch(p.call(b, "report", [ran], "last"), bb["maybe_wake"], bb["loop"])
+    b.cbranch(call_named(b, "report", [ran], "last"), bb["maybe_wake"], bb["loop"])
     b.position_at_end(bb["maybe_wake"])
     s = b.load_atomic(p.caller_sleeping, "seq_cst", 4, name="s", typ=I32)
     b.cbranch(b.icmp_unsigned("!=", s, I32(0), name="asleep"), bb["wake"], bb["loop"])
     b.position_at_end(bb["wake"])
-    p.call(b, "futex_wake_one", [p.done])
+    call_named(b, "futex_wake_one", [p.done])
     b.branch(bb["loop"])
 
 
@@ -338,7 +334,7 @@ def _ensure_workers(p: _Pool) -> None:
     more = b.add(b.zext(have32, I64, name="have"), I64(1), name="more")
     b.cbranch(b.icmp_unsigned("<", more, want, name="short"), bb["spawn"], bb["out"])
     b.position_at_end(bb["spawn"])
-    b.cbranch(p.call(b, "spawn_worker", [more], "ok"), bb["count"], bb["out"])
+    b.cbranch(call_named(b, "spawn_worker", [more], "ok"), bb["count"], bb["out"])
     b.position_at_end(bb["count"])
     _store_atomic(b, b.add(have32, I32(1), name="have1"), p.nstarted, "monotonic", 4)
     b.branch(bb["check"])
@@ -408,8 +404,8 @@ def _start_workers(p: _Pool) -> None:
     s = b.load_atomic(sleeping, "seq_cst", 4, name="s", typ=I32)
     b.cbranch(b.icmp_unsigned("!=", s, I32(0), name="asleep"), bb["wake"], bb["signalled"])
     b.position_at_end(bb["wake"])
-    p.call(b, "steer_away", [i])
-    p.call(b, "futex_wake_one", [gen])
+    call_named(b, "steer_away", [i])
+    call_named(b, "futex_wake_one", [gen])
     b.branch(bb["signalled"])
     b.position_at_end(bb["signalled"])
     next_ = b.add(i, I64(1), name="next")
@@ -433,7 +429,7 @@ def _await_chunks(p: _Pool) -> None:
     b.position_at_end(bb["wait"])
     spin = b.load_atomic(p.spin_ticks, "monotonic", 8, name="spin", typ=I64)
     budget = b.shl(spin, I64(3), name="budget")
-    p.call(b, "await_change", [p.done, d, p.caller_sleeping, budget], "d2")
+    call_named(b, "await_change", [p.done, d, p.caller_sleeping, budget], "d2")
     b.branch(bb["check"])
     b.position_at_end(bb["out"])
     b.ret_void()
@@ -458,17 +454,17 @@ def _parallel_for(p: _Pool) -> None:
     cx = b.cmpxchg(p.busy, I32(0), I32(1), "acquire", "monotonic", name="cx")
     b.cbranch(b.extract_value(cx, 1, name="got"), bb["launch"], bb["serial"])  # busy: nested or concurrent call
     b.position_at_end(bb["launch"])
-    k = p.call(b, "ensure_workers", [want], "k")
+    k = call_named(b, "ensure_workers", [want], "k")
     b.cbranch(b.icmp_unsigned("<=", k, I64(1), name="alone"), bb["serial_unlock"], bb["parallel"])
     b.position_at_end(bb["parallel"])
     most = b.mul(k, I64(p.chunks_per_thread), name="most")
     chunks = b.call(p.umin, [n, most], name="chunks")
-    p.call(b, "publish", [body, closure, n, chunks])
-    p.call(b, "start_workers", [k])
-    ran = p.call(b, "work", [chunks, I1(0)], "ran")
-    b.cbranch(p.call(b, "report", [ran], "last"), bb["unlock"], bb["wait"])
+    call_named(b, "publish", [body, closure, n, chunks])
+    call_named(b, "start_workers", [k])
+    ran = call_named(b, "work", [chunks, I1(0)], "ran")
+    b.cbranch(call_named(b, "report", [ran], "last"), bb["unlock"], bb["wait"])
     b.position_at_end(bb["wait"])
-    p.call(b, "await_chunks", [chunks])
+    call_named(b, "await_chunks", [chunks])
     b.branch(bb["unlock"])
     for unlock, then in (("unlock", "out"), ("serial_unlock", "serial")):
         b.position_at_end(bb[unlock])
