@@ -519,7 +519,9 @@ class KernelFunction:
                 raise _Restart(None) from None
             if numpy_error is not None:  # numpy fails first, elsewhere: its error is the function's
                 raise numpy_error
-            return self._fall_back(Unsupported(f"jitop internal error {type(err).__name__}: {err}"), _BUILD_DEPTH)
+            internal = Unsupported(f"jitop internal error {type(err).__name__}: {err}")
+            internal.__cause__ = err  # fallback=False shows where jitop failed, not only that it did
+            return self._fall_back(internal, _BUILD_DEPTH)
 
     def _beside_owner(self, key: Any, struct: Any, dims: Mapping[int, Sequence[int]]) -> tuple | None:
         """compile="background": what a child builds this call's kernel for (this function, the argument structure,

@@ -290,14 +290,7 @@ class _E:
             idx = ops.vector_constant(ir.IntType(32), range(k, k + lanes))
             a, b = (self.b.shuffle_vector(v, v, idx) for v in (p, nf))
             parts.append(self.b.call(fn, [a, b, a, ir.Constant(mask_ty, -1), ir.Constant(ir.IntType(32), 4)]))
-        while len(parts) > 1:  # concatenate pairwise back to the full width
-            joined = []
-            for a, b in zip(parts[::2], parts[1::2]):
-                width = a.type.count * 2
-                joined.append(self.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                                        list(range(width)))))
-            parts = joined
-        return parts[0]
+        return _concat(self.b, parts)
 
     def any(self, cond):
         """i1: is any lane of cond true."""
@@ -305,6 +298,31 @@ class _E:
             return cond
         return self.b.icmp_unsigned("!=", self.b.bitcast(cond, ir.IntType(self.n)), ir.Constant(ir.IntType(self.n), 0))
 
+
+
+def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """The vectors `parts` end to end. Pairwise while the count is even; an odd one out (3 registers of a
+    48-lane vector) is carried up a level, then joined to a wider neighbour by widening it first (a shuffle's
+    two operands share one type)."""
+    while len(parts) > 1:
+        joined = [_join(b, x, y) for x, y in zip(parts[::2], parts[1::2])]
+        parts = joined + parts[len(joined) * 2:]
+    return parts[0]
+
+
+def _join(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    nx, ny = x.type.count, y.type.count
+    wide = max(nx, ny)
+    x, y = (_widen_to(b, v, wide) for v in (x, y))
+    return b.shuffle_vector(x, y, ops.vector_constant(ir.IntType(32), list(range(nx)) + list(range(wide, wide + ny))))
+
+
+def _widen_to(b: ir.IRBuilder, v: ir.Value, lanes: int) -> ir.Value:
+    """v's lanes, then repeats of lane 0 (never selected by `_join`) up to `lanes`."""
+    n = v.type.count
+    if n == lanes:
+        return v
+    return b.shuffle_vector(v, v, ops.vector_constant(ir.IntType(32), list(range(n)) + [0] * (lanes - n)))
 
 # ---------------------------------------------------------------------------------------
 # exp family
