@@ -52,6 +52,14 @@ def numeric(x: Any, name: str, op: str) -> None:
     supported(x, name, op)
 
 
+def shown(value: Any) -> str:
+    """A value as an error message shows it: an array by its dtype and shape (never its thousand elements)."""
+    if isinstance(value, (np.ndarray, Tracer)):
+        return f"a {np.dtype(value.dtype)} array of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def layout(value: str, op: str) -> str:
     if value not in ("NCHW", "NHWC"):
         raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {value!r}")

@@ -24,7 +24,7 @@ from jitop.ops import checks
 def _axis(axis: int, ndim: int, op: str) -> int:
     """axis normalised to 0..ndim-1; a 0-d array takes axis 0 or -1, as in torch."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+        raise TypeError(f"{op}: axis must be an int, got {checks.shown(axis)}")
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise ValueError(f"{op}: axis {axis!r} is out of range for an array of {ndim} dimensions")
     return int(axis) % max(ndim, 1)
@@ -120,7 +120,10 @@ def _int_shape(normalized_shape: Any) -> tuple[int, ...]:
     shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
     if not isinstance(shape, (tuple, list)) or not all(
             isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
-        raise TypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+        hint = (" (the weight comes third: layer_norm(x, normalized_shape, weight, bias), as torch's)"
+                if isinstance(normalized_shape, (np.ndarray, Tracer)) else "")
+        raise TypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, "
+                        f"got {checks.shown(normalized_shape)}{hint}")
     return tuple(int(n) for n in shape)
 
 

@@ -211,6 +211,9 @@ def test_layer_norm_params_promote_like_numpy():
     ("5", TypeError, r"normalized_shape must be an int or a sequence of ints"),
     ((4.0, 5), TypeError, r"normalized_shape"),
     (None, TypeError, r"normalized_shape"),
+    # the weight given where torch's signature wants the shape: named by dtype and shape, with the signature
+    (np.ones(5, np.float32), TypeError, r"got a float32 array of shape \(5,\) \(the weight comes third: "
+                                        r"layer_norm\(x, normalized_shape, weight, bias\)"),
 ])
 def test_layer_norm_bad_normalized_shape(normalized_shape, exc, match):
     with pytest.raises(exc, match=match):
