@@ -188,8 +188,9 @@ class KernelFunction:
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
                  fallback: bool = True, autotune: str | None = None,
                  dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None,
-                 compile: str | None = None):
+                 compile: str | None = None, warn_recompiles: bool = True):
         self.fn = fn
+        self.warn_recompiles = warn_recompiles
         # a GPU target: traced graphs compile to GPU functions, one per shape (jitop.graph.gpu)
         self.gpu = resolve_target(target) if target is not None else None
         if self.gpu is not None and not isinstance(self.gpu, CudaTarget):
@@ -495,11 +496,13 @@ class KernelFunction:
                 self._set_static(self.static)
             why = self.policy.compiled(struct, ov.accepts is not None) if struct is not None else None
             why = why or self._static_recompiles(struct)
-            if why:
+            if why and self.warn_recompiles:
                 warnings.warn(f"jitop.kernel '{self.__name__}': {why}", JitopRecompileWarning, stacklevel=_BUILD_DEPTH)
             if config.verify() and run_numpy is not None:
                 ov = self._verified(ov, values, run_numpy, _BUILD_DEPTH)
             return ov
+        except Warning:  # one made an exception (warnings.simplefilter("error")): the caller's, not jitop's failure
+            raise
         except ScalarNeeded as err:
             if self._made_static(err, tree):
                 raise _Restart(err) from None
@@ -1220,7 +1223,7 @@ def _returned_tracers(result: Any) -> list[Tracer]:
 def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
            fallback: bool = True, autotune: str | None = None,
            dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None,
-           compile: str | None = None) -> Any:
+           compile: str | None = None, warn_recompiles: bool = True) -> Any:
     """Compile a numpy function: traced per (shape, dtype) of its array arguments, fused, vectorized, parallel.
 
     >>> @jitop.kernel
@@ -1246,6 +1249,8 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     compile="background" (or JITOP_COMPILE=background): a call whose kernel is neither in memory nor on disk runs
     as plain numpy while a child process compiles it into the disk cache; later calls load it from there once
     it is ready (jitop.build_beside). compile="now" (default): the call traces and compiles.
+    warn_recompiles=False: no JitopRecompileWarning when many values of a static argument (or many shapes) each
+    compile a kernel: for a function meant to have one per value (the operator library's, per layer geometry).
 
     >>> @jitop.kernel
     ... def double(x):
@@ -1264,7 +1269,8 @@ def kernel(fn: Callable | None = None, *, static_argnums: Sequence[int] = (), st
     (array([1., 1.]), array([2., 2.]), array([0., 1., 0., 1.]))
     """
     def wrap(f: Callable) -> KernelFunction:
-        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target, compile)
+        return KernelFunction(f, static_argnums, static_argnames, fallback, autotune, dynamic, target, compile,
+                              warn_recompiles)
     return wrap(fn) if fn is not None else wrap
 
 

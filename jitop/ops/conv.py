@@ -77,12 +77,13 @@ def _conv_node(x: Any, w: Any, geometry: tuple) -> Any:
                        dilation=dilation, groups=groups, layout=layout))
 
 
-@kernel(static_argnames=("geometry",), dynamic=False)  # per shape: see jitop/ops/linalg.py
+# a kernel per shape (see jitop/ops/linalg.py) and per layer geometry: a network's many are not a recompile storm
+@kernel(static_argnames=("geometry",), dynamic=False, warn_recompiles=False)
 def _conv(x, w, geometry):
     return _conv_node(x, w, geometry)
 
 
-@kernel(static_argnames=("geometry",), dynamic=False)
+@kernel(static_argnames=("geometry",), dynamic=False, warn_recompiles=False)
 def _conv_bias(x, w, bias, geometry):
     y = _conv_node(x, w, geometry)
     return y + (bias.reshape(-1, 1, 1) if geometry[-1] == "NCHW" else bias)

@@ -49,14 +49,14 @@ def _shift(x: Any, axis: int) -> Any:
     return reduce(x, "shift_max", axis=axis, keepdims=True)
 
 
-@kernel(static_argnames=("axis",))
+@kernel(static_argnames=("axis",), warn_recompiles=False)
 def _softmax(x, axis):
     e = np.exp(x - _shift(x, axis))
     # one division per row, then a multiply per element (as torch does): within 1 ulp of e / sum
     return e * (1 / np.sum(e, axis=axis, keepdims=True))
 
 
-@kernel(static_argnames=("axis",))
+@kernel(static_argnames=("axis",), warn_recompiles=False)
 def _log_softmax(x, axis):
     shifted = x - _shift(x, axis)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
@@ -84,7 +84,7 @@ def log_softmax(x: Any, axis: int = -1) -> Any:
     return _row_op(_log_softmax, x, _axis(axis, x.ndim, "log_softmax"))
 
 
-@kernel(static_argnames=("axes",))
+@kernel(static_argnames=("axes",), warn_recompiles=False)
 def _layer_norm(x, weight, bias, eps, axes):
     mean = np.mean(x, axis=axes, keepdims=True)
     centered = x - mean
@@ -136,7 +136,7 @@ def _param(p: Any, name: str, shape: tuple[int, ...], x: Any, op: str) -> Any:
     return p
 
 
-@kernel(static_argnames=("axis",))
+@kernel(static_argnames=("axis",), warn_recompiles=False)
 def _batch_norm(x, mean, var, weight, bias, eps, axis):
     shape = (-1,) + (1,) * (x.ndim - axis - 1)
     scale = 1.0 / np.sqrt(var.reshape(shape) + eps)
@@ -216,7 +216,7 @@ def erf(x: Any) -> Any:
     return np.vectorize(math.erf, otypes=[x.dtype])(x)
 
 
-@kernel(static_argnames=("approximate",))
+@kernel(static_argnames=("approximate",), warn_recompiles=False)
 def _gelu(x, approximate):
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))

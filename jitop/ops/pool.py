@@ -58,7 +58,7 @@ def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-@kernel(static_argnames=("hw", "geometry"))
+@kernel(static_argnames=("hw", "geometry"), warn_recompiles=False)
 def _max_pool(x, hw, geometry):
     windows = _windows(x, hw, geometry, _lowest(np.dtype(x.dtype)))
     out = windows[0]
@@ -67,7 +67,7 @@ def _max_pool(x, hw, geometry):
     return out
 
 
-@kernel(static_argnames=("hw", "geometry", "count_include_pad"))
+@kernel(static_argnames=("hw", "geometry", "count_include_pad"), warn_recompiles=False)
 def _avg_pool(x, hw, geometry, count_include_pad):
     windows = _windows(x, hw, geometry, 0)
     out = windows[0]
@@ -136,7 +136,7 @@ def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, c
     return _avg_pool(x, hw, geometry, bool(count_include_pad))
 
 
-@kernel(static_argnames=("axes",))
+@kernel(static_argnames=("axes",), warn_recompiles=False)
 def _global_avg(x, axes):
     return np.mean(x, axis=axes, keepdims=True)
 

@@ -158,3 +158,36 @@ def test_a_static_value_that_changes_every_call_warns_once_with_what_to_do_inste
         for t in range(2, 14):
             np.testing.assert_array_equal(g(cache[:t]), cache[:t - 1].sum(axis=0))  # the slice passed: symbolic
     assert not [w for w in caught if issubclass(w.category, jitop.JitopRecompileWarning)] and g.traces <= 2
+
+
+def test_warn_recompiles_false_is_silent_and_warnings_as_errors_raise_the_warning():
+    """A function meant to compile per value (warn_recompiles=False, as the operator library's per-geometry
+    kernels) never warns; with warnings made errors, the warning itself reaches the caller (it is not taken for
+    a jitop failure and run as numpy with a second warning)."""
+    cache = np.arange(40.0).reshape(20, 2)
+    quiet = jitop.kernel(lambda cache, t: sum(cache[i] for i in range(t + 1)), warn_recompiles=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(12):
+            np.testing.assert_array_equal(quiet(cache, t), cache[:t + 1].sum(axis=0))
+    assert not [w for w in caught if issubclass(w.category, (jitop.JitopRecompileWarning, jitop.JitopFallbackWarning))]
+    strict = jitop.kernel(lambda cache, t: sum(cache[i] for i in range(t + 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in range(8):
+            strict(cache, t)
+        with pytest.raises(jitop.JitopRecompileWarning, match="static parameter"):
+            strict(cache, 8)
+
+
+def test_the_operator_library_never_warns_of_recompiles_per_layer():
+    """A network calls conv2d and max_pool2d with many layer geometries: one kernel each, by design, no warning."""
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for c in range(1, 11):
+            x = rng.standard_normal((1, c, 5, 5)).astype(np.float32)
+            w = rng.standard_normal((2, c, 3, 3)).astype(np.float32)
+            assert jitop.conv2d(x, w, padding=1).shape == (1, 2, 5, 5)
+            assert jitop.max_pool2d(x, 2, stride=1 + c % 2).shape[:2] == (1, c)
+    assert not [w for w in caught if issubclass(w.category, (jitop.JitopRecompileWarning, jitop.JitopFallbackWarning))]
