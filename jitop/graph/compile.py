@@ -98,6 +98,8 @@ def build(prep: Prepared, profile: bool = False) -> Executable:
     # to_te: tensor expressions; injective producers inline as index math, templates build with their config
     graph = to_te(prep)
     st = graph.lowering.st
+    # dead stages: a value that folded away in its reader (an int `x.sum() * 0` is 0) is computed by no one
+    why = schedule_rules.drop_unread(st, graph.outputs, why)
     # epilogues: elementwise outputs computed on a matmul/conv register tile (bias, residual, activation)
     index = schedule_rules.GraphIndex(unique)  # readers and order, shared by the two rules below
     epilogues = schedule_rules.template_epilogues(st, unique, why, index)

@@ -264,6 +264,17 @@ def template_epilogues(st: Stages, outputs: list[Node], materialized: dict[Node,
     return epilogues
 
 
+def drop_unread(st: Stages, outputs: list[Tensor], materialized: dict[Node, str]) -> dict[Node, str]:
+    """`materialized` without the nodes whose stages no output reads, which leave `st` too. A node's value can
+    fold away in its reader's expression (an int `x.sum() * 0` is 0, `np.isnan` of ints False): its stage is
+    then part of no schedule, and nothing computes it."""
+    read = create_schedule([t.op for t in outputs]).stage_map
+    dropped = {n for n, t in st.tensors.items() if t.op not in read and st.views.get(t, t).op not in read}
+    for n in dropped:
+        del st.tensors[n]
+    return {n: reason for n, reason in materialized.items() if n not in dropped}
+
+
 def row_groups(st: Stages, outputs: list[Node], materialized: dict[Node, str], target: Target,
                epilogues: dict[Node, Tensor], graph: GraphIndex) -> tuple[dict[Node, list[Node]], str]:
     """Output -> the materialized nodes computed inside its row loop (see `row_group`), decided before

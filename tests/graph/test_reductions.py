@@ -509,3 +509,21 @@ def test_reductions_over_the_first_axis_of_a_big_array_equal_numpy(dtype, rows, 
         if x.nbytes >= 2 << 20 and name == "sum":
             k.explain(x)
             assert "_blocks" in capsys.readouterr().out  # (the row-block schedule, not the one-pass one)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("int sum times 0", lambda a, b: a.sum(0) * 0),
+    ("isnan of an int max", lambda a, b: np.isnan(a.max())),
+    ("isfinite of any", lambda a, b: np.isfinite(np.any(a, axis=0))),
+    ("row-fused, both folded", lambda a, b: (a - a.max(-1, keepdims=True)) * 0 + a.sum(-1, keepdims=True) * 0),
+    ("matmul times 0", lambda a, b: (a @ b) * 0),
+    ("one dead, one live", lambda a, b: (a.sum(0) * 0, a.max(0) + 1)),
+])
+def test_a_reduction_whose_value_folds_away_in_its_reader_is_not_computed(name, fn) -> None:
+    """An int `x.sum() * 0` is 0 once its expression is simplified: the reduction's stage is read by no output
+    and is dropped (it was left in the schedule and failed the compile, so the function ran as numpy)."""
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.ones((4, 5), np.int32)
+    got, expected = jit_call(jitop.kernel(fn, fallback=False), a, b), fn(a, b)
+    for g, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, expected)), strict=True):
+        assert_same(g, e)
