@@ -135,6 +135,8 @@ class LoopEmitter(ABC):
         return flat
 
     def _stored_value(self, s: Store) -> ir.Value:
+        if s.value.dtype != s.buffer.dtype:  # a pass that changed a value's type: never write the wrong width
+            raise TypeError(f"store of a {s.value.dtype} value into {s.buffer.dtype} buffer {s.buffer.name}")
         self.contract = is_accumulation(s)  # FMA only in a reduction's update
         value = self.expr(s.value)
         self.contract = False

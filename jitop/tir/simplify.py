@@ -274,7 +274,7 @@ def prove(cond: Expr, ranges: Ranges, memo: Memo | None = None) -> bool | None:
     """True/False if a comparison of integers holds/fails for every value in `ranges`, else None."""
     if cond.op is Op.CONST:
         return bool(cond.value)
-    if cond.op is Op.AND:
+    if cond.op is Op.AND and cond.dtype.is_bool:  # (an integer `&` is no conjunction: x & 0 is 0, not False)
         a, b = prove(cond.src[0], ranges, memo), prove(cond.src[1], ranges, memo)
         return False if False in (a, b) else (True if a and b else None)
     if cond.op not in (Op.LT, Op.LE, Op.GT, Op.GE) or not cond.src[0].dtype.is_int:
@@ -458,7 +458,7 @@ def simplify(e: Expr, ranges: Ranges | None = None, memo: Memo | None = None) ->
             return memo[key]
         if node.dtype.is_int and node.op in _LINEAR:
             out = from_lin(merge_divmod(to_lin(node, ranges, memo), ranges, memo), node.dtype)
-        elif node.op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.AND):
+        elif node.op in (Op.LT, Op.LE, Op.GT, Op.GE) or node.op is Op.AND and node.dtype.is_bool:
             out = rebuild(node, tuple(visit(s) for s in node.src))
             p = prove(out, ranges, memo)
             out = out if p is None else const(p)

@@ -748,3 +748,15 @@ def test_clip_ties_follow_how_numpy_steps_through_the_bounds(x_shape):
             got, want = f(a, lo_, hi_), np.clip(a, lo_, hi_)
             assert np.shape(got) == want.shape
             assert np.signbit(got).tolist() == np.signbit(want).tolist(), (x_shape, lo_shape, hi_shape, x, lo, hi)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int32", "int64", "uint8"])
+@pytest.mark.parametrize("expr", ["a & 0", "0 & a", "a & zero", "np.bitwise_and(a, 0)", "(a > 3) & 0",
+                                  "a | 0", "a ^ 0", "a & 5", "(a & 0) + 1", "(a > 3) & (a > 9)", "a & False"])
+def test_bitwise_with_a_constant_operand_is_bitwise(expr: str, dtype: str) -> None:
+    """An integer `&` is no conjunction: `a & 0` is 0 of a's dtype (the simplifier once proved it False and a
+    1-byte bool was stored into the int64 output, leaving the rest of each element as it was)."""
+    fn = eval(f"lambda a, zero: {expr}")  # noqa: S307 - the expressions above
+    a = (np.arange(16) % 7).astype(dtype)
+    zero = np.array(0, dtype)[()]
+    assert_same(jitop.kernel(fn, fallback=False)(a, zero), fn(a, zero))
