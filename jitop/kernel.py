@@ -189,6 +189,7 @@ class KernelFunction:
                  fallback: bool = True, autotune: str | None = None,
                  dynamic: bool | Mapping[str, Sequence[int]] | None = None, target: str | None = None,
                  compile: str | None = None, warn_recompiles: bool = True):
+        fn = _inputs_only(fn) if isinstance(fn, np.ufunc) else fn
         self.fn = fn
         self.warn_recompiles = warn_recompiles
         # a GPU target: traced graphs compile to GPU functions, one per shape (jitop.graph.gpu)
@@ -1058,6 +1059,18 @@ def _swapped(result: Any, placed: Mapping[int, Any]) -> Any:
     if type(result) is dict:
         return {k: _swapped(v, placed) for k, v in result.items()}
     return result
+
+
+def _inputs_only(ufunc: np.ufunc) -> Callable:
+    """`jitop.kernel(np.exp)`: the ufunc as a function of its inputs alone. Its own signature has keyword-only
+    options (dtype=, signature=) that a call may not pass together, even at their defaults."""
+    def call(*inputs: Any) -> Any:
+        return ufunc(*inputs)
+    names = ["x"] if ufunc.nin == 1 else [f"x{i + 1}" for i in range(ufunc.nin)]
+    call.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    call.__name__ = call.__qualname__ = ufunc.__name__
+    call.__doc__ = ufunc.__doc__
+    return call
 
 
 def _split_values(kf: KernelFunction, values: Sequence[Any], tree: Any = None) -> tuple[list, dict]:

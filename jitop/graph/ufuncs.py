@@ -81,12 +81,22 @@ def _arcsinh(x: Expr) -> Expr:
 
 
 def _arccosh(x: Expr) -> Expr:
-    value = te.select(x > 1e8, te.log(x) + math.log(2.0), te.log(x + te.sqrt(x * x - 1.0)))
+    # 1 <= x <= 2: from t = x - 1 (exact there), as x*x - 1 cancels near 1 (glibc's acosh does the same)
+    t = x - 1.0
+    near_one = te.log1p(t + te.sqrt(2.0 * t + t * t))
+    value = te.select(x > 1e8, te.log(x) + math.log(2.0),
+                      te.select(x > 2.0, te.log(x + te.sqrt(x * x - 1.0)), near_one))
     return te.select(x < 1.0, te.const(float("nan"), x.dtype), value)  # NaN below the domain, like numpy
 
 
 def _arctanh(x: Expr) -> Expr:
-    return 0.5 * te.log1p(2.0 * x / (1.0 - x))
+    # from |x|: 1 - |x| is exact for |x| >= 0.5, where 1 - x of a negative x near -1 was not (numpy's
+    # arctanh(-0.99999994) is -8.66; 2x / (1 - x) rounded near -1 gave -8.32); the sign restored last
+    a = te.abs(x)
+    t = a + a
+    small = te.log1p(t + t * a / (1.0 - a))
+    value = 0.5 * te.select(a < 0.5, small, te.log1p(t / (1.0 - a)))
+    return te.copysign(value, x)
 
 
 def raise_if(value: Expr, bad: Expr, error: str) -> Expr:
