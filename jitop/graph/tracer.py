@@ -43,6 +43,8 @@ def as_node(x: Any) -> Node:
 def scalar_const(value: Any, dtype: Any = None, weak: bool = False) -> Node:
     if isinstance(value, complex) or (dtype is not None and np.dtype(dtype).kind == "c"):
         raise Unsupported("complex numbers")
+    if dtype is not None and np.dtype(dtype).name not in dtypes.DTYPES:  # as an array of that dtype is
+        raise Unsupported(f"a scalar of dtype {np.dtype(dtype)}")
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.scalar_dtype(value)
     if weak and isinstance(value, int) and not isinstance(value, bool):
         return node("const", (), dt, weak=True, value=int(value))  # exact: it may not fit int64 (NEP 50)

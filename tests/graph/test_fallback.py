@@ -76,6 +76,10 @@ def complex_scalar(a):
     return a * 1j
 
 
+def float16_scalar(a):
+    return np.float16(2) * a
+
+
 def as_numpy(a):
     return np.asarray(a) + 1
 
@@ -109,6 +113,7 @@ FALLBACKS = {  # function -> (argument, words the warning must contain, source l
     "np.unique": (unique, np.array([3.0, 1.0, 3.0]), "unique", "np.unique"),
     "np.sort": (sort, np.array([3.0, 1.0, 2.0]), "sort", "np.sort"),
     "complex scalar": (complex_scalar, np.arange(3.0), "complex", "a * 1j"),
+    "float16 scalar": (float16_scalar, np.arange(3.0), "scalar of dtype float16", "np.float16(2)"),
     "np.asarray(tracer)": (as_numpy, np.arange(3.0), "concrete", "np.asarray"),
     "float(tracer)": (to_float, np.arange(3.0), "float()", "float(a.sum())"),
     ".item()": (item, np.arange(3.0), "item", ".item()"),
