@@ -1191,3 +1191,4 @@ _install_methods()
 # np.take lives in its own module, registered here like the functions above
 from jitop.graph import take as _take  # noqa: E402
 _method("take", _take.take)
+from jitop.graph import nan_reductions as _nan_reductions  # noqa: E402,F401 - np.nansum and the rest
