@@ -106,7 +106,8 @@ def assign(t: Tracer, key: Any, value: Any) -> None:
         raise Unsupported("in-place assignment to an array outside jitop.kernel")
     if t.order is not None:
         raise Unsupported(f"in-place assignment to a {t.order.str} array (a non-native byte order)")
-    new = _updated(tracking_now, t.node, key, value)
+    mask = _boolean_mask(key, t.node)
+    new = _updated(tracking_now, t.node, key, value) if mask is None else _masked(t.node, mask, value)
     seen = tracking_now.view_of(t)
     if seen is not None:  # a view: its base's region takes the view's new value
         base, base_key = seen
@@ -167,6 +168,44 @@ def _updated(tracking_now: Tracking, n: Node, key: Any, value: Any) -> Node:
     if all(s[0] == "slice" for s in spec) and indexing.whole(n, spec, list(region)):
         return node("copy", n.shape, n.dtype, (v,), fresh=next(tracking_now.serial))
     return node("update", n.shape, n.dtype, (n, v, *positions), spec=tuple(spec))
+
+
+def _boolean_mask(key: Any, n: Node) -> Node | None:
+    """The node of a boolean-mask key (`a[a < 0] = 0`), or None for any other key. numpy's IndexError for a mask
+    whose shape is not that of n's leading dimensions."""
+    if not (isinstance(key, Tracer) and key.node.dtype.is_bool and not key.node.weak
+            or isinstance(key, np.ndarray) and key.dtype == bool):
+        return None
+    mask = as_node(key)
+    if mask.ndim > n.ndim:
+        raise IndexError(f"too many indices for array: array is {n.ndim}-dimensional, but {mask.ndim} were indexed")
+    for axis, (a, b) in enumerate(zip(n.shape, mask.shape)):
+        if not sh.provably_same(a, b):
+            if type(a) is int and type(b) is int:
+                raise IndexError(f"boolean index did not match indexed array along axis {axis}; size of axis is "
+                                 f"{a} but size of corresponding boolean axis is {b}")
+            raise Unsupported("a boolean mask whose dimensions may differ from the array's")
+    return mask
+
+
+def _masked(n: Node, mask: Node, value: Any) -> Node:
+    """The node of n after n[mask] = value: where the mask holds, the value (numpy's cast to n's dtype, broadcast
+    over n's dimensions past the mask's). A value with one element per True of the mask (its length known only
+    when the kernel runs) is not supported."""
+    from jitop.graph.numpy_api import where  # numpy_api imports this module
+    trailing = tuple(n.shape[mask.ndim:])
+    given = tuple(value.node.shape) if isinstance(value, Tracer) else np.shape(value)
+    if not trailing and len(given) > 1:
+        raise TypeError("NumPy boolean array indexing assignment requires a 0 or 1-dimensional input, input has "
+                        f"{len(given)} dimensions")
+    while given and _one(given[0]):
+        given = given[1:]
+    if len(given) > len(trailing) or not all(_fits(a, b) for a, b in zip(given[::-1], trailing[::-1])):
+        raise Unsupported("assigning an array through a boolean mask (one value per True element)",
+                          "assign a scalar, or use np.where(mask, values, a)")
+    v = _region_value(value, n, trailing)
+    keep = node("reshape", tuple(mask.shape) + (1,) * len(trailing), mask.dtype, (mask,)) if trailing else mask
+    return where(Tracer(keep), Tracer(v), Tracer(n)).node
 
 
 def _region_value(value: Any, n: Node, shape: tuple) -> Node:

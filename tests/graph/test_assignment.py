@@ -457,3 +457,59 @@ def test_copyto_follows_numpys_casting_rule():
     for fn in (into_int, compiled(into_int)):
         with pytest.raises(TypeError):
             fn(np.arange(3), np.ones(3))
+
+
+# ** boolean-mask assignment: a[mask] = scalar, numpy's most common write, keeps the shape **
+
+def _masked(body: str):
+    namespace = {"np": np}
+    exec(f"def f(a, m):\n    {body}\n    return a", namespace)  # noqa: S102 - the bodies below
+    return namespace["f"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8", "uint8", "bool"])
+@pytest.mark.parametrize("body", [
+    "a[a > 0] = 0", "a[a > 1] = 2.7", "a[m] = 5", "a[m] = a.max()", "a[a < 1] = np.float32(-1.5)",
+    "a[m[:, 0]] = 3",  # a mask over the leading dimension: whole rows
+    "a[m[:, 0]] = np.arange(a.shape[1])",  # one row broadcast over the selected rows
+    "a[m[:, 0]] = np.ones((1, a.shape[1]))", "r = a[1]\n    r[r > 0] = 9",  # through a view: its base changes
+    "a[m] = -a.min()",
+])
+def test_boolean_mask_assignment_matches_numpy(body: str, dtype: str) -> None:
+    a = (np.arange(-6, 9).reshape(3, 5) % 4).astype(dtype)
+    m = (np.arange(15).reshape(3, 5) % 3 == 0)
+    m[1, :] = False
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            _masked(body)(a.copy(), m)
+        except (TypeError, ValueError, OverflowError) as err:  # numpy refuses it (a value that does not fit)
+            with pytest.raises(type(err)):
+                compiled(_masked(body))(a.copy(), m)
+            return
+        run_both(_masked(body), a, m)
+
+
+@pytest.mark.parametrize("body,error", [
+    ("a[np.ones(2, bool)] = 1", IndexError),  # the mask's shape is not the array's
+    ("a[m] = np.ones((1, 1))", TypeError),  # a full mask takes a 0-d or 1-d value
+    ("a[m] = np.nan", None),  # numpy's conversion error for the int array
+])
+def test_boolean_mask_assignment_raises_numpys_errors(body: str, error) -> None:
+    a, m = np.arange(15).reshape(3, 5), np.arange(15).reshape(3, 5) > 7
+    with pytest.raises(Exception) as numpy_error:
+        _masked(body)(a.copy(), m)
+    assert error is None or numpy_error.type is error
+    with pytest.raises(numpy_error.type):
+        compiled(_masked(body))(a.copy(), m)
+
+
+def test_one_value_per_true_element_runs_as_numpy_with_a_warning() -> None:
+    """a[mask] = values with one value per True element: how many, only the data says (not compiled)."""
+    f = jitop.kernel(_masked("a[m] = np.arange(3.0)"))
+    a, m = np.zeros(6), np.arange(6) % 2 == 0
+    with pytest.warns(jitop.JitopFallbackWarning, match="boolean mask"):
+        got = f(a.copy(), m)
+    want = a.copy()
+    want[m] = np.arange(3.0)
+    np.testing.assert_array_equal(got, want)
