@@ -1,0 +1,160 @@
+"""numpy functions that are compositions of others: np.select, np.roll, np.repeat, np.tile and np.linalg.norm,
+written as numpy's own implementations write them, on the primitives the tracer has (slices and concatenation,
+broadcast and reshape, where, reductions), so fusion and symbolic sizes apply to them unchanged. Their values,
+dtypes and errors are numpy's; what depends on data (a traced shift, one repeat count per element, the spectral
+norm) is unsupported.
+
+>>> import jitop
+>>> f = jitop.kernel(lambda x: (np.roll(x, 1), np.repeat(x, 2), np.tile(x, 2), np.linalg.norm(x)))
+>>> f(np.array([3.0, 4.0]))
+(array([4., 3.]), array([3., 3., 4., 4.]), array([3., 4., 3., 4.]), np.float64(5.0))
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from jitop.graph import mutation, shapes as sh
+from jitop.graph.numpy_api import (_axes, _cast, array_node, broadcast_shapes, broadcast_to, concatenate,
+                                   expand_dims, implements, max_, min_, ravel, reshape, sum_, where)
+from jitop.graph.tracer import Tracer, Unsupported
+
+__all__ = ["norm", "repeat", "roll", "select", "tile"]
+
+
+def _static_int(value: Any, what: str) -> int:
+    """A Python (or numpy) int the result's shape depends on; a traced one is data the shape cannot wait for."""
+    if isinstance(value, Tracer):
+        raise Unsupported(f"{what} computed by the kernel (the result's shape would depend on it)",
+                          "pass it as a static argument (static_argnames=)")
+    return operator.index(value)
+
+
+@implements(np.select)
+def select(condlist, choicelist, default=0):
+    if len(condlist) != len(choicelist):
+        raise ValueError("list of cases must be same length as list of conditions")
+    if len(condlist) == 0:
+        raise ValueError("select with an empty condition list is not possible")
+    # numpy's own select on empty stand-ins: its dtype (Python scalars weak) and its errors (a condition that is
+    # not boolean, choices without a common dtype or that do not cast into it)
+    dt = np.select([mutation.sample(c) for c in condlist], [mutation.sample(c) for c in choicelist],
+                   mutation.sample(default)).dtype
+    result = _cast(default, dt)
+    for cond, choice in zip(reversed(condlist), reversed(choicelist)):  # the first true condition wins
+        result = where(cond, _cast(choice, dt), result)
+    shape = broadcast_shapes(*(tuple(array_node(x).shape) for x in (*condlist, *choicelist, default)))
+    have = tuple(array_node(result).shape)
+    if len(have) == len(shape) and all(sh.provably_same(a, b) for a, b in zip(have, shape)):
+        return result
+    return broadcast_to(result, shape).copy()  # a condition or choice wider than the others decides the shape
+
+
+@implements(np.roll)
+def roll(a, shift, axis=None):
+    if axis is None:
+        return reshape(roll(ravel(a), shift, 0), tuple(array_node(a).shape))
+    node = array_node(a)
+    shifts: dict[int, int] = {}
+    for s, ax in np.broadcast(np.asarray([_static_int(s, "np.roll's shift") for s in np.atleast_1d(shift)]),
+                              np.asarray(axis)):
+        (ax,) = _axes(int(ax), node.ndim)
+        shifts[ax] = shifts.get(ax, 0) + int(s)
+    out = a
+    for ax, s in shifts.items():
+        n = out.shape[ax]
+        if n == 0:
+            continue
+        s %= n
+        if s == 0:
+            continue
+        head, tail = [slice(None)] * node.ndim, [slice(None)] * node.ndim
+        head[ax], tail[ax] = slice(n - s, None), slice(None, n - s)
+        out = concatenate([out[tuple(head)], out[tuple(tail)]], axis=ax)
+    return out if out is not a else a.copy()
+
+
+@implements(np.repeat)
+def repeat(a, repeats, axis=None):
+    counts = np.atleast_1d(repeats) if not isinstance(repeats, Tracer) else repeats
+    if isinstance(counts, Tracer) or counts.size != 1:
+        raise Unsupported("np.repeat with a count per element (the result's length depends on them)")
+    r = _static_int(counts.reshape(())[()], "np.repeat's count")
+    if r < 0:
+        raise ValueError("repeats may not contain negative values.")
+    if axis is None:
+        a, axis = ravel(a), 0
+    node = array_node(a)
+    (axis,) = _axes(axis, node.ndim)
+    shape = list(node.shape)
+    spread = broadcast_to(expand_dims(a, axis + 1), tuple(shape[:axis + 1] + [r] + shape[axis + 1:]))
+    return reshape(spread, tuple(shape[:axis] + [shape[axis] * r] + shape[axis + 1:]))
+
+
+@implements(np.tile)
+def tile(A, reps):
+    reps = tuple(_static_int(r, "np.tile's reps") for r in (reps if np.ndim(reps) else (reps,)))
+    if any(r < 0 for r in reps):
+        raise ValueError("negative dimensions are not allowed")
+    node = array_node(A)
+    shape = (1,) * (len(reps) - node.ndim) + tuple(node.shape)
+    reps = (1,) * (len(shape) - len(reps)) + reps
+    interleaved = [d for n in shape for d in (1, n)]
+    spread = broadcast_to(reshape(A, tuple(interleaved)), tuple(d for r, n in zip(reps, shape) for d in (r, n)))
+    return reshape(spread, tuple(r * n for r, n in zip(reps, shape)))
+
+
+@implements(np.linalg.norm)
+def norm(x, ord=None, axis=None, keepdims=False):
+    if not array_node(x).dtype.is_float:
+        x = _cast(x, np.float64)
+    nd = array_node(x).ndim
+    if axis is None and (ord is None or ord in ("f", "fro") and nd == 2 or ord == 2 and nd == 1):
+        flat = ravel(x)
+        r = np.sqrt(np.dot(flat, flat))
+        return reshape(r, (1,) * nd) if keepdims else r
+    axes = tuple(range(nd)) if axis is None else axis if isinstance(axis, tuple) else (int(axis),)
+    if len(axes) == 1:
+        return _vector_norm(x, ord, axes, keepdims)
+    if len(axes) == 2:
+        return _matrix_norm(x, ord, _axes(axes[0], nd) + _axes(axes[1], nd), keepdims, nd)
+    raise ValueError("Improper number of dimensions to norm.")
+
+
+def _vector_norm(x: Any, ord: Any, axis: tuple[int, ...], keepdims: bool) -> Any:
+    if ord == np.inf:
+        return max_(np.abs(x), axis, None, keepdims)
+    if ord == -np.inf:
+        return min_(np.abs(x), axis, None, keepdims)
+    if ord == 0:
+        return sum_(_cast(np.not_equal(x, 0), array_node(x).dtype.np), axis, None, None, keepdims)
+    if ord == 1:
+        return sum_(np.abs(x), axis, None, None, keepdims)
+    if ord is None or ord == 2:
+        return np.sqrt(sum_(np.multiply(x, x), axis, None, None, keepdims))
+    if isinstance(ord, str):
+        raise ValueError(f"Invalid norm order '{ord}' for vectors")
+    total = sum_(np.power(np.abs(x), ord), axis, None, None, keepdims)
+    return np.power(total, np.reciprocal(ord, dtype=array_node(total).dtype.np))
+
+
+def _matrix_norm(x: Any, ord: Any, axes: tuple[int, int], keepdims: bool, nd: int) -> Any:
+    row, col = axes
+    if row == col:
+        raise ValueError("Duplicate axes given.")
+    if ord in (1, -1):  # the largest (smallest) column sum
+        r = (max_ if ord == 1 else min_)(sum_(np.abs(x), row), col - (col > row))
+    elif ord in (np.inf, -np.inf):  # the largest (smallest) row sum
+        r = (max_ if ord == np.inf else min_)(sum_(np.abs(x), col), row - (row > col))
+    elif ord in (None, "fro", "f"):
+        r = np.sqrt(sum_(np.multiply(x, x), axes))
+    elif ord in (2, -2, "nuc"):
+        raise Unsupported(f"np.linalg.norm with ord={ord!r} (singular values)")
+    else:
+        raise ValueError("Invalid norm order for matrices.")
+    if keepdims:
+        shape = [1 if i in axes else d for i, d in enumerate(array_node(x).shape)]
+        r = reshape(r, tuple(shape))
+    return r

@@ -1,0 +1,74 @@
+"""np.select, np.roll, np.repeat, np.tile and np.linalg.norm under @jitop.kernel against numpy: values, dtype
+(numpy's promotion, Python scalars weak), shape, numpy's errors; one kernel for every size of a varying dim."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import jitop
+from kernel_checks import assert_close
+
+CALLS = [
+    "np.select([x > 0, x < -2], [x, -x])", "np.select([x > 0], [x], 1.5)", "np.select([x > 1, x > 0], [1, 2], x)",
+    "np.select([x > 0, x[:1] < -1], [x, 2], default=x[0])", "np.select([x > 0], [x])",
+    "np.roll(x, 1)", "np.roll(x, -7)", "np.roll(x, 2, axis=-1)", "np.roll(x, (1, 2), axis=(0, -1))", "np.roll(x, 0)",
+    "np.repeat(x, 2)", "np.repeat(x, 3, axis=0)", "np.repeat(x, 0, axis=-1)", "np.repeat(x, [2], axis=0)",
+    "np.repeat(x, -1)", "np.tile(x, 2)", "np.tile(x, (2, 1))", "np.tile(x, (2, 1, 3))", "np.tile(x, 0)",
+    "np.linalg.norm(x)", "np.linalg.norm(x, axis=-1)", "np.linalg.norm(x, 1, axis=0)",
+    "np.linalg.norm(x, np.inf, axis=-1)", "np.linalg.norm(x, -np.inf, axis=0, keepdims=True)",
+    "np.linalg.norm(x, 0, axis=-1)", "np.linalg.norm(x, 3, axis=-1)", "np.linalg.norm(x, 0.5, axis=-1)",
+    "np.linalg.norm(x, 'fro')", "np.linalg.norm(x, 1)", "np.linalg.norm(x, np.inf)", "np.linalg.norm(x, -1, keepdims=True)",
+    "np.linalg.norm(x, keepdims=True)", "np.linalg.norm(x, 'bad')",
+]
+ARRAYS = {
+    "float64": np.arange(12.0).reshape(3, 4) - 5, "float32": (np.arange(12.0).reshape(3, 4) - 5).astype(np.float32),
+    "int64": np.arange(12).reshape(3, 4) - 5, "uint8": np.arange(12, dtype=np.uint8).reshape(3, 4),
+    "bool": np.arange(12).reshape(3, 4) % 3 == 0, "vector": np.arange(5.0) - 2,
+}
+
+
+def _numpy(fn, x):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return fn(x)
+
+
+@pytest.mark.parametrize("array", list(ARRAYS))
+@pytest.mark.parametrize("call", CALLS)
+def test_composites_match_numpy(call: str, array: str) -> None:
+    fn = eval(f"lambda x: {call}")  # noqa: S307 - the calls above
+    x = ARRAYS[array]
+    try:
+        expected = _numpy(fn, x.copy())
+    except (ValueError, TypeError) as err:
+        with pytest.raises(type(err)):
+            jitop.kernel(fn, fallback=False)(x.copy())
+        return
+    got = jitop.kernel(fn, fallback=False)(x.copy())
+    rtol = {np.dtype("float32"): 1e-6, np.dtype("float64"): 1e-14}.get(np.asarray(expected).dtype, 0.0)
+    assert_close(got, expected, rtol=rtol, atol=rtol)
+
+
+def test_one_kernel_for_every_row_length() -> None:
+    def fn(x):
+        return (np.repeat(x, 2, axis=0), np.tile(x, (1, 2)), np.linalg.norm(x, axis=-1), np.select([x > 0], [x], -1.0),
+                np.roll(x, 3, axis=0))
+    f = jitop.kernel(fn, fallback=False)
+    for n in (5, 9, 2, 17, 100, 3):
+        x = np.random.default_rng(n).standard_normal((4, n))
+        for got, expected in zip(f(x), fn(x)):
+            assert_close(got, expected, rtol=1e-14, atol=1e-14)
+    assert f.traces <= 2
+
+
+@pytest.mark.parametrize("call,what", [("np.roll(x, int(x.shape[0] > 0) * s)", "shift computed by the kernel"),
+                                       ("np.repeat(x, [1, 2, 1], axis=0)", "a count per element"),
+                                       ("np.linalg.norm(x, 2)", "singular values")])
+def test_what_the_data_decides_runs_as_numpy_with_a_warning(call: str, what: str) -> None:
+    fn = eval(f"lambda x, s: {call}")  # noqa: S307 - the calls above
+    x = np.arange(9.0).reshape(3, 3)
+    with pytest.warns(jitop.JitopFallbackWarning, match=what):
+        got = jitop.kernel(fn)(x, np.int64(1))
+    np.testing.assert_allclose(got, fn(x, np.int64(1)))
