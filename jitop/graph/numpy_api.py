@@ -451,6 +451,32 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
     return np.sqrt(var(a, axis, dtype, out, ddof, keepdims, where=where, mean=mean, correction=correction))
 
 
+def _scan(a: Any, op: str, axis: Any, dtype: Any, out: Any) -> Tracer:
+    """np.cumsum / np.cumprod: a "scan" node along the last axis (the axis moved there and back, free index
+    math), in the dtype numpy accumulates in (small ints and bool widen as np.sum does)."""
+    if out is not None:
+        raise Unsupported(f"np.cum{op} with out=")
+    n = as_node(a)
+    if axis is None or n.ndim == 0:  # numpy takes a 0-d array as 1-d (axis 0 or -1, else its AxisError)
+        _axes(axis, 1) if axis is not None else None
+        n, axis = as_node(ravel(a)), 0
+    (axis,) = _axes(axis, n.ndim)
+    dt = _dtype(np.dtype(dtype)) if dtype is not None else _sum_dtype(n.dtype)
+    last = wrap(cast_node(n, dt)) if axis == n.ndim - 1 else moveaxis(wrap(cast_node(n, dt)), axis, -1)
+    scanned = wrap(node("scan", tuple(as_node(last).shape), dt, (as_node(last),), op=op))
+    return scanned if axis == n.ndim - 1 else moveaxis(scanned, -1, axis)
+
+
+@implements(np.cumsum)
+def cumsum(a, axis=None, dtype=None, out=None):
+    return _scan(a, "sum", axis, dtype, out)
+
+
+@implements(np.cumprod)
+def cumprod(a, axis=None, dtype=None, out=None):
+    return _scan(a, "prod", axis, dtype, out)
+
+
 def _argreduce(a: Any, op: str, axis: Any, keepdims: bool) -> Tracer:
     n = as_node(a)
     if n.ndim == 0:  # numpy takes a 0-d array as 1-d here: axis 0 or -1, and no dimension to keep
@@ -1178,6 +1204,7 @@ def _method(name: str, fn: Callable) -> None:
 def _install_methods() -> None:
     for name, fn in (("sum", sum_), ("prod", prod), ("max", max_), ("min", min_), ("all", all_), ("any", any_),
                      ("mean", mean), ("var", var), ("std", std), ("argmax", argmax), ("argmin", argmin),
+                     ("cumsum", cumsum), ("cumprod", cumprod),
                      ("ravel", ravel), ("flatten", flatten), ("squeeze", squeeze), ("swapaxes", swapaxes),
                      ("clip", clip), ("round", round_), ("astype", astype), ("copy", copy_method), ("dot", dot)):
         _method(name, fn)

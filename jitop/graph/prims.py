@@ -151,6 +151,8 @@ PRIMS: dict[str, Prim] = {
     "reduce": Prim(Kind.REDUCTION, build=rules.build_reduce, batch=batching.batch_reduce),
     "argreduce": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_argreduce,
                       batch=batching.batch_argreduce),
+    # np.cumsum / np.cumprod along the last axis: a running reduction, computed in one ordered pass
+    "scan": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scan),
     # ** complex-out-fusable: operator templates **
     "matmul": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_matmul, workload=_matmul_fields,
                    symbolic_fields=("m", "n", "k"), rows=_matmul_rows, batch=batching.batch_matmul),

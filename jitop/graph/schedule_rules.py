@@ -128,6 +128,15 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
         stage.parallel(stage.fuse(*data))
 
 
+def schedule_scan(s: Schedule, t: Tensor) -> None:
+    """A running reduction along its last axis: the rows in parallel, each row's scan loop and its reduction
+    left as they are (the one-pass lowering needs them unsplit)."""
+    stage = s[t]
+    rows = list(stage.op.axis)[:-1]
+    if rows and stage.attach_type == "root":
+        stage.parallel(stage.fuse(*rows) if len(rows) > 1 else rows[0])
+
+
 def schedule_row_blocks(s: Schedule, t: Tensor, target: Target) -> None:
     """te_rules._row_blocks' partials: blocks of rows in parallel, each block's rows in order, each row
     vectorized along its (last) axis."""
@@ -370,6 +379,8 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
         schedule_injective(s, t, target)
     elif kind == "reduce_rows":
         schedule_row_blocks(s, t, target)
+    elif kind == "scan":
+        schedule_scan(s, t)
     elif kind in ("reduce", "reduce_outer"):
         schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer", tail=st.contiguous_tail.get(t, 1))
         consumer = t

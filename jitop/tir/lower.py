@@ -337,6 +337,8 @@ class Lowering:
         store_idx = tuple(sl.value[iv] for iv in stage.axis)
         if not stage.reduce_axis:
             return self._nest(stage, leaves, self._stores(stage, store_idx), sl.guards, attach=True)
+        if stage.op.attrs.get("scan") and _one_pass_scan(stage, leaves):
+            return self._scan(stage, store_idx, leaves[:-1])
         # init the accumulator just outside the first reduction loop, then update inside all loops
         first = next(k for k, iv in enumerate(leaves) if iv.kind == "reduce")
         common, rest = leaves[:first], leaves[first:]
@@ -351,6 +353,27 @@ class Lowering:
                     self._nest(stage, rest, updates, inner_guards, attach=True))
         outer_guards = [g for g in sl.guards if not free_vars(g) & rest_vars]
         return self._nest(stage, common, inner, outer_guards, attach=True)
+
+    def _scan(self, stage: Stage, idx: tuple[Expr, ...], data: list[IterVar]) -> Stmt:
+        """A running reduction (te_rules.build_scan: out[..., j] reduces src[..., k] over k <= j) in one pass:
+        per row, an accumulator takes src[..., j] at each j, in order, and is stored there. Each element is then
+        numpy's running value (np.cumsum adds one element after another); the definition's quadratic reduction
+        is what other schedules get."""
+        t, body = stage.outputs[0], stage.body[0]
+        j, k = stage.axis[-1], stage.reduce_axis[0]
+        red = body.arg.reducer
+        acc = Buffer(f"{t.name}.acc", t.dtype, (1,), "local")
+        at = (const(0),)
+        src = substitute(self.lower_expr(body.src[0], stage), {k.var: j.var})
+        # a float sum starts at -0.0, the identity that keeps a leading -0.0 (numpy's first element is the first value)
+        start = const(-0.0, t.dtype) if red.name == "sum" and t.dtype.is_float else red.identity(t.dtype)
+        sl = self.loops[stage]
+        step = seq(Store(acc, at, red.combine(acc.load(at), src)),
+                   Store(self.buffers[t], self._store_index(stage, t, idx), acc.load(at)))
+        inner_guards = [g for g in sl.guards if j.var in free_vars(g)]
+        outer_guards = [g for g in sl.guards if j.var not in free_vars(g)]
+        row = seq(Store(acc, at, start), self._nest(stage, [j], step, inner_guards, attach=True))
+        return self._nest(stage, data[:-1], Allocate(acc, row), outer_guards, attach=True)
 
     def _cross_thread_reduction(self, stage: Stage, idx: tuple[Expr, ...], common: list[IterVar],
                                 rest: list[IterVar]) -> Stmt:
@@ -488,6 +511,14 @@ def _buffer_scope(stage: Stage) -> str:
                                 f"compute_at it inside the consumer's loop bound to blockIdx (or an inner one)")
         return "shared"
     return "local" if stage.attach_type == "scope" else "global"
+
+
+def _one_pass_scan(stage: Stage, leaves: list[IterVar]) -> bool:
+    """Whether a scan stage's last data loop and its reduction loop are as created, innermost, serial: the loops
+    the one-pass lowering runs (any other schedule lowers the definition)."""
+    j, k = stage.axis[-1], stage.reduce_axis[0]
+    return len(stage.reduce_axis) == 1 and leaves[-2:] == [j, k] and \
+        all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in (j, k))
 
 
 def _outer_extent(rel: Split, parent: Dim) -> Dim:

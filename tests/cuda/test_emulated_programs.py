@@ -116,3 +116,13 @@ def test_sampled_conv2d_points_equal_numpy() -> None:
         y = np.full(exact.shape, np.nan, np.float32)
         jitop.build(s, tensors, target=task.target)(x, w, y)
         test_gpu_sim.assert_within(y, exact, 8 * 9 * EPS32 * mag)
+
+
+def test_a_running_sum_on_the_gpu() -> None:
+    """np.cumsum on the GPU: each thread computes its element from the definition (the sum over the prefix);
+    the one-pass loop is the CPU's schedule."""
+    f = jitop.kernel(lambda x: (np.cumsum(x, axis=-1) * 2, np.cumprod(x, axis=0)), target="cuda", fallback=False)
+    x = np.random.default_rng(7).standard_normal((3, 37)).astype(np.float32)
+    got_sum, got_prod = f(x)
+    np.testing.assert_allclose(got_sum, np.cumsum(x, axis=-1) * 2, rtol=40 * EPS32, atol=40 * EPS32 * 8)
+    np.testing.assert_allclose(got_prod, np.cumprod(x, axis=0), rtol=4 * EPS32)
