@@ -1,4 +1,5 @@
-"""numpy functions that are compositions of others: np.select, np.roll, np.repeat, np.tile and np.linalg.norm,
+"""numpy functions that are compositions of others: np.select, np.roll, np.repeat, np.tile, np.linalg.norm,
+np.diagonal, np.trace and np.diag,
 written as numpy's own implementations write them, on the primitives the tracer has (slices and concatenation,
 broadcast and reshape, where, reductions), so fusion and symbolic sizes apply to them unchanged. Their values,
 dtypes and errors are numpy's; what depends on data (a traced shift, one repeat count per element, the spectral
@@ -18,10 +19,13 @@ import numpy as np
 
 from jitop.graph import mutation, shapes as sh
 from jitop.graph.numpy_api import (_axes, _cast, array_node, broadcast_shapes, broadcast_to, concatenate,
-                                   expand_dims, implements, max_, min_, ravel, reshape, sum_, where)
+                                   expand_dims, implements, max_, min_, ravel, reshape, size_value, sum_, where)
+from jitop import dtypes
+from jitop.graph.ir import node
+from jitop.graph.take import take
 from jitop.graph.tracer import Tracer, Unsupported
 
-__all__ = ["norm", "repeat", "roll", "select", "tile"]
+__all__ = ["diag", "diagonal", "norm", "repeat", "roll", "select", "tile", "trace"]
 
 
 def _static_int(value: Any, what: str) -> int:
@@ -158,3 +162,46 @@ def _matrix_norm(x: Any, ord: Any, axes: tuple[int, int], keepdims: bool, nd: in
         shape = [1 if i in axes else d for i, d in enumerate(array_node(x).shape)]
         r = reshape(r, tuple(shape))
     return r
+
+
+@implements(np.diagonal)
+def diagonal(a, offset=0, axis1=0, axis2=1):
+    """The diagonal of the two axes, as the last axis: a gather from the flattened pair, every (m + 1)th element
+    from the first one the offset picks."""
+    nd = array_node(a).ndim
+    if nd < 2:
+        raise ValueError("diag requires an array of at least two dimensions")
+    (ax1,), (ax2,) = _axes(axis1, nd), _axes(axis2, nd)
+    if ax1 == ax2:
+        raise ValueError("axis1 and axis2 cannot be the same")
+    offset = _static_int(offset, "np.diagonal's offset")
+    pair = np.moveaxis(a, (ax1, ax2), (-2, -1))
+    *lead, n, m = pair.shape  # (SymInts where symbolic: their arithmetic with tracers reads the sizes at run time)
+    length = sh.sym_max(sh.sym_min(n, m - offset) if offset >= 0 else sh.sym_min(n + offset, m), 0)
+    start = offset if offset >= 0 else -offset * m
+    flat = reshape(pair, tuple(lead) + (n * m,))
+    index = Tracer(node("iota", (sh.as_dim(length),), dtypes.int64, axis=0)) * (m + 1) + start
+    return take(flat, index, axis=-1)
+
+
+@implements(np.trace)
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    if out is not None:
+        raise Unsupported("np.trace with out=")
+    return sum_(diagonal(a, offset, axis1, axis2), -1, dtype)
+
+
+@implements(np.diag)
+def diag(v, k=0):
+    nd = array_node(v).ndim
+    if nd == 2:
+        return diagonal(v, k)
+    if nd != 1:
+        raise ValueError("Input must be 1- or 2-d.")
+    k = _static_int(k, "np.diag's k")
+    length = np.shape(v)[0]  # (a SymInt where symbolic)
+    n = sh.as_dim(length + abs(k))
+    i = Tracer(node("iota", (n, n), dtypes.int64, axis=0))
+    j = Tracer(node("iota", (n, n), dtypes.int64, axis=1))
+    at = np.minimum(i if k >= 0 else j, size_value(length - 1))  # (in range where it is not kept)
+    return where(np.equal(np.subtract(j, i), k), take(v, at, mode="clip"), np.zeros((), array_node(v).dtype.np))

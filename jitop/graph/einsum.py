@@ -1,4 +1,4 @@
-"""np.einsum for contractions expressible as (batched) matmul, plus transposes and sums of one operand.
+"""np.einsum for contractions expressible as (batched) matmul, plus transposes, sums and diagonals of one operand.
 
 Symbolic sizes (jitop.graph.shapes) flow through np.shape as SymInts; the sizes of one index are tied."""
 from __future__ import annotations
@@ -23,10 +23,21 @@ def _parse(subscripts: str, n_ops: int) -> tuple[list[str], str]:
     if "->" not in spec:
         counts = {c: ins.count(c) for c in set(ins.replace(",", ""))}
         out = "".join(sorted(c for c, k in counts.items() if k == 1))
-    for t in terms:
-        if len(set(t)) != len(t):
-            raise Unsupported("np.einsum with a repeated index in one operand (diagonals)")
     return terms, out
+
+
+def _diagonals(x: Any, term: str, k: int) -> tuple[Any, str]:
+    """An operand whose term repeats an index (`ii`, `iij`): its diagonal over each repeated pair, the index once
+    (np.diagonal puts it last); numpy's error where the pair's lengths differ."""
+    from jitop.graph.composites import diagonal  # (composites builds on numpy_api, which imports this module)
+    while (c := next((c for c in term if term.count(c) > 1), None)) is not None:
+        i, j = term.index(c), term.index(c, term.index(c) + 1)
+        n, m = np.shape(x)[i], np.shape(x)[j]
+        if not sh.require_eq(n, m, f"einsum index {c!r}"):
+            raise ValueError(f"dimensions in operand {k} for collapsing index '{c}' don't match ({n} != {m})")
+        x = diagonal(x, 0, i, j)
+        term = term[:i] + term[i + 1:j] + term[j + 1:] + c
+    return x, term
 
 
 def _check_shapes(terms: list[str], out: str, shapes: list[tuple[int, ...]]) -> None:
@@ -70,6 +81,10 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
     if kwargs.get("out") is not None or len(operands) not in (1, 2):
         raise Unsupported("np.einsum with out= or more than two operands")
     terms, out = _parse(subscripts, len(operands))
+    for k, t in enumerate(terms):
+        if len(t) > len(np.shape(operands[k])):
+            raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {k}")
+    operands, terms = map(list, zip(*(_diagonals(op, t, k) for k, (op, t) in enumerate(zip(operands, terms)))))
     _check_shapes(terms, out, [np.shape(op) for op in operands])
     if len(operands) == 1:
         x, term = _sum_out(operands[0], terms[0], set(out))

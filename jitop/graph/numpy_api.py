@@ -1219,4 +1219,6 @@ _install_methods()
 from jitop.graph import take as _take  # noqa: E402
 _method("take", _take.take)
 from jitop.graph import nan_reductions as _nan_reductions  # noqa: E402,F401 - np.nansum and the rest
-from jitop.graph import composites as _composites  # noqa: E402,F401 - np.select, roll, repeat, tile, linalg.norm
+from jitop.graph import composites as _composites  # noqa: E402 - np.select, roll, repeat, tile, linalg.norm, ...
+_method("diagonal", _composites.diagonal)
+_method("trace", _composites.trace)

@@ -1,4 +1,5 @@
-"""np.select, np.roll, np.repeat, np.tile and np.linalg.norm under @jitop.kernel against numpy: values, dtype
+"""np.select, np.roll, np.repeat, np.tile, np.linalg.norm, np.diagonal, np.trace, np.diag and einsum's diagonals
+(`ii`) under @jitop.kernel against numpy: values, dtype
 (numpy's promotion, Python scalars weak), shape, numpy's errors; one kernel for every size of a varying dim."""
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ CALLS = [
     "np.linalg.norm(x, 0, axis=-1)", "np.linalg.norm(x, 3, axis=-1)", "np.linalg.norm(x, 0.5, axis=-1)",
     "np.linalg.norm(x, 'fro')", "np.linalg.norm(x, 1)", "np.linalg.norm(x, np.inf)", "np.linalg.norm(x, -1, keepdims=True)",
     "np.linalg.norm(x, keepdims=True)", "np.linalg.norm(x, 'bad')",
+    "np.diagonal(x)", "np.diagonal(x, 1)", "np.diagonal(x, -1)", "np.diagonal(x, 5)", "x.diagonal(-2)",
+    "np.diagonal(x, 0, 1, 0)", "np.trace(x)", "x.trace(1)", "np.trace(x, dtype=np.float32)", "np.diag(x)",
+    "np.diag(x[0])", "np.diag(x[0], 2)", "np.diag(x[-1], -1)", "np.diag(x[0, 0])",
+    "np.einsum('ii', x[:3, :3])", "np.einsum('ii->i', x[:3, :3])", "np.einsum('ii,ij->j', x[:3, :3], x)",
+    "np.einsum('ij,jj->i', x[:3, :3].T, x[:3, :3])", "np.einsum('ii', x)",
 ]
 ARRAYS = {
     "float64": np.arange(12.0).reshape(3, 4) - 5, "float32": (np.arange(12.0).reshape(3, 4) - 5).astype(np.float32),
@@ -42,7 +48,7 @@ def test_composites_match_numpy(call: str, array: str) -> None:
     x = ARRAYS[array]
     try:
         expected = _numpy(fn, x.copy())
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, IndexError) as err:
         with pytest.raises(type(err)):
             jitop.kernel(fn, fallback=False)(x.copy())
         return
@@ -72,3 +78,16 @@ def test_what_the_data_decides_runs_as_numpy_with_a_warning(call: str, what: str
     with pytest.warns(jitop.JitopFallbackWarning, match=what):
         got = jitop.kernel(fn)(x, np.int64(1))
     np.testing.assert_allclose(got, fn(x, np.int64(1)))
+
+
+def test_a_three_operand_diagonal_and_a_symbolic_matrix() -> None:
+    """einsum's `iij` and `iii` on a cube; the diagonal and trace of square matrices whose size varies."""
+    cube = np.arange(27.0).reshape(3, 3, 3)
+    for spec in ("iij->j", "iii->i", "iji->j"):
+        assert_close(jitop.kernel(lambda x, spec=spec: np.einsum(spec, x), fallback=False)(cube), np.einsum(spec, cube))
+    f = jitop.kernel(lambda x: (np.diagonal(x, 1), np.trace(x)), fallback=False)
+    for n in (4, 7, 2, 9):
+        x = np.random.default_rng(n).standard_normal((n, n))
+        for got, expected in zip(f(x), (np.diagonal(x, 1), np.trace(x))):
+            assert_close(got, expected, rtol=1e-14, atol=1e-14)
+    assert f.traces <= 3
