@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from jitop import dtypes
+from jitop.errors import LoweringError
 from jitop.codegen import ops
 from jitop.codegen.emitter import LoopEmitter, flatten, ident
 from jitop.codegen.instances import Shared, find_shared
 from jitop.te.expr import Expr, Op, binary, const, free_vars, substitute, walk
+from jitop.te.printer import expr_str
 from jitop.tir.nodes import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Store, VALUE, walk_stmts
 from jitop.tir.simplify import Lin, from_lin, simplify, to_lin
 from jitop.target import Target
@@ -392,6 +394,10 @@ class KernelCodegen(LoopEmitter):
         vectors and one masked vector; parallel launches threads when the work is worth them."""
         if s.kind is ForKind.VECTORIZED and self.vec is None and _vectorizable(s):
             return self._vectorized_symbolic(s)
+        if self.vec is not None and self.vec.var in free_vars(s.extent):  # lane 0's trip count is not every lane's
+            raise LoweringError(f"loop '{s.var.name}' runs {expr_str(s.extent)} times, a count that differs between "
+                                f"the lanes of the vectorized loop '{self.vec.var.name}' around it: vectorize an inner "
+                                "loop instead")
         end = self._scalar(s.extent)
         if s.kind is ForKind.PARALLEL and not self.st.in_parallel and self.vec is None:
             return self._parallel(s, end, _iterations(s))

@@ -98,51 +98,56 @@ def _guard_free_extent(loop: For, cond: Expr, ranges: Ranges) -> int | None:
     return max(0, (int(cond.src[1].value) - 1 - b[1]) // coef + 1)
 
 
-def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
+def partition_loops(s: Stmt, ranges: Ranges, lanes: frozenset[Expr] = frozenset()) -> Stmt:
     """Split serial/parallel loops at the first iteration a tail guard can fail (TVM's loop partition).
 
-    Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split.
+    Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split. `lanes`: the
+    variables of the vectorized loops around `s`. A cut that depends on one differs between lanes (one extent
+    for all would run some lanes past their end): such a guard stays a guard, a per-lane mask.
     """
     if isinstance(s, For) and s.kind in (ForKind.SERIAL, ForKind.PARALLEL):
-        guards = [g.cond for g in walk_stmts(s.body) if isinstance(g, IfThenElse)]
+        guards = [g.cond for g in walk_stmts(s.body) if isinstance(g, IfThenElse) and not free_vars(g.cond) & lanes]
         if s.extent.op is not Op.CONST or any(_uses_symbols(g, ranges) for g in guards):
-            out = _partition_symbolic(s, guards, ranges)
+            out = _partition_symbolic(s, guards, ranges, lanes)
             if out is not None:
                 return out
         if s.extent.op is Op.CONST:
             extent = int(s.extent.value)
             cuts = [c for c in (_guard_free_extent(s, g, ranges) for g in guards) if c is not None and 0 < c < extent]
             if cuts:
-                return _partition(s, min(cuts), ranges)
-    if isinstance(s, For) and s.kind is ForKind.VECTORIZED and (hoisted := _hoist_vector_guard(s, ranges)) is not None:
+                return _partition(s, min(cuts), ranges, lanes)
+    if isinstance(s, For) and s.kind is ForKind.VECTORIZED and \
+            (hoisted := _hoist_vector_guard(s, ranges, lanes)) is not None:
         return hoisted
     if isinstance(s, For) and s.extent.op is Op.CONST and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
-        return _loop(s.var, 1, s.kind, s.body, ranges)  # one iteration: no loop
+        return _loop(s.var, 1, s.kind, s.body, ranges, lanes)  # one iteration: no loop
+    if isinstance(s, For) and s.kind is ForKind.VECTORIZED:
+        return replace(s, body=partition_loops(s.body, ranges, lanes | {s.var}))
     if isinstance(s, (For, Allocate)):
-        return replace(s, body=partition_loops(s.body, ranges))
+        return replace(s, body=partition_loops(s.body, ranges, lanes))
     if isinstance(s, Seq):
-        return seq(*(partition_loops(x, ranges) for x in s.stmts))
+        return seq(*(partition_loops(x, ranges, lanes) for x in s.stmts))
     if isinstance(s, IfThenElse):
-        other = partition_loops(s.else_, ranges) if s.else_ is not None else None
-        return IfThenElse(s.cond, partition_loops(s.then, ranges), other)
+        other = partition_loops(s.else_, ranges, lanes) if s.else_ is not None else None
+        return IfThenElse(s.cond, partition_loops(s.then, ranges, lanes), other)
     return s
 
 
-def _partition(loop: For, cut: int, ranges: Ranges) -> Stmt:
+def _partition(loop: For, cut: int, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
     extent = int(loop.extent.value)
     if loop.kind is ForKind.PARALLEL:
-        return _partition_parallel(loop, cut, ranges)
+        return _partition_parallel(loop, cut, ranges, lanes)
     # fresh variables for both parts, so the shared range table stays exact for each
     parts = []
     for start, n in ((0, cut), (cut, extent - cut)):
         v = var(loop.var.name)
         ranges[v] = (0, n - 1)
         body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
-        parts.append(_loop(v, n, loop.kind, body, ranges))
+        parts.append(_loop(v, n, loop.kind, body, ranges, lanes))
     return seq(*parts)
 
 
-def _partition_parallel(loop: For, cut: int, ranges: Ranges) -> Stmt:
+def _partition_parallel(loop: For, cut: int, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
     """`if v < cut: main else: tail` inside one parallel loop: peeling the tail out would run it on one
     thread while the others wait. Each branch is simplified with v's range narrowed to it."""
     v, extent = loop.var, int(loop.extent.value)
@@ -151,18 +156,18 @@ def _partition_parallel(loop: For, cut: int, ranges: Ranges) -> Stmt:
         ranges[v] = (lo, hi)
         # a one-iteration tail gets v as a constant, so guards in its unrolled loops fold away
         body = substitute_stmt(loop.body, {v: const(lo)}, ranges) if lo == hi else loop.body
-        branches.append(partition_loops(simplify_stmt(body, ranges), ranges))
+        branches.append(partition_loops(simplify_stmt(body, ranges), ranges, lanes))
     ranges[v] = (0, extent - 1)
     return For(v, loop.extent, loop.kind, IfThenElse(v < cut, branches[0], branches[1]))
 
 
-def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges) -> Stmt:
+def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
     """A partitioned loop; one iteration needs no loop at all, an empty body none either."""
     if isinstance(body, Seq) and not body.stmts:
         return body
     if extent == 1:
-        return partition_loops(simplify_stmt(substitute_stmt(body, {v: const(0)}, ranges), ranges), ranges)
-    return For(v, const(extent), kind, partition_loops(body, ranges))
+        return partition_loops(simplify_stmt(substitute_stmt(body, {v: const(0)}, ranges), ranges), ranges, lanes)
+    return For(v, const(extent), kind, partition_loops(body, ranges, lanes))
 
 
 # ** symbolic extents: cut at an expression of the symbols (`n // 8`), keep the tail (peeled, or guarded) **
@@ -193,7 +198,7 @@ def _symbolic_cut(loop: For, cond: Expr, inner: set[Expr], ranges: Ranges) -> tu
     return simplify((room // coef if coef > 1 else room) + 1, ranges), exact
 
 
-def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges) -> Stmt | None:
+def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
     """Main part of `loop` without the guards, then the tail: `for io in range(n // 8)` + one peeled
     iteration (a parallel loop: `if io < n // 8: main else: tail`). None when no guard gives a cut."""
     inner = {s.var for s in walk_stmts(loop.body) if isinstance(s, For)}
@@ -214,34 +219,34 @@ def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges) -> Stmt |
         cut = binary(Op.MIN, cut, loop.extent)
     cut = _readable(simplify(cut, ranges), ranges)
     if loop.kind is ForKind.PARALLEL:
-        return _parallel_symbolic(loop, cut, ranges)
-    main = _part(loop, cut, const(0), ranges)
+        return _parallel_symbolic(loop, cut, ranges, lanes)
+    main = _part(loop, cut, const(0), ranges, lanes)
     # every store of the tail is under a guard that fails from the cut on: no tail
-    return main if dead_tail else seq(main, _tail(loop, cut, ranges))
+    return main if dead_tail else seq(main, _tail(loop, cut, ranges, lanes))
 
 
-def _part(loop: For, extent: Expr, start: Expr, ranges: Ranges) -> Stmt:
+def _part(loop: For, extent: Expr, start: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
     """Iterations [start, start + extent) of `loop` as a loop of their own (a fresh variable)."""
     v = var(loop.var.name)
     ranges[v] = (0, simplify(extent - 1, ranges))
     body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
     if isinstance(body, Seq) and not body.stmts:
         return body
-    return For(v, extent, loop.kind, partition_loops(body, ranges))
+    return For(v, extent, loop.kind, partition_loops(body, ranges, lanes))
 
 
-def _tail(loop: For, cut: Expr, ranges: Ranges) -> Stmt | None:
+def _tail(loop: For, cut: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
     """Iterations [cut, extent): one at most is peeled (substituted, its guards left to masks), behind a test
     of cut < extent unless every store under it is guarded away when the tail is empty."""
     rest = _readable(simplify(loop.extent - cut, ranges), ranges)
     if prove(rest <= 0, ranges) is True:
         return None
     if prove(rest <= 1, ranges) is not True:
-        return _part(loop, rest, cut, ranges)
+        return _part(loop, rest, cut, ranges, lanes)
     body = simplify_stmt(substitute_stmt(loop.body, {loop.var: cut}, ranges), ranges)
     if not _stores_guarded(loop.body, lambda g: _fails_past_end(g, loop, ranges), False):
         body = IfThenElse(simplify(cut < loop.extent, ranges), body)
-    return partition_loops(body, ranges)
+    return partition_loops(body, ranges, lanes)
 
 
 def _stores_guarded(s: Stmt, kills: Callable[[Expr], bool], guarded: bool) -> bool:
@@ -287,22 +292,22 @@ def _fails_past_end(cond: Expr, loop: For, ranges: Ranges) -> bool:
     return prove(substitute(cond, {v: loop.extent}), ranges) is False
 
 
-def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges) -> Stmt:
+def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
     """`if v < cut: main else: tail` inside the parallel loop, each branch simplified under its own range
     of v (a one-iteration tail gets v = cut substituted)."""
     v, whole = loop.var, ranges[loop.var]
     ranges[v] = (0, simplify(cut - 1, ranges))
-    main = partition_loops(simplify_stmt(loop.body, ranges), ranges)
+    main = partition_loops(simplify_stmt(loop.body, ranges), ranges, lanes)
     ranges[v] = (cut, whole[1])
     body = loop.body
     if prove(loop.extent - cut <= 1, ranges) is True:
         body = substitute_stmt(body, {v: cut}, ranges)
-    tail = partition_loops(simplify_stmt(body, ranges), ranges)
+    tail = partition_loops(simplify_stmt(body, ranges), ranges, lanes)
     ranges[v] = whole
     return For(v, loop.extent, loop.kind, IfThenElse(v < cut, main, tail))
 
 
-def _hoist_vector_guard(loop: For, ranges: Ranges) -> Stmt | None:
+def _hoist_vector_guard(loop: For, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
     """A vectorized loop of a constant width under a symbolic guard that grows with its variable
     (`q * 8 + j < m`, q a non-linear function of a fused loop that partitioning cannot cut): when the
     guard holds for the last lane it holds for every lane, so `if guard(last lane): unmasked else: masked`."""
@@ -318,7 +323,7 @@ def _hoist_vector_guard(loop: For, ranges: Ranges) -> Stmt | None:
     last = simplify(substitute(g.cond, {v: const(int(loop.extent.value) - 1)}), ranges)
     if last.op is Op.CONST:
         return None
-    fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges))
+    fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges, lanes | {v}))
     return IfThenElse(last, fast, loop)
 
 
