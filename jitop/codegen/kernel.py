@@ -329,14 +329,19 @@ class KernelCodegen(LoopEmitter):
             ptr = entry.alloca(ir.ArrayType(elem, max(buf.size, 1)), name=ident(buf.name))
             ptr.align = 64
             ptr.type = PTR  # opaque pointer like every other buffer (llvmlite types allocas)
-            self.st.ptrs[buf] = ptr
-            self.stmt(s.body)
+            self._in_scope(buf, ptr, s.body)
             return
         malloc = _libc(self.module, "malloc", PTR, [I64])
         ptr = self.b.call(malloc, [ir.Constant(I64, nbytes)], name=ident(buf.name))
-        self.st.ptrs[buf] = ptr
-        self.stmt(s.body)
+        self._in_scope(buf, ptr, s.body)
         self.b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
+
+    def _in_scope(self, buf: Buffer, ptr: ir.Value, body: Stmt) -> None:
+        """`body` with `buf` at `ptr`; out of its scope the buffer is forgotten (a parallel loop after it packs
+        every known pointer into its closure: a malloc'd one would not dominate it)."""
+        self.st.ptrs[buf] = ptr
+        self.stmt(body)
+        del self.st.ptrs[buf]
 
     def _heap_allocate(self, s: Allocate) -> None:
         """An allocation whose size is known at run time: malloc'd where it stands, freed after its body. A
@@ -352,8 +357,7 @@ class KernelCodegen(LoopEmitter):
         self._flag_if(failed, f"MemoryError: cannot allocate {buf.name} ({buf.dtype}{list(buf.shape)}) "
                               "for these sizes")
         with b.if_then(b.not_(failed), likely=True):
-            self.st.ptrs[buf] = ptr
-            self.stmt(s.body)
+            self._in_scope(buf, ptr, s.body)
         b.call(_libc(self.module, "free", ir.VoidType(), [PTR]), [ptr])
 
     def _conditional(self, s: IfThenElse, cond: ir.Value) -> None:

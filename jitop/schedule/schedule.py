@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -123,6 +124,15 @@ class Stage:
             raise axis_already_transformed(self.name, iv.name, how, into)
         raise axis_not_in_stage(self.name, iv.name, [v.name for v in self.leaf_iter_vars])
 
+    def _check_no_attachment(self, iv: IterVar, primitive: str) -> None:
+        """A loop another stage is computed at (compute_at) keeps its identity: reshaping it would leave that
+        stage attached to a loop that no longer exists."""
+        for other in self.schedule.stage_map.values():
+            if other.attach_stage is self and other.attach_ivar is iv:
+                raise ScheduleError(f"{primitive} of '{iv.name}' in stage '{self.name}': stage '{other.name}' is "
+                                    f"computed at that loop (compute_at); {primitive} it first, then compute "
+                                    f"'{other.name}' at one of the new loops")
+
     # ** loop-shaping primitives **
     def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None) -> tuple[IterVar, IterVar]:
         """Split `parent` into (outer, inner) with inner extent `factor` (or `nparts` outer iterations).
@@ -131,6 +141,8 @@ class Stage:
         an outer extent `(n + 7) // 8`.
         """
         pos = self._leaf(parent, "split")
+        self._check_no_attachment(parent, "split")
+        factor, nparts = (_as_int(v) for v in (factor, nparts))  # (numpy ints too, as TVM takes them)
         if (factor is None) == (nparts is None):
             raise ScheduleError(f"split of '{parent.name}' in stage '{self.name}': give exactly one of factor= or nparts=")
         n = factor if factor is not None else nparts
@@ -165,6 +177,8 @@ class Stage:
 
     def _fuse2(self, outer: IterVar, inner: IterVar) -> IterVar:
         po, pi = self._leaf(outer, "fuse"), self._leaf(inner, "fuse")
+        for iv in (outer, inner):
+            self._check_no_attachment(iv, "fuse")
         if pi != po + 1:
             order = ", ".join(v.name for v in self.leaf_iter_vars)
             raise ScheduleError(f"fuse in stage '{self.name}': '{outer.name}' and '{inner.name}' are not adjacent "
@@ -279,7 +293,10 @@ class Stage:
         if not isinstance(parent, Stage):
             raise TypeError(f"compute_at of '{self.name}': the first argument is a stage, s[T], got {parent!r}")
         parent._leaf(ivar, "compute_at")
-        if parent is self or self._is_ancestor_of(parent):
+        if parent is self:
+            raise ScheduleError(f"compute_at: '{self.name}' cannot be computed inside one of its own loops; attach it "
+                                f"to a stage that reads it: s[{self.name}].compute_at(s[consumer], consumer_axis)")
+        if self._is_ancestor_of(parent):
             raise ScheduleError(f"compute_at: '{self.name}' cannot be computed inside '{parent.name}', "
                                 f"which is itself computed inside '{self.name}'")
         self.attach_type, self.attach_stage, self.attach_ivar = "scope", parent, ivar
@@ -300,6 +317,10 @@ class Stage:
                                 f"Use compute_at to place it inside its consumer instead")
         if any(op is self.op for op in self.schedule.outputs):
             raise ScheduleError(f"compute_inline: '{self.name}' is an output of the schedule; it must be written to memory")
+        attached = [o.name for o in self.schedule.stage_map.values() if o.attach_stage is self]
+        if attached:
+            raise ScheduleError(f"compute_inline: stage(s) {', '.join(map(repr, attached))} are computed at loops of "
+                                f"'{self.name}' (compute_at), which inlining removes; attach them elsewhere first")
         self.attach_type, self.attach_stage, self.attach_ivar = "inline", None, None
 
     def compute_root(self) -> None:
@@ -405,3 +426,13 @@ def create_schedule(ops: Operation | Tensor | Sequence[Operation | Tensor]) -> S
     >>> s = create_schedule(B.op)  # doctest: +SKIP
     """
     return Schedule(_as_ops(ops))
+
+
+def _as_int(v: object) -> object:
+    """A split's factor as a Python int where it is an integer of any kind (np.int64(4)); else as given."""
+    if v is None or isinstance(v, (bool, Expr)):
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v

@@ -76,6 +76,8 @@ def substitute_stmt(s: Stmt, mapping: dict[Expr, Expr], ranges: Ranges | None = 
             if cond.op is Op.CONST:
                 return n.then if cond.value else n.else_
             return IfThenElse(cond, n.then, n.else_)
+        if isinstance(n, For):  # an inner loop's trip count may name the variable (a split's symbolic tail)
+            return replace(n, extent=simple(n.extent))
         return n
     return map_stmt(s, visit) or Seq(())
 

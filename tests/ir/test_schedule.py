@@ -425,3 +425,41 @@ def test_printer_distinguishes_or_xor_and_nested_comparisons():
 def test_printer_float32_constants_are_short():
     x = te.var("x", "float32")
     assert str(x * 0.1) == "x * 0.1f"
+
+
+def test_a_loop_another_stage_is_computed_at_cannot_be_reshaped() -> None:
+    """compute_at, then split or fuse of that loop: a ScheduleError saying what to do (the stage was left attached
+    to a loop that no longer existed, and lowering failed with 'IterVar(i) is not in list')."""
+    _, B, C = elementwise((8, 8))
+    s = jitop.create_schedule(C.op)
+    s[B].compute_at(s[C], C.op.axis[0])
+    with pytest.raises(ScheduleError, match=r"split of 'i' in stage 'C': stage 'B' is computed at that loop"):
+        s[C].split(C.op.axis[0], factor=4)
+    with pytest.raises(ScheduleError, match=r"fuse of 'i' in stage 'C': stage 'B' is computed at that loop"):
+        s[C].fuse(*C.op.axis)
+    s[C].split(C.op.axis[1], factor=4)  # another loop: as before
+
+
+def test_compute_at_itself_and_inlining_an_attach_point_say_what_is_wrong() -> None:
+    _, B, C = elementwise((8, 8))
+    s = jitop.create_schedule(C.op)
+    with pytest.raises(ScheduleError, match=r"'C' cannot be computed inside one of its own loops"):
+        s[C].compute_at(s[C], C.op.axis[0])
+    A2 = te.placeholder((8,), "float32", "A2")
+    X = te.compute((8,), lambda i: A2[i] + 1.0, name="X")
+    Y = te.compute((8,), lambda i: X[i] * 2.0, name="Y")
+    Z = te.compute((8,), lambda i: Y[i] - 1.0, name="Z")
+    s = jitop.create_schedule(Z.op)
+    s[X].compute_at(s[Y], Y.op.axis[0])
+    with pytest.raises(ScheduleError, match=r"stage\(s\) 'X' are computed at loops of 'Y'"):
+        s[Y].compute_inline()
+
+
+def test_split_takes_numpy_integers() -> None:
+    import numpy as np
+    _, _, C = elementwise((8, 8))
+    s = jitop.create_schedule(C.op)
+    outer, inner = s[C].split(C.op.axis[0], factor=np.int64(4))
+    assert (outer.extent, inner.extent) == (2, 4)
+    with pytest.raises(ScheduleError, match="positive int, got 2.5"):
+        s[C].split(C.op.axis[1], factor=2.5)

@@ -52,3 +52,52 @@ def test_the_same_in_two_dimensions_with_a_staged_producer() -> None:
     for n in SIZES:
         a = np.random.default_rng(n).random((6, n))
         np.testing.assert_allclose(_run_guarded(f, [a], (6, n), np.float64), (a + 1) * 3)
+
+
+def test_unrolling_the_outer_loop_of_a_symbolic_split() -> None:
+    """An unrolled loop's copies substitute its variable into inner loops' trip counts too (split(nparts=8) of a
+    symbolic axis: the inner count named j.outer, and the build failed with KeyError: j.outer)."""
+    m = te.var("m")
+    A = te.placeholder((m,), "float32", name="A")
+    B = te.compute((m,), lambda j: A[j] * 2.0, name="B")
+    s = jitop.create_schedule(B.op)
+    jo, _ = s[B].split(B.op.axis[0], nparts=8)
+    s[B].unroll(jo)
+    f = jitop.build(s, [A, B])
+    for n in SIZES:
+        a = np.random.default_rng(n).random(n).astype(np.float32)
+        np.testing.assert_array_equal(_run_guarded(f, [a], (n,), np.float32), a * 2)
+
+
+def test_a_reduction_computed_at_an_unrolled_loop() -> None:
+    n = te.var("n")
+    A = te.placeholder((n, 16), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    D = te.compute((16,), lambda j: te.sum(A[k, j], axis=k), name="D")
+    E = te.compute((16,), lambda j: D[j] * 2.0, name="E")
+    s = jitop.create_schedule(E.op)
+    s[E].unroll(E.op.axis[0])
+    s[D].split(k, factor=4)
+    s[D].split(D.op.axis[0], factor=4)
+    s[D].compute_at(s[E], E.op.axis[0])
+    f = jitop.build(s, [A, E])
+    for rows in SIZES:
+        a = np.random.default_rng(rows).random((rows, 16)).astype(np.float32)
+        np.testing.assert_allclose(_run_guarded(f, [a], (16,), np.float32), 2 * a.sum(0), rtol=1e-5)
+
+
+def test_a_parallel_loop_after_a_buffer_allocated_in_a_loop() -> None:
+    """A stage of symbolic size computed at a serial loop is malloc'd inside it; a parallel loop later in the
+    function packs the pointers it uses, not that one (LLVM refused the module: 'does not dominate all uses')."""
+    m = te.var("m")
+    A = te.placeholder((4, m), "float64", name="A")
+    T = te.compute((4, m), lambda i, j: A[i, j] * 2.0, name="T")
+    B = te.compute((4, m), lambda i, j: T[i, j] + 1.0, name="B")
+    C = te.compute((4, m), lambda i, j: B[i, j] + 1.0, name="C")
+    s = jitop.create_schedule(C.op)
+    s[T].compute_at(s[B], B.op.axis[0])
+    s[C].parallel(C.op.axis[0])
+    f = jitop.build(s, [A, C])
+    for n in SIZES:
+        a = np.random.default_rng(n).random((4, n))
+        np.testing.assert_allclose(_run_guarded(f, [a], (4, n), np.float64), a * 2 + 2)
