@@ -76,7 +76,7 @@ def substitute_stmt(s: Stmt, mapping: dict[Expr, Expr], ranges: Ranges | None = 
             if cond.op is Op.CONST:
                 return n.then if cond.value else n.else_
             return IfThenElse(cond, n.then, n.else_)
-        if isinstance(n, For):  # an inner loop's trip count may name the variable (a split's symbolic tail)
+        if isinstance(n, For) and free_vars(n.extent) & mapping.keys():  # (a split's symbolic tail names it)
             return replace(n, extent=simple(n.extent))
         return n
     return map_stmt(s, visit) or Seq(())
