@@ -58,6 +58,7 @@ def select(condlist, choicelist, default=0):
 
 @implements(np.roll)
 def roll(a, shift, axis=None):
+    """Each axis's total shift as two slices swapped by a concatenation (axis=None: of the flattened array)."""
     if axis is None:
         return reshape(roll(ravel(a), shift, 0), tuple(array_node(a).shape))
     node = array_node(a)
@@ -82,6 +83,7 @@ def roll(a, shift, axis=None):
 
 @implements(np.repeat)
 def repeat(a, repeats, axis=None):
+    """One count for every element: a new axis of that length broadcast after `axis`, then merged into it."""
     counts = np.atleast_1d(repeats) if not isinstance(repeats, Tracer) else repeats
     if isinstance(counts, Tracer) or counts.size != 1:
         raise Unsupported("np.repeat with a count per element (the result's length depends on them)")
@@ -99,6 +101,7 @@ def repeat(a, repeats, axis=None):
 
 @implements(np.tile)
 def tile(A, reps):
+    """Each axis n with its count r interleaved as (r, n), broadcast, then merged: numpy's copies of the block."""
     reps = tuple(_static_int(r, "np.tile's reps") for r in (reps if np.ndim(reps) else (reps,)))
     if any(r < 0 for r in reps):
         raise ValueError("negative dimensions are not allowed")
@@ -112,6 +115,8 @@ def tile(A, reps):
 
 @implements(np.linalg.norm)
 def norm(x, ord=None, axis=None, keepdims=False):
+    """numpy's branches: the 2-norm of everything as sqrt(dot), vector norms over one axis, matrix norms over two
+    (but those of singular values); integers in float64."""
     if not array_node(x).dtype.is_float:
         x = _cast(x, np.float64)
     nd = array_node(x).ndim
@@ -123,7 +128,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
     if len(axes) == 1:
         return _vector_norm(x, ord, axes, keepdims)
     if len(axes) == 2:
-        return _matrix_norm(x, ord, _axes(axes[0], nd) + _axes(axes[1], nd), keepdims, nd)
+        return _matrix_norm(x, ord, _axes(axes[0], nd) + _axes(axes[1], nd), keepdims)
     raise ValueError("Improper number of dimensions to norm.")
 
 
@@ -144,7 +149,7 @@ def _vector_norm(x: Any, ord: Any, axis: tuple[int, ...], keepdims: bool) -> Any
     return np.power(total, np.reciprocal(ord, dtype=array_node(total).dtype.np))
 
 
-def _matrix_norm(x: Any, ord: Any, axes: tuple[int, int], keepdims: bool, nd: int) -> Any:
+def _matrix_norm(x: Any, ord: Any, axes: tuple[int, int], keepdims: bool) -> Any:
     row, col = axes
     if row == col:
         raise ValueError("Duplicate axes given.")
