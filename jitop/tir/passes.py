@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from jitop import dtypes
@@ -100,56 +100,81 @@ def _guard_free_extent(loop: For, cond: Expr, ranges: Ranges) -> int | None:
     return max(0, (int(cond.src[1].value) - 1 - b[1]) // coef + 1)
 
 
-def partition_loops(s: Stmt, ranges: Ranges, lanes: frozenset[Expr] = frozenset()) -> Stmt:
+SYMBOLIC_CUTS = 64  # symbolic cuts per function: each copies a loop's body, and nested ones multiply the copies
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """Where loop partitioning is. `lanes`: the variables of the vectorized loops around it; a cut that depends
+    on one differs between lanes (one trip count for all would run some lanes past their end), so such a guard
+    stays a guard, a per-lane mask. `cuts_left`: one count for the whole function; past it, guards stay guards
+    (correct, slower code) rather than the compile growing without bound (five nested splits of one symbolic
+    axis under a compute_at took 7 s to lower, a padded stencil's tiles minutes)."""
+
+    lanes: frozenset[Expr]
+    cuts_left: list[int]
+
+    def inside(self, lane: Expr) -> "_Scope":
+        return _Scope(self.lanes | {lane}, self.cuts_left)
+
+    def take_cut(self) -> bool:
+        if self.cuts_left[0] <= 0:
+            return False
+        self.cuts_left[0] -= 1
+        return True
+
+
+def partition_loops(s: Stmt, ranges: Ranges, scope: "_Scope | None" = None) -> Stmt:
     """Split serial/parallel loops at the first iteration a tail guard can fail (TVM's loop partition).
 
-    Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split. `lanes`: the
-    variables of the vectorized loops around `s`. A cut that depends on one differs between lanes (one extent
-    for all would run some lanes past their end): such a guard stays a guard, a per-lane mask.
+    Outer loops first: once an outer loop's main part is guard-free, its inner loops need no split. `scope`: the
+    vectorized loops around `s` and the symbolic cuts left (see _Scope).
     """
+    scope = scope if scope is not None else _Scope(frozenset(), [SYMBOLIC_CUTS])
     if isinstance(s, For) and s.kind in (ForKind.SERIAL, ForKind.PARALLEL):
-        guards = [g.cond for g in walk_stmts(s.body) if isinstance(g, IfThenElse) and not free_vars(g.cond) & lanes]
+        guards = [g.cond for g in walk_stmts(s.body)
+                  if isinstance(g, IfThenElse) and not free_vars(g.cond) & scope.lanes]
         if s.extent.op is not Op.CONST or any(_uses_symbols(g, ranges) for g in guards):
-            out = _partition_symbolic(s, guards, ranges, lanes)
+            out = _partition_symbolic(s, guards, ranges, scope)
             if out is not None:
                 return out
         if s.extent.op is Op.CONST:
             extent = int(s.extent.value)
             cuts = [c for c in (_guard_free_extent(s, g, ranges) for g in guards) if c is not None and 0 < c < extent]
             if cuts:
-                return _partition(s, min(cuts), ranges, lanes)
+                return _partition(s, min(cuts), ranges, scope)
     if isinstance(s, For) and s.kind is ForKind.VECTORIZED and \
-            (hoisted := _hoist_vector_guard(s, ranges, lanes)) is not None:
+            (hoisted := _hoist_vector_guard(s, ranges, scope)) is not None:
         return hoisted
     if isinstance(s, For) and s.extent.op is Op.CONST and int(s.extent.value) == 1 and s.kind is not ForKind.VECTORIZED:
-        return _loop(s.var, 1, s.kind, s.body, ranges, lanes)  # one iteration: no loop
+        return _loop(s.var, 1, s.kind, s.body, ranges, scope)  # one iteration: no loop
     if isinstance(s, For) and s.kind is ForKind.VECTORIZED:
-        return replace(s, body=partition_loops(s.body, ranges, lanes | {s.var}))
+        return replace(s, body=partition_loops(s.body, ranges, scope.inside(s.var)))
     if isinstance(s, (For, Allocate)):
-        return replace(s, body=partition_loops(s.body, ranges, lanes))
+        return replace(s, body=partition_loops(s.body, ranges, scope))
     if isinstance(s, Seq):
-        return seq(*(partition_loops(x, ranges, lanes) for x in s.stmts))
+        return seq(*(partition_loops(x, ranges, scope) for x in s.stmts))
     if isinstance(s, IfThenElse):
-        other = partition_loops(s.else_, ranges, lanes) if s.else_ is not None else None
-        return IfThenElse(s.cond, partition_loops(s.then, ranges, lanes), other)
+        other = partition_loops(s.else_, ranges, scope) if s.else_ is not None else None
+        return IfThenElse(s.cond, partition_loops(s.then, ranges, scope), other)
     return s
 
 
-def _partition(loop: For, cut: int, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
+def _partition(loop: For, cut: int, ranges: Ranges, scope: "_Scope") -> Stmt:
     extent = int(loop.extent.value)
     if loop.kind is ForKind.PARALLEL:
-        return _partition_parallel(loop, cut, ranges, lanes)
+        return _partition_parallel(loop, cut, ranges, scope)
     # fresh variables for both parts, so the shared range table stays exact for each
     parts = []
     for start, n in ((0, cut), (cut, extent - cut)):
         v = var(loop.var.name)
         ranges[v] = (0, n - 1)
         body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
-        parts.append(_loop(v, n, loop.kind, body, ranges, lanes))
+        parts.append(_loop(v, n, loop.kind, body, ranges, scope))
     return seq(*parts)
 
 
-def _partition_parallel(loop: For, cut: int, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
+def _partition_parallel(loop: For, cut: int, ranges: Ranges, scope: "_Scope") -> Stmt:
     """`if v < cut: main else: tail` inside one parallel loop: peeling the tail out would run it on one
     thread while the others wait. Each branch is simplified with v's range narrowed to it."""
     v, extent = loop.var, int(loop.extent.value)
@@ -158,18 +183,18 @@ def _partition_parallel(loop: For, cut: int, ranges: Ranges, lanes: frozenset[Ex
         ranges[v] = (lo, hi)
         # a one-iteration tail gets v as a constant, so guards in its unrolled loops fold away
         body = substitute_stmt(loop.body, {v: const(lo)}, ranges) if lo == hi else loop.body
-        branches.append(partition_loops(simplify_stmt(body, ranges), ranges, lanes))
+        branches.append(partition_loops(simplify_stmt(body, ranges), ranges, scope))
     ranges[v] = (0, extent - 1)
     return For(v, loop.extent, loop.kind, IfThenElse(v < cut, branches[0], branches[1]))
 
 
-def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
+def _loop(v: Expr, extent: int, kind: ForKind, body: Stmt, ranges: Ranges, scope: "_Scope") -> Stmt:
     """A partitioned loop; one iteration needs no loop at all, an empty body none either."""
     if isinstance(body, Seq) and not body.stmts:
         return body
     if extent == 1:
-        return partition_loops(simplify_stmt(substitute_stmt(body, {v: const(0)}, ranges), ranges), ranges, lanes)
-    return For(v, const(extent), kind, partition_loops(body, ranges, lanes))
+        return partition_loops(simplify_stmt(substitute_stmt(body, {v: const(0)}, ranges), ranges), ranges, scope)
+    return For(v, const(extent), kind, partition_loops(body, ranges, scope))
 
 
 # ** symbolic extents: cut at an expression of the symbols (`n // 8`), keep the tail (peeled, or guarded) **
@@ -200,14 +225,14 @@ def _symbolic_cut(loop: For, cond: Expr, inner: set[Expr], ranges: Ranges) -> tu
     return simplify((room // coef if coef > 1 else room) + 1, ranges), exact
 
 
-def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
+def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges, scope: "_Scope") -> Stmt | None:
     """Main part of `loop` without the guards, then the tail: `for io in range(n // 8)` + one peeled
     iteration (a parallel loop: `if io < n // 8: main else: tail`). None when no guard gives a cut."""
     inner = {s.var for s in walk_stmts(loop.body) if isinstance(s, For)}
     found = {g: c for g in dict.fromkeys(guards) if (c := _symbolic_cut(loop, g, inner, ranges)) is not None}
     found = {g: c for g, c in found.items()
              if prove(c[0] >= loop.extent, ranges) is not True and prove(c[0] <= 0, ranges) is not True}
-    if not found:
+    if not found or not scope.take_cut():
         return None
     cuts = [c for c, _ in found.values()]
     cut = cuts[0]
@@ -221,34 +246,34 @@ def _partition_symbolic(loop: For, guards: list[Expr], ranges: Ranges, lanes: fr
         cut = binary(Op.MIN, cut, loop.extent)
     cut = _readable(simplify(cut, ranges), ranges)
     if loop.kind is ForKind.PARALLEL:
-        return _parallel_symbolic(loop, cut, ranges, lanes)
-    main = _part(loop, cut, const(0), ranges, lanes)
+        return _parallel_symbolic(loop, cut, ranges, scope)
+    main = _part(loop, cut, const(0), ranges, scope)
     # every store of the tail is under a guard that fails from the cut on: no tail
-    return main if dead_tail else seq(main, _tail(loop, cut, ranges, lanes))
+    return main if dead_tail else seq(main, _tail(loop, cut, ranges, scope))
 
 
-def _part(loop: For, extent: Expr, start: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
+def _part(loop: For, extent: Expr, start: Expr, ranges: Ranges, scope: "_Scope") -> Stmt:
     """Iterations [start, start + extent) of `loop` as a loop of their own (a fresh variable)."""
     v = var(loop.var.name)
     ranges[v] = (0, simplify(extent - 1, ranges))
     body = simplify_stmt(substitute_stmt(loop.body, {loop.var: v + start}, ranges), ranges)
     if isinstance(body, Seq) and not body.stmts:
         return body
-    return For(v, extent, loop.kind, partition_loops(body, ranges, lanes))
+    return For(v, extent, loop.kind, partition_loops(body, ranges, scope))
 
 
-def _tail(loop: For, cut: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
+def _tail(loop: For, cut: Expr, ranges: Ranges, scope: "_Scope") -> Stmt | None:
     """Iterations [cut, extent): one at most is peeled (substituted, its guards left to masks), behind a test
     of cut < extent unless every store under it is guarded away when the tail is empty."""
     rest = _readable(simplify(loop.extent - cut, ranges), ranges)
     if prove(rest <= 0, ranges) is True:
         return None
     if prove(rest <= 1, ranges) is not True:
-        return _part(loop, rest, cut, ranges, lanes)
+        return _part(loop, rest, cut, ranges, scope)
     body = simplify_stmt(substitute_stmt(loop.body, {loop.var: cut}, ranges), ranges)
     if not _stores_guarded(loop.body, lambda g: _fails_past_end(g, loop, ranges), False):
         body = IfThenElse(simplify(cut < loop.extent, ranges), body)
-    return partition_loops(body, ranges, lanes)
+    return partition_loops(body, ranges, scope)
 
 
 def _stores_guarded(s: Stmt, kills: Callable[[Expr], bool], guarded: bool) -> bool:
@@ -294,22 +319,22 @@ def _fails_past_end(cond: Expr, loop: For, ranges: Ranges) -> bool:
     return prove(substitute(cond, {v: loop.extent}), ranges) is False
 
 
-def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt:
+def _parallel_symbolic(loop: For, cut: Expr, ranges: Ranges, scope: "_Scope") -> Stmt:
     """`if v < cut: main else: tail` inside the parallel loop, each branch simplified under its own range
     of v (a one-iteration tail gets v = cut substituted)."""
     v, whole = loop.var, ranges[loop.var]
     ranges[v] = (0, simplify(cut - 1, ranges))
-    main = partition_loops(simplify_stmt(loop.body, ranges), ranges, lanes)
+    main = partition_loops(simplify_stmt(loop.body, ranges), ranges, scope)
     ranges[v] = (cut, whole[1])
     body = loop.body
     if prove(loop.extent - cut <= 1, ranges) is True:
         body = substitute_stmt(body, {v: cut}, ranges)
-    tail = partition_loops(simplify_stmt(body, ranges), ranges, lanes)
+    tail = partition_loops(simplify_stmt(body, ranges), ranges, scope)
     ranges[v] = whole
     return For(v, loop.extent, loop.kind, IfThenElse(v < cut, main, tail))
 
 
-def _hoist_vector_guard(loop: For, ranges: Ranges, lanes: frozenset[Expr]) -> Stmt | None:
+def _hoist_vector_guard(loop: For, ranges: Ranges, scope: "_Scope") -> Stmt | None:
     """A vectorized loop of a constant width under a symbolic guard that grows with its variable
     (`q * 8 + j < m`, q a non-linear function of a fused loop that partitioning cannot cut): when the
     guard holds for the last lane it holds for every lane, so `if guard(last lane): unmasked else: masked`."""
@@ -325,7 +350,7 @@ def _hoist_vector_guard(loop: For, ranges: Ranges, lanes: frozenset[Expr]) -> St
     last = simplify(substitute(g.cond, {v: const(int(loop.extent.value) - 1)}), ranges)
     if last.op is Op.CONST:
         return None
-    fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges, lanes | {v}))
+    fast = For(v, loop.extent, loop.kind, partition_loops(g.then, ranges, scope.inside(v)))
     return IfThenElse(last, fast, loop)
 
 

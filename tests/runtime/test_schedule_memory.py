@@ -101,3 +101,28 @@ def test_a_parallel_loop_after_a_buffer_allocated_in_a_loop() -> None:
     for n in SIZES:
         a = np.random.default_rng(n).random((4, n))
         np.testing.assert_allclose(_run_guarded(f, [a], (4, n), np.float64), a * 2 + 2)
+
+
+@pytest.mark.parametrize("cuts", [0, 3, None])
+def test_past_the_budget_of_symbolic_cuts_guards_stay_guards(cuts, monkeypatch) -> None:
+    """Nested splits of one symbolic axis under a compute_at: each symbolic cut copies a loop body, so past
+    SYMBOLIC_CUTS per function the guards stay (the lowering grew exponentially: 7 s for five splits). With no
+    cuts at all, or a few, or the default number, the kernel computes the same."""
+    from jitop.tir import passes
+    if cuts is not None:
+        monkeypatch.setattr(passes, "SYMBOLIC_CUTS", cuts)
+    m = te.var("m")
+    A = te.placeholder((m,), "float32", name="A")
+    B = te.compute((m,), lambda j: A[j] + 1.0, name="B")
+    C = te.compute((m,), lambda j: B[j] * 2.0, name="C")
+    s = jitop.create_schedule(C.op)
+    _, ji = s[C].split(C.op.axis[0], factor=32)
+    x1, x2 = s[B].split(B.op.axis[0], factor=4)
+    _, x4 = s[B].split(x1, factor=3)
+    s[B].split(x2, factor=32)
+    s[B].split(x4, factor=3)
+    s[B].compute_at(s[C], ji)
+    f = jitop.build(s, [A, C])
+    for n in SIZES:
+        a = np.random.default_rng(n).random(n).astype(np.float32)
+        np.testing.assert_array_equal(_run_guarded(f, [a], (n,), np.float32), (a + 1) * 2)
