@@ -187,11 +187,17 @@ def test_cache_write_after_split():
     assert "'C'" in msg and "before" in msg and "split" in msg
 
 
-def test_compute_at_cycles():
+def chain3():
+    """Three elementwise stages, each reading the one before: B, C, D."""
     A = te.placeholder((8,), "float32", "A")
     B = te.compute((8,), lambda i: A[i] + 1.0, name="B")
     C = te.compute((8,), lambda i: B[i] * 2.0, name="C")
     D = te.compute((8,), lambda i: C[i] - 1.0, name="D")
+    return B, C, D
+
+
+def test_compute_at_cycles():
+    B, C, D = chain3()
     s = jitop.create_schedule(D.op)
     s[B].compute_at(s[C], C.op.axis[0])
     with pytest.raises(ScheduleError, match=r"'C'.*'B'"):
@@ -445,14 +451,11 @@ def test_compute_at_itself_and_inlining_an_attach_point_say_what_is_wrong() -> N
     s = jitop.create_schedule(C.op)
     with pytest.raises(ScheduleError, match=r"'C' cannot be computed inside one of its own loops"):
         s[C].compute_at(s[C], C.op.axis[0])
-    A2 = te.placeholder((8,), "float32", "A2")
-    X = te.compute((8,), lambda i: A2[i] + 1.0, name="X")
-    Y = te.compute((8,), lambda i: X[i] * 2.0, name="Y")
-    Z = te.compute((8,), lambda i: Y[i] - 1.0, name="Z")
-    s = jitop.create_schedule(Z.op)
-    s[X].compute_at(s[Y], Y.op.axis[0])
-    with pytest.raises(ScheduleError, match=r"stage\(s\) 'X' are computed at loops of 'Y'"):
-        s[Y].compute_inline()
+    B, C, D = chain3()
+    s = jitop.create_schedule(D.op)
+    s[B].compute_at(s[C], C.op.axis[0])
+    with pytest.raises(ScheduleError, match=r"stage\(s\) 'B' are computed at loops of 'C'"):
+        s[C].compute_inline()
 
 
 def test_split_takes_numpy_integers() -> None:

@@ -23,20 +23,24 @@ def _run_guarded(f, inputs: list[np.ndarray], out_shape: tuple[int, ...], dtype)
     return out
 
 
-@pytest.mark.parametrize("factor", [3, 8, 16])
-def test_vectorizing_the_outer_loop_of_a_symbolic_split_writes_only_the_output(factor: int) -> None:
-    """The inner loop's tail guard depends on the vectorized variable: it stays a per-lane mask (a loop
-    partition once gave every lane lane 0's trip count, writing up to factor - 1 elements past the end)."""
+def _doubling(schedule) -> None:
+    """B = A * 2 over a symbolic m, `schedule(s, B)` applied, run at every size with a guarded output."""
     m = te.var("m")
     A = te.placeholder((m,), "float32", name="A")
     B = te.compute((m,), lambda j: A[j] * 2.0, name="B")
     s = jitop.create_schedule(B.op)
-    jo, _ = s[B].split(B.op.axis[0], factor=factor)
-    s[B].vectorize(jo)
+    schedule(s, B)
     f = jitop.build(s, [A, B])
     for n in SIZES:
         a = np.random.default_rng(n).random(n).astype(np.float32)
         np.testing.assert_array_equal(_run_guarded(f, [a], (n,), np.float32), a * 2)
+
+
+@pytest.mark.parametrize("factor", [3, 8, 16])
+def test_vectorizing_the_outer_loop_of_a_symbolic_split_writes_only_the_output(factor: int) -> None:
+    """The inner loop's tail guard depends on the vectorized variable: it stays a per-lane mask (a loop
+    partition once gave every lane lane 0's trip count, writing up to factor - 1 elements past the end)."""
+    _doubling(lambda s, B: s[B].vectorize(s[B].split(B.op.axis[0], factor=factor)[0]))
 
 
 def test_the_same_in_two_dimensions_with_a_staged_producer() -> None:
@@ -57,16 +61,7 @@ def test_the_same_in_two_dimensions_with_a_staged_producer() -> None:
 def test_unrolling_the_outer_loop_of_a_symbolic_split() -> None:
     """An unrolled loop's copies substitute its variable into inner loops' trip counts too (split(nparts=8) of a
     symbolic axis: the inner count named j.outer, and the build failed with KeyError: j.outer)."""
-    m = te.var("m")
-    A = te.placeholder((m,), "float32", name="A")
-    B = te.compute((m,), lambda j: A[j] * 2.0, name="B")
-    s = jitop.create_schedule(B.op)
-    jo, _ = s[B].split(B.op.axis[0], nparts=8)
-    s[B].unroll(jo)
-    f = jitop.build(s, [A, B])
-    for n in SIZES:
-        a = np.random.default_rng(n).random(n).astype(np.float32)
-        np.testing.assert_array_equal(_run_guarded(f, [a], (n,), np.float32), a * 2)
+    _doubling(lambda s, B: s[B].unroll(s[B].split(B.op.axis[0], nparts=8)[0]))
 
 
 def test_a_reduction_computed_at_an_unrolled_loop() -> None:
