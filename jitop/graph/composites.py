@@ -1,5 +1,5 @@
 """numpy functions that are compositions of others: np.select, np.roll, np.repeat, np.tile, np.linalg.norm,
-np.diagonal, np.trace and np.diag,
+np.diagonal, np.trace, np.diag, np.average (unweighted) and np.count_nonzero (along axes),
 written as numpy's own implementations write them, on the primitives the tracer has (slices and concatenation,
 broadcast and reshape, where, reductions), so fusion and symbolic sizes apply to them unchanged. Their values,
 dtypes and errors are numpy's; what depends on data (a traced shift, one repeat count per element, the spectral
@@ -19,13 +19,14 @@ import numpy as np
 
 from jitop.graph import mutation, shapes as sh
 from jitop.graph.numpy_api import (_axes, _cast, array_node, broadcast_shapes, broadcast_to, concatenate,
-                                   expand_dims, implements, max_, min_, ravel, reshape, size_value, sum_, where)
+                                   expand_dims, implements, max_, mean, min_, ravel, reshape, size_value, sum_,
+                                   where)
 from jitop import dtypes
 from jitop.graph.ir import node
 from jitop.graph.take import take
 from jitop.graph.tracer import Tracer, Unsupported
 
-__all__ = ["diag", "diagonal", "norm", "repeat", "roll", "select", "tile", "trace"]
+__all__ = ["average", "count_nonzero", "diag", "diagonal", "norm", "repeat", "roll", "select", "tile", "trace"]
 
 
 def _static_int(value: Any, what: str) -> int:
@@ -210,3 +211,21 @@ def diag(v, k=0):
     j = Tracer(node("iota", (n, n), dtypes.int64, axis=1))
     at = np.minimum(i if k >= 0 else j, size_value(length - 1))  # (in range where it is not kept)
     return where(np.equal(np.subtract(j, i), k), take(v, at, mode="clip"), np.zeros((), array_node(v).dtype.np))
+
+
+@implements(np.average)
+def average(a, axis=None, weights=None, returned=False, *, keepdims=np._NoValue):
+    """Unweighted, numpy's average is its mean (weights need a check of their sum the data decides)."""
+    if weights is not None or returned:
+        raise Unsupported("np.average with weights= or returned=", "compute np.sum(a * w) / np.sum(w)")
+    return mean(a, axis, None, None, keepdims is not np._NoValue and bool(keepdims))
+
+
+@implements(np.count_nonzero)
+def count_nonzero(a, axis=None, *, keepdims=False):
+    """The count of nonzero elements along axes, intp as numpy's (without axes numpy returns a Python int, which a
+    kernel's result cannot be)."""
+    if axis is None and not keepdims:
+        raise Unsupported("np.count_nonzero without axis= (numpy returns a Python int)",
+                          "use np.sum(a != 0), an int64 scalar, or pass axis=")
+    return sum_(np.not_equal(a, 0), axis, np.intp, None, keepdims)

@@ -1,5 +1,5 @@
-"""np.select, np.roll, np.repeat, np.tile, np.linalg.norm, np.diagonal, np.trace, np.diag and einsum's diagonals
-(`ii`) under @jitop.kernel against numpy: values, dtype
+"""np.select, np.roll, np.repeat, np.tile, np.linalg.norm, np.diagonal, np.trace, np.diag, einsum's diagonals
+(`ii`), np.average and np.count_nonzero under @jitop.kernel against numpy: values, dtype
 (numpy's promotion, Python scalars weak), shape, numpy's errors; one kernel for every size of a varying dim."""
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ CALLS = [
     "np.diag(x[0])", "np.diag(x[0], 2)", "np.diag(x[-1], -1)", "np.diag(x[0, 0])",
     "np.einsum('ii', x[:3, :3])", "np.einsum('ii->i', x[:3, :3])", "np.einsum('ii,ij->j', x[:3, :3], x)",
     "np.einsum('ij,jj->i', x[:3, :3].T, x[:3, :3])", "np.einsum('ii', x)",
+    "np.average(x)", "np.average(x, axis=0)", "np.average(x, axis=-1, keepdims=True)", "np.count_nonzero(x, axis=0)",
+    "np.count_nonzero(x, axis=(0, -1))", "np.count_nonzero(x > 1, axis=-1, keepdims=True)",
+    "np.count_nonzero(x, keepdims=True)",
 ]
 ARRAYS = {
     "float64": np.arange(12.0).reshape(3, 4) - 5, "float32": (np.arange(12.0).reshape(3, 4) - 5).astype(np.float32),
@@ -70,6 +73,8 @@ def test_one_kernel_for_every_row_length() -> None:
 
 
 @pytest.mark.parametrize("call,what", [("np.roll(x, int(x.shape[0] > 0) * s)", "shift computed by the kernel"),
+                                       ("np.average(x, weights=x)", "weights="),
+                                       ("np.count_nonzero(x)", "without axis="),
                                        ("np.repeat(x, [1, 2, 1], axis=0)", "a count per element"),
                                        ("np.linalg.norm(x, 2)", "singular values")])
 def test_what_the_data_decides_runs_as_numpy_with_a_warning(call: str, what: str) -> None:
