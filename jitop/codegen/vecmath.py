@@ -299,7 +299,6 @@ class _E:
         return self.b.icmp_unsigned("!=", self.b.bitcast(cond, ir.IntType(self.n)), ir.Constant(ir.IntType(self.n), 0))
 
 
-
 def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
     """The vectors `parts` end to end. Pairwise while the count is even; an odd one out (3 registers of a
     48-lane vector) is carried up a level, then joined to a wider neighbour by widening it first (a shuffle's
@@ -323,6 +322,7 @@ def _widen_to(b: ir.IRBuilder, v: ir.Value, lanes: int) -> ir.Value:
     if n == lanes:
         return v
     return b.shuffle_vector(v, v, ops.vector_constant(ir.IntType(32), list(range(n)) + [0] * (lanes - n)))
+
 
 # ---------------------------------------------------------------------------------------
 # exp family

@@ -198,9 +198,7 @@ def _masked(n: Node, mask: Node, value: Any) -> Node:
     if not trailing and len(given) > 1:
         raise TypeError("NumPy boolean array indexing assignment requires a 0 or 1-dimensional input, input has "
                         f"{len(given)} dimensions")
-    while given and _one(given[0]):
-        given = given[1:]
-    if len(given) > len(trailing) or not all(_fits(a, b) for a, b in zip(given[::-1], trailing[::-1])):
+    if not _broadcasts(_without_leading_ones(given, trailing), trailing):  # (the checks _region_value makes)
         raise Unsupported("assigning an array through a boolean mask (one value per True element)",
                           "assign a scalar, or use np.where(mask, values, a)")
     v = _region_value(value, n, trailing)
@@ -222,16 +220,27 @@ def _region_value(value: Any, n: Node, shape: tuple) -> Node:
         v = as_node(arr.astype(dt.np) if arr.ndim else dt.np.type(value))
         if v.dtype is not dt:  # a 0-d constant of another dtype
             v = node("cast", (), dt, (v,))
-    given = vshape = tuple(v.shape)
-    while len(vshape) > len(shape) and _one(vshape[0]):  # numpy drops the value's leading 1s
-        vshape = vshape[1:]
+    given = tuple(v.shape)
+    vshape = _without_leading_ones(given, shape)
     if len(vshape) != len(given):
         v = node("reshape", vshape, dt, (v,))
-    if len(vshape) > len(shape) or not all(_fits(a, b) for a, b in zip(vshape[::-1], shape[::-1])):
+    if not _broadcasts(vshape, shape):
         raise ValueError(f"could not broadcast input array from shape {given} into shape {shape}")
     if len(vshape) == len(shape) and all(sh.provably_same(a, b) for a, b in zip(vshape, shape)):
         return v
     return node("broadcast", shape, dt, (v,))
+
+
+def _without_leading_ones(vshape: tuple, shape: tuple) -> tuple:
+    """A value's shape as numpy assigns it into a region of `shape`: its leading 1s beyond the region's rank dropped."""
+    while len(vshape) > len(shape) and _one(vshape[0]):
+        vshape = vshape[1:]
+    return vshape
+
+
+def _broadcasts(vshape: tuple, shape: tuple) -> bool:
+    """Whether a value of shape `vshape` (leading 1s dropped) broadcasts over a region of `shape`."""
+    return len(vshape) <= len(shape) and all(_fits(a, b) for a, b in zip(vshape[::-1], shape[::-1]))
 
 
 def _one(d: Any) -> bool:

@@ -458,7 +458,8 @@ def _scan(a: Any, op: str, axis: Any, dtype: Any, out: Any) -> Tracer:
         raise Unsupported(f"np.cum{op} with out=")
     n = as_node(a)
     if axis is None or n.ndim == 0:  # numpy takes a 0-d array as 1-d (axis 0 or -1, else its AxisError)
-        _axes(axis, 1) if axis is not None else None
+        if axis is not None:
+            _axes(axis, 1)
         n, axis = as_node(ravel(a)), 0
     (axis,) = _axes(axis, n.ndim)
     dt = _dtype(np.dtype(dtype)) if dtype is not None else _sum_dtype(n.dtype)

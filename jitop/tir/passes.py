@@ -133,7 +133,7 @@ def partition_loops(s: Stmt, ranges: Ranges, scope: "_Scope | None" = None) -> S
     scope = scope if scope is not None else _Scope(frozenset(), [SYMBOLIC_CUTS])
     if isinstance(s, For) and s.kind in (ForKind.SERIAL, ForKind.PARALLEL):
         guards = [g.cond for g in walk_stmts(s.body)
-                  if isinstance(g, IfThenElse) and not free_vars(g.cond) & scope.lanes]
+                  if isinstance(g, IfThenElse) and not (scope.lanes and free_vars(g.cond) & scope.lanes)]
         if s.extent.op is not Op.CONST or any(_uses_symbols(g, ranges) for g in guards):
             out = _partition_symbolic(s, guards, ranges, scope)
             if out is not None:
