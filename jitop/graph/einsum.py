@@ -43,9 +43,7 @@ def _diagonals(x: Any, term: str, k: int) -> tuple[Any, str]:
 def _check_shapes(terms: list[str], out: str, shapes: list[tuple[int, ...]]) -> None:
     """numpy's errors for subscripts that do not fit the operands."""
     size: dict[str, int] = {}
-    for k, (t, shape) in enumerate(zip(terms, shapes)):
-        if len(t) > len(shape):
-            raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {k}")
+    for t, shape in zip(terms, shapes):  # (too many subscripts: found before the diagonals, by einsum)
         if len(t) < len(shape):
             raise ValueError("operand has more dimensions than subscripts given in einstein sum, but no '...' "
                              "ellipsis provided to broadcast the extra dimensions.")

@@ -127,11 +127,15 @@ class Stage:
     def _check_no_attachment(self, iv: IterVar, primitive: str) -> None:
         """A loop another stage is computed at (compute_at) keeps its identity: reshaping it would leave that
         stage attached to a loop that no longer exists."""
-        for other in self.schedule.stage_map.values():
-            if other.attach_stage is self and other.attach_ivar is iv:
-                raise ScheduleError(f"{primitive} of '{iv.name}' in stage '{self.name}': stage '{other.name}' is "
-                                    f"computed at that loop (compute_at); {primitive} it first, then compute "
-                                    f"'{other.name}' at one of the new loops")
+        for other in self._attached(iv):
+            raise ScheduleError(f"{primitive} of '{iv.name}' in stage '{self.name}': stage '{other.name}' is "
+                                f"computed at that loop (compute_at); {primitive} it first, then compute "
+                                f"'{other.name}' at one of the new loops")
+
+    def _attached(self, iv: IterVar | None = None) -> list["Stage"]:
+        """The stages computed at this stage's loops (at loop `iv` only, if given)."""
+        return [o for o in self.schedule.stage_map.values()
+                if o.attach_stage is self and (iv is None or o.attach_ivar is iv)]
 
     # ** loop-shaping primitives **
     def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None) -> tuple[IterVar, IterVar]:
@@ -317,7 +321,7 @@ class Stage:
                                 f"Use compute_at to place it inside its consumer instead")
         if any(op is self.op for op in self.schedule.outputs):
             raise ScheduleError(f"compute_inline: '{self.name}' is an output of the schedule; it must be written to memory")
-        attached = [o.name for o in self.schedule.stage_map.values() if o.attach_stage is self]
+        attached = [o.name for o in self._attached()]
         if attached:
             raise ScheduleError(f"compute_inline: stage(s) {', '.join(map(repr, attached))} are computed at loops of "
                                 f"'{self.name}' (compute_at), which inlining removes; attach them elsewhere first")
