@@ -33,9 +33,9 @@ def _normalise(key: Any, ndim: int, positions: bool = False) -> list[Any]:
     used = sum(1 for it in items if it is not None and it is not Ellipsis)
     if used > ndim:
         raise IndexError(f"too many indices for array: array is {ndim}-dimensional, but {used} were indexed")
-    if Ellipsis in items:
-        k = items.index(Ellipsis)
-        items[k:k + 1] = [slice(None)] * (ndim - used)
+    dots = [k for k, it in enumerate(items) if it is Ellipsis]  # (by identity: `in` would compare a tracer)
+    if dots:
+        items[dots[0]:dots[0] + 1] = [slice(None)] * (ndim - used)
     return items
 
 
@@ -52,6 +52,9 @@ def getitem(t: Tracer, key: Any) -> Tracer:
             from jitop.graph import mutation
             mutation.note_view(picked, t, key)
         return picked
+    from jitop.graph import advanced
+    if advanced.has_index_arrays(key, scalars=True):
+        return advanced.getitem(t, key)
     n = t.node
     # numpy: a 0-d result is a scalar unless the key holds an Ellipsis (x[()] is a scalar, x[...] an array)
     array0d = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from jitop.errors import Unsupported
-from jitop.graph import indexing, shapes as sh
+from jitop.graph import advanced, indexing, shapes as sh
 from jitop.graph.ir import Node, node, toposort
 from jitop.graph.tracer import Tracer, as_node
 
@@ -107,7 +107,12 @@ def assign(t: Tracer, key: Any, value: Any) -> None:
     if t.order is not None:
         raise Unsupported(f"in-place assignment to a {t.order.str} array (a non-native byte order)")
     mask = _boolean_mask(key, t.node)
-    new = _updated(tracking_now, t.node, key, value) if mask is None else _masked(t.node, mask, value)
+    if mask is not None:
+        new = _masked(t.node, mask, value)
+    elif advanced.has_index_arrays(key):
+        new = advanced.assigned(t.node, key, value, _region_value)
+    else:
+        new = _updated(tracking_now, t.node, key, value)
     seen = tracking_now.view_of(t)
     if seen is not None:  # a view: its base's region takes the view's new value
         base, base_key = seen

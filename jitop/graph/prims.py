@@ -137,7 +137,8 @@ PRIMS: dict[str, Prim] = {
     "index": Prim(_INJECTIVE, free=True, emit=rules.emit_index, batch=batching.batch_index),
     # an assignment a[i] = v (jitop.graph.mutation): it reads its value and its positions once per element
     "update": Prim(_INJECTIVE, broadcasts=True, emit=rules.emit_update),
-    # a traced index of an assignment, wrapped and checked: costly enough to be computed once, not per element
+    # traced indices (an assignment's scalar one, an index array's elements), wrapped and checked: costly enough
+    # to be computed once, not per element
     "position": Prim(_INJECTIVE, cost=_expensive, emit=rules.emit_position),
     # ** injective: arithmetic and selection **
     "ufunc": Prim(_INJECTIVE, broadcasts=True, elementwise=True, cost=_ufunc_cost, emit=rules.emit_ufunc,
@@ -153,6 +154,8 @@ PRIMS: dict[str, Prim] = {
                       batch=batching.batch_argreduce),
     # np.cumsum / np.cumprod along the last axis: a running reduction, computed in one ordered pass
     "scan": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scan),
+    # an integer-array assignment's map from each position to the index element written there last
+    "last_writer": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_last_writer),
     # ** complex-out-fusable: operator templates **
     "matmul": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_matmul, workload=_matmul_fields,
                    symbolic_fields=("m", "n", "k"), rows=_matmul_rows, batch=batching.batch_matmul),

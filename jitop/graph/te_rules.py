@@ -107,6 +107,23 @@ def build_scan(c: Lowerer, n: Node) -> te.Tensor:
     return t
 
 
+def build_last_writer(c: Lowerer, n: Node) -> te.Tensor:
+    """For each position j of an axis, the last m whose positions[m] is j (an integer-array assignment
+    `a[idx] = v` writes v[m] there: numpy assigns in order, the last write stays), or int64's minimum where
+    none is. Defined as the max of m over the m that hit j, which every pass reads as the usual reduction;
+    the loop lowering writes m at positions[m] in one ordered pass (jitop.tir.lower: a stage with the
+    "last_writer" attribute). The positions are already in range (wrapped and checked by their "position"
+    nodes)."""
+    (positions,) = n.src
+    m = te.reduce_axis((0, positions.shape[0]), "m")
+
+    def body(j: Expr) -> Expr:
+        return te.max(m.var, axis=m, where=c.at(positions, (m.var,)) == j)
+    t = te.compute(n.shape, body, name=c.fresh_name("last_writer"), attrs={"last_writer": True})
+    c.st.kind[t] = "last_writer"
+    return t
+
+
 def _streams_rows(src: Node, axes: tuple[int, ...], shape: tuple, op: str, lanes_of: Node) -> bool:
     """Whether a reduction is over the first axis only of a source of constant shape past ROW_BLOCK_BYTES."""
     return axes == (0,) and src.ndim >= 2 and len(shape) == src.ndim - 1 and op in REDUCERS \
@@ -355,7 +372,7 @@ def emit_update(c: Lowerer, n: Node, idx: Index) -> Expr:
     new, kept = c.at(value, tuple(at)), c.at(old, idx)
     out = te.select(cond, new, kept) if all(type(d) is int for d in value.shape) else te.if_then_else(cond, new, kept)
     for d, beyond in bad:
-        out = raise_if(out, beyond, f"IndexError: index out of bounds for axis {d} with size {old.shape[d]}")
+        out = raise_if(out, beyond, _out_of_bounds(d, old.shape[d]))
     return out
 
 
@@ -367,11 +384,11 @@ def _whole_axis(s: tuple, length: Any, size: Any) -> bool:
 
 
 def emit_position(c: Lowerer, n: Node, idx: Index) -> Expr:
-    """A traced index into an axis of `size` (an assignment's `cache[t]`): numpy's negative positions wrapped,
-    and its IndexError beyond the axis."""
-    p, size, axis = c.at(n.src[0], ()), n.param("size"), n.param("axis")
+    """Traced indices into an axis of `size` (an assignment's `cache[t]`, an index array's elements): numpy's
+    negative positions wrapped, and its IndexError beyond the axis."""
+    p, size, axis = c.at(n.src[0], idx), n.param("size"), n.param("axis")
     inside = te.select(p < 0, p + size, p)
-    message = f"IndexError: index out of bounds for axis {axis} with size {size}"
+    message = _out_of_bounds(axis, size)
     return raise_if(inside, (p < -size) | (p >= size), message)
 
 
@@ -430,4 +447,9 @@ def emit_take(c: Lowerer, n: Node, idx: Index) -> Expr:
     if mode != "raise":
         return value
     bad = (i < -size) | (i >= size)
-    return raise_if(value, bad, f"IndexError: index out of bounds for axis {ax} with size {size}")
+    return raise_if(value, bad, _out_of_bounds(ax, size))
+
+
+def _out_of_bounds(axis: int, size: Any) -> str:
+    """numpy's IndexError for an index beyond an axis (a varying size is not known when the message is made)."""
+    return f"IndexError: index out of bounds for axis {axis}" + (f" with size {size}" if type(size) is int else "")

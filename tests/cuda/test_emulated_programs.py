@@ -126,3 +126,21 @@ def test_a_running_sum_on_the_gpu() -> None:
     got_sum, got_prod = f(x)
     np.testing.assert_allclose(got_sum, np.cumsum(x, axis=-1) * 2, rtol=40 * EPS32, atol=40 * EPS32 * 8)
     np.testing.assert_allclose(got_prod, np.cumprod(x, axis=0), rtol=4 * EPS32)
+
+
+def test_an_integer_array_assignment_on_the_gpu() -> None:
+    """a[idx] = v and a gather by two index arrays on the GPU: each thread finds its position's last writer from
+    the definition (the largest index element naming it); the one ordered pass is the CPU's schedule."""
+    def scatter_and_pick(a, idx, v, rows, cols):
+        a = a.copy()  # (a GPU kernel does not write its numpy arguments)
+        a[idx] = v
+        m = a.reshape(1, -1)
+        return a * 2, m[rows * 0, cols] + m[0, rows]
+    f = jitop.kernel(scatter_and_pick, target="cuda", fallback=False)
+    rng = np.random.default_rng(3)
+    a, v = rng.standard_normal(41).astype(np.float32), rng.standard_normal(9).astype(np.float32)
+    idx, rows, cols = rng.integers(-41, 41, 9), rng.integers(0, 41, 5), rng.integers(-41, 0, 5)
+    idx[3] = idx[7]  # written twice: the later value stays
+    expected = scatter_and_pick(a.copy(), idx, v, rows, cols)
+    for got, want in zip(f(a, idx, v, rows, cols), expected):
+        np.testing.assert_array_equal(got, want)

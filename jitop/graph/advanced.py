@@ -1,0 +1,194 @@
+"""numpy's advanced indexing by integer arrays: reads (`x[rows, labels]`, a gather) and assignments
+(`a[idx] = v`, `onehot[np.arange(n), labels] = 1`, a scatter).
+
+The indexed axes are moved to the front when the index arrays are not adjacent (numpy then puts the broadcast
+index dimensions first) and merged into one axis; the index arrays become one array of flat positions into it,
+each wrapped and checked as numpy does (its IndexError beyond an axis). A read is then np.take along the merged
+axis. An assignment keeps, for each position, the last element of the index that names it (numpy writes in
+order, so the last write stays): computed now for constant indices, by a "last_writer" node for indices known
+when the kernel runs (one ordered pass over them); the new array is the value's element picked there, where
+one was written, and the old element elsewhere.
+
+Other items of the key must be full slices `:` (or an Ellipsis); a boolean array among them is not supported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jitop import dtypes
+from jitop.graph import shapes as sh
+from jitop.graph.capture import live_node
+from jitop.graph.ir import Node, node
+from jitop.graph.tracer import Tracer, Unsupported, array_const
+
+_FLOAT_INDEX = "arrays used as indices must be of integer (or boolean) type"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a key indexes an array: `perm` moves the indexed axes to the front (None: they are adjacent and stay),
+    `first` is where they start after it, `count` how many there are, `flat` the flat positions into the merged
+    axis (a Tracer, or a numpy array when every index is a constant along an axis of known size)."""
+
+    perm: tuple[int, ...] | None
+    first: int
+    count: int
+    flat: Any
+
+
+def has_index_arrays(key: Any, scalars: bool = False) -> bool:
+    """Whether the key holds an integer index array (traced, a numpy array or a list), numpy's advanced index;
+    with `scalars`, a traced integer scalar counts as one (a read takes it so; an assignment at it is basic
+    indexing's, jitop.graph.mutation)."""
+    return any(_index_array(it) is not None or scalars and _traced_scalar(it)
+               for it in (key if isinstance(key, tuple) else (key,)))
+
+
+def getitem(t: Tracer, key: Any) -> Tracer:
+    """t[key] for a key with integer index arrays (numpy's advanced indexing: a copy)."""
+    from jitop.graph.take import take  # take builds on numpy_api, which imports this module's callers
+    plan = plan_of(t.node, key)
+    merged = _merged(_moved(t.node, plan), plan)
+    return take(Tracer(merged), plan.flat, axis=plan.first, mode="clip")  # (positions checked: clip is a no-op)
+
+
+def assigned(n: Node, key: Any, value: Any, region_value: Any) -> Node:
+    """The node of n after n[key] = value for a key with integer index arrays; `region_value(value, n, shape)`
+    is the assignment's value as a node of the indexed region's shape (numpy's casts and broadcasting)."""
+    from jitop.graph.numpy_api import reshape, transpose, where
+    from jitop.graph.take import gather
+    plan = plan_of(n, key)
+    moved = _moved(n, plan)
+    head, tail = moved.shape[:plan.first], moved.shape[plan.first + plan.count:]
+    index_shape = _shape(plan.flat)
+    v = region_value(value, n, head + index_shape + tail)
+    writes = sh.prod(index_shape)
+    if sh.known_zero(writes) or any(sh.known_zero(d) for d in head + tail):
+        return n  # nothing is written
+    values = node("reshape", head + (writes,) + tail, n.dtype, (v,))
+    merged = _merged(moved, plan)
+    last = _last_writers(plan.flat, merged.shape[plan.first])
+    picked = gather(values, last, plan.first, "clip")
+    written = Tracer(last) >= 0
+    keep = reshape(written, (-1,) + (1,) * len(tail)) if tail else written
+    new = reshape(where(keep, Tracer(picked), Tracer(merged)), tuple(sh.sym(d) for d in moved.shape))
+    if plan.perm is not None:
+        new = transpose(new, tuple(np.argsort(plan.perm)))
+    return new.node
+
+
+def plan_of(n: Node, key: Any) -> Plan:
+    """The Plan of n[key]; numpy's IndexErrors for a bad key, Unsupported for the mixes jitop does not take."""
+    items = _expanded(key, n.ndim)
+    arrays = [d for d, it in enumerate(items) if _index_array(it) is not None or _scalar_index(it)]
+    others = [it for d, it in enumerate(items) if d not in arrays]
+    if not all(isinstance(it, slice) and it == slice(None) for it in others):
+        raise Unsupported("integer-array indexing combined with a slice, a new axis or an ellipsis in the middle",
+                          "index the array with the slices first, then with the arrays")
+    adjacent = arrays == list(range(arrays[0], arrays[-1] + 1))
+    perm = None if adjacent else tuple(arrays) + tuple(d for d in range(n.ndim) if d not in arrays)
+    sizes = [n.shape[d] for d in arrays]
+    positions = [_positions(items[d], size, d) for d, size in zip(arrays, sizes)]
+    _check_broadcast(positions)
+    flat = positions[0]
+    for p, size in zip(positions[1:], sizes[1:]):
+        flat = flat * (size if type(size) is int else sh.sym(size)) + p
+    return Plan(perm, arrays[0] if adjacent else 0, len(arrays), flat)
+
+
+def _expanded(key: Any, ndim: int) -> list[Any]:
+    """The key's items, one per axis: its Ellipsis and the missing trailing axes as full slices."""
+    items = [np.asarray(it) if isinstance(it, list) else it for it in (key if isinstance(key, tuple) else (key,))]
+    if any(it is None for it in items):
+        raise Unsupported("integer-array indexing with a new axis (None)", "add the axis to the result after")
+    used = sum(it is not Ellipsis for it in items)
+    if used < len(items) - 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if used > ndim:
+        raise IndexError(f"too many indices for array: array is {ndim}-dimensional, but {used} were indexed")
+    dots = [k for k, it in enumerate(items) if it is Ellipsis]  # (by identity: `in` would compare arrays)
+    if dots:
+        items[dots[0]:dots[0] + 1] = [slice(None)] * (ndim - used)
+    return items + [slice(None)] * (ndim - len(items))
+
+
+def _index_array(it: Any) -> Any:
+    """The item as an index array (a traced array or a numpy array of integers; lists are numpy arrays by
+    now), or None for any other item. numpy's IndexError for a float array; a boolean one is not supported."""
+    if _traced_scalar(it):
+        return None  # basic indexing's position, unless arrays are about
+    if isinstance(it, list):
+        it = np.asarray(it)
+    if not isinstance(it, (Tracer, np.ndarray)):
+        return None
+    kind = np.dtype(it.node.dtype.name).kind if isinstance(it, Tracer) else it.dtype.kind
+    if kind == "b":
+        raise Unsupported("a boolean mask combined with other indices", "use np.where to keep the shape")
+    if kind not in "iu":
+        raise IndexError(_FLOAT_INDEX)
+    return it
+
+
+def _scalar_index(it: Any) -> bool:
+    """An integer among index arrays (numpy takes it as a 0-d index array), traced or not."""
+    return isinstance(it, (int, np.integer, sh.SymInt)) and not isinstance(it, bool) or _traced_scalar(it)
+
+
+def _traced_scalar(it: Any) -> bool:
+    return isinstance(it, Tracer) and it.node.ndim == 0 and it.node.dtype.is_int and not it.node.dtype.is_bool
+
+
+def _positions(it: Any, size: Any, axis: int) -> Any:
+    """An index's elements as positions in [0, size): numpy's own wrap and IndexError now for a constant along
+    an axis of known size, else a "position" node that wraps and checks them when the kernel runs."""
+    from jitop.graph.take import indices_node, positions
+    if not isinstance(it, Tracer) and (not isinstance(it, np.ndarray) or live_node(it) is None) \
+            and type(size) is int and not isinstance(it, sh.SymInt):
+        return np.asarray(positions(np.asarray(it, dtype=np.intp), size, axis, "raise"), np.int64)
+    ind = indices_node(it if isinstance(it, (Tracer, np.ndarray)) else np.int64(int(it)))
+    return Tracer(node("position", ind.shape, dtypes.int64, (ind,), size=size, axis=axis))
+
+
+def _check_broadcast(positions: list[Any]) -> None:
+    """numpy's IndexError for index arrays of shapes that do not broadcast together (of known shapes)."""
+    shapes = [_shape(p) for p in positions]
+    if all(type(d) is int for s in shapes for d in s):
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise IndexError("shape mismatch: indexing arrays could not be broadcast together with shapes "
+                             + " ".join(str(s).replace(" ", "") for s in shapes)) from None
+
+
+def _shape(positions: Any) -> tuple:
+    return tuple(positions.node.shape) if isinstance(positions, Tracer) else np.shape(positions)
+
+
+def _moved(n: Node, plan: Plan) -> Node:
+    if plan.perm is None:
+        return n
+    return node("transpose", tuple(n.shape[d] for d in plan.perm), n.dtype, (n,), perm=plan.perm)
+
+
+def _merged(n: Node, plan: Plan) -> Node:
+    """n with its indexed axes merged into one."""
+    if plan.count == 1:
+        return n
+    f, c = plan.first, plan.count
+    return node("reshape", n.shape[:f] + (sh.prod(n.shape[f:f + c]),) + n.shape[f + c:], n.dtype, (n,))
+
+
+def _last_writers(flat: Any, size: Any) -> Node:
+    """For each position of an axis of `size`: the index (into flat, raveled) of the last element of `flat`
+    naming it, or a negative number where none does. Constant positions (along an axis of known size, then)
+    give a constant."""
+    if not isinstance(flat, Tracer):
+        last = np.full(size, -1, np.int64)
+        last[flat.ravel()] = np.arange(flat.size)  # numpy assigns in order: the last stays
+        return array_const(last)
+    positions = flat.node
+    raveled = node("reshape", (sh.prod(positions.shape),), dtypes.int64, (positions,))
+    return node("last_writer", (size,), dtypes.int64, (raveled,))
