@@ -1,5 +1,6 @@
 """numpy functions that used to run as plain numpy under @jitop.kernel and now compile (running sums and products,
-the NaN-ignoring reductions, select / roll / tile / repeat / linalg.norm, boolean-mask assignment): each as a user
+the NaN-ignoring reductions, select / roll / tile / repeat / linalg.norm, boolean-mask assignment, integer-array
+indexing with several arrays and assignment through index arrays): each as a user
 writes it, jitop next to numpy and torch (where installed and it has the function) in one run, float32, 2 threads.
 
     python benchmarks/bench_numpy_functions.py [--quick]
@@ -38,14 +39,48 @@ def _clamp_negative(x):
     return x
 
 
-def cases(rows: int, cols: int) -> list[tuple[str, object, object, object]]:
-    """(name, numpy function, torch function or None, input) per row."""
+def _scatter_rows(x, idx, v):
+    x = x.copy()
+    x[idx] = v
+    return x
+
+
+def _onehot(labels, cols):
+    out = np.zeros((labels.shape[0], cols), np.float32)
+    out[np.arange(labels.shape[0]), labels] = 1
+    return out
+
+
+def _torch_indexing(t):
+    """The indexing rows' torch functions (t: the identity, or None without torch)."""
+    def scatter_rows(x, idx, v):
+        x = x.clone()
+        x[idx] = v
+        return x
+
+    def onehot(labels, cols):
+        out = torch.zeros((labels.shape[0], cols))
+        out[torch.arange(labels.shape[0]), labels] = 1
+        return out
+    return (t(lambda x, labels: x[torch.arange(x.shape[0]), labels]), t(scatter_rows), t(onehot))
+
+
+def cases(rows: int, cols: int) -> list[tuple[str, object, object, tuple]]:
+    """(name, numpy function, torch function or None, arguments) per row."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     with_nan = x.copy()
     with_nan[:, ::7] = np.nan
+    labels, idx = rng.integers(0, cols, rows), rng.integers(-rows, rows, rows // 4)
+    v = rng.standard_normal((rows // 4, cols)).astype(np.float32)
     t = (lambda f: f) if torch is not None else (lambda f: None)
-    return [
+    torch_pick, torch_scatter, torch_onehot = _torch_indexing(t)
+    indexing = [
+        ("x[arange(rows), labels]", lambda x, labels: x[np.arange(x.shape[0]), labels], torch_pick, (x, labels)),
+        ("x[idx] = v (rows, a copy)", _scatter_rows, torch_scatter, (x, idx, v)),
+        ("onehot[arange, labels] = 1", _onehot, torch_onehot, (labels, cols)),
+    ]
+    return [(name, fn, tf, (a,)) for name, fn, tf, a in [
         ("cumsum(x, axis=-1)", lambda x: np.cumsum(x, axis=-1), t(lambda x: torch.cumsum(x, -1)), x),
         ("cumsum(x, axis=0)", lambda x: np.cumsum(x, axis=0), t(lambda x: torch.cumsum(x, 0)), x),
         ("cumprod(x, axis=-1)", lambda x: np.cumprod(x, axis=-1), t(lambda x: torch.cumprod(x, -1)), x),
@@ -61,7 +96,7 @@ def cases(rows: int, cols: int) -> list[tuple[str, object, object, object]]:
         ("linalg.norm(x, axis=-1)", lambda x: np.linalg.norm(x, axis=-1),
          t(lambda x: torch.linalg.vector_norm(x, dim=-1)), x),
         ("x[x < 0] = 0 (a copy)", _clamp_negative, None, x),
-    ]
+    ]] + indexing
 
 
 def _checked(name: str, got, want) -> bool:
@@ -82,14 +117,14 @@ def main() -> None:
         kernel = jitop.kernel(fn, fallback=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            want = fn(x)
-        calls = {"numpy": lambda fn=fn, x=x: fn(x)}
-        verdict = "ok" if _checked(name, kernel(x), want) else "WRONG"
+            want = fn(*x)
+        calls = {"numpy": lambda fn=fn, x=x: fn(*x)}
+        verdict = "ok" if _checked(name, kernel(*x), want) else "WRONG"
         if verdict == "ok":
-            calls["jitop"] = lambda kernel=kernel, x=x: kernel(x)
+            calls["jitop"] = lambda kernel=kernel, x=x: kernel(*x)
         if torch_fn is not None:
-            tx = torch.from_numpy(x)
-            calls["torch"] = lambda torch_fn=torch_fn, tx=tx: torch_fn(tx)
+            tx = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in x]
+            calls["torch"] = lambda torch_fn=torch_fn, tx=tx: torch_fn(*tx)
         times = interleaved_times(calls, repeat=25 if not args.quick else 5)
         ms = {k: f"{v[0] * 1e3:.3f} / {v[1] * 1e3:.3f}" for k, v in times.items()}
         speed = f"{times['numpy'][0] / times['jitop'][0]:.1f}x" if "jitop" in times else verdict

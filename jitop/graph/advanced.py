@@ -1,5 +1,5 @@
-"""numpy's advanced indexing by integer arrays: reads (`x[rows, labels]`, a gather) and assignments
-(`a[idx] = v`, `onehot[np.arange(n), labels] = 1`, a scatter).
+"""numpy's advanced indexing by integer arrays: reads (`x[rows, labels]`, a gather), assignments
+(`a[idx] = v`, `onehot[np.arange(n), labels] = 1`, a scatter) and unbuffered updates (`np.add.at(a, idx, v)`).
 
 The indexed axes are moved to the front when the index arrays are not adjacent (numpy then puts the broadcast
 index dimensions first) and merged into one axis; the index arrays become one array of flat positions into it,
@@ -7,7 +7,8 @@ each wrapped and checked as numpy does (its IndexError beyond an axis). A read i
 axis. An assignment keeps, for each position, the last element of the index that names it (numpy writes in
 order, so the last write stays): computed now for constant indices, by a "last_writer" node for indices known
 when the kernel runs (one ordered pass over them); the new array is the value's element picked there, where
-one was written, and the old element elsewhere.
+one was written, and the old element elsewhere. An unbuffered update (np.add.at, np.maximum.at, ...) is a
+"scatter" node along the merged axis (moved first): every value combined into its position, in numpy's order.
 
 Other items of the key must be full slices `:` (or an Ellipsis); a boolean array among them is not supported.
 """
@@ -78,6 +79,48 @@ def assigned(n: Node, key: Any, value: Any, region_value: Any) -> Node:
     if plan.perm is not None:
         new = transpose(new, tuple(np.argsort(plan.perm)))
     return new.node
+
+
+def scattered(ufunc: np.ufunc, n: Node, key: Any, value: Any, region_value: Any) -> Node:
+    """The node of n after np.<ufunc>.at(n, key, value): unbuffered, each value combined into the element its
+    index names, in order (a position named twice gets both). `region_value` as for `assigned`."""
+    from jitop.graph.numpy_api import reshape, transpose
+    from jitop.graph.te_rules import SCATTER_REDUCERS
+    if ufunc.__name__ not in SCATTER_REDUCERS:
+        raise Unsupported(f"np.{ufunc.__name__}.at", "np.add.at, np.multiply.at, np.maximum.at and np.minimum.at "
+                          "compile")
+    _check_loop_dtype(ufunc, n, value)
+    plan = plan_of(n, key)
+    moved = _moved(n, plan)
+    merged = _merged(moved, plan)
+    head, tail = moved.shape[:plan.first], moved.shape[plan.first + plan.count:]
+    index_shape = _shape(plan.flat)
+    v = region_value(value, n, head + index_shape + tail)
+    writes = sh.prod(index_shape)
+    if sh.known_zero(writes) or any(sh.known_zero(d) for d in head + tail):
+        return n  # nothing is written
+    values = node("reshape", head + (writes,) + tail, n.dtype, (v,))
+    front = (plan.first,) + tuple(d for d in range(merged.ndim) if d != plan.first)  # the indexed axis first
+    rows, vals = (node("transpose", tuple(x.shape[d] for d in front), x.dtype, (x,), perm=front)
+                  for x in (merged, values))
+    out = node("scatter", rows.shape, n.dtype, (rows, _raveled(plan.flat), vals), op=ufunc.__name__)
+    new = transpose(Tracer(out), tuple(np.argsort(front)))
+    new = reshape(new, tuple(sh.sym(d) for d in moved.shape))
+    if plan.perm is not None:
+        new = transpose(new, tuple(np.argsort(plan.perm)))
+    return new.node
+
+
+def _check_loop_dtype(ufunc: np.ufunc, n: Node, value: Any) -> None:
+    """The update computes in n's dtype, as numpy's loop does for these operands; a loop in another dtype (a
+    float64 value into a float32 array) is not supported. numpy's ufunc.at takes a Python float as float64 (not
+    as a weak scalar). Integer sums and products wrap alike in any width."""
+    given = value.node.dtype.np if isinstance(value, Tracer) else np.asarray(value).dtype
+    loop = ufunc.resolve_dtypes((n.dtype.np, given, None), casting="unsafe")[-1]
+    wraps = ufunc.__name__ in ("add", "multiply") and n.dtype.np.kind in "iu" and loop.kind in "iu"
+    if loop != n.dtype.np and not wraps:
+        raise Unsupported(f"np.{ufunc.__name__}.at computing in {loop} into a {n.dtype.name} array",
+                          f"cast the values to {n.dtype.name}")
 
 
 def plan_of(n: Node, key: Any) -> Plan:
@@ -189,6 +232,12 @@ def _last_writers(flat: Any, size: Any) -> Node:
         last = np.full(size, -1, np.int64)
         last[flat.ravel()] = np.arange(flat.size)  # numpy assigns in order: the last stays
         return array_const(last)
-    positions = flat.node
-    raveled = node("reshape", (sh.prod(positions.shape),), dtypes.int64, (positions,))
-    return node("last_writer", (size,), dtypes.int64, (raveled,))
+    return node("last_writer", (size,), dtypes.int64, (_raveled(flat),))
+
+
+def _raveled(flat: Any) -> Node:
+    """The flat positions as one 1-D int64 node."""
+    positions = flat.node if isinstance(flat, Tracer) else array_const(np.asarray(flat, np.int64).reshape(-1))
+    if positions.ndim == 1:
+        return positions
+    return node("reshape", (sh.prod(positions.shape),), dtypes.int64, (positions,))

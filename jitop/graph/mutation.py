@@ -113,6 +113,26 @@ def assign(t: Tracer, key: Any, value: Any) -> None:
         new = advanced.assigned(t.node, key, value, _region_value)
     else:
         new = _updated(tracking_now, t.node, key, value)
+    _commit(tracking_now, t, new)
+
+
+def ufunc_at(ufunc: np.ufunc, a: Any, indices: Any, b: Any = None) -> None:
+    """np.<ufunc>.at(a, indices, b): a's elements at the indices combined with b in place, unbuffered (a
+    position named twice gets every value, in order); returns None, as numpy does."""
+    if b is None:
+        raise Unsupported(f"np.{ufunc.__name__}.at without values", "np.add.at(a, indices, values) compiles")
+    if not isinstance(a, Tracer) or a.node.weak:
+        raise Unsupported(f"np.{ufunc.__name__}.at into an array the kernel does not trace",
+                          "make it with np.zeros & co. in the function, or pass it as an argument")
+    tracking_now = _current()
+    if tracking_now is None or a.order is not None or (a.node.ndim == 0 and not a.array0d):
+        raise Unsupported(f"np.{ufunc.__name__}.at into this array (a scalar, a non-native byte order, or outside "
+                          "jitop.kernel)")
+    _commit(tracking_now, a, advanced.scattered(ufunc, a.node, indices, b, _region_value))
+
+
+def _commit(tracking_now: Tracking, t: Tracer, new: Node) -> None:
+    """t's memory now holds `new`: through its base if t is a view."""
     seen = tracking_now.view_of(t)
     if seen is not None:  # a view: its base's region takes the view's new value
         base, base_key = seen

@@ -129,6 +129,8 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
     if method == "reduce" and ufunc.__name__ in _REDUCE_UFUNCS:
         axis = kwargs.pop("axis", 0)
         return reduce(inputs[0], _REDUCE_UFUNCS[ufunc.__name__], axis=axis, **kwargs)
+    if method == "at":
+        return mutation.ufunc_at(ufunc, *inputs, **kwargs)
     if method != "__call__":
         raise Unsupported(f"np.{ufunc.__name__}.{method}")
     if ufunc is np.matmul:
@@ -1098,7 +1100,8 @@ TRACING_NUMPY = TracingNumpy()
 
 
 def full_node(shape: Any, value: Any, dt: dtypes.DType) -> Tracer:
-    shape = (sh.as_dim(shape),) if isinstance(shape, (int, sh.SymInt)) else tuple(sh.as_dim(d) for d in shape)
+    one = isinstance(shape, (int, sh.SymInt)) or isinstance(shape, Tracer) and shape.node.ndim == 0  # np.zeros(n)
+    shape = (sh.as_dim(shape),) if one else tuple(sh.as_dim(d) for d in shape)
     if isinstance(value, Tracer):
         v = value.node
         if v.weak and v.dtype.is_int and dt.is_int and dt is not dtypes.int64:

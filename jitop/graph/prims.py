@@ -156,6 +156,8 @@ PRIMS: dict[str, Prim] = {
     "scan": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scan),
     # an integer-array assignment's map from each position to the index element written there last
     "last_writer": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_last_writer),
+    # np.add.at & co.: an unbuffered update, each value combined into its position in order
+    "scatter": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scatter),
     # ** complex-out-fusable: operator templates **
     "matmul": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_matmul, workload=_matmul_fields,
                    symbolic_fields=("m", "n", "k"), rows=_matmul_rows, batch=batching.batch_matmul),

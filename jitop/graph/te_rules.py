@@ -124,6 +124,33 @@ def build_last_writer(c: Lowerer, n: Node) -> te.Tensor:
     return t
 
 
+# an unbuffered update (np.add.at and its kin, jitop.graph.advanced): the reducer that combines the writes
+SCATTER_REDUCERS = {"add": te.sum, "multiply": te.prod, "maximum": te.max, "minimum": te.min}
+
+
+def build_scatter(c: Lowerer, n: Node) -> te.Tensor:
+    """np.add.at(a, idx, v) and its kin along the first axis: out[j, r...] combines a[j, r...] and, in order, every
+    values[m, r...] whose position[m] is j. Defined as a reduction over k in [0, M]: k = 0 is the old element,
+    k = m + 1 the m-th value where its position is j; the loop lowering runs it as numpy does (jitop.tir.lower:
+    a stage with the "scatter" attribute): the old array copied, then each value combined into its row, in order,
+    which the op's attributes give it as expressions (old, value and position at the loop variable m)."""
+    old, positions, values = n.src
+    k = te.reduce_axis((0, positions.shape[0] + 1), "k")
+    m = te.var("m")
+    reducer = SCATTER_REDUCERS[n.param("op")]
+    parts: dict[str, Expr] = {}
+
+    def body(j: Expr, *r: Expr) -> Expr:
+        parts.update(old=c.at(old, (j,) + r), value=c.at(values, (m,) + r), position=c.at(positions, (m,)))
+        before = te.max(k.var - 1, const(0, k.var.dtype))
+        first = k.var == 0
+        value = te.select(first, c.at(old, (j,) + r), c.at(values, (before,) + r))
+        return reducer(value, axis=k, where=first | (c.at(positions, (before,)) == j))
+    t = te.compute(n.shape, body, name=c.fresh_name(f"{n.param('op')}_at"), attrs={"scatter": (m, parts)})
+    c.st.kind[t] = "scatter"
+    return t
+
+
 def _streams_rows(src: Node, axes: tuple[int, ...], shape: tuple, op: str, lanes_of: Node) -> bool:
     """Whether a reduction is over the first axis only of a source of constant shape past ROW_BLOCK_BYTES."""
     return axes == (0,) and src.ndim >= 2 and len(shape) == src.ndim - 1 and op in REDUCERS \

@@ -341,6 +341,8 @@ class Lowering:
             return self._scan(stage, store_idx, leaves[:-1])
         if stage.op.attrs.get("last_writer") and _written_position(stage, leaves) is not None:
             return self._last_writer(stage, store_idx, leaves)
+        if stage.op.attrs.get("scatter") and _as_created(stage, leaves):
+            return self._scatter(stage, store_idx, leaves[:-1])
         # init the accumulator just outside the first reduction loop, then update inside all loops
         first = next(k for k, iv in enumerate(leaves) if iv.kind == "reduce")
         common, rest = leaves[:first], leaves[first:]
@@ -393,6 +395,23 @@ class Lowering:
         data_guards = [g for g in sl.guards if m.var not in free_vars(g)]
         return seq(self._nest(stage, data, fill, data_guards, attach=True),
                    self._nest(stage, [m], write, [g for g in sl.guards if m.var in free_vars(g)], attach=True))
+
+    def _scatter(self, stage: Stage, idx: tuple[Expr, ...], data: list[IterVar]) -> Stmt:
+        """An unbuffered update (te_rules.build_scatter) as numpy runs it: the old array copied, then for m in
+        order, values[m] combined into the row at position[m]. The op's attributes hold the three parts as
+        expressions of its axes and the variable m."""
+        t, body = stage.outputs[0], stage.body[0]
+        m, parts = stage.op.attrs["scatter"]
+        buf, k = self.buffers[t], stage.reduce_axis[0]
+        old, value, position = (self.lower_expr(parts[name], stage) for name in ("old", "value", "position"))
+        copy = Store(buf, self._store_index(stage, t, idx), old)
+        # the positions are in range (the graph wrapped and checked them); the clamp lets the store be proved so
+        row = (binary(Op.MAX, binary(Op.MIN, position, as_expr(buf.shape[0]) - 1), const(0, position.dtype)),)
+        at = row + tuple(iv.var for iv in data[1:])
+        combine = Store(buf, at, body.arg.reducer.combine(buf.load(at), value))
+        count = as_expr(self.loops[stage].extent[k]) - 1
+        return seq(self._nest(stage, data, copy, self.loops[stage].guards, attach=True),
+                   For(m, count, ForKind.SERIAL, self._nest(stage, data[1:], combine, [], attach=True)))
 
     def _cross_thread_reduction(self, stage: Stage, idx: tuple[Expr, ...], common: list[IterVar],
                                 rest: list[IterVar]) -> Stmt:
@@ -538,6 +557,13 @@ def _one_pass_scan(stage: Stage, leaves: list[IterVar]) -> bool:
     j, k = stage.axis[-1], stage.reduce_axis[0]
     return len(stage.reduce_axis) == 1 and leaves[-2:] == [j, k] and \
         all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in (j, k))
+
+
+def _as_created(stage: Stage, leaves: list[IterVar]) -> bool:
+    """Whether a stage's loops are its axes then its one reduction axis, unsplit, serial, at the root."""
+    return stage.attach_type == "root" and len(stage.reduce_axis) == 1 and \
+        leaves == list(stage.axis) + list(stage.reduce_axis) and \
+        all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in leaves)
 
 
 def _written_position(stage: Stage, leaves: list[IterVar]) -> Expr | None:

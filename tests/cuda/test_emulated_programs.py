@@ -144,3 +144,13 @@ def test_an_integer_array_assignment_on_the_gpu() -> None:
     expected = scatter_and_pick(a.copy(), idx, v, rows, cols)
     for got, want in zip(f(a, idx, v, rows, cols), expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_add_at_on_the_gpu() -> None:
+    """np.add.at on the GPU: each thread reduces its position's values from the definition, in their order."""
+    def histogram(x):
+        counts = np.zeros(7, np.int32)
+        np.add.at(counts, x, 1)
+        return counts
+    x = np.random.default_rng(4).integers(-7, 7, 300)
+    np.testing.assert_array_equal(jitop.kernel(histogram, target="cuda", fallback=False)(x), histogram(x))

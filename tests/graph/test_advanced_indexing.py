@@ -135,3 +135,62 @@ def test_scatter_and_gather_hypothesis(shape, data):
     a = RNG.standard_normal(shape)
     check(lambda a, *arrays: a[key(arrays)] * 2, a, *arrays)
     check(lambda a, *arrays: scatter(a, key(arrays), 3.5), a, *arrays)
+
+
+# ** unbuffered updates: np.add.at & co. **
+
+def add_at(a, idx, v):
+    np.add.at(a, idx, v)
+    return a
+
+
+def histogram(x, bins):
+    counts = np.zeros(bins, np.int64)
+    np.add.at(counts, x, 1)
+    return counts
+
+
+def embedding_grad(ids, g):
+    grad = np.zeros((10, g.shape[1]), np.float32)
+    np.add.at(grad, ids, g)
+    return grad
+
+
+@pytest.mark.parametrize("fn, args", [
+    (add_at, (A, np.array([1, 1, -1, 3, 1]), np.arange(5.0) / 3)),       # every value, in numpy's order
+    (add_at, (A.astype(np.float32), np.array([[2, 2], [0, 2]]), np.float32(0.1))),
+    (add_at, (np.zeros(4, np.int8), np.array([0, 0, 0]), np.array([100, 100, 100]))),    # wraps as numpy's
+    (histogram, (RNG.integers(0, 6, 50), 6)),
+    (embedding_grad, (RNG.integers(0, 10, 30), RNG.standard_normal((30, 5)).astype(np.float32))),
+    (lambda a, i, v: add_at(a, (Ellipsis, i), v), (B, np.array([4, 0, 4]), np.ones((4, 3, 3), np.float32))),
+    (lambda a, i, j: add_at(a, (i, j), np.float32(-2)), (B, np.array([0, 0, 2]), np.array([[1], [-1]]))),
+    (lambda a, i, v: (np.maximum.at(a, i, v), a)[1], (np.zeros(5), np.array([0, 0, 2]), np.array([np.nan, 1, -1]))),
+    (lambda a, i, v: (np.minimum.at(a, i, v), a)[1], (A, np.array([3, 3]), np.array([-9.0, -8.0]))),
+    (lambda a, i, v: (np.multiply.at(a, i, v), a)[1], (A, np.array([3, 3, 0]), np.array([2.0, 3.0, 0.5]))),
+    (lambda a: add_at(a, [1, 1], 2.0), (A,)),                              # constant indices
+])
+def test_add_at_and_its_kin_are_numpys(fn, args):
+    with np.errstate(invalid="ignore"):
+        check(fn, *args)
+
+
+def test_add_at_is_one_ordered_pass_at_every_size():
+    f = jitop.kernel(add_at, fallback=False)
+    rng = np.random.default_rng(2)
+    for n, m in ((40, 7), (13, 300), (1000, 20000), (9, 2)):
+        a, idx, v = rng.standard_normal(n), rng.integers(-n, n, m), rng.standard_normal(m)
+        assert_same(f(a.copy(), idx, v), add_at(a.copy(), idx, v))  # bit for bit: numpy's order of additions
+    text = jitop.explain(f, a, idx, v)
+    assert "for m in" in text and "add_at[max(min(" in text and "for k in" not in text, text
+
+
+@pytest.mark.parametrize("fn, construct", [
+    (lambda a, i, v: add_at(a.astype(np.float32), i, v), "computing in float64"),
+    (lambda a, i, v: add_at(a.astype(np.float32), i, 0.1), "computing in float64"),  # ufunc.at: a Python float is float64
+    (lambda a, i, v: (np.subtract.at(a, i, v), a)[1], "np.subtract.at"),
+])
+def test_other_updates_run_as_numpy_and_say_why(fn, construct):
+    args = (A, np.array([1, 1]), np.array([0.5, 0.25]))
+    with pytest.warns(jitop.JitopFallbackWarning, match=construct):
+        got = jitop.kernel(fn)(*_copies(args))
+    assert_same(got, fn(*_copies(args)))
