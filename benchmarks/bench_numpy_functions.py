@@ -51,6 +51,12 @@ def _onehot(labels, cols):
     return out
 
 
+def _embedding_grad(ids, g):
+    grad = np.zeros((1000, g.shape[1]), np.float32)
+    np.add.at(grad, ids, g)
+    return grad
+
+
 def _torch_indexing(t):
     """The indexing rows' torch functions (t: the identity, or None without torch)."""
     def scatter_rows(x, idx, v):
@@ -62,7 +68,9 @@ def _torch_indexing(t):
         out = torch.zeros((labels.shape[0], cols))
         out[torch.arange(labels.shape[0]), labels] = 1
         return out
-    return (t(lambda x, labels: x[torch.arange(x.shape[0]), labels]), t(scatter_rows), t(onehot))
+    def embedding_grad(ids, g):
+        return torch.zeros((1000, g.shape[1])).index_add_(0, ids, g)
+    return (t(lambda x, labels: x[torch.arange(x.shape[0]), labels]), t(scatter_rows), t(onehot), t(embedding_grad))
 
 
 def cases(rows: int, cols: int) -> list[tuple[str, object, object, tuple]]:
@@ -74,11 +82,13 @@ def cases(rows: int, cols: int) -> list[tuple[str, object, object, tuple]]:
     labels, idx = rng.integers(0, cols, rows), rng.integers(-rows, rows, rows // 4)
     v = rng.standard_normal((rows // 4, cols)).astype(np.float32)
     t = (lambda f: f) if torch is not None else (lambda f: None)
-    torch_pick, torch_scatter, torch_onehot = _torch_indexing(t)
+    torch_pick, torch_scatter, torch_onehot, torch_embedding_grad = _torch_indexing(t)
     indexing = [
         ("x[arange(rows), labels]", lambda x, labels: x[np.arange(x.shape[0]), labels], torch_pick, (x, labels)),
         ("x[idx] = v (rows, a copy)", _scatter_rows, torch_scatter, (x, idx, v)),
         ("onehot[arange, labels] = 1", _onehot, torch_onehot, (labels, cols)),
+        ("np.add.at(grad(1000, cols), ids, x)", _embedding_grad, torch_embedding_grad,
+         (rng.integers(0, 1000, rows), x)),
     ]
     return [(name, fn, tf, (a,)) for name, fn, tf, a in [
         ("cumsum(x, axis=-1)", lambda x: np.cumsum(x, axis=-1), t(lambda x: torch.cumsum(x, -1)), x),

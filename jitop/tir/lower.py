@@ -341,8 +341,8 @@ class Lowering:
             return self._scan(stage, store_idx, leaves[:-1])
         if stage.op.attrs.get("last_writer") and _written_position(stage, leaves) is not None:
             return self._last_writer(stage, store_idx, leaves)
-        if stage.op.attrs.get("scatter") and _as_created(stage, leaves):
-            return self._scatter(stage, store_idx, leaves[:-1])
+        if stage.op.attrs.get("scatter") and _serial_pass(stage, leaves):
+            return self._scatter(stage, store_idx, [iv for iv in leaves if iv.kind == "data"])
         # init the accumulator just outside the first reduction loop, then update inside all loops
         first = next(k for k, iv in enumerate(leaves) if iv.kind == "reduce")
         common, rest = leaves[:first], leaves[first:]
@@ -403,15 +403,18 @@ class Lowering:
         t, body = stage.outputs[0], stage.body[0]
         m, parts = stage.op.attrs["scatter"]
         buf, k = self.buffers[t], stage.reduce_axis[0]
-        old, value, position = (self.lower_expr(parts[name], stage) for name in ("old", "value", "position"))
-        copy = Store(buf, self._store_index(stage, t, idx), old)
+        copy = Store(buf, self._store_index(stage, t, idx), self.lower_expr(parts["old"], stage))
+        # the pass loops over the root axes as the parts name them (the data loops are the copy's schedule)
+        value, position = (rewrite(rewrite(parts[name], self._inline_load), self._buffer_load)
+                           for name in ("value", "position"))
         # the positions are in range (the graph wrapped and checked them); the clamp lets the store be proved so
         row = (binary(Op.MAX, binary(Op.MIN, position, as_expr(buf.shape[0]) - 1), const(0, position.dtype)),)
-        at = row + tuple(iv.var for iv in data[1:])
-        combine = Store(buf, at, body.arg.reducer.combine(buf.load(at), value))
+        at = row + tuple(iv.var for iv in stage.axis[1:])
+        update: Stmt = Store(buf, at, body.arg.reducer.combine(buf.load(at), value))
+        for iv in reversed(stage.axis[1:]):
+            update = For(iv.var, as_expr(iv.extent), ForKind.SERIAL, update)
         count = as_expr(self.loops[stage].extent[k]) - 1
-        return seq(self._nest(stage, data, copy, self.loops[stage].guards, attach=True),
-                   For(m, count, ForKind.SERIAL, self._nest(stage, data[1:], combine, [], attach=True)))
+        return seq(self._nest(stage, data, copy, self.loops[stage].guards, attach=True), For(m, count, ForKind.SERIAL, update))
 
     def _cross_thread_reduction(self, stage: Stage, idx: tuple[Expr, ...], common: list[IterVar],
                                 rest: list[IterVar]) -> Stmt:
@@ -559,11 +562,11 @@ def _one_pass_scan(stage: Stage, leaves: list[IterVar]) -> bool:
         all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in (j, k))
 
 
-def _as_created(stage: Stage, leaves: list[IterVar]) -> bool:
-    """Whether a stage's loops are its axes then its one reduction axis, unsplit, serial, at the root."""
-    return stage.attach_type == "root" and len(stage.reduce_axis) == 1 and \
-        leaves == list(stage.axis) + list(stage.reduce_axis) and \
-        all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in leaves)
+def _serial_pass(stage: Stage, leaves: list[IterVar]) -> bool:
+    """Whether a scatter stage can run as one ordered pass: at the root (it writes the whole output), its one
+    reduction axis an unsplit serial loop (its data loops may have any schedule: they copy the old array)."""
+    (k,) = stage.reduce_axis
+    return stage.attach_type == "root" and k in leaves and stage.iter_kind.get(k, ForKind.SERIAL) is ForKind.SERIAL
 
 
 def _written_position(stage: Stage, leaves: list[IterVar]) -> Expr | None:
