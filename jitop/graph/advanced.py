@@ -126,6 +126,8 @@ def _check_loop_dtype(ufunc: np.ufunc, n: Node, value: Any) -> None:
 def plan_of(n: Node, key: Any) -> Plan:
     """The Plan of n[key]; numpy's IndexErrors for a bad key, Unsupported for the mixes jitop does not take."""
     items = _expanded(key, n.ndim)
+    if any(isinstance(it, (Tracer, np.ndarray)) and _kind(it) == "b" for it in items):
+        raise Unsupported("a boolean mask combined with index arrays", "use np.where to keep the shape")
     arrays = [d for d, it in enumerate(items) if _index_array(it) is not None or _scalar_index(it)]
     others = [it for d, it in enumerate(items) if d not in arrays]
     if not all(isinstance(it, slice) and it == slice(None) for it in others):
@@ -160,19 +162,23 @@ def _expanded(key: Any, ndim: int) -> list[Any]:
 
 def _index_array(it: Any) -> Any:
     """The item as an index array (a traced array or a numpy array of integers; lists are numpy arrays by
-    now), or None for any other item. numpy's IndexError for a float array; a boolean one is not supported."""
+    now), or None for any other item (a boolean mask too). numpy's IndexError for a float array."""
     if _traced_scalar(it):
         return None  # basic indexing's position, unless arrays are about
     if isinstance(it, list):
         it = np.asarray(it)
     if not isinstance(it, (Tracer, np.ndarray)):
         return None
-    kind = np.dtype(it.node.dtype.name).kind if isinstance(it, Tracer) else it.dtype.kind
+    kind = _kind(it)
     if kind == "b":
-        raise Unsupported("a boolean mask combined with other indices", "use np.where to keep the shape")
+        return None  # a boolean mask (plan_of refuses one among index arrays)
     if kind not in "iu":
         raise IndexError(_FLOAT_INDEX)
     return it
+
+
+def _kind(it: Any) -> str:
+    return np.dtype(it.node.dtype.name).kind if isinstance(it, Tracer) else it.dtype.kind
 
 
 def _scalar_index(it: Any) -> bool:
