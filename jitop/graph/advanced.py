@@ -4,11 +4,9 @@
 The indexed axes are moved to the front when the index arrays are not adjacent (numpy then puts the broadcast
 index dimensions first) and merged into one axis; the index arrays become one array of flat positions into it,
 each wrapped and checked as numpy does (its IndexError beyond an axis). A read is then np.take along the merged
-axis. An assignment keeps, for each position, the last element of the index that names it (numpy writes in
-order, so the last write stays): computed now for constant indices, by a "last_writer" node for indices known
-when the kernel runs (one ordered pass over them); the new array is the value's element picked there, where
-one was written, and the old element elsewhere. An unbuffered update (np.add.at, np.maximum.at, ...) is a
-"scatter" node along the merged axis (moved first): every value combined into its position, in numpy's order.
+axis. An assignment and an unbuffered update (np.add.at, np.maximum.at, ...) are a "scatter" node along the
+merged axis (moved first): the old array, then every value stored at (combined into) its position in numpy's
+order, so a position named twice keeps the value written last (gets both values).
 
 Other items of the key must be full slices `:` (or an Ellipsis); a boolean array among them is not supported.
 """
@@ -59,38 +57,24 @@ def getitem(t: Tracer, key: Any) -> Tracer:
 def assigned(n: Node, key: Any, value: Any, region_value: Any) -> Node:
     """The node of n after n[key] = value for a key with integer index arrays; `region_value(value, n, shape)`
     is the assignment's value as a node of the indexed region's shape (numpy's casts and broadcasting)."""
-    from jitop.graph.numpy_api import reshape, transpose, where
-    from jitop.graph.take import gather
-    plan = plan_of(n, key)
-    moved = _moved(n, plan)
-    head, tail = moved.shape[:plan.first], moved.shape[plan.first + plan.count:]
-    index_shape = _shape(plan.flat)
-    v = region_value(value, n, head + index_shape + tail)
-    writes = sh.prod(index_shape)
-    if sh.known_zero(writes) or any(sh.known_zero(d) for d in head + tail):
-        return n  # nothing is written
-    values = node("reshape", head + (writes,) + tail, n.dtype, (v,))
-    merged = _merged(moved, plan)
-    last = _last_writers(plan.flat, merged.shape[plan.first])
-    picked = gather(values, last, plan.first, "clip")
-    written = Tracer(last) >= 0
-    keep = reshape(written, (-1,) + (1,) * len(tail)) if tail else written
-    new = reshape(where(keep, Tracer(picked), Tracer(merged)), tuple(sh.sym(d) for d in moved.shape))
-    if plan.perm is not None:
-        new = transpose(new, tuple(np.argsort(plan.perm)))
-    return new.node
+    return _scatter(n, plan_of(n, key), value, region_value, "assign")
 
 
 def scattered(ufunc: np.ufunc, n: Node, key: Any, value: Any, region_value: Any) -> Node:
     """The node of n after np.<ufunc>.at(n, key, value): unbuffered, each value combined into the element its
     index names, in order (a position named twice gets both). `region_value` as for `assigned`."""
-    from jitop.graph.numpy_api import reshape, transpose
     from jitop.graph.te_rules import SCATTER_REDUCERS
     if ufunc.__name__ not in SCATTER_REDUCERS:
         raise Unsupported(f"np.{ufunc.__name__}.at", "np.add.at, np.multiply.at, np.maximum.at and np.minimum.at "
                           "compile")
     _check_loop_dtype(ufunc, n, value)
-    plan = plan_of(n, key)
+    return _scatter(n, plan_of(n, key), value, region_value, ufunc.__name__)
+
+
+def _scatter(n: Node, plan: Plan, value: Any, region_value: Any, op: str) -> Node:
+    """n with the value's elements combined by `op` into the positions the plan names, in order: a "scatter" node
+    along the merged indexed axis, moved first, and moved back."""
+    from jitop.graph.numpy_api import reshape, transpose
     moved = _moved(n, plan)
     merged = _merged(moved, plan)
     head, tail = moved.shape[:plan.first], moved.shape[plan.first + plan.count:]
@@ -101,11 +85,13 @@ def scattered(ufunc: np.ufunc, n: Node, key: Any, value: Any, region_value: Any)
         return n  # nothing is written
     values = node("reshape", head + (writes,) + tail, n.dtype, (v,))
     front = (plan.first,) + tuple(d for d in range(merged.ndim) if d != plan.first)  # the indexed axis first
-    rows, vals = (node("transpose", tuple(x.shape[d] for d in front), x.dtype, (x,), perm=front)
-                  for x in (merged, values))
-    out = node("scatter", rows.shape, n.dtype, (rows, _raveled(plan.flat), vals), op=ufunc.__name__)
-    new = transpose(Tracer(out), tuple(np.argsort(front)))
-    new = reshape(new, tuple(sh.sym(d) for d in moved.shape))
+    rows, vals = (node("transpose", tuple(x.shape[d] for d in front), x.dtype, (x,), perm=front) if plan.first
+                  else x for x in (merged, values))
+    new = Tracer(node("scatter", rows.shape, n.dtype, (rows, _raveled(plan.flat), vals), op=op))
+    if plan.first:
+        new = transpose(new, tuple(np.argsort(front)))
+    if plan.count != 1:
+        new = reshape(new, tuple(sh.sym(d) for d in moved.shape))
     if plan.perm is not None:
         new = transpose(new, tuple(np.argsort(plan.perm)))
     return new.node
@@ -228,17 +214,6 @@ def _merged(n: Node, plan: Plan) -> Node:
         return n
     f, c = plan.first, plan.count
     return node("reshape", n.shape[:f] + (sh.prod(n.shape[f:f + c]),) + n.shape[f + c:], n.dtype, (n,))
-
-
-def _last_writers(flat: Any, size: Any) -> Node:
-    """For each position of an axis of `size`: the index (into flat, raveled) of the last element of `flat`
-    naming it, or a negative number where none does. Constant positions (along an axis of known size, then)
-    give a constant."""
-    if not isinstance(flat, Tracer):
-        last = np.full(size, -1, np.int64)
-        last[flat.ravel()] = np.arange(flat.size)  # numpy assigns in order: the last stays
-        return array_const(last)
-    return node("last_writer", (size,), dtypes.int64, (_raveled(flat),))
 
 
 def _raveled(flat: Any) -> Node:

@@ -154,9 +154,7 @@ PRIMS: dict[str, Prim] = {
                       batch=batching.batch_argreduce),
     # np.cumsum / np.cumprod along the last axis: a running reduction, computed in one ordered pass
     "scan": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scan),
-    # an integer-array assignment's map from each position to the index element written there last
-    "last_writer": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_last_writer),
-    # np.add.at & co.: an unbuffered update, each value combined into its position in order
+    # a[idx] = v, np.add.at & co.: each value stored at (combined into) its position, in order
     "scatter": Prim(Kind.REDUCTION, row_fusable=False, build=rules.build_scatter),
     # ** complex-out-fusable: operator templates **
     "matmul": Prim(Kind.COMPLEX, row_fusable=False, build=rules.build_matmul, workload=_matmul_fields,

@@ -138,8 +138,8 @@ def schedule_scan(s: Schedule, t: Tensor) -> None:
 
 
 def schedule_scatter(s: Schedule, t: Tensor) -> None:
-    """An unbuffered update (np.add.at) or an assignment's last writers: the copy of the old array (the fill of
-    the positions) in parallel over its first axis; the ordered pass over the values stays serial (jitop.tir.lower)."""
+    """An assignment through index arrays or an unbuffered update (np.add.at): the copy of the old array in
+    parallel over its first axis; the ordered pass over the values stays serial (jitop.tir.lower)."""
     stage = s[t]
     if stage.attach_type == "root":
         stage.parallel(stage.op.axis[0])
@@ -389,7 +389,7 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
         schedule_row_blocks(s, t, target)
     elif kind == "scan":
         schedule_scan(s, t)
-    elif kind in ("scatter", "last_writer"):
+    elif kind == "scatter":
         schedule_scatter(s, t)
     elif kind in ("reduce", "reduce_outer"):
         schedule_reduce(s, t, target, vectorize_last=kind == "reduce_outer", tail=st.contiguous_tail.get(t, 1))

@@ -107,29 +107,15 @@ def build_scan(c: Lowerer, n: Node) -> te.Tensor:
     return t
 
 
-def build_last_writer(c: Lowerer, n: Node) -> te.Tensor:
-    """For each position j of an axis, the last m whose positions[m] is j (an integer-array assignment
-    `a[idx] = v` writes v[m] there: numpy assigns in order, the last write stays), or int64's minimum where
-    none is. Defined as the max of m over the m that hit j, which every pass reads as the usual reduction;
-    the loop lowering writes m at positions[m] in one ordered pass (jitop.tir.lower: a stage with the
-    "last_writer" attribute). The positions are already in range (wrapped and checked by their "position"
-    nodes)."""
-    (positions,) = n.src
-    m = te.reduce_axis((0, positions.shape[0]), "m")
-
-    def body(j: Expr) -> Expr:
-        return te.max(m.var, axis=m, where=c.at(positions, (m.var,)) == j)
-    t = te.compute(n.shape, body, name=c.fresh_name("last_writer"), attrs={"last_writer": True})
-    c.st.kind[t] = "last_writer"
-    return t
-
-
-# an unbuffered update (np.add.at and its kin, jitop.graph.advanced): the reducer that combines the writes
-SCATTER_REDUCERS = {"add": te.sum, "multiply": te.prod, "maximum": te.max, "minimum": te.min}
+# an assignment through index arrays or an unbuffered update (np.add.at and its kin, jitop.graph.advanced): the
+# reducer that combines the writes into a position, in order (an assignment's keeps the last)
+SCATTER_REDUCERS = {"add": te.sum, "multiply": te.prod, "maximum": te.max, "minimum": te.min,
+                    "assign": te.comm_reducer(lambda old, new: new, lambda dt: 0, "assign")}
 
 
 def build_scatter(c: Lowerer, n: Node) -> te.Tensor:
-    """np.add.at(a, idx, v) and its kin along the first axis: out[j, r...] combines a[j, r...] and, in order, every
+    """a[idx] = v, np.add.at(a, idx, v) and its kin along the first axis: out[j, r...] combines a[j, r...] and, in
+    order, every
     values[m, r...] whose position[m] is j. Defined as a reduction over k in [0, M]: k = 0 is the old element,
     k = m + 1 the m-th value where its position is j; the loop lowering runs it as numpy does (jitop.tir.lower:
     a stage with the "scatter" attribute): the old array copied, then each value combined into its row, in order,

@@ -339,8 +339,6 @@ class Lowering:
             return self._nest(stage, leaves, self._stores(stage, store_idx), sl.guards, attach=True)
         if stage.op.attrs.get("scan") and _one_pass_scan(stage, leaves):
             return self._scan(stage, store_idx, leaves[:-1])
-        if stage.op.attrs.get("last_writer") and _written_position(stage, leaves) is not None:
-            return self._last_writer(stage, store_idx, leaves)
         if stage.op.attrs.get("scatter") and _serial_pass(stage, leaves):
             return self._scatter(stage, store_idx, [iv for iv in leaves if iv.kind == "data"])
         # init the accumulator just outside the first reduction loop, then update inside all loops
@@ -378,23 +376,6 @@ class Lowering:
         outer_guards = [g for g in sl.guards if j.var not in free_vars(g)]
         row = seq(Store(acc, at, start), self._nest(stage, [j], step, inner_guards, attach=True))
         return self._nest(stage, data[:-1], Allocate(acc, row), outer_guards, attach=True)
-
-    def _last_writer(self, stage: Stage, idx: tuple[Expr, ...], leaves: list[IterVar]) -> Stmt:
-        """The last m writing each position (te_rules.build_last_writer: out[j] is the max of m over the m whose
-        position is j) in one pass: every element set to the reduction's identity, then, for m in order, m
-        stored at m's position. The definition's quadratic reduction is what other schedules get."""
-        t, body = stage.outputs[0], stage.body[0]
-        m = stage.reduce_axis[0]
-        buf, sl = self.buffers[t], self.loops[stage]
-        data = [iv for iv in leaves if iv is not m]
-        fill = Store(buf, self._store_index(stage, t, idx), body.arg.reducer.identity(t.dtype))
-        position = self.lower_expr(_written_position(stage, leaves), stage)
-        # the positions are in range (the graph wrapped and checked them); the clamp lets the store be proved so
-        at = binary(Op.MAX, binary(Op.MIN, position, as_expr(buf.shape[0]) - 1), const(0, position.dtype))
-        write = Store(buf, (at,), m.var)  # (a root stage: its buffer is the whole output)
-        data_guards = [g for g in sl.guards if m.var not in free_vars(g)]
-        return seq(self._nest(stage, data, fill, data_guards, attach=True),
-                   self._nest(stage, [m], write, [g for g in sl.guards if m.var in free_vars(g)], attach=True))
 
     def _scatter(self, stage: Stage, idx: tuple[Expr, ...], data: list[IterVar]) -> Stmt:
         """An unbuffered update (te_rules.build_scatter) as numpy runs it: the old array copied, then for m in
@@ -567,18 +548,6 @@ def _serial_pass(stage: Stage, leaves: list[IterVar]) -> bool:
     reduction axis an unsplit serial loop (its data loops may have any schedule: they copy the old array)."""
     (k,) = stage.reduce_axis
     return stage.attach_type == "root" and k in leaves and stage.iter_kind.get(k, ForKind.SERIAL) is ForKind.SERIAL
-
-
-def _written_position(stage: Stage, leaves: list[IterVar]) -> Expr | None:
-    """A last-writer stage's position expression (its definition: the max of m where position(m) == j) when the
-    stage is as created: one data axis, its reduction axis an unsplit serial loop, the stage at the root (the
-    one-pass lowering writes the whole output); None otherwise, and for any other shape of definition."""
-    hit = stage.body[0].src[1]
-    if len(stage.axis) != 1 or len(stage.reduce_axis) != 1 or stage.attach_type != "root" or hit.op is not Op.EQ:
-        return None
-    (j,), (m,) = stage.axis, stage.reduce_axis
-    serial = stage.iter_kind.get(m, ForKind.SERIAL) is ForKind.SERIAL
-    return hit.src[0] if m in leaves and serial and hit.src[1] is j.var else None
 
 
 def _outer_extent(rel: Split, parent: Dim) -> Dim:

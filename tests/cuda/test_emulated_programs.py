@@ -129,8 +129,8 @@ def test_a_running_sum_on_the_gpu() -> None:
 
 
 def test_an_integer_array_assignment_on_the_gpu() -> None:
-    """a[idx] = v and a gather by two index arrays on the GPU: each thread finds its position's last writer from
-    the definition (the largest index element naming it); the one ordered pass is the CPU's schedule."""
+    """a[idx] = v and a gather by two index arrays on the GPU: each thread finds the last value written to its
+    position from the definition (a reduction over the values in order); the one ordered pass is the CPU's."""
     def scatter_and_pick(a, idx, v, rows, cols):
         a = a.copy()  # (a GPU kernel does not write its numpy arguments)
         a[idx] = v
