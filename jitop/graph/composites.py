@@ -19,8 +19,8 @@ import numpy as np
 
 from jitop.graph import mutation, shapes as sh
 from jitop.graph.numpy_api import (_axes, _cast, array_node, broadcast_shapes, broadcast_to, concatenate,
-                                   expand_dims, implements, max_, mean, min_, ravel, reshape, size_value, sum_,
-                                   where)
+                                   expand_dims, full_node, implements, max_, mean, min_, ravel, reshape, size_value,
+                                   sum_, where)
 from jitop import dtypes
 from jitop.graph.ir import node
 from jitop.graph.take import take
@@ -29,10 +29,11 @@ from jitop.graph.tracer import Tracer, Unsupported
 __all__ = ["average", "count_nonzero", "diag", "diagonal", "norm", "repeat", "roll", "select", "tile", "trace"]
 
 
-def _static_int(value: Any, what: str) -> int:
-    """A Python (or numpy) int the result's shape depends on; a traced one is data the shape cannot wait for."""
+def _static_int(value: Any, what: str, decides: str = "the result's shape") -> int:
+    """A Python (or numpy) int that `decides` something the kernel is built with; a traced one is data the
+    build cannot wait for."""
     if isinstance(value, Tracer):
-        raise Unsupported(f"{what} computed by the kernel (the result's shape would depend on it)",
+        raise Unsupported(f"{what} computed by the kernel ({decides} would depend on it)",
                           "pass it as a static argument (static_argnames=)")
     return operator.index(value)
 
@@ -64,7 +65,8 @@ def roll(a, shift, axis=None):
         return reshape(roll(ravel(a), shift, 0), tuple(array_node(a).shape))
     node = array_node(a)
     shifts: dict[int, int] = {}
-    for s, ax in np.broadcast(np.asarray([_static_int(s, "np.roll's shift") for s in np.atleast_1d(shift)]),
+    shifts_given = [_static_int(s, "np.roll's shift", "where the slices are cut") for s in np.atleast_1d(shift)]
+    for s, ax in np.broadcast(np.asarray(shifts_given),
                               np.asarray(axis)):
         (ax,) = _axes(int(ax), node.ndim)
         shifts[ax] = shifts.get(ax, 0) + int(s)
@@ -85,10 +87,12 @@ def roll(a, shift, axis=None):
 @implements(np.repeat)
 def repeat(a, repeats, axis=None):
     """One count for every element: a new axis of that length broadcast after `axis`, then merged into it."""
+    if isinstance(repeats, Tracer) and repeats.node.ndim == 0:
+        _static_int(repeats, "np.repeat's count")  # (raises)
     counts = np.atleast_1d(repeats) if not isinstance(repeats, Tracer) else repeats
     if isinstance(counts, Tracer) or counts.size != 1:
         raise Unsupported("np.repeat with a count per element (the result's length depends on them)")
-    r = _static_int(counts.reshape(())[()], "np.repeat's count")
+    r = int(counts.astype(np.intp).reshape(()))  # numpy converts the count unsafely: 2.5 and True are counts
     if r < 0:
         raise ValueError("repeats may not contain negative values.")
     if axis is None:
@@ -104,11 +108,14 @@ def repeat(a, repeats, axis=None):
 def tile(A, reps):
     """Each axis n with its count r interleaved as (r, n), broadcast, then merged: numpy's copies of the block."""
     reps = tuple(_static_int(r, "np.tile's reps") for r in (reps if np.ndim(reps) else (reps,)))
-    if any(r < 0 for r in reps):
-        raise ValueError("negative dimensions are not allowed")
     node = array_node(A)
     shape = (1,) * (len(reps) - node.ndim) + tuple(node.shape)
     reps = (1,) * (len(shape) - len(reps)) + reps
+    if any(r < 0 for r in reps):
+        out = tuple(r * n for r, n in zip(reps, shape))
+        if not sh.known_zero(node.size) or any(d < 0 for d in out):  # numpy repeats only a non-empty array
+            raise ValueError("negative dimensions are not allowed")
+        return full_node(out, 0, node.dtype)
     interleaved = [d for n in shape for d in (1, n)]
     spread = broadcast_to(reshape(A, tuple(interleaved)), tuple(d for r, n in zip(reps, shape) for d in (r, n)))
     return reshape(spread, tuple(r * n for r, n in zip(reps, shape)))
@@ -134,8 +141,10 @@ def norm(x, ord=None, axis=None, keepdims=False):
 
 
 def _vector_norm(x: Any, ord: Any, axis: tuple[int, ...], keepdims: bool) -> Any:
+    if isinstance(ord, np.generic):
+        ord = ord.item()  # numpy raises |x| to it in place (`absx **= ord`): x's dtype stays
     if ord == np.inf:
-        return max_(np.abs(x), axis, None, keepdims)
+        return max_(np.abs(x), axis, None, keepdims, initial=0)  # (numpy's: the norm of nothing is 0)
     if ord == -np.inf:
         return min_(np.abs(x), axis, None, keepdims)
     if ord == 0:
@@ -154,10 +163,12 @@ def _matrix_norm(x: Any, ord: Any, axes: tuple[int, int], keepdims: bool) -> Any
     row, col = axes
     if row == col:
         raise ValueError("Duplicate axes given.")
-    if ord in (1, -1):  # the largest (smallest) column sum
-        r = (max_ if ord == 1 else min_)(sum_(np.abs(x), row), col - (col > row))
+    if ord in (1, -1):  # the largest (smallest) column sum (numpy's largest of none is 0)
+        r = max_(sum_(np.abs(x), row), col - (col > row), initial=0) if ord == 1 else \
+            min_(sum_(np.abs(x), row), col - (col > row))
     elif ord in (np.inf, -np.inf):  # the largest (smallest) row sum
-        r = (max_ if ord == np.inf else min_)(sum_(np.abs(x), col), row - (row > col))
+        r = max_(sum_(np.abs(x), col), row - (row > col), initial=0) if ord == np.inf else \
+            min_(sum_(np.abs(x), col), row - (row > col))
     elif ord in (None, "fro", "f"):
         r = np.sqrt(sum_(np.multiply(x, x), axes))
     elif ord in (2, -2, "nuc"):
@@ -207,6 +218,8 @@ def diag(v, k=0):
     k = _static_int(k, "np.diag's k")
     length = np.shape(v)[0]  # (a SymInt where symbolic)
     n = sh.as_dim(length + abs(k))
+    if sh.known_zero(length):
+        return full_node((n, n), 0, array_node(v).dtype)  # nothing to take: all zeros
     i = Tracer(node("iota", (n, n), dtypes.int64, axis=0))
     j = Tracer(node("iota", (n, n), dtypes.int64, axis=1))
     at = np.minimum(i if k >= 0 else j, size_value(length - 1))  # (in range where it is not kept)

@@ -135,13 +135,19 @@ def ptp(a, axis=None, out=None, keepdims=False):
 
 @implements(np.nan_to_num)
 def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
-    dt = array_node(x).dtype
-    if not dt.is_float:
-        return x.copy() if isinstance(x, Tracer) else np.copy(x)
-    info = np.finfo(dt.np)
+    """numpy's: with copy=False, x itself changed in place (an assignment); a 0-d x gives a scalar."""
+    n = array_node(x)
+    if not n.dtype.is_float:
+        out = x if not copy and isinstance(x, Tracer) else x.copy() if isinstance(x, Tracer) else np.copy(x)
+        return out[()] if n.ndim == 0 else out
+    info = np.finfo(n.dtype.np)
     big = info.max if posinf is None else posinf
     small = info.min if neginf is None else neginf
     out = np.where(np.isnan(x), nan, x)
     infinite = np.isinf(x)
     out = np.where(np.logical_and(infinite, np.greater(x, 0)), big, out)
-    return np.where(np.logical_and(infinite, np.less(x, 0)), small, out).astype(dt.np)
+    out = np.where(np.logical_and(infinite, np.less(x, 0)), small, out).astype(n.dtype.np)
+    if not copy and isinstance(x, Tracer):
+        x[...] = out
+        out = x
+    return out[()] if n.ndim == 0 else out

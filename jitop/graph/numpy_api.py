@@ -445,7 +445,10 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
         divisor = np.maximum(np.subtract(_masked_count(n, where, axis, keepdims), ddof), 0)
         return _cast(np.true_divide(total, divisor), as_node(total).dtype.np)
     count = _count(n, _axes(axis, n.ndim))
-    return np.true_divide(total, size_value(sh.sym_max(count - ddof, 0)))
+    if isinstance(ddof, (int, np.integer, sh.SymInt)):
+        return np.true_divide(total, size_value(sh.sym_max(count - ddof, 0)))
+    left = size_value(count) - ddof  # a fractional ddof (numpy's max(n - ddof, 0) in float)
+    return np.true_divide(total, np.maximum(left, 0.0) if isinstance(left, Tracer) else max(left, 0.0))
 
 
 @implements(np.std)
@@ -1226,3 +1229,4 @@ from jitop.graph import nan_reductions as _nan_reductions  # noqa: E402,F401 - n
 from jitop.graph import composites as _composites  # noqa: E402 - np.select, roll, repeat, tile, linalg.norm, ...
 _method("diagonal", _composites.diagonal)
 _method("trace", _composites.trace)
+_method("repeat", _composites.repeat)

@@ -31,6 +31,8 @@ CALLS = [
     "np.average(x)", "np.average(x, axis=0)", "np.average(x, axis=-1, keepdims=True)", "np.count_nonzero(x, axis=0)",
     "np.count_nonzero(x, axis=(0, -1))", "np.count_nonzero(x > 1, axis=-1, keepdims=True)",
     "np.count_nonzero(x, keepdims=True)",
+    "np.linalg.norm(x, np.float64(3), axis=0)", "np.repeat(x, 2.0)", "np.repeat(x, True, axis=0)",
+    "x.repeat(2, axis=-1)",
 ]
 ARRAYS = {
     "float64": np.arange(12.0).reshape(3, 4) - 5, "float32": (np.arange(12.0).reshape(3, 4) - 5).astype(np.float32),
@@ -48,8 +50,22 @@ def _numpy(fn, x):
 @pytest.mark.parametrize("array", list(ARRAYS))
 @pytest.mark.parametrize("call", CALLS)
 def test_composites_match_numpy(call: str, array: str) -> None:
+    _compare(call, ARRAYS[array])
+
+
+@pytest.mark.parametrize("call", ["np.linalg.norm(x.ravel(), np.inf)", "np.linalg.norm(x.T, 1)",
+                                  "np.linalg.norm(x, np.inf, axis=0)", "np.linalg.norm(x, np.inf)", "np.diag(x[0], 2)",
+                                  "np.diag(x[0], -1)", "np.tile(x.ravel(), -1)", "np.tile(x, (-1, 1))",
+                                  "np.tile(x, (2, -1))"])
+def test_empty_arrays_are_numpys(call: str) -> None:
+    """numpy's norm of nothing is 0 (its max starts there), an empty vector's diagonal matrix a square of zeros,
+    and a negative count tiles an empty array (an error only where the result's shape would be negative)."""
+    _compare(call, np.zeros((1, 0), np.float32) if "x[0]" in call else np.zeros((0, 3), np.float32))
+
+
+def _compare(call: str, x: np.ndarray) -> None:
+    """The call compiled and as numpy: equal values, dtype and shape, or the same error type."""
     fn = eval(f"lambda x: {call}")  # noqa: S307 - the calls above
-    x = ARRAYS[array]
     try:
         expected = _numpy(fn, x.copy())
     except (ValueError, TypeError, IndexError) as err:

@@ -64,7 +64,9 @@ def test_nan_reductions_of_empty_and_size_one_shapes(name: str, shape) -> None:
 @pytest.mark.parametrize("call", ["np.nanvar(x, axis=1, ddof=1)", "np.nanstd(x, correction=2)",
                                   "np.nanmax(x, axis=1, initial=-5.0)", "np.nanmin(x, axis=0, initial=50.0)",
                                   "np.nansum(x, axis=1, dtype=np.float64)", "np.nanmean(x, axis=0, dtype=np.float64)",
-                                  "np.nanprod(x, axis=1, initial=2.0)"])
+                                  "np.nanprod(x, axis=1, initial=2.0)", "np.nanvar(x, axis=1, ddof=0.5)",
+                                  "np.nanstd(x.astype(np.int32), axis=1, ddof=1.5)", "np.var(x, ddof=2.5)",
+                                  "np.std(x, axis=0, ddof=7.5)"])
 def test_nan_reduction_options(call: str) -> None:
     _check(eval(f"lambda x: {call}"), _data((4, 7), "float32", seed=2))  # noqa: S307 - the calls above
 
@@ -74,6 +76,19 @@ def test_nan_reduction_options(call: str) -> None:
                          ids=str)
 def test_nan_to_num_matches_numpy(dtype: str, options: dict) -> None:
     _check(lambda x: np.nan_to_num(x, **options), _data((3, 5), dtype, seed=3))
+
+
+def test_nan_to_num_in_place_and_of_a_0d_array() -> None:
+    """copy=False changes the argument (numpy's in-place conversion); a 0-d array gives a numpy scalar."""
+    def in_place(x):
+        np.nan_to_num(x, copy=False, nan=-1.0)
+        return x - 1
+    x = _data((3, 5), "float32", seed=4)
+    mine, theirs = x.copy(), x.copy()
+    assert_close(jitop.kernel(in_place, fallback=False)(mine), in_place(theirs))
+    assert_close(mine, theirs)
+    scalar = np.array(np.nan, np.float32)
+    assert_close(jitop.kernel(np.nan_to_num, fallback=False)(scalar), np.nan_to_num(scalar))
 
 
 def test_one_kernel_serves_every_row_length() -> None:
