@@ -116,9 +116,24 @@ def tile(A, reps):
         if not sh.known_zero(node.size) or any(d < 0 for d in out):  # numpy repeats only a non-empty array
             raise ValueError("negative dimensions are not allowed")
         return full_node(out, 0, node.dtype)
+    if all(r <= CONCATENATED_TILES for r in reps) and any(r > 1 for r in reps) and all(r > 0 for r in reps):
+        return _tiled_by_concatenation(reshape(A, shape), reps)
     interleaved = [d for n in shape for d in (1, n)]
     spread = broadcast_to(reshape(A, tuple(interleaved)), tuple(d for r, n in zip(reps, shape) for d in (r, n)))
     return reshape(spread, tuple(r * n for r, n in zip(reps, shape)))
+
+
+# np.tile with at most this many copies along every axis concatenates them: each vector of the result then
+# reads one run of the source (the broadcast form reads it through a division per element: tile(x, (1, 2)) of
+# 2048x1024 float32 took 0.54 ms, the concatenation 0.13, numpy 0.39)
+CONCATENATED_TILES = 8
+
+
+def _tiled_by_concatenation(a: Any, reps: tuple[int, ...]) -> Any:
+    for axis, r in enumerate(reps):
+        if r > 1:
+            a = concatenate([a] * r, axis=axis)
+    return a
 
 
 @implements(np.linalg.norm)
