@@ -457,8 +457,8 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
 
 
 def _scan(a: Any, op: str, axis: Any, dtype: Any, out: Any) -> Tracer:
-    """np.cumsum / np.cumprod: a "scan" node along the last axis (the axis moved there and back, free index
-    math), in the dtype numpy accumulates in (small ints and bool widen as np.sum does)."""
+    """np.cumsum / np.cumprod: a "scan" node along its axis, in the dtype numpy accumulates in (small ints and
+    bool widen as np.sum does)."""
     if out is not None:
         raise Unsupported(f"np.cum{op} with out=")
     n = as_node(a)
@@ -468,9 +468,7 @@ def _scan(a: Any, op: str, axis: Any, dtype: Any, out: Any) -> Tracer:
         n, axis = as_node(ravel(a)), 0
     (axis,) = _axes(axis, n.ndim)
     dt = _dtype(np.dtype(dtype)) if dtype is not None else _sum_dtype(n.dtype)
-    last = wrap(cast_node(n, dt)) if axis == n.ndim - 1 else moveaxis(wrap(cast_node(n, dt)), axis, -1)
-    scanned = wrap(node("scan", tuple(as_node(last).shape), dt, (as_node(last),), op=op))
-    return scanned if axis == n.ndim - 1 else moveaxis(scanned, -1, axis)
+    return wrap(node("scan", tuple(n.shape), dt, (cast_node(n, dt),), op=op, axis=axis))
 
 
 @implements(np.cumsum)

@@ -128,13 +128,27 @@ def schedule_reduce(s: Schedule, t: Tensor, target: Target, vectorize_last: bool
         stage.parallel(stage.fuse(*data))
 
 
-def schedule_scan(s: Schedule, t: Tensor) -> None:
-    """A running reduction along its last axis: the rows in parallel, each row's scan loop and its reduction
-    left as they are (the one-pass lowering needs them unsplit)."""
+def schedule_scan(s: Schedule, t: Tensor, target: Target) -> None:
+    """A running reduction along an axis, its scan loop and its reduction left as they are (the one-pass
+    lowering needs them unsplit). Along the last axis: the rows in parallel. Along another: the axes after it
+    fused into columns, split into vector lanes inside the scan loop (each step reads and writes whole vectors
+    of a row), the axes before it, or else the blocks of columns, in parallel."""
     stage = s[t]
-    rows = list(stage.op.axis)[:-1]
-    if rows and stage.attach_type == "root":
-        stage.parallel(stage.fuse(*rows) if len(rows) > 1 else rows[0])
+    if stage.attach_type != "root":
+        return
+    axes = list(stage.op.axis)
+    ax = stage.op.attrs.get("scan_axis", len(axes) - 1)
+    before, scanned, after = axes[:ax], axes[ax], axes[ax + 1:]
+    if not after:
+        if before:
+            stage.parallel(stage.fuse(*before) if len(before) > 1 else before[0])
+        return
+    columns = stage.fuse(*after) if len(after) > 1 else after[0]
+    blocks, lanes = stage.split(columns, factor=max(1, at_most(target.lanes(t.dtype.itemsize), columns.extent)))
+    stage.vectorize(lanes)
+    rows = (stage.fuse(*before) if len(before) > 1 else before[0]) if before else None
+    stage.reorder(*([rows] if rows is not None else []), blocks, scanned, lanes, *stage.op.reduce_axis)
+    stage.parallel(rows if rows is not None else blocks)
 
 
 def schedule_scatter(s: Schedule, t: Tensor) -> None:
@@ -388,7 +402,7 @@ def _schedule_stage(s: Schedule, st: Stages, t: Tensor, target: Target) -> None:
     elif kind == "reduce_rows":
         schedule_row_blocks(s, t, target)
     elif kind == "scan":
-        schedule_scan(s, t)
+        schedule_scan(s, t, target)
     elif kind == "scatter":
         schedule_scatter(s, t)
     elif kind in ("reduce", "reduce_outer"):

@@ -92,17 +92,18 @@ def _reduction(c: Lowerer, shape: tuple, lanes_of: Node, src: Node, axes: tuple[
 
 
 def build_scan(c: Lowerer, n: Node) -> te.Tensor:
-    """A running sum or product along the last axis (np.cumsum / np.cumprod; the tracer moves the axis last).
-    Defined as out[..., j] = the reduction of src[..., k] over k <= j, which every pass reads as the usual
-    reduction; the loop lowering runs it in one pass (jitop.tir.lower: a stage with the "scan" attribute), in
-    numpy's order, one element after another, so float results are numpy's to the bit."""
+    """A running sum or product along an axis (np.cumsum / np.cumprod). Defined as out[..., j, ...] = the
+    reduction of src[..., k, ...] over k <= j, which every pass reads as the usual reduction; the loop lowering
+    runs it in one pass (jitop.tir.lower: a stage with the "scan" attribute), in numpy's order, one element
+    after another, so float results are numpy's to the bit."""
     (src,) = n.src
-    k = te.reduce_axis((0, src.shape[-1]), "k")
+    ax = n.param("axis")
+    k = te.reduce_axis((0, src.shape[ax]), "k")
     op = n.param("op")
 
     def body(*i: Expr) -> Expr:
-        return REDUCERS[op](c.at(src, i[:-1] + (k.var,)), axis=k, where=k.var <= i[-1])
-    t = te.compute(n.shape, body, name=c.fresh_name(f"cum{op}"), attrs={"scan": op})
+        return REDUCERS[op](c.at(src, i[:ax] + (k.var,) + i[ax + 1:]), axis=k, where=k.var <= i[ax])
+    t = te.compute(n.shape, body, name=c.fresh_name(f"cum{op}"), attrs={"scan": op, "scan_axis": ax})
     c.st.kind[t] = "scan"
     return t
 

@@ -16,7 +16,8 @@ from typing import Mapping, Sequence
 from jitop import dtypes
 from jitop.errors import LoweringError
 from jitop.schedule.schedule import Schedule, Split, Stage, ceildiv
-from jitop.te.expr import Expr, Op, as_expr, binary, const, free_vars, rewrite, substitute, walk, size_var_min
+from jitop.te.expr import (Expr, Op, as_expr, binary, const, free_vars, rewrite, select, substitute, walk,
+                           size_var_min)
 from jitop.te.tensor import Dim, IterVar, PlaceholderOp, Tensor, tensor_loads
 from jitop.tir.nodes import (Allocate, Barrier, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, ThreadReduce,
                              seq)
@@ -339,6 +340,8 @@ class Lowering:
             return self._nest(stage, leaves, self._stores(stage, store_idx), sl.guards, attach=True)
         if stage.op.attrs.get("scan") and _one_pass_scan(stage, leaves):
             return self._scan(stage, store_idx, leaves[:-1])
+        if stage.op.attrs.get("scan") and _column_scan(stage, leaves):
+            return self._column_scan(stage, store_idx, leaves)
         if stage.op.attrs.get("scatter") and _serial_pass(stage, leaves):
             return self._scatter(stage, store_idx, [iv for iv in leaves if iv.kind == "data"])
         # init the accumulator just outside the first reduction loop, then update inside all loops
@@ -376,6 +379,24 @@ class Lowering:
         outer_guards = [g for g in sl.guards if j.var not in free_vars(g)]
         row = seq(Store(acc, at, start), self._nest(stage, [j], step, inner_guards, attach=True))
         return self._nest(stage, data[:-1], Allocate(acc, row), outer_guards, attach=True)
+
+    def _column_scan(self, stage: Stage, idx: tuple[Expr, ...], leaves: list[IterVar]) -> Stmt:
+        """A running reduction along an axis that is not the last (te_rules.build_scan) in one pass: each element
+        is the running value of the element before it along the axis, read back from the output, combined with
+        its own. The loops are the stage's data loops (the axes after the scanned one may be vectorized: each
+        step then combines whole vectors of a row), in numpy's order along the axis for every column."""
+        t, body = stage.outputs[0], stage.body[0]
+        ax = stage.op.attrs["scan_axis"]
+        j, k = stage.axis[ax], stage.reduce_axis[0]
+        red = body.arg.reducer
+        buf = self.buffers[t]
+        src = substitute(self.lower_expr(body.src[0], stage), {k.var: j.var})
+        start = const(-0.0, t.dtype) if red.name == "sum" and t.dtype.is_float else red.identity(t.dtype)
+        at = self._store_index(stage, t, idx)
+        before = at[:ax] + (binary(Op.MAX, at[ax] - 1, const(0, at[ax].dtype)),) + at[ax + 1:]
+        running = Store(buf, at, red.combine(select(j.var == 0, start, buf.load(before)), src))
+        guards = [g for g in self.loops[stage].guards if k.var not in free_vars(g)]
+        return self._nest(stage, [iv for iv in leaves if iv is not k], running, guards, attach=True)
 
     def _scatter(self, stage: Stage, idx: tuple[Expr, ...], data: list[IterVar]) -> Stmt:
         """An unbuffered update (te_rules.build_scatter) as numpy runs it: the old array copied, then for m in
@@ -539,7 +560,8 @@ def _one_pass_scan(stage: Stage, leaves: list[IterVar]) -> bool:
     """Whether a scan stage's last data loop and its reduction loop are as created, innermost, serial: the loops
     the one-pass lowering runs (any other schedule lowers the definition)."""
     j, k = stage.axis[-1], stage.reduce_axis[0]
-    return len(stage.reduce_axis) == 1 and leaves[-2:] == [j, k] and \
+    along_last = stage.op.attrs.get("scan_axis", len(stage.axis) - 1) == len(stage.axis) - 1
+    return along_last and len(stage.reduce_axis) == 1 and leaves[-2:] == [j, k] and \
         all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in (j, k))
 
 
@@ -548,6 +570,17 @@ def _serial_pass(stage: Stage, leaves: list[IterVar]) -> bool:
     reduction axis an unsplit serial loop (its data loops may have any schedule: they copy the old array)."""
     (k,) = stage.reduce_axis
     return stage.attach_type == "root" and k in leaves and stage.iter_kind.get(k, ForKind.SERIAL) is ForKind.SERIAL
+
+
+def _column_scan(stage: Stage, leaves: list[IterVar]) -> bool:
+    """Whether a scan stage along an axis that is not its last can run as one pass: at the root, its scanned
+    loop and its reduction loop unsplit and serial (the other data loops may have any schedule)."""
+    ax = stage.op.attrs.get("scan_axis", len(stage.axis) - 1)
+    if ax == len(stage.axis) - 1 or stage.attach_type != "root" or len(stage.reduce_axis) != 1:
+        return False
+    j, k = stage.axis[ax], stage.reduce_axis[0]
+    return j in leaves and k in leaves and \
+        all(stage.iter_kind.get(iv, ForKind.SERIAL) is ForKind.SERIAL for iv in (j, k))
 
 
 def _outer_extent(rel: Split, parent: Dim) -> Dim:

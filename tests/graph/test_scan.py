@@ -1,5 +1,5 @@
 """np.cumsum / np.cumprod (and the array methods) under @jitop.kernel: numpy's values to the bit (one ordered pass,
-as numpy adds, a leading -0.0 kept), dtype (small ints and bool widen as np.sum does), shape, errors; along any
+as numpy adds, a leading -0.0 kept; along a leading axis, whole vectors of a row at a time), dtype (small ints and bool widen as np.sum does), shape, errors; along any
 axis, fused with what produces and consumes them, one kernel for every length of a varying axis."""
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ def test_a_long_row_is_one_pass() -> None:
     _same_bits(f(x), np.cumsum(x, axis=-1))
     text = jitop.explain(f, x)
     assert "cumsum.acc[0] = cumsum.acc[0] + x[" in text and "for k in" not in text, text
+
+
+def test_a_long_column_is_one_pass_of_whole_vectors() -> None:
+    """Along a leading axis each step combines a vector of the previous row's running values with the row's own:
+    no loop over the prefix of each element."""
+    f = jitop.kernel(lambda x: np.cumsum(x, axis=0), fallback=False)
+    x = np.random.default_rng(2).standard_normal((3000, 37)).astype(np.float32)
+    _same_bits(f(x), np.cumsum(x, axis=0))
+    text = jitop.explain(f, x)
+    assert "cumsum[max(i0 - 1, 0)" in text and "vectorized" in text and "for k in" not in text, text
 
 
 @settings(max_examples=30, deadline=None)
