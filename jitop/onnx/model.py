@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jitop.errors import FallbackError
 from jitop.graph.ir import adopt, adopted
 from jitop.graph.tracer import Tracer
 from jitop.kernel import KernelFunction, kernel
@@ -60,7 +61,7 @@ class Program:
                 if name:
                     env[name] = value
         outputs = [env[o] for o in self.output_names]
-        if any(isinstance(v, Tracer) for v in inputs):
+        if not inputs or any(isinstance(v, Tracer) for v in inputs):  # (a model without inputs: traced too)
             for k, v in enumerate(outputs):
                 if not isinstance(v, Tracer):
                     self.constants[k] = _constant_output(self.output_names[k], v)
@@ -70,6 +71,21 @@ class Program:
     def fill(self, results: tuple) -> tuple:
         """A traced run's results with its constant outputs filled in."""
         return tuple(self.constants[k] if r is None else r for k, r in enumerate(results))
+
+
+def _called(kernel_fn: KernelFunction, values: Sequence[Any]) -> tuple:
+    """The kernel's results. A converter's OnnxError is raised as itself: the kernel wraps an error of the trace
+    that the function run as numpy does not raise (a Reshape to a shape computed from the data converts on numpy
+    arrays, not on traced ones) in a FallbackError, as jitop's failure rather than the model's."""
+    try:
+        return kernel_fn(*values)
+    except FallbackError as err:
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, OnnxError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def _constant_output(name: str, value: Any) -> np.ndarray:
@@ -146,7 +162,7 @@ class Model:
     def from_graph(graph: Graph, target: str | None = None) -> "Model":
         """The Model running `graph` as one @jitop.kernel (on `target`: None, this CPU, or "cuda")."""
         kernel_fn, program = compiled_kernel(graph, [v.shape for v in graph.inputs], target)
-        return Model(graph.inputs, graph.outputs, lambda values: program.fill(kernel_fn(*values)), kernel_fn,
+        return Model(graph.inputs, graph.outputs, lambda values: program.fill(_called(kernel_fn, values)), kernel_fn,
                      graph.name, constants=program.constants)
 
     @property

@@ -111,12 +111,17 @@ def _unary(fn: Callable[[Any], Any]) -> Callable:
     return lambda n, x: fn(x)
 
 
+def _softplus(x: Any) -> Any:
+    """log(1 + exp(x)) in x's dtype without overflow (exp(89) is inf in float32) or underflow (1 + exp(-30) is 1)."""
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
 for _name, _fn in {"Relu": lambda x: np.maximum(x, 0), "Neg": np.negative, "Abs": np.abs, "Exp": np.exp,
                    "Log": np.log, "Sqrt": np.sqrt, "Tanh": np.tanh, "Sin": np.sin, "Cos": np.cos,
                    "Floor": np.floor, "Ceil": np.ceil, "Sign": np.sign, "Not": np.logical_not,
                    "Reciprocal": lambda x: np.reciprocal(x) if np.issubdtype(x.dtype, np.floating) else 1 // x,
                    "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Erf": erf,
-                   "Softplus": lambda x: np.logaddexp(x, 0) if is_known(x) else np.log(np.exp(x) + 1)}.items():
+                   "Softplus": _softplus}.items():
     op(_name)(_unary(_fn))
 
 
@@ -210,10 +215,27 @@ def power(n: Op, x: Any, y: Any) -> Any:
         if e == 2.0:
             return x * x
         if e == 0.5 and np.issubdtype(x.dtype, np.floating):
-            return np.sqrt(x)
+            return _square_root(x)
         y = np.asarray(y).astype(x.dtype) if np.issubdtype(x.dtype, np.floating) else y
-    r = np.power(x, y)
+    if x.dtype.kind in "iu" and y.dtype.kind in "iu" and not (is_known(y) and np.all(y >= 0)):
+        r = _int_power(x, y)
+    else:
+        r = np.power(x, y)
     return r.astype(x.dtype) if r.dtype != x.dtype else r  # ONNX: the base's type
+
+
+def _square_root(x: Any) -> Any:
+    """x ** 0.5 as sqrt, with pow's edge cases where sqrt's differ: pow(-inf, 0.5) = inf, pow(-0.0, 0.5) = +0.0."""
+    return np.where((x < 0) & (x > -np.inf), np.nan, np.sqrt(np.abs(x)))
+
+
+def _int_power(x: Any, y: Any) -> Any:
+    """x ** y for integers, a negative exponent giving x ** y truncated toward zero, as onnxruntime (numpy refuses
+    it): 1 for base 1, 1 or -1 for base -1 (even or odd exponent), 0 otherwise (for base 0, a division by zero,
+    too)."""
+    negative = y < 0
+    tiny = np.where(np.abs(x) == 1, np.where(y % 2 == 0, 1, x), 0)
+    return np.where(negative, tiny, np.power(x, np.where(negative, 0, y)))
 
 
 @op("Where")
@@ -391,8 +413,24 @@ def slice_(n: Op, x: Any, starts: Any = None, ends: Any = None, axes: Any = None
     sp = [1] * len(st) if sp is None else sp
     key = [slice(None)] * rank
     for a, s, e, k in zip(ax, st, en, sp):
-        key[a] = slice(s, e, k)
+        key[a] = _slice_bounds(s, e, k, _shape(x)[a])
     return x[tuple(key)]
+
+
+def _slice_bounds(start: Any, end: Any, step: Any, dim: Any) -> slice:
+    """Slice's bounds on an axis of size `dim` as a Python slice. The spec adds dim to a negative start or end,
+    then clamps start to [0, dim] and end to [0, dim] for a positive step, to [0, dim - 1] and [-1, dim - 1] for
+    a negative one; Python's slice differs there (a start below -dim with a negative step takes nothing)."""
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return slice(_clamp(start, 0, dim), _clamp(end, 0, dim), step)
+    end = _clamp(end, -1, dim - 1)
+    return slice(_clamp(start, 0, dim - 1), None if end < 0 else end, step)  # (end -1: through index 0)
+
+
+def _clamp(v: Any, lo: Any, hi: Any) -> Any:
+    return lo if v < lo else hi if v > hi else v
 
 
 @op("Gather", attrs=("axis",))
@@ -433,8 +471,27 @@ def tile(n: Op, x: Any, repeats: Any) -> Any:
 
 # ---- reductions and normalisations -----------------------------------------------------------------------------
 
-_REDUCE = {"ReduceSum": (np.sum, 13), "ReduceMean": (np.mean, 18), "ReduceMax": (np.max, 18),
-           "ReduceMin": (np.min, 18), "ReduceProd": (np.prod, 18),
+def _extreme(fn: Callable, top: bool) -> Callable:
+    """np.max (top=False) or np.min (top=True) starting from what the spec gives over no elements, the dtype's
+    lowest (highest) value: numpy's max over a 0-size axis raises."""
+    def reduce(x: Any, **kwargs: Any) -> Any:
+        if x.dtype.kind in "fiub":  # (not a shape's object array)
+            kwargs["initial"] = _lowest(x.dtype, top)
+        return fn(x, **kwargs)
+    return reduce
+
+
+def _lowest(dtype: np.dtype, top: bool = False) -> Any:
+    """The lowest value of `dtype` (-inf for floats), or its highest with top=True."""
+    if dtype.kind == "f":
+        return np.inf if top else -np.inf
+    if dtype.kind == "b":
+        return top
+    return np.iinfo(dtype).max if top else np.iinfo(dtype).min
+
+
+_REDUCE = {"ReduceSum": (np.sum, 13), "ReduceMean": (np.mean, 18), "ReduceMax": (_extreme(np.max, False), 18),
+           "ReduceMin": (_extreme(np.min, True), 18), "ReduceProd": (np.prod, 18),
            "ReduceSumSquare": (lambda x, **k: np.sum(x * x, **k), 18),
            "ReduceL2": (lambda x, **k: np.sqrt(np.sum(x * x, **k)), 18),
            "ReduceL1": (lambda x, **k: np.sum(np.abs(x), **k), 18)}
@@ -443,10 +500,8 @@ _REDUCE = {"ReduceSum": (np.sum, 13), "ReduceMean": (np.mean, 18), "ReduceMax": 
 def _reduce(fn: Callable, since: int) -> Callable:
     def convert(n: Op, x: Any, axes: Any = None) -> Any:
         ax = _axes(n, axes, since)
-        if not ax:
-            if n.attr("noop_with_empty_axes", 0):
-                return x
-            ax = None
+        if not ax:  # noop_with_empty_axes: over no axes (numpy's axis=()); ReduceL2 still gives sqrt(x * x)
+            ax = [] if n.attr("noop_with_empty_axes", 0) else None
         r = fn(x, axis=None if ax is None else tuple(ax), keepdims=bool(n.attr("keepdims", 1)))
         return r if r.dtype == x.dtype else r.astype(x.dtype)  # ONNX: the input's type (an int mean truncates)
     return convert
@@ -469,7 +524,7 @@ def _softmax_axis(n: Op, x: Any) -> int:
 
 
 def _softmax(x: Any, axis: int, log: bool) -> Any:
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # (a 0-size axis: an empty result)
     e = np.exp(shifted)
     s = np.sum(e, axis=axis, keepdims=True)
     return shifted - np.log(s) if log else e / s
@@ -509,15 +564,30 @@ def lrn(n: Op, x: Any) -> Any:
 
 @op("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def layer_norm(n: Op, x: Any, scale: Any, bias: Any = None) -> Any:
+    """The spec's two stages: the standardisation in stash_type (x cast to it; the Mean and InvStdDev outputs of
+    that type, float32), then the scale and bias in x's type. A float64 x is standardised in float64, as
+    onnxruntime does, where the spec would round it to float32 first."""
     rank = len(_shape(x))
     axes = tuple(range(n.attr("axis", -1) % rank, rank))
-    mean = np.mean(x, axis=axes, keepdims=True)
-    centred = x - mean
+    if n.attr("stash_type", 1) != 1:
+        raise n.unsupported("stash_type", n.attr("stash_type"), "1 (float32; bfloat16 is not supported)")
+    stash = np.dtype(np.float32)
+    wide = np.promote_types(x.dtype, stash)
+    xs = _cast(x, wide)
+    mean = np.mean(xs, axis=axes, keepdims=True)
+    centred = xs - mean
     var = np.mean(centred * centred, axis=axes, keepdims=True)
-    inv = 1 / np.sqrt(var + np.asarray(n.attr("epsilon", 1e-5), x.dtype))
-    y = centred * inv * scale
+    inv = 1 / np.sqrt(var + np.asarray(n.attr("epsilon", 1e-5), wide))
+    normalized = centred * inv
+    y = _cast(normalized, x.dtype) * scale
     y = y if bias is None else y + bias
-    return (y, mean, inv)[:n.n_outputs] if n.n_outputs > 1 else y
+    if n.n_outputs == 1:
+        return y
+    return (y, _cast(mean, stash), _cast(inv, stash))[:n.n_outputs]
+
+
+def _cast(x: Any, dtype: np.dtype) -> Any:
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 @op("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "spatial"))
@@ -632,7 +702,7 @@ def max_pool(n: Op, x: Any) -> Any:
     kernel, strides, dil, pads, sizes = _pool_geometry(n, x)
     if sizes is None:
         return max_pool2d(x, kernel, strides, pads, dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
-    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    lowest = _lowest(x.dtype)
     y = max_pool2d(_pad_hw(x, pads, lowest), kernel, strides, 0, dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
     return y[:, :, :sizes[0], :sizes[1]]
 

@@ -99,6 +99,31 @@ def test_unsupported_attribute_value_named():
         jitop.onnx.load(model)(x)
 
 
+def test_converter_error_on_first_call_is_onnx_error():
+    """A node the converter refuses only once it sees the values (a Reshape to a shape computed from the data,
+    found while tracing the first call) raises the converter's OnnxError, not the kernel's FallbackError."""
+    x = data((2, 3), F32)
+    model = make_model([node("Reshape", ["x", "s"], "y")], {"x": x, "s": np.array([3, 2], I64)}, ["y"])
+    m = jitop.onnx.load(model)
+    for _ in range(2):
+        with pytest.raises(jitop.onnx.OnnxError, match=r"Reshape.*'shape' must be a constant"):
+            m(x, np.array([3, 2], I64))
+
+
+def test_model_without_inputs(tmp_path):
+    """A model whose values all come from initializers (no graph inputs): its outputs are numpy's, in calls, in
+    run() and from a saved .jitop file."""
+    a, b = data((3,), F32), data((2, 3), F32, salt=1)
+    model = make_model([node("Add", ["a", "b"], "sum"), node("Relu", ["sum"], "y")], {}, ["sum", "y"],
+                       {"a": a, "b": b})
+    m = jitop.onnx.load(model)
+    for got, want in zip(m(), (a + b, np.maximum(a + b, 0))):
+        assert got.dtype == F32 and np.array_equal(got, want)
+    assert np.array_equal(m.run(["y"], {})[0], np.maximum(a + b, 0))
+    m.save(str(tmp_path / "constant.jitop"))
+    assert np.array_equal(jitop.onnx.load(str(tmp_path / "constant.jitop"))()[0], a + b)
+
+
 @pytest.fixture(scope="module")
 def two_input_model():
     """y = relu(x) + b, z = x * 2: inputs x float32 (batch, 3) and b int64 -> float (cast) (3,)."""

@@ -105,6 +105,17 @@ def test_not():
         check_op("Not", {"x": v})
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softplus_extremes(dtype):
+    """Softplus is log(1 + exp(x)): exp(x) must not overflow for large x (the result is x) nor 1 + exp(x) round
+    away the result for very negative x (it is exp(x)). The reference evaluator computes log(exp(x) + 1), which
+    does both: the expectation is numpy's logaddexp(x, 0) in float64. exp and log1p within a few ulp: ulp(4)."""
+    x = np.array([-np.inf, -120.0, -30.0, -20.0, -1.0, 0.0, 0.5, 20.0, 89.0, 100.0, 800.0, np.inf, np.nan], dtype)
+    with np.errstate(invalid="ignore"):
+        want = np.logaddexp(x.astype(F64), 0).astype(dtype)
+    check_op("Softplus", {"x": x}, ulp(4), want=[want])
+
+
 @pytest.mark.parametrize("dtype", [F32, F64, I32, I64])
 def test_clip(dtype):
     """Clip with min and max inputs, one of them omitted (''), both omitted, a min above max (all max), and
@@ -184,6 +195,31 @@ def test_pow_int(dtype):
     x = data((2, 6), dtype, -5, 6)
     e = np.array([0, 1, 2, 3, 4, 5], dtype)
     check_op("Pow", {"x": x, "e": e}, opset=15)
+
+
+def test_pow_half_edge_cases():
+    """x ** 0.5 with a constant exponent is computed as sqrt, but with pow's edge cases (C's pow, numpy's
+    np.power, onnxruntime): pow(-inf, 0.5) = inf where sqrt gives nan, pow(-0.0, 0.5) = +0.0 where sqrt gives
+    -0.0; a negative base is nan."""
+    x = np.array([-np.inf, -0.0, 0.0, 4.0, 2.0, -4.0, np.inf, np.nan], F32)
+    want = np.array([np.inf, 0.0, 0.0, 2.0, np.sqrt(F32(2.0)), np.nan, np.inf, np.nan], F32)
+    m = check_op("Pow", {"x": x}, consts={"half": np.array(0.5, F32)}, want=[want])
+    assert not np.signbit(m(x)[1])
+
+
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_pow_int_negative_exponent(dtype):
+    """An integer base to a negative integer power is the real power truncated toward zero (the spec's T is the
+    base's integer type; onnxruntime): 1 for base 1, 1 or -1 for base -1 (even or odd exponent), else 0; 0 for
+    base 0 too (a division by zero). The exponent as an input, a constant array and a constant scalar."""
+    x = np.array([1, 2, -1, 3, 0, -1, -2, 5, 7, -3], dtype)
+    e = np.array([-1, -1, -2, -3, -1, -3, -2, 0, 2, 3], dtype)
+    feeds = {"x": x, "e": e}
+    nodes = [node("Pow", ["x", "e"], "input"), node("Pow", ["x", "ce"], "const"), node("Pow", ["x", "m1"], "scalar")]
+    consts = {"ce": e.astype(I64), "m1": np.array(-1, I64)}
+    powers = np.array([1, 0, 1, 0, 0, -1, 0, 1, 49, -27], dtype)
+    want = [powers, powers, np.array([1, 0, -1, 0, 0, -1, 0, 0, 0, 0], dtype)]  # (numpy's power raises)
+    check(make_model(nodes, feeds, ["input", "const", "scalar"], consts, opset=15), feeds, want=want)
 
 
 @pytest.mark.parametrize("n_inputs", [1, 2, 3])
@@ -366,6 +402,40 @@ def test_slice_opset1_attributes():
                                  {"starts": [2], "ends": [100], "axes": [-1]}], opset=1)
 
 
+def _spec_slice(x, start, end, step):
+    """Slice-13 on a 1-D x as the spec words it: a negative start/end plus the dim, then start clamped to
+    [0, dim] ([0, dim - 1] for a negative step) and end to [0, dim] ([-1, dim - 1])."""
+    dim = len(x)
+    start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return x[list(range(start, end, step))]
+
+
+def test_slice_clamps_as_the_spec():
+    """Where the spec's clamping differs from Python's slice: a negative step with a start below -dim starts at
+    0 (Python's takes nothing), on a fixed dim and on a symbolic one (traced once per side of the clamp), plus
+    the other clamps (a start past the end, ends beyond either side, INT_MIN/INT_MAX ends)."""
+    spec = {"below": (-7, -10, -1), "below2": (-9, INT_MIN, -2), "past": (10, -7, -1), "from_neg": (-7, 3, 1),
+            "ends": (-100, 100, 2), "rev_all": (INT_MAX, INT_MIN, -1), "at_end": (-1, -6, -1), "short": (-7, -6, -1)}
+    consts, nodes = {}, []
+    for name, parts in spec.items():
+        for part, v in zip(("st", "en", "sp"), parts):
+            consts[f"{name}_{part}"] = np.array([v], I64)
+        nodes.append(node("Slice", ["x", f"{name}_st", f"{name}_en", "ax", f"{name}_sp"], name))
+    consts["ax"] = np.array([0], I64)
+    x = data((5,), F32)
+    model = make_model(nodes, {"x": x}, list(spec), consts, opset=13)
+    check(model, {"x": x}, want={name: _spec_slice(x, *parts) for name, parts in spec.items()})
+    m = jitop.onnx.load(make_model(nodes, {"x": x}, list(spec), consts, opset=13, shapes={"x": ["n"]}))
+    for n in (5, 8, 3, 12):
+        xn = data((n,), F32, salt=n)
+        for name, got in zip(spec, m.run(None, {"x": xn})):
+            assert np.array_equal(got, _spec_slice(xn, *spec[name])), (n, name, got)
+
+
 @pytest.mark.parametrize("dtype", [F32, I64])
 def test_gather_constant_indices(dtype):
     """Gather with constant indices on traced data: negative indices, a 0-d index (drops the axis), 2-D indices,
@@ -493,6 +563,33 @@ def test_reduce_zero_size():
     check(_reduce_model("ReduceMax", x, 18, [("m", [2], 0, 0)]), {"x": x})
 
 
+@pytest.mark.parametrize("dtype", [F32, I32])
+def test_reduce_max_min_over_zero_size_axis(dtype):
+    """ReduceMax (ReduceMin) over no elements is the dtype's lowest (highest) value, -inf (inf) for floats (the
+    spec; numpy's max raises): over a 0-size axis, with keepdims 0 and 1, and over all axes."""
+    x = data((2, 0, 3), dtype)
+    low, high = (-np.inf, np.inf) if dtype == F32 else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    cases = [("a1", [1], 1, 0), ("a1k0", [1], 0, 0), ("all", None, 0, 0)]
+    shapes = {"a1": (2, 1, 3), "a1k0": (2, 3), "all": ()}
+    for op_type, fill in (("ReduceMax", low), ("ReduceMin", high)):
+        model = _reduce_model(op_type, x, 18, cases)
+        check(model, {"x": x}, want=[np.full(shapes[c[0]], fill, dtype) for c in cases])
+
+
+@pytest.mark.parametrize("dtype", [F32, I32])
+def test_reduce_composite_noop(dtype):
+    """noop_with_empty_axes=1 with no axes (omitted or empty) reduces over no axes, but the composite reductions
+    still perform their elementwise steps (the spec): ReduceSumSquare gives x * x, ReduceL1 |x|, ReduceL2
+    sqrt(x * x) = |x| (exact: the root of a correctly rounded square); ReduceSum and ReduceMax x itself."""
+    x = data((3, 4), dtype, -5, 5)
+    x[0, :3] = [-3, 0, 2]
+    want = {"ReduceSumSquare": x * x, "ReduceL1": np.abs(x), "ReduceL2": np.abs(x), "ReduceSum": x,
+            "ReduceMax": x}
+    for op_type, w in want.items():
+        model = _reduce_model(op_type, x, 18, [("omitted", None, 1, 1), ("empty", [], 0, 1)])
+        check(model, {"x": x}, want=[w, w])
+
+
 def _softmax_2d(x, axis, log):
     """Softmax before opset 13: x taken as 2-D, [prod(shape[:axis]), prod(shape[axis:])], normalised per row."""
     flat = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1).astype(np.float64)
@@ -537,6 +634,16 @@ def test_softmax_opset11_coerces_to_2d(op_type):
     check(model, {"x": x}, tol, want=want)
 
 
+def test_softmax_zero_size_axis():
+    """Softmax and LogSoftmax over a 0-size axis (opset 13, and the 2-D coercion before it): an empty result of
+    the input's shape (numpy's max over the empty axis, for the shift, raises)."""
+    x = data((2, 0, 3), F32)
+    for opset, axis in ((13, 1), (13, -2), (11, 1)):
+        nodes = [node(op, ["x"], op, axis=axis) for op in ("Softmax", "LogSoftmax")]
+        model = make_model(nodes, {"x": x}, ["Softmax", "LogSoftmax"], opset=opset)
+        check(model, {"x": x}, want=[x, x])
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_layer_normalization(dtype):
     """LayerNormalization (opset 17) over the last axis and the last two (axis=1 of a 3-D input), epsilon, with
@@ -564,6 +671,26 @@ def test_layer_normalization(dtype):
     tol = {"last": bound((2,), scale, bias, 1e-5), "nobias": bound((2,), scale, None, 0.1),
            "two": bound((1, 2), scale2, bias2, 1e-5), "two_neg": bound((1, 2), scale2, None, 1e-3)}
     check(model, {"x": x}, tol)
+
+
+def test_layer_normalization_stash_type():
+    """Mean and InvStdDev are of stash_type (U), float32 by default, whatever x's type; x's standardisation is
+    done in at least that precision (float64 x: in float64, as onnxruntime; the reference evaluator returns them
+    as x's type). Bound: as above (float64 sums of 7 terms), then the float32 rounding of Mean and InvStdDev."""
+    x = data((2, 3, 7), F64, -2, 4)
+    scale = data((7,), F64, salt=1)
+    model = make_model([node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"])], {"x": x},
+                       ["y", "mean", "inv"], {"s": scale}, opset=17)
+    mean = x.mean(axis=-1, keepdims=True)
+    inv = 1 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + float(np.float32(1e-5)))
+    eps = np.finfo(F64).eps
+    tol = {"y": 30 * eps * (np.abs(x - mean) + np.abs(x).mean(axis=-1, keepdims=True)) * inv * np.abs(scale),
+           "mean": ulp(1), "inv": ulp(1)}
+    check(model, {"x": x}, tol, want=[(x - mean) * inv * scale, mean.astype(F32), inv.astype(F32)])
+    x32 = x.astype(F32)  # float32 x: computed in float32 as before, the statistics' types unchanged
+    model = make_model([node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"], stash_type=1)], {"x": x32},
+                       ["y", "mean", "inv"], {"s": scale.astype(F32)}, opset=17)
+    assert [v.dtype for v in jitop.onnx.load(model)(x32)] == [F32, F32, F32]
 
 
 def _bn_params(c, dtype, salt=0):
