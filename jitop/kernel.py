@@ -822,7 +822,7 @@ class KernelFunction:
         checks = [n for n in toposort(tr.results) if n.prim == "ufunc" and n.param("name").startswith("py_")]
         tr.results += checks
         tr.python_ints = any(n.param("name").endswith("_int") or n.param("name") == "py_lshift" for n in checks)
-        _bound_python_ints(tr)
+        _bound_python_ints(tr, assigned.python_ints)
 
     def _tracer_for(self, k: int, name: str, value: Any, tr: Trace, dynamic: Sequence[int] = ()) -> Any:
         if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
@@ -1152,11 +1152,12 @@ def _identifier(path: str) -> str:
     return "_".join(filter(None, re.split(r"\W+", path))) or "arg"
 
 
-def _bound_python_ints(tr: Trace) -> None:
+def _bound_python_ints(tr: Trace, met: Mapping[int, set[str]]) -> None:
     """NEP 50: a Python int argument that meets an integer array must fit the array's dtype (numpy raises
     OverflowError otherwise). The kernel receives it as int64 and would wrap it, so the plan names the
-    integer dtypes the function's ufuncs use it as, and the call checks the value against each."""
-    meets: dict[int, set[str]] = {}
+    integer dtypes the function's ufuncs use it as (`met`: those the trace saw, also where the graph dropped the
+    operation), and the call checks the value against each."""
+    meets: dict[int, set[str]] = {k: set(v) for k, v in met.items()}
     for n in toposort(tr.results):
         if n.prim == "cast" and n.param("fit"):  # a fill value (np.full_like): it must fit the array's dtype
             s = n.src[0]

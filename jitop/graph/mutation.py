@@ -42,13 +42,16 @@ _state = threading.local()
 class Tracking:
     """One trace's record of what its assignments need: the live tracers (which may alias what changes), the
     basic-index views (view, base, key) in the order they were made, and the arguments written (argument
-    index -> the tracer holding its value)."""
+    index -> the tracer holding its value). Also the integer dtypes each Python int argument met in a ufunc
+    (argument index -> dtype names): numpy checks the value at the operation, whether or not its result is
+    used, so the call checks them even where the graph dropped the operation (an empty region assigned)."""
 
     def __init__(self) -> None:
         self.live: weakref.WeakValueDictionary[int, Tracer] = weakref.WeakValueDictionary()
         self.views: dict[int, tuple[Tracer, Tracer, Any]] = {}  # id(view) -> (view, base, key), in order
         self.written: dict[int, Tracer] = {}
         self.serial = itertools.count()  # tells apart nodes that are equal but not the same memory
+        self.python_ints: dict[int, set[str]] = {}
 
     def view_of(self, t: Tracer) -> tuple[Tracer, Any] | None:
         seen = self.views.get(id(t))
@@ -82,6 +85,13 @@ def note_view(view: Tracer, base: Tracer, key: Any) -> None:
     tracking_now = _current()
     if tracking_now is not None:
         tracking_now.views[id(view)] = (view, base, key)
+
+
+def note_python_int(index: int, dtype: str) -> None:
+    """The Python int argument `index` met integer dtype `dtype` in a ufunc (numpy's OverflowError beyond it)."""
+    tracking_now = _current()
+    if tracking_now is not None:
+        tracking_now.python_ints.setdefault(index, set()).add(dtype)
 
 
 def fresh(n: Node) -> Node:

@@ -180,6 +180,8 @@ def _check_python_ints(ufunc: np.ufunc, srcs: list[Node], ins: tuple) -> tuple[t
             raise python_int_overflow(s.param("value"), np.dtype("int64"))  # converted through a C long
         if not (s.weak and s.dtype.is_int and d.kind in "iu"):
             continue
+        if s.prim == "scalar_arg" and d != np.int64 and ufunc.__name__ not in _COMPARISONS:
+            mutation.note_python_int(s.param("index"), d.name)  # (checked by the call, used or not)
         if s.prim != "const" and ufunc.__name__ in _COMPARISONS:
             if d.itemsize < 8:
                 out = [np.dtype("int64")] * len(out)  # a Python int may be out of range: compare exactly

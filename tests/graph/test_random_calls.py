@@ -556,6 +556,23 @@ def test_python_int_checks_run_for_empty_arrays() -> None:
         _same_outcome(f, a, s, t)
 
 
+def test_python_int_checks_run_where_the_result_is_dropped() -> None:
+    """numpy checks a Python int at the operation: also for an in-place update of an empty array (the graph keeps
+    no update of nothing) and for a result nobody uses."""
+    def in_place(a, b):
+        c = a * 1
+        c += b
+        return c
+
+    def unused(a, b):
+        _ = a + b
+        return a * 1
+    for fn in (in_place, unused):
+        f = jitop.kernel(fn)
+        for a, b in [(np.zeros((1, 0), np.uint8), -1), (np.zeros((2, 2), np.uint8), -1), (np.zeros(0, np.int8), 5)]:
+            _same_outcome(f, a, b)
+
+
 def test_static_keys_distinguish_types_and_signed_zeros() -> None:
     f = jitop.kernel(lambda a, s: (a * s, 1 / s if s else s), static_argnums=(1,))
     a = np.ones(2, np.float32)
