@@ -49,9 +49,15 @@ def has_index_arrays(key: Any, scalars: bool = False) -> bool:
 def getitem(t: Tracer, key: Any) -> Tracer:
     """t[key] for a key with integer index arrays (numpy's advanced indexing: a copy)."""
     from jitop.graph.take import take  # take builds on numpy_api, which imports this module's callers
+    from jitop.graph.mutation import fresh
     plan = plan_of(t.node, key)
     merged = _merged(_moved(t.node, plan), plan)
-    return take(Tracer(merged), plan.flat, axis=plan.first, mode="clip")  # (positions checked: clip is a no-op)
+    # the positions are in range (checked): "clip" only bounds the load. Along an axis of size 1 that clamp folds
+    # the positions away, and their checks with them: "raise" checks them again, which keeps them
+    size = merged.shape[plan.first]
+    mode = "raise" if type(size) is int and size == 1 else "clip"
+    picked = take(Tracer(merged), plan.flat, axis=plan.first, mode=mode)
+    return Tracer(fresh(picked.node), array0d=picked.array0d, order=picked.order)  # a copy: memory of its own
 
 
 def assigned(n: Node, key: Any, value: Any, region_value: Any) -> Node:
@@ -68,6 +74,8 @@ def scattered(ufunc: np.ufunc, n: Node, key: Any, value: Any, region_value: Any)
         raise Unsupported(f"np.{ufunc.__name__}.at", "np.add.at, np.multiply.at, np.maximum.at and np.minimum.at "
                           "compile")
     _check_loop_dtype(ufunc, n, value)
+    if not isinstance(value, Tracer):  # numpy's ufunc.at makes an array of it and casts unsafely (300 into int8)
+        value = np.asarray(value).astype(n.dtype.np)
     return _scatter(n, plan_of(n, key), value, region_value, ufunc.__name__)
 
 
@@ -94,7 +102,8 @@ def _scatter(n: Node, plan: Plan, value: Any, region_value: Any, op: str) -> Nod
         new = reshape(new, tuple(sh.sym(d) for d in moved.shape))
     if plan.perm is not None:
         new = transpose(new, tuple(np.argsort(plan.perm)))
-    return new.node
+    # the array's new memory, not a view of the scatter's (a later assignment writes into it)
+    return new.node if new.node.prim == "scatter" else node("copy", n.shape, n.dtype, (new.node,))
 
 
 def _check_loop_dtype(ufunc: np.ufunc, n: Node, value: Any) -> None:
@@ -180,8 +189,9 @@ def _positions(it: Any, size: Any, axis: int) -> Any:
     """An index's elements as positions in [0, size): numpy's own wrap and IndexError now for a constant along
     an axis of known size, else a "position" node that wraps and checks them when the kernel runs."""
     from jitop.graph.take import indices_node, positions
+    # (an empty axis: numpy checks only the elements the broadcast index uses, perhaps none; the kernel checks)
     if not isinstance(it, Tracer) and (not isinstance(it, np.ndarray) or live_node(it) is None) \
-            and type(size) is int and not isinstance(it, sh.SymInt):
+            and type(size) is int and size > 0 and not isinstance(it, sh.SymInt):
         return np.asarray(positions(np.asarray(it, dtype=np.intp), size, axis, "raise"), np.int64)
     ind = indices_node(it if isinstance(it, (Tracer, np.ndarray)) else np.int64(int(it)))
     return Tracer(node("position", ind.shape, dtypes.int64, (ind,), size=size, axis=axis))

@@ -48,10 +48,11 @@ def getitem(t: Tracer, key: Any) -> Tracer:
         from jitop.graph.take import take  # take builds on numpy_api, which imports this module
         axis, index = gather
         picked = take(t, index, axis=axis)
+        from jitop.graph import mutation
         if _position(index):  # a traced integer scalar is an integer index to numpy: a view, not a copy
-            from jitop.graph import mutation
             mutation.note_view(picked, t, key)
-        return picked
+            return picked
+        return Tracer(mutation.fresh(picked.node), array0d=picked.array0d, order=picked.order)  # a copy, own memory
     from jitop.graph import advanced
     if advanced.has_index_arrays(key, scalars=True):
         return advanced.getitem(t, key)

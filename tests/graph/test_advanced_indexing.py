@@ -97,6 +97,56 @@ def test_an_assignment_is_one_ordered_pass():
     assert "for m in" in text and text.rstrip().endswith("] = v[m]") and "for k in" not in text, text
 
 
+def _set_then_write(a, j):
+    a[:, j] = 1.0
+    a[0, 0] = 2.0  # into the scatter's result, a copy of its own (not a view of a transpose)
+    return a
+
+
+def _add_at_then_add(a, i, j):
+    np.add.at(a, (i, j), 1.0)
+    a += 1
+    return a
+
+
+def _gather_then_update(a, i):
+    t = a[i]  # a copy: the update below leaves it
+    a[i] += 1
+    return t
+
+
+def _run_gather_then_update(a):
+    a[[1, 3]] += 1  # a constant run of positions is gathered as a slice: still a copy
+    b = a[[0, 1]]
+    a[0] = 100.0
+    return b
+
+
+@pytest.mark.parametrize("fn, args", [
+    (_set_then_write, (np.zeros((2, 3)), np.array([1, 2]))),
+    (_add_at_then_add, (np.zeros((2, 3)), np.array([1, 1]), np.array([0, -1]))),
+    (_gather_then_update, (np.arange(5.0), np.array([0, 3, 0]))),
+    (_run_gather_then_update, (np.arange(4.0),)),
+    (lambda a, i: a[[0], i], (np.zeros((0, 2)), np.zeros(0, np.int64))),       # nothing is checked: nothing used
+    (lambda a, i: (np.add.at(a, i, 300), a)[1], (np.zeros(3, np.int8), np.array([0, 2]))),   # numpy's unsafe cast
+])
+def test_assignments_after_advanced_indexing_and_edge_cases(fn, args):
+    check(fn, *args)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (lambda a, i, j: a[i, j], (np.array([[10.0]]), np.array([5]), np.array([0]))),
+    (lambda a, i: a[i, 0], (np.array([[10.0]]), np.array([5]))),
+    (lambda a, i, k: a[i, :, k], (np.ones((1, 2, 1)), np.array([0]), np.array([-3]))),
+])
+def test_an_index_beyond_an_axis_of_size_1_raises(fn, args):
+    """The load of an axis of size 1 needs no position: the positions' checks still run."""
+    with pytest.raises(IndexError):
+        fn(*args)
+    with pytest.raises(IndexError, match="out of bounds"):
+        jitop.kernel(fn, fallback=False)(*args)
+
+
 @pytest.mark.parametrize("fn, args, error, message", [
     (scatter, (np.zeros(5), np.array([1, 5]), np.ones(2)), IndexError, "out of bounds"),
     (scatter, (np.zeros(5), np.array([1, -6]), np.ones(2)), IndexError, "out of bounds"),
