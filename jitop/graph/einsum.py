@@ -1,9 +1,11 @@
-"""np.einsum for contractions expressible as (batched) matmul, plus transposes, sums and diagonals of one operand.
+"""np.einsum for contractions expressible as (batched) matmul, plus transposes, sums and diagonals of one operand;
+an ellipsis (`...ij,...jk->...ik`) stands for letters of its own.
 
 Symbolic sizes (jitop.graph.shapes) flow through np.shape as SymInts; the sizes of one index are tied."""
 from __future__ import annotations
 
 import math
+import string
 from typing import Any
 
 import numpy as np
@@ -12,18 +14,38 @@ from jitop.graph import shapes as sh
 from jitop.graph.tracer import Unsupported
 
 
-def _parse(subscripts: str, n_ops: int) -> tuple[list[str], str]:
+def _parse(subscripts: str, ndims: list[int]) -> tuple[list[str], str]:
+    """The operands' terms and the output's, an ellipsis spelled out as letters the subscripts do not use."""
     spec = subscripts.replace(" ", "")
-    if "." in spec:
-        raise Unsupported("np.einsum with '...'")
-    ins, _, out = spec.partition("->")
+    ins, arrow, out = spec.partition("->")
     terms = ins.split(",")
-    if len(terms) != n_ops:
-        raise ValueError(f"einsum: {len(terms)} subscript terms for {n_ops} operands")
-    if "->" not in spec:
-        counts = {c: ins.count(c) for c in set(ins.replace(",", ""))}
-        out = "".join(sorted(c for c, k in counts.items() if k == 1))
-    return terms, out
+    if len(terms) != len(ndims):
+        raise ValueError(f"einsum: {len(terms)} subscript terms for {len(ndims)} operands")
+    letters = _ellipsis_letters(spec, terms, out, ndims) if "." in spec else ""
+    terms = [t.replace("...", letters[len(letters) - _span(t, d):]) for t, d in zip(terms, ndims)]
+    if arrow:
+        return terms, out.replace("...", letters)
+    counts = {c: "".join(terms).count(c) for c in set("".join(terms)) if c not in letters}
+    return terms, letters + "".join(sorted(c for c, k in counts.items() if k == 1))  # numpy's implicit output
+
+
+def _span(term: str, ndim: int) -> int:
+    """How many dimensions a term's ellipsis stands for (0 without one)."""
+    return max(ndim - len(term.replace("...", "")), 0) if "..." in term else 0
+
+
+def _ellipsis_letters(spec: str, terms: list[str], out: str, ndims: list[int]) -> str:
+    """Letters for the broadcast dimensions an ellipsis stands for (the longest span; shorter ones take its last
+    letters, as broadcasting aligns the trailing dimensions); numpy's errors for a bad ellipsis."""
+    for t in terms + [out]:
+        if t.count("...") > 1 or "." in t.replace("...", ""):
+            raise ValueError("einstein sum subscripts string contains a '.' that is not part of an ellipsis ('...')")
+    width = max(_span(t, d) for t, d in zip(terms, ndims))
+    if width and "->" in spec and "..." not in out:
+        raise ValueError("output has more dimensions than subscripts given in einstein sum, but no '...' ellipsis "
+                         "provided to broadcast the extra dimensions.")
+    unused = [c for c in string.ascii_uppercase + string.ascii_lowercase if c not in spec]
+    return "".join(unused[:width])
 
 
 def _diagonals(x: Any, term: str, k: int) -> tuple[Any, str]:
@@ -78,7 +100,7 @@ def _to_order(x: Any, term: str, order: str) -> Any:
 def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
     if kwargs.get("out") is not None or len(operands) not in (1, 2):
         raise Unsupported("np.einsum with out= or more than two operands")
-    terms, out = _parse(subscripts, len(operands))
+    terms, out = _parse(subscripts, [len(np.shape(op)) for op in operands])
     for k, t in enumerate(terms):
         if len(t) > len(np.shape(operands[k])):
             raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {k}")

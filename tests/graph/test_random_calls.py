@@ -99,7 +99,7 @@ FUNCS: dict[str, tuple[Callable, int, str]] = {
     # products
     "matmul": (lambda a, b: a @ b, 2, APPROX),
     "dot": (lambda a, b: np.dot(a, b), 2, APPROX),
-    "einsum": (lambda a, b: np.einsum("...i,...i->...", a, b), 2, APPROX),  # '...' is not compiled
+    "einsum": (lambda a, b: np.einsum("...i,...i->...", a, b), 2, APPROX),
     "einsum ij": (lambda a, b: np.einsum("ij->j", a), 1, APPROX),
     "matmul T": (lambda a, b: a @ a.T, 1, APPROX),
     # more numpy functions
@@ -416,7 +416,7 @@ def test_random_call_matches_numpy(signature, seed1: int, seed2: int) -> None:
 # ** every function compiles on ordinary arguments (so the property test exercises compiled code) **
 
 # in-place operators, unsupported functions, conversions to Python values and control flow on values run as numpy
-MAY_FALL_BACK = {"in place", "mutate", "sort", "if value", "float()", "tolist", "einsum"}
+MAY_FALL_BACK = {"in place", "mutate", "sort", "if value", "float()", "tolist"}
 
 
 @pytest.mark.parametrize("name", sorted(FUNCS))

@@ -201,6 +201,13 @@ CASES = {
         "einsum ij->ji": lambda a: np.einsum("ij->ji", a[0]),
         "einsum ij,jk (implicit)": lambda a: np.einsum("ij,jk", a[0], a[1].T),
         "einsum i,j->ij": lambda a: np.einsum("i,j->ij", a[0, 0], a[1, 1]),
+        "einsum ...ij,...jk->...ik": lambda a: np.einsum("...ij,...jk->...ik", a, a.transpose(0, 2, 1)),
+        "einsum ...ij,jk (implicit)": lambda a: np.einsum("...ij,jk", a, a[0].T),
+        "einsum ij...,j...->i...": lambda a: np.einsum("ij...,j...->i...", a.transpose(1, 2, 0), a[0].T[:, :2]),
+        "einsum ...ji": lambda a: np.einsum("...ji", a),
+        "einsum a... (implicit)": lambda a: np.einsum("a...", a),
+        "einsum ...ii->...i": lambda a: np.einsum("...ii->...i", a[:, :, :3]),
+        "einsum ...,...": lambda a: np.einsum("...,...", a[0], a[1, 0]),
     },
     "einsum_sum": {
         "einsum ij->": lambda a: np.einsum("ij->", a[0]),
