@@ -1030,7 +1030,10 @@ def dot(a, b, out=None):
         return ufunc_call(np.multiply, [x, y])
     if x.ndim <= 2 and y.ndim <= 2:
         return matmul(a, b)
-    raise Unsupported("np.dot of arrays with more than 2 dimensions", "use np.matmul or np.einsum")
+    # the sum over a's last axis and b's second-to-last (its only one for a vector), as an einsum
+    free_a, free_b = "abcdefghijklmnopqrstuvwxy"[:x.ndim - 1], "ABCDEFGHIJKLMNOPQRSTUVWXY"[:max(y.ndim - 2, 0)]
+    last_b = "Z" if y.ndim >= 2 else ""
+    return einsum(f"{free_a}z,{free_b}z{last_b}->{free_a}{free_b}{last_b}", a, b)
 
 
 @implements(np.einsum)
