@@ -131,6 +131,8 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
         return reduce(inputs[0], _REDUCE_UFUNCS[ufunc.__name__], axis=axis, **kwargs)
     if method == "at":
         return mutation.ufunc_at(ufunc, *inputs, **kwargs)
+    if method == "accumulate" and ufunc.__name__ in _ACCUMULATED:
+        return _accumulate(ufunc, *inputs, **kwargs)
     if method != "__call__":
         raise Unsupported(f"np.{ufunc.__name__}.{method}")
     if ufunc is np.matmul:
@@ -458,11 +460,32 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=Tru
     return np.sqrt(var(a, axis, dtype, out, ddof, keepdims, where=where, mean=mean, correction=correction))
 
 
+# ufunc.accumulate as a scan: the reduction of each (add and multiply widen small ints as np.sum does)
+_ACCUMULATED = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min", "fmax": "fmax", "fmin": "fmin"}
+
+
+def _accumulate(ufunc: np.ufunc, a: Any, axis: Any = 0, dtype: Any = None, out: Any = None) -> Tracer:
+    """np.maximum.accumulate(a, axis) & co. (np.add.accumulate is np.cumsum along axis 0 by default)."""
+    if np.ndim(a) == 0:
+        raise TypeError("cannot accumulate on a scalar")
+    if axis is None and np.ndim(a) == 1:
+        axis = 0
+    if axis is None or isinstance(axis, tuple):
+        raise ValueError("accumulate does not allow multiple axes")
+    op = _ACCUMULATED[ufunc.__name__]
+    if dtype is not None or op in ("sum", "prod"):
+        return _scan(a, op, axis, dtype, out)
+    dt = array_node(a).dtype.np
+    if dt == np.bool_:  # (a running or / and: as 0s and 1s)
+        return _scan(astype(a, np.uint8), op, axis, np.uint8, out).astype(np.bool_)
+    return _scan(a, op, axis, dt, out)
+
+
 def _scan(a: Any, op: str, axis: Any, dtype: Any, out: Any) -> Tracer:
-    """np.cumsum / np.cumprod: a "scan" node along its axis, in the dtype numpy accumulates in (small ints and
-    bool widen as np.sum does)."""
+    """np.cumsum / np.cumprod (and ufunc.accumulate): a "scan" node along its axis, in the dtype numpy accumulates
+    in (small ints and bool widen as np.sum does, unless `dtype` says)."""
     if out is not None:
-        raise Unsupported(f"np.cum{op} with out=")
+        raise Unsupported(f"a running {op} with out=")
     n = as_node(a)
     if axis is None or n.ndim == 0:  # numpy takes a 0-d array as 1-d (axis 0 or -1, else its AxisError)
         if axis is not None:
