@@ -698,11 +698,14 @@ def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
 
 @implements(np.pad)
 def pad(array, pad_width, mode="constant", **kwargs):
-    """numpy's constant padding (other modes run as numpy): each axis in turn gets its blocks of constants, so
-    a corner takes the later axis's value, as in numpy."""
+    """numpy's padding, each axis in turn (so a corner takes the later axis's value, as in numpy): blocks of
+    constants (mode='constant'), or a gather of the positions numpy's own np.pad of the axis's indices gives
+    ('edge', 'reflect', 'symmetric', 'wrap'). The statistic and ramp modes run as numpy."""
+    if mode in _INDEXED_PADS and kwargs.get("reflect_type", "even") == "even" and not set(kwargs) - {"reflect_type"}:
+        return _indexed_pad(array, pad_width, mode)
     if mode != "constant" or set(kwargs) - {"constant_values"}:
         raise Unsupported(f"np.pad(mode={mode!r}{''.join(f', {k}=' for k in kwargs if k != 'constant_values')})",
-                          "mode='constant' compiles")
+                          f"modes 'constant' and {', '.join(map(repr, _INDEXED_PADS))} compile")
     x = wrap(array_node(array))
     widths, values = _pad_pairs(pad_width, x.node.ndim), kwargs.get("constant_values", 0)
     if isinstance(values, Tracer) and values.node.ndim == 0:  # one traced value for every side
@@ -714,6 +717,24 @@ def pad(array, pad_width, mode="constant", **kwargs):
             parts = [_pad_block(x, axis, before, low)] * bool(before) + [x] + \
                 [_pad_block(x, axis, after, high)] * bool(after)
             x = concatenate(parts, axis=axis)
+    return x
+
+
+_INDEXED_PADS = ("edge", "reflect", "symmetric", "wrap")
+
+
+def _indexed_pad(array: Any, pad_width: Any, mode: str) -> Tracer:
+    """A padding that copies the array's own elements: along each axis, the positions numpy's np.pad of
+    arange(n) gives (its errors too, such as an empty axis), gathered."""
+    from jitop.graph.take import take  # take builds on this module
+    x = wrap(array_node(array))
+    for axis, (before, after) in enumerate(_pad_pairs(pad_width, x.node.ndim)):
+        if before or after:
+            n = x.node.shape[axis]
+            if type(n) is not int:
+                raise Unsupported(f"np.pad(mode={mode!r}) along a dimension that varies",
+                                  "mark the argument's size static (dynamic=False)")
+            x = take(x, np.pad(np.arange(n), (before, after), mode=mode), axis=axis)
     return x
 
 

@@ -1,5 +1,5 @@
-"""np.pad (constant mode) and np.outer compile, with numpy's results, dtypes and errors; np.pad's other modes run
-as numpy with the fallback warning."""
+"""np.pad (constant, edge, reflect, symmetric and wrap modes) and np.outer compile, with numpy's results, dtypes and
+errors; np.pad's statistic and ramp modes run as numpy with the fallback warning."""
 from __future__ import annotations
 
 import warnings
@@ -71,11 +71,36 @@ def test_bad_pad_widths_raise_numpys_errors(width, error):
         jitop.kernel(lambda a: np.pad(a, width))(x)
 
 
-def test_other_modes_run_as_numpy_with_the_warning():
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), shape=st.sampled_from([(5,), (1,), (3, 4), (1, 7), (2, 3, 5)]),
+       width=st.one_of(widths, st.just("per axis"), st.just(9)), mode=st.sampled_from(["edge", "reflect", "symmetric",
+                                                                                       "wrap"]),
+       seed=st.integers(0, 2 ** 16))
+def test_padding_with_the_arrays_own_elements_matches_numpy(dtype, shape, width, mode, seed):
+    """numpy's positions along each axis, gathered: pads wider than the axis reflect or wrap again, as numpy's."""
+    rng = np.random.default_rng(seed)
+    x = _array(rng, dtype, shape)
+    if width == "per axis":
+        width = tuple((int(rng.integers(0, 7)), int(rng.integers(0, 7))) for _ in shape)
+    fn = lambda a: np.pad(a, width, mode=mode) + 0  # noqa: E731
+    _same(_compiled(fn)(x), fn(x))
+
+
+def test_an_empty_axis_cannot_be_extended_as_in_numpy():
+    fn = lambda a: np.pad(a, 1, mode="edge")  # noqa: E731
+    x = np.ones((0, 3), np.float32)
+    with pytest.raises(ValueError, match="empty axis"):
+        fn(x)
+    with pytest.raises(ValueError, match="empty axis"):
+        jitop.kernel(fn)(x)
+
+
+@pytest.mark.parametrize("mode, kwargs", [("mean", {}), ("linear_ramp", {}), ("reflect", {"reflect_type": "odd"})])
+def test_other_modes_run_as_numpy_with_the_warning(mode, kwargs):
     x = np.arange(6.0).reshape(2, 3)
-    k = jitop.kernel(lambda a: np.pad(a, 1, mode="edge"))
-    with pytest.warns(jitop.JitopFallbackWarning, match="mode='edge'"):
-        _same(k(x), np.pad(x, 1, mode="edge"))
+    k = jitop.kernel(lambda a: np.pad(a, 1, mode=mode, **kwargs))
+    with pytest.warns(jitop.JitopFallbackWarning, match=f"mode='{mode}'"):
+        _same(k(x), np.pad(x, 1, mode=mode, **kwargs))
 
 
 @settings(max_examples=40, deadline=None)
