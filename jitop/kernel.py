@@ -820,7 +820,7 @@ class KernelFunction:
         # a Python-level check (7 // n of a Python int n, or n + 1 meeting an int8 array) raises whatever the
         # arrays it meets: computed as results of their own (not returned), never skipped for an empty array
         checks = [n for n in toposort(tr.results) if n.prim == "ufunc" and n.param("name").startswith("py_")]
-        tr.results += checks
+        tr.results += checks + [n for n in assigned.checks if n not in checks]  # (indices an empty result never read)
         tr.python_ints = any(n.param("name").endswith("_int") or n.param("name") == "py_lshift" for n in checks)
         _bound_python_ints(tr, assigned.python_ints)
 

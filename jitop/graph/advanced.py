@@ -51,7 +51,9 @@ def getitem(t: Tracer, key: Any) -> Tracer:
     from jitop.graph.take import take  # take builds on numpy_api, which imports this module's callers
     from jitop.graph.mutation import fresh
     plan = plan_of(t.node, key)
-    merged = _merged(_moved(t.node, plan), plan)
+    moved = _moved(t.node, plan)
+    _check_if_empty(plan, moved.shape[:plan.first] + moved.shape[plan.first + plan.count:])
+    merged = _merged(moved, plan)
     # the positions are in range (checked): "clip" only bounds the load. Along an axis of size 1 that clamp folds
     # the positions away, and their checks with them: "raise" checks them again, which keeps them
     size = merged.shape[plan.first]
@@ -90,7 +92,10 @@ def _scatter(n: Node, plan: Plan, value: Any, region_value: Any, op: str) -> Nod
     v = region_value(value, n, head + index_shape + tail)
     writes = sh.prod(index_shape)
     if sh.known_zero(writes) or any(sh.known_zero(d) for d in head + tail):
+        _check_if_empty(plan, head + tail)
         return n  # nothing is written
+    if sh.known_zero(sh.prod(moved.shape[plan.first:plan.first + plan.count])):
+        raise IndexError(f"index is out of bounds for axis {plan.first} with size 0")  # (numpy: any index is)
     values = node("reshape", head + (writes,) + tail, n.dtype, (v,))
     front = (plan.first,) + tuple(d for d in range(merged.ndim) if d != plan.first)  # the indexed axis first
     rows, vals = (node("transpose", tuple(x.shape[d] for d in front), x.dtype, (x,), perm=front) if plan.first
@@ -104,6 +109,14 @@ def _scatter(n: Node, plan: Plan, value: Any, region_value: Any, op: str) -> Nod
         new = transpose(new, tuple(np.argsort(plan.perm)))
     # the array's new memory, not a view of the scatter's (a later assignment writes into it)
     return new.node if new.node.prim == "scatter" else node("copy", n.shape, n.dtype, (new.node,))
+
+
+def _check_if_empty(plan: Plan, others: tuple) -> None:
+    """Where the other axes leave the result empty, nothing reads the positions: numpy still checks them (its
+    IndexError), so the kernel computes them for their checks alone."""
+    from jitop.graph.mutation import note_check
+    if isinstance(plan.flat, Tracer) and any(sh.known_zero(d) for d in others):
+        note_check(plan.flat.node)
 
 
 def _check_loop_dtype(ufunc: np.ufunc, n: Node, value: Any) -> None:

@@ -44,7 +44,8 @@ class Tracking:
     basic-index views (view, base, key) in the order they were made, and the arguments written (argument
     index -> the tracer holding its value). Also the integer dtypes each Python int argument met in a ufunc
     (argument index -> dtype names): numpy checks the value at the operation, whether or not its result is
-    used, so the call checks them even where the graph dropped the operation (an empty region assigned)."""
+    used, so the call checks them even where the graph dropped the operation (an empty region assigned); and nodes
+    computed for their checks alone (`note_check`)."""
 
     def __init__(self) -> None:
         self.live: weakref.WeakValueDictionary[int, Tracer] = weakref.WeakValueDictionary()
@@ -52,6 +53,7 @@ class Tracking:
         self.written: dict[int, Tracer] = {}
         self.serial = itertools.count()  # tells apart nodes that are equal but not the same memory
         self.python_ints: dict[int, set[str]] = {}
+        self.checks: list[Node] = []  # nodes computed for their run-time checks alone (results of their own)
 
     def view_of(self, t: Tracer) -> tuple[Tracer, Any] | None:
         seen = self.views.get(id(t))
@@ -92,6 +94,14 @@ def note_python_int(index: int, dtype: str) -> None:
     tracking_now = _current()
     if tracking_now is not None:
         tracking_now.python_ints.setdefault(index, set()).add(dtype)
+
+
+def note_check(n: Node) -> None:
+    """`n` is computed for its run-time checks (numpy's IndexError for indices of an empty region, which no
+    element of the result reads)."""
+    tracking_now = _current()
+    if tracking_now is not None:
+        tracking_now.checks.append(n)
 
 
 def fresh(n: Node) -> Node:

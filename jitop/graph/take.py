@@ -46,6 +46,7 @@ def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "r
         ax = _axes(operator.index(axis), src.ndim)[0]
     if isinstance(indices, Tracer) or (isinstance(indices, np.ndarray) and live_node(indices) is not None):
         r = gather(src, indices_node(indices), ax, mode)
+        _check_if_empty(r, src, ax, mode)
     elif type(src.shape[ax]) is int:
         r = _take_constant(src, positions(indices, src.shape[ax], ax, mode), ax)
     elif np.ndim(indices) == 0 and mode == "raise":  # basic indexing checks it against the symbolic size
@@ -90,6 +91,15 @@ def gather(src: Node, ind: Node, ax: int, mode: str) -> Node:
         raise IndexError("cannot do a non-empty take from an empty axes.")
     shape = src.shape[:ax] + ind.shape + src.shape[ax + 1:]
     return node("take", shape, src.dtype, (src, ind), axis=ax, mode=mode)
+
+
+def _check_if_empty(r: Node, src: Node, ax: int, mode: str) -> None:
+    """A result left empty by the other axes reads no index: numpy still checks them (its IndexError), so the
+    kernel computes them for their checks alone."""
+    from jitop.graph.mutation import note_check  # mutation builds on numpy_api too
+    ind = r.src[1]
+    if mode == "raise" and sh.known_zero(r.size) and not sh.known_zero(ind.size):
+        note_check(node("position", ind.shape, ind.dtype, (ind,), size=src.shape[ax], axis=ax))
 
 
 def _take_constant(src: Node, pos: np.ndarray, ax: int) -> Node:

@@ -155,6 +155,13 @@ def test_an_index_beyond_an_axis_of_size_1_raises(fn, args):
      "shape mismatch"),
     (lambda x, i: x[i, 0], (np.zeros((3, 4)), np.array([0.0])), IndexError, "integer"),
     (scatter, (np.zeros(5), np.array([1, 2]), np.ones(3)), ValueError, "broadcast"),
+    # an empty result or region reads no index: numpy checks them all the same
+    (lambda a, i: a[:, i], (np.zeros((0, 2)), np.array([2])), IndexError, "out of bounds"),
+    (lambda a, i: scatter(a, (slice(None), i), 1.0), (np.zeros((0, 2)), np.array([5])), IndexError, "out of bounds"),
+    (lambda a, i: np.add.at(a, (slice(None), i), 1.0), (np.zeros((0, 2)), np.array([5])), IndexError,
+     "out of bounds"),
+    (lambda a, i: scatter(a[2:], i, 1.0), (np.zeros(2), np.array([0])), IndexError, "out of bounds"),
+    (lambda i: np.add.at(np.zeros(0), i, 1.0), (np.array([0]),), IndexError, "out of bounds"),
 ])
 def test_bad_indices_are_numpys_errors(fn, args, error, message):
     with pytest.raises(error, match=message):
