@@ -243,10 +243,41 @@ def diag(v, k=0):
 
 @implements(np.average)
 def average(a, axis=None, weights=None, returned=False, *, keepdims=np._NoValue):
-    """Unweighted, numpy's average is its mean (weights need a check of their sum the data decides)."""
-    if weights is not None or returned:
-        raise Unsupported("np.average with weights= or returned=", "compute np.sum(a * w) / np.sum(w)")
-    return mean(a, axis, None, None, keepdims is not np._NoValue and bool(keepdims))
+    """numpy's: the mean, or with weights sum(a * w) / sum(w) in numpy's result dtype, with numpy's
+    ZeroDivisionError where a slice's weights sum to zero (checked when the kernel runs); `returned` adds the sum of
+    the weights (the count without them), broadcast to the average's shape."""
+    n = array_node(a)
+    axes = None if axis is None else _axes(axis, n.ndim)
+    keep = keepdims is not np._NoValue and bool(keepdims)
+    if weights is None:
+        avg = mean(a, axes, None, None, keep)
+        scale = np.true_divide(size_value(n.size), size_value(array_node(avg).size))
+        scale = _cast(scale, array_node(avg).dtype.np)
+    else:
+        w = _weights(weights, n, axes)
+        kinds = (n.dtype.np,) + ((np.dtype("f8"),) if n.dtype.np.kind in "biu" else ())
+        dt = np.result_type(*kinds, array_node(w).dtype.np)
+        total = sum_(w, axes, dt, None, keep)
+        scale = Tracer(node("ufunc", array_node(total).shape, array_node(total).dtype, (array_node(total),),
+                            name="py_weights_sum", in_dtypes=(dt.name,)))
+        avg = np.true_divide(sum_(np.multiply(a, w, dtype=dt), axes, None, None, keep), scale)
+    if not returned:
+        return avg
+    shape = tuple(array_node(avg).shape)
+    return avg, (scale if tuple(array_node(scale).shape) == shape else broadcast_to(scale, shape).copy())
+
+
+def _weights(weights: Any, n: Any, axes: tuple[int, ...] | None) -> Any:
+    """np.average's weights as an array that broadcasts against a; numpy's errors for one that does not fit."""
+    w = array_node(weights)
+    if sh.same_shape(tuple(w.shape), tuple(n.shape)):
+        return weights
+    if axes is None:
+        raise TypeError("Axis must be specified when shapes of a and weights differ.")
+    if not sh.same_shape(tuple(w.shape), tuple(n.shape[ax] for ax in axes)):
+        raise ValueError("Shape of weights must be consistent with shape of a along specified axis.")
+    moved = np.transpose(weights, tuple(np.argsort(axes))) if len(axes) > 1 else weights
+    return reshape(moved, tuple((sh.sym(d) if ax in axes else 1) for ax, d in enumerate(n.shape)))
 
 
 @implements(np.count_nonzero)

@@ -178,6 +178,11 @@ def _py_fit(name: str) -> Callable[[Expr], Expr]:
     return fit
 
 
+def _weights_sum(x: Expr) -> Expr:
+    """np.average's sum of a slice's weights, which must not be zero."""
+    return raise_if(x, x == _zero(x), "ZeroDivisionError: Weights sum to zero, can't be normalized")
+
+
 class _Table(dict):
     """The ufunc table; parameterised entries ("py_fit:...") are made on first use."""
 
@@ -193,6 +198,7 @@ def fit_name(lo: int | None, hi: int | None, dtype: str) -> str:
 
 
 UFUNCS: dict[str, Callable[..., Expr]] = _Table({
+    "py_weights_sum": _weights_sum,
     "add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y,
     "divide": lambda x, y: x / y, "true_divide": lambda x, y: x / y,
     "floor_divide": lambda x, y: binary(Op.FLOORDIV, x, y), "remainder": lambda x, y: binary(Op.FLOORMOD, x, y),

@@ -33,6 +33,9 @@ CALLS = [
     "np.count_nonzero(x, keepdims=True)",
     "np.linalg.norm(x, np.float64(3), axis=0)", "np.repeat(x, 2.0)", "np.repeat(x, True, axis=0)",
     "x.repeat(2, axis=-1)",
+    "np.average(x, weights=np.abs(x) + 1)", "np.average(x, axis=0, weights=np.arange(3.0) + 1, returned=True)[1]",
+    "np.average(x, axis=-1, weights=np.ones(x.shape[-1], np.float32), keepdims=True)", "np.average(x, returned=True)[1]",
+    "np.average(x, weights=np.ones(3))",
 ]
 ARRAYS = {
     "float64": np.arange(12.0).reshape(3, 4) - 5, "float32": (np.arange(12.0).reshape(3, 4) - 5).astype(np.float32),
@@ -77,6 +80,15 @@ def _compare(call: str, x: np.ndarray) -> None:
     assert_close(got, expected, rtol=rtol, atol=rtol)
 
 
+def test_weights_that_sum_to_zero_raise_numpys_error_when_the_kernel_runs() -> None:
+    f = jitop.kernel(lambda x, w: np.average(x, axis=-1, weights=w), fallback=False)
+    x = np.arange(6.0).reshape(2, 3)
+    assert_close(f(x, np.array([1.0, 2.0, 3.0])), np.average(x, axis=-1, weights=np.array([1.0, 2.0, 3.0])))
+    for fn in (f, f.fn):
+        with pytest.raises(ZeroDivisionError, match="Weights sum to zero"):
+            fn(x, np.array([1.0, -1.0, 0.0]))
+
+
 def test_one_kernel_for_every_row_length() -> None:
     def fn(x):
         return (np.repeat(x, 2, axis=0), np.tile(x, (1, 2)), np.linalg.norm(x, axis=-1), np.select([x > 0], [x], -1.0),
@@ -90,7 +102,7 @@ def test_one_kernel_for_every_row_length() -> None:
 
 
 @pytest.mark.parametrize("call,what", [("np.roll(x, int(x.shape[0] > 0) * s)", "shift computed by the kernel"),
-                                       ("np.average(x, weights=x)", "weights="),
+
                                        ("np.count_nonzero(x)", "without axis="),
                                        ("np.repeat(x, [1, 2, 1], axis=0)", "a count per element"),
                                        ("np.linalg.norm(x, 2)", "singular values")])
