@@ -40,15 +40,20 @@ def _compiled(fn):
 widths = st.one_of(st.integers(0, 3), st.tuples(st.integers(0, 3), st.integers(0, 3)))
 
 
+def _widths(rng: np.random.Generator, width, shape: tuple, widest: int):
+    """The drawn width, or for "per axis" a (before, after) pair below `widest` per axis."""
+    if width != "per axis":
+        return width
+    return tuple((int(rng.integers(0, widest)), int(rng.integers(0, widest))) for _ in shape)
+
+
 @settings(max_examples=60, deadline=None)
 @given(dtype=st.sampled_from(DTYPES), shape=st.sampled_from([(5,), (0,), (3, 4), (1, 7), (2, 0, 3), (2, 3, 5)]),
        width=st.one_of(widths, st.just("per axis")), value=st.sampled_from([0, 1, -2.5, 7, "per side"]),
        seed=st.integers(0, 2 ** 16))
 def test_constant_padding_matches_numpy(dtype, shape, width, value, seed):
     rng = np.random.default_rng(seed)
-    x = _array(rng, dtype, shape)
-    if width == "per axis":
-        width = tuple((int(rng.integers(0, 3)), int(rng.integers(0, 3))) for _ in shape)
+    x, width = _array(rng, dtype, shape), _widths(rng, width, shape, 3)
     kwargs = {} if value == 0 else {"constant_values": value}
     if value == "per side":  # a pair per axis: a corner takes the later axis's value, as in numpy
         kwargs["constant_values"] = tuple((int(rng.integers(0, 50)), int(rng.integers(50, 99))) for _ in shape)
@@ -79,9 +84,7 @@ def test_bad_pad_widths_raise_numpys_errors(width, error):
 def test_padding_with_the_arrays_own_elements_matches_numpy(dtype, shape, width, mode, seed):
     """numpy's positions along each axis, gathered: pads wider than the axis reflect or wrap again, as numpy's."""
     rng = np.random.default_rng(seed)
-    x = _array(rng, dtype, shape)
-    if width == "per axis":
-        width = tuple((int(rng.integers(0, 7)), int(rng.integers(0, 7))) for _ in shape)
+    x, width = _array(rng, dtype, shape), _widths(rng, width, shape, 7)
     fn = lambda a: np.pad(a, width, mode=mode) + 0  # noqa: E731
     _same(_compiled(fn)(x), fn(x))
 
