@@ -39,6 +39,7 @@ from jitop.target import CudaTarget
 from jitop.autotune import mode as autotune_mode
 from jitop.autotune import watch as watch_for_autotune
 from jitop.graph import kernel_cache, mutation, warm, writeback
+from jitop.graph.masked import Masked
 from jitop.graph.numpy_api import TRACING_NUMPY
 from jitop.graph.compile import compile_graph, flops_at, graph_tasks, prepare
 from jitop.graph.ufuncs import INT_BEYOND_64
@@ -1216,6 +1217,8 @@ def _flatten(result: Any, writes: Sequence[tuple[writeback.Write, list[Node]]] =
             return ["dict", [[leaf(k), walk(v)] for k, v in x.items()]]
         if isinstance(x, np.ndarray):
             raise Unsupported("returning a constant numpy array that does not depend on the arguments")
+        if isinstance(x, Masked):
+            x._unsupported()
         return leaf(x)
     tree = walk(result)
     if writes:

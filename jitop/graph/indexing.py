@@ -53,6 +53,10 @@ def getitem(t: Tracer, key: Any) -> Tracer:
             mutation.note_view(picked, t, key)
             return picked
         return Tracer(mutation.fresh(picked.node), array0d=picked.array0d, order=picked.order)  # a copy, own memory
+    mask = _mask_read(key)
+    if mask is not None:
+        from jitop.graph import masked
+        return masked.read(t, mask)
     from jitop.graph import advanced
     if advanced.has_index_arrays(key, scalars=True):
         return advanced.getitem(t, key)
@@ -70,6 +74,15 @@ def getitem(t: Tracer, key: Any) -> Tracer:
         from jitop.graph import mutation
         mutation.note_view(view, t, key)
     return view
+
+
+def _mask_read(key: Any) -> Any:
+    """The mask of a key that is one boolean array (`x[x > 0]`), else None."""
+    mask = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+    if isinstance(mask, Tracer) and mask.node.dtype.is_bool and not mask.node.weak and mask.node.ndim \
+            or isinstance(mask, np.ndarray) and mask.dtype == bool and mask.ndim:
+        return mask
+    return None
 
 
 def index_node(n: Node, key: Any) -> Node:

@@ -183,6 +183,12 @@ def _weights_sum(x: Expr) -> Expr:
     return raise_if(x, x == _zero(x), "ZeroDivisionError: Weights sum to zero, can't be normalized")
 
 
+def _nonempty(name: str) -> Callable[[Expr, Expr], Expr]:
+    """A maximum or minimum over `count` elements (a boolean-mask read's): numpy has none of no element."""
+    return lambda x, count: raise_if(x, count == _zero(count), "ValueError: zero-size array to reduction operation "
+                                     f"{name} which has no identity")
+
+
 class _Table(dict):
     """The ufunc table; parameterised entries ("py_fit:...") are made on first use."""
 
@@ -199,6 +205,7 @@ def fit_name(lo: int | None, hi: int | None, dtype: str) -> str:
 
 UFUNCS: dict[str, Callable[..., Expr]] = _Table({
     "py_weights_sum": _weights_sum,
+    "py_nonempty_maximum": _nonempty("maximum"), "py_nonempty_minimum": _nonempty("minimum"),
     "add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y,
     "divide": lambda x, y: x / y, "true_divide": lambda x, y: x / y,
     "floor_divide": lambda x, y: binary(Op.FLOORDIV, x, y), "remainder": lambda x, y: binary(Op.FLOORMOD, x, y),
