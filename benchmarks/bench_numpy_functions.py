@@ -1,6 +1,6 @@
 """numpy functions that used to run as plain numpy under @jitop.kernel and now compile (running sums and products,
 the NaN-ignoring reductions, select / roll / tile / repeat / linalg.norm, boolean-mask assignment, integer-array
-indexing with several arrays and assignment through index arrays): each as a user
+indexing with several arrays, assignment through index arrays, a reduced boolean-mask read): each as a user
 writes it, jitop next to numpy and torch (where installed and it has the function) in one run, float32, 2 threads.
 
     python benchmarks/bench_numpy_functions.py [--quick]
@@ -89,6 +89,7 @@ def cases(rows: int, cols: int) -> list[tuple[str, object, object, tuple]]:
         ("onehot[arange, labels] = 1", _onehot, torch_onehot, (labels, cols)),
         ("np.add.at(grad(1000, cols), ids, x)", _embedding_grad, torch_embedding_grad,
          (rng.integers(0, 1000, rows), x)),
+        ("x[x > 0].mean()", lambda x: x[x > 0].mean(), t(lambda x: x[x > 0].mean()), (x,)),
     ]
     return [(name, fn, tf, (a,)) for name, fn, tf, a in [
         ("cumsum(x, axis=-1)", lambda x: np.cumsum(x, axis=-1), t(lambda x: torch.cumsum(x, -1)), x),
