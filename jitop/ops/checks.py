@@ -52,6 +52,20 @@ def numeric(x: Any, name: str, op: str) -> None:
     supported(x, name, op)
 
 
+def real(value: Any, name: str, op: str) -> float:
+    """A real number argument (eps) as a float; a clear error for anything else (a string, None, an array)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: '{name}' must be a real number, got {shown(value)}")
+    return float(value)
+
+
+def flag(value: Any, name: str, op: str) -> bool:
+    """A flag argument (ceil_mode): a bool, or an int 0 or 1, as torch takes it."""
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{op}: '{name}' must be True or False, got {shown(value)}")
+
+
 def shown(value: Any) -> str:
     """A value as an error message shows it: an array by its dtype and shape (never its thousand elements)."""
     if isinstance(value, (np.ndarray, Tracer)):

@@ -107,6 +107,7 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     if bias is None:
         return _conv(x, w, geometry)
     bias = checks.array(bias, "bias", OP)
+    checks.numeric(bias, "bias", OP)
     if tuple(bias.shape) != (w.shape[0],):
         raise ValueError(f"{OP}: 'bias' must have shape ({w.shape[0]},) (one per output channel), "
                          f"got {tuple(bias.shape)}")

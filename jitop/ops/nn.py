@@ -112,7 +112,8 @@ def layer_norm(x: Any, normalized_shape: int | Sequence[int], weight: Any = None
         raise ValueError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions of x, "
                          f"whose shape is {tuple(x.shape)}")
     params = [_param(p, name, shape, x, "layer_norm") for p, name in ((weight, "weight"), (bias, "bias"))]
-    return _layer_norm(x, *params, float(eps), tuple(range(x.ndim - len(shape), x.ndim)))
+    eps = checks.real(eps, "eps", "layer_norm")
+    return _layer_norm(x, *params, eps, tuple(range(x.ndim - len(shape), x.ndim)))
 
 
 def _int_shape(normalized_shape: Any) -> tuple[int, ...]:
@@ -131,6 +132,7 @@ def _param(p: Any, name: str, shape: tuple[int, ...], x: Any, op: str) -> Any:
     if p is None:
         return None
     p = checks.array(p, name, op)
+    checks.numeric(p, name, op)  # (mixed float dtypes promote as numpy's)
     if tuple(p.shape) != shape:
         raise ValueError(f"{op}: '{name}' must have shape {shape}, got {tuple(p.shape)}")
     return p
@@ -169,7 +171,7 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None, 
     if mean is None or var is None:
         raise ValueError("batch_norm: running_mean and running_var are required (inference mode)")
     params = [_param(p, name, shape, x, "batch_norm") for p, name in ((weight, "weight"), (bias, "bias"))]
-    return _batch_norm(x, mean, var, *params, float(eps), ax)
+    return _batch_norm(x, mean, var, *params, checks.real(eps, "eps", "batch_norm"), ax)
 
 
 @kernel

@@ -1,7 +1,8 @@
 """2-D pooling with torch.nn.functional's semantics (NCHW or NHWC), written as numpy and compiled.
 
 A window reduction is the elementwise max (or sum) of kernel_size strided slices of the padded input:
-all of them inline into one loop nest over the output, so pooling is one pass over memory.
+all of them inline into one loop nest over the output, so pooling is one pass over memory. Large windows that
+tile the input (stride = kernel) are a reduction over the window's axes of a reshape instead.
 """
 from __future__ import annotations
 
@@ -37,16 +38,20 @@ def _pad(x: Any, axis: int, before: int, after: int, value: Any) -> Any:
 
 
 def _windows(x: Any, hw: tuple[int, int], geometry: tuple, value: Any) -> list[Any]:
-    """The kernel_size strided slices of the padded input, one per window offset."""
+    """The strided slices of the padded input, one per window offset that reads some of the input (an offset
+    whose slice is all padding adds nothing to a max or a sum: a window far wider than the input unrolls only
+    the offsets that meet it)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = geometry
     h_ax, w_ax = hw
     # pad enough on the far side for every window start, even ceil_mode ones past the edge
     far_h = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - x.shape[h_ax] - ph)
     far_w = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - x.shape[w_ax] - pw)
     xp = _pad(_pad(x, h_ax, ph, far_h, value), w_ax, pw, far_w, value)
+    rows = _meeting(kh, dh, sh, oh, ph, x.shape[h_ax]) or [0]
+    cols = _meeting(kw, dw, sw, ow, pw, x.shape[w_ax]) or [0]
     out = []
-    for i in range(kh):
-        for j in range(kw):
+    for i in rows:
+        for j in cols:
             index = [slice(None)] * x.ndim
             index[h_ax] = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
             index[w_ax] = slice(j * dw, j * dw + (ow - 1) * sw + 1, sw)
@@ -54,12 +59,49 @@ def _windows(x: Any, hw: tuple[int, int], geometry: tuple, value: Any) -> list[A
     return out
 
 
+def _meeting(k: int, d: int, s: int, n: int, p: int, size: int) -> list[int]:
+    """The window offsets along an axis whose positions (offset * d + out * s, out < n, in the padded axis) read
+    some of the input, which starts at p and is `size` long."""
+    if k <= size:  # (a window no wider than the input: every offset, no arithmetic)
+        return list(range(k))
+    starts = np.arange(n) * s - p  # each window's first position in the input's coordinates
+    lo = np.clip(-(starts // d), 0, k)  # the first offset at or past the input's start, per window
+    hi = np.clip(-((starts - size) // d), 0, k)  # past the last one inside it
+    return sorted(set().union(*(range(a, b) for a, b in zip(lo.tolist(), hi.tolist()))))
+
+
 def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+# windows of more elements than this that tile the input (stride = kernel, no padding or dilation) are reduced
+# as blocks of a reshape: a loop per window, not an unrolled slice per element (a 56x56 window took seconds)
+BLOCK_WINDOW = 64
+
+
+def _tiling(geometry: tuple) -> bool:
+    (kh, kw), stride, (ph, pw), dilation, _ = geometry
+    return kh * kw > BLOCK_WINDOW and stride == (kh, kw) and ph == pw == 0 and dilation == (1, 1)
+
+
+def _blocks(x: Any, hw: tuple[int, int], geometry: tuple) -> tuple[Any, tuple[int, int]]:
+    """The input cut into its windows (floor mode: the rows and columns past the last whole one dropped) as
+    two axes each, and the window's axes."""
+    (kh, kw), _, _, _, (oh, ow) = geometry
+    index = [slice(None)] * x.ndim
+    index[hw[0]], index[hw[1]] = slice(0, oh * kh), slice(0, ow * kw)
+    x = x[tuple(index)]
+    n, a, b, c = x.shape
+    if hw == (2, 3):
+        return x.reshape(n, a, oh, kh, ow, kw), (3, 5)
+    return x.reshape(n, oh, kh, ow, kw, c), (2, 4)
+
+
 @kernel(static_argnames=("hw", "geometry"), warn_recompiles=False)
 def _max_pool(x, hw, geometry):
+    if _tiling(geometry):
+        blocks, axes = _blocks(x, hw, geometry)
+        return blocks.max(axis=axes)
     windows = _windows(x, hw, geometry, _lowest(np.dtype(x.dtype)))
     out = windows[0]
     for w in windows[1:]:
@@ -69,6 +111,9 @@ def _max_pool(x, hw, geometry):
 
 @kernel(static_argnames=("hw", "geometry", "count_include_pad"), warn_recompiles=False)
 def _avg_pool(x, hw, geometry, count_include_pad):
+    if _tiling(geometry):
+        blocks, axes = _blocks(x, hw, geometry)
+        return blocks.mean(axis=axes)
     windows = _windows(x, hw, geometry, 0)
     out = windows[0]
     for w in windows[1:]:
@@ -104,6 +149,7 @@ def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, d
     """
     x = checks.array(x, "x", "max_pool2d")
     checks.numeric(x, "x", "max_pool2d")
+    ceil_mode = checks.flag(ceil_mode, "ceil_mode", "max_pool2d")
     hw, geometry = _geometry(x, kernel_size, stride, padding, dilation, ceil_mode, layout, "max_pool2d")
     return _max_pool(x, hw, geometry)
 
@@ -132,8 +178,9 @@ def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, c
     """
     x = checks.array(x, "x", "avg_pool2d")
     checks.floating(x, "x", "avg_pool2d")
+    ceil_mode = checks.flag(ceil_mode, "ceil_mode", "avg_pool2d")
     hw, geometry = _geometry(x, kernel_size, stride, padding, 1, ceil_mode, layout, "avg_pool2d")
-    return _avg_pool(x, hw, geometry, bool(count_include_pad))
+    return _avg_pool(x, hw, geometry, checks.flag(count_include_pad, "count_include_pad", "avg_pool2d"))
 
 
 @kernel(static_argnames=("axes",), warn_recompiles=False)

@@ -228,6 +228,11 @@ def test_layer_norm_bad_params_and_dtype():
         jitop.layer_norm(x, 5, None, np.ones((1, 5), np.float32))
     with pytest.raises(TypeError, match=r"layer_norm: argument 'x' must be a floating-point array.*int32"):
         jitop.layer_norm(np.ones((2, 5), np.int32), 5)
+    with pytest.raises(TypeError, match=r"layer_norm: argument 'weight' must be an integer or floating.*complex"):
+        jitop.layer_norm(x, 5, np.ones(5, complex))
+    for eps in ("a", None, np.ones(1), 1j, True):
+        with pytest.raises(TypeError, match=r"layer_norm: 'eps' must be a real number"):
+            jitop.layer_norm(x, 5, eps=eps)
 
 
 # ---- batch_norm ----
@@ -275,6 +280,12 @@ def test_batch_norm_bad_arguments():
         jitop.batch_norm(x, m3, v3, axis="C")
     with pytest.raises(TypeError, match=r"batch_norm: argument 'x' must be a floating-point array"):
         jitop.batch_norm(np.ones((2, 3), np.int64), m3, v3)
+    with pytest.raises(TypeError, match=r"batch_norm: argument 'running_mean' must be an integer or floating"):
+        jitop.batch_norm(x, np.array(list("abc")), v3)
+    with pytest.raises(TypeError, match=r"batch_norm: argument 'running_var' must be an integer or floating"):
+        jitop.batch_norm(x, m3, np.ones(3, object))
+    with pytest.raises(TypeError, match=r"batch_norm: 'eps' must be a real number, got None"):
+        jitop.batch_norm(x, m3, v3, eps=None)
 
 
 # ---- relu / gelu / sigmoid ----

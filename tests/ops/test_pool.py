@@ -128,6 +128,32 @@ def test_avg_pool2d(cfg, count_include_pad, layout):
     assert_close(got, ref_pool2d(x, "avg", k, s, p, 1, ceil, count_include_pad, layout=layout), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape, k, s, p, layout", [
+    ((1, 3, 8, 8), 2 ** 20, 1, 2 ** 19, "NCHW"),   # a window a million wide: only the offsets that meet the input
+    ((1, 2, 9, 7), 12, 1, 6, "NCHW"),
+    ((1, 3, 56, 56), 56, None, 0, "NCHW"),         # windows that tile the input: a reduction of its blocks
+    ((2, 28, 29, 3), 14, None, 0, "NHWC"),
+    ((1, 2, 60, 61), 9, 9, 0, "NCHW"),
+])
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_large_windows(shape, k, s, p, layout, op):
+    x = rand(rng, shape, np.float32)
+    if k > 1000:  # every window covers all of the input (the reference would visit each of its 2^40 offsets)
+        if op == "max":
+            got = jitop.max_pool2d(x, k, s, p, layout=layout)
+            assert_close(got, np.broadcast_to(x.max(axis=(2, 3), keepdims=True), got.shape).copy())
+        return
+    got = (jitop.max_pool2d if op == "max" else jitop.avg_pool2d)(x, k, s, p, layout=layout)
+    assert_close(got, ref_pool2d(x, op, k, s, p, 1, False, layout=layout), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"ceil_mode": "yes"}, "ceil_mode"), ({"ceil_mode": None}, "ceil_mode"),
+                                          ({"count_include_pad": None}, "count_include_pad")])
+def test_flags_must_be_bools(kwargs, name):
+    with pytest.raises(TypeError, match=f"'{name}' must be True or False"):
+        jitop.avg_pool2d(np.ones((1, 1, 4, 4), np.float32), 2, **kwargs)
+
+
 def test_avg_pool2d_divisor_at_the_edges():
     # ones in, so each output is (input elements in the window) / divisor: the divisor rule made visible
     x = np.ones((1, 1, 5, 5), np.float64)
