@@ -416,7 +416,8 @@ class Lowering:
         for iv in reversed(stage.axis[1:]):
             update = For(iv.var, as_expr(iv.extent), ForKind.SERIAL, update)
         count = as_expr(self.loops[stage].extent[k]) - 1
-        return seq(self._nest(stage, data, copy, self.loops[stage].guards, attach=True), For(m, count, ForKind.SERIAL, update))
+        fill = self._nest(stage, data, copy, self.loops[stage].guards, attach=True)
+        return seq(fill, For(m, count, ForKind.SERIAL, update))
 
     def _cross_thread_reduction(self, stage: Stage, idx: tuple[Expr, ...], common: list[IterVar],
                                 rest: list[IterVar]) -> Stmt:

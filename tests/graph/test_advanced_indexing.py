@@ -243,7 +243,7 @@ def test_add_at_is_one_ordered_pass_at_every_size():
 
 @pytest.mark.parametrize("fn, construct", [
     (lambda a, i, v: add_at(a.astype(np.float32), i, v), "computing in float64"),
-    (lambda a, i, v: add_at(a.astype(np.float32), i, 0.1), "computing in float64"),  # ufunc.at: a Python float is float64
+    (lambda a, i, v: add_at(a.astype(np.float32), i, 0.1), "computing in float64"),  # (ufunc.at: a float is float64)
     (lambda a, i, v: (np.subtract.at(a, i, v), a)[1], "np.subtract.at"),
 ])
 def test_other_updates_run_as_numpy_and_say_why(fn, construct):

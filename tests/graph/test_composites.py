@@ -34,7 +34,8 @@ CALLS = [
     "np.linalg.norm(x, np.float64(3), axis=0)", "np.repeat(x, 2.0)", "np.repeat(x, True, axis=0)",
     "x.repeat(2, axis=-1)",
     "np.average(x, weights=np.abs(x) + 1)", "np.average(x, axis=0, weights=np.arange(3.0) + 1, returned=True)[1]",
-    "np.average(x, axis=-1, weights=np.ones(x.shape[-1], np.float32), keepdims=True)", "np.average(x, returned=True)[1]",
+    "np.average(x, axis=-1, weights=np.ones(x.shape[-1], np.float32), keepdims=True)",
+    "np.average(x, returned=True)[1]",
     "np.average(x, weights=np.ones(3))",
 ]
 ARRAYS = {

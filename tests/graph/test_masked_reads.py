@@ -1,6 +1,7 @@
-"""Boolean-mask reads reduced in the kernel (jitop.graph.masked): `x[x > 0].sum()`, `np.mean(x[valid])`, `x[rows].max(0)`
-compile as reductions over the mask, with numpy's values, dtypes and errors (a maximum of no element raises
-ValueError when the kernel runs); a read used as an array (returned, its length) runs as numpy with the warning."""
+"""Boolean-mask reads reduced in the kernel (jitop.graph.masked): `x[x > 0].sum()`, `np.mean(x[valid])`,
+`x[rows].max(0)` compile as reductions over the mask, with numpy's values, dtypes and errors (a maximum of no
+element raises ValueError when the kernel runs); a read used as an array (returned, its length) runs as numpy with
+the warning."""
 from __future__ import annotations
 
 import warnings

@@ -1,6 +1,7 @@
-"""np.cumsum / np.cumprod (the array methods, ufunc.accumulate) under @jitop.kernel: numpy's values to the bit (one ordered pass,
-as numpy adds, a leading -0.0 kept; along a leading axis, whole vectors of a row at a time), dtype (small ints and bool widen as np.sum does), shape, errors; along any
-axis, fused with what produces and consumes them, one kernel for every length of a varying axis."""
+"""np.cumsum / np.cumprod (the array methods, ufunc.accumulate) under @jitop.kernel: numpy's values to the bit (one
+ordered pass, as numpy adds, a leading -0.0 kept; along a leading axis, whole vectors of a row at a time), dtype
+(small ints and bool widen as np.sum does), shape, errors; along any axis, fused with what produces and consumes
+them, one kernel for every length of a varying axis."""
 from __future__ import annotations
 
 import warnings
@@ -14,7 +15,8 @@ from kernel_checks import assert_same
 
 CALLS = ["np.cumsum(x)", "np.cumsum(x, axis=0)", "np.cumsum(x, axis=-1)", "x.cumsum(axis=-1)", "np.cumprod(x, axis=-1)",
          "x.cumprod()", "np.cumsum(x, axis=0, dtype=np.float64)", "np.cumsum(x, -1, dtype=np.int8)",
-         "np.cumsum(x * 2, axis=-1) + 1", "np.cumsum(x[..., ::-1], axis=-1)", "np.cumsum(np.cumsum(x, axis=0), axis=-1)",
+         "np.cumsum(x * 2, axis=-1) + 1", "np.cumsum(x[..., ::-1], axis=-1)",
+         "np.cumsum(np.cumsum(x, axis=0), axis=-1)",
          "np.maximum.accumulate(x)", "np.minimum.accumulate(x, axis=-1)", "np.fmax.accumulate(x, axis=-1)",
          "np.add.accumulate(x, axis=-1)", "np.multiply.accumulate(x, dtype=np.float64)", "np.add.accumulate(x, None)"]
 SHAPES = [(7,), (3, 5), (2, 3, 17), (0, 4), (4, 0), (1,), (5, 1)]
