@@ -896,6 +896,8 @@ class KernelFunction:
     def _user_line(self, err: Exception) -> str:
         code = getattr(self.fn, "__code__", None)
         frames = [f for f in traceback.extract_tb(err.__traceback__) if code and f.filename == code.co_filename]
+        # (an error found after the construct was made carries the stack of where it was: a returned mask read)
+        frames = frames or [f for f in getattr(err, "stack", ()) if code and f.filename == code.co_filename]
         if not frames:
             return f"{code.co_filename}:{code.co_firstlineno}: def {self.__name__}" if code else "source line unknown"
         f = frames[-1]

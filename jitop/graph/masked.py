@@ -12,6 +12,7 @@ function then runs as numpy, with the warning.
 """
 from __future__ import annotations
 
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -35,15 +36,16 @@ def read(t: Tracer, mask: Any) -> "Masked":
                              f"but size of corresponding boolean axis is {b}")
     trailing = n.ndim - m.ndim
     wide = mask if not trailing else reshape(mask, tuple(m.shape) + (1,) * trailing)
-    return Masked(t, Tracer(as_node(wide)), m.ndim)
+    return Masked(t, Tracer(as_node(wide)), m.ndim, traceback.extract_stack())
 
 
 class Masked:
     """The elements of `values` where `mask` (broadcast over its trailing dimensions) holds, as numpy's 1-D (or,
     for a mask of `masked` leading dimensions, (count, *trailing)) array of them."""
 
-    def __init__(self, values: Tracer, mask: Tracer, masked: int):
+    def __init__(self, values: Tracer, mask: Tracer, masked: int, stack: list | None = None):
         self.values, self.mask, self.masked = values, mask, masked
+        self.stack = stack or []  # where the read was made: a use found later (returning it) names that line
 
     @property
     def dtype(self) -> np.dtype:
@@ -57,7 +59,7 @@ class Masked:
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if method != "__call__" or kwargs or ufunc.nout != 1:
             raise Unsupported(f"np.{ufunc.__name__}.{method} of {_WHY}", _HINT)
-        return Masked(ufunc(*(self._operand(x) for x in inputs)), self.mask, self.masked)
+        return Masked(ufunc(*(self._operand(x) for x in inputs)), self.mask, self.masked, self.stack)
 
     def _operand(self, x: Any) -> Any:
         if isinstance(x, Masked):
@@ -70,7 +72,7 @@ class Masked:
         return x
 
     def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> "Masked":
-        return Masked(self.values.astype(dtype, *args, **kwargs), self.mask, self.masked)
+        return Masked(self.values.astype(dtype, *args, **kwargs), self.mask, self.masked, self.stack)
 
     # ** reductions: of the array, over the mask **
     def _axes(self, axis: Any) -> tuple[int, ...]:
@@ -149,7 +151,9 @@ class Masked:
 
     # ** what needs the elements themselves **
     def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
-        raise Unsupported(_WHY, _HINT)
+        err = Unsupported(_WHY, _HINT)
+        err.stack = self.stack  # (jitop.kernel names the user's line of the read)
+        raise err
 
     __array__ = __len__ = __iter__ = __getitem__ = __setitem__ = __bool__ = __index__ = __float__ = __int__ = \
         _unsupported
