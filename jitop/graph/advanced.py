@@ -20,6 +20,7 @@ import numpy as np
 from jitop import dtypes
 from jitop.graph import shapes as sh
 from jitop.graph.capture import live_node
+from jitop.graph.indexing import expand_ellipsis
 from jitop.graph.ir import Node, node
 from jitop.graph.tracer import Tracer, Unsupported, array_const
 
@@ -157,14 +158,7 @@ def _expanded(key: Any, ndim: int) -> list[Any]:
     items = [np.asarray(it) if isinstance(it, list) else it for it in (key if isinstance(key, tuple) else (key,))]
     if any(it is None for it in items):
         raise Unsupported("integer-array indexing with a new axis (None)", "add the axis to the result after")
-    used = sum(it is not Ellipsis for it in items)
-    if used < len(items) - 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    if used > ndim:
-        raise IndexError(f"too many indices for array: array is {ndim}-dimensional, but {used} were indexed")
-    dots = [k for k, it in enumerate(items) if it is Ellipsis]  # (by identity: `in` would compare arrays)
-    if dots:
-        items[dots[0]:dots[0] + 1] = [slice(None)] * (ndim - used)
+    items = expand_ellipsis(items, ndim)
     return items + [slice(None)] * (ndim - len(items))
 
 

@@ -28,6 +28,12 @@ def _normalise(key: Any, ndim: int, positions: bool = False) -> list[Any]:
         if not (it is None or it is Ellipsis or isinstance(it, (int, np.integer, slice, sh.SymInt))):
             raise IndexError(f"only integers, slices (`:`), ellipsis (`...`) and numpy.newaxis (`None`) are valid "
                              f"indices, got {type(it).__name__}")
+    return expand_ellipsis(items, ndim)
+
+
+def expand_ellipsis(items: list[Any], ndim: int) -> list[Any]:
+    """A key's items with its Ellipsis as the full slices it stands for; numpy's IndexErrors for two ellipses and
+    for more indices than dimensions (None indexes none)."""
     if sum(it is Ellipsis for it in items) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(1 for it in items if it is not None and it is not Ellipsis)

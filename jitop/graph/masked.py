@@ -25,15 +25,11 @@ _HINT = "reduce it in the kernel (x[m].sum(), np.mean(x[m])) or keep the shape w
 
 
 def read(t: Tracer, mask: Any) -> "Masked":
-    """t[mask] for a boolean mask of t's leading dimensions (numpy's IndexError for one that does not fit)."""
+    """t[mask] for a boolean mask of t's leading dimensions (numpy's IndexError for one that does not fit, as an
+    assignment through it checks it)."""
+    from jitop.graph.mutation import boolean_mask
     from jitop.graph.numpy_api import reshape
-    m, n = as_node(mask), t.node
-    if m.ndim > n.ndim:
-        raise IndexError(f"too many indices for array: array is {n.ndim}-dimensional, but {m.ndim} were indexed")
-    for axis, (a, b) in enumerate(zip(n.shape, m.shape)):
-        if type(a) is int and type(b) is int and a != b:
-            raise IndexError(f"boolean index did not match indexed array along axis {axis}; size of axis is {a} "
-                             f"but size of corresponding boolean axis is {b}")
+    m, n = boolean_mask(mask, t.node), t.node
     trailing = n.ndim - m.ndim
     wide = mask if not trailing else reshape(mask, tuple(m.shape) + (1,) * trailing)
     return Masked(t, Tracer(as_node(wide)), m.ndim, traceback.extract_stack())

@@ -126,7 +126,7 @@ def assign(t: Tracer, key: Any, value: Any) -> None:
         raise Unsupported("in-place assignment to an array outside jitop.kernel")
     if t.order is not None:
         raise Unsupported(f"in-place assignment to a {t.order.str} array (a non-native byte order)")
-    mask = _boolean_mask(key, t.node)
+    mask = boolean_mask(key, t.node)
     if mask is not None:
         new = _masked(t.node, mask, value)
     elif advanced.has_index_arrays(key):
@@ -215,7 +215,7 @@ def _updated(tracking_now: Tracking, n: Node, key: Any, value: Any) -> Node:
     return node("update", n.shape, n.dtype, (n, v, *positions), spec=tuple(spec))
 
 
-def _boolean_mask(key: Any, n: Node) -> Node | None:
+def boolean_mask(key: Any, n: Node) -> Node | None:
     """The node of a boolean-mask key (`a[a < 0] = 0`), or None for any other key. numpy's IndexError for a mask
     whose shape is not that of n's leading dimensions."""
     if not (isinstance(key, Tracer) and key.node.dtype.is_bool and not key.node.weak
