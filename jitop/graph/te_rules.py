@@ -116,8 +116,7 @@ SCATTER_REDUCERS = {"add": te.sum, "multiply": te.prod, "maximum": te.max, "mini
 
 def build_scatter(c: Lowerer, n: Node) -> te.Tensor:
     """a[idx] = v, np.add.at(a, idx, v) and its kin along the first axis: out[j, r...] combines a[j, r...] and, in
-    order, every
-    values[m, r...] whose position[m] is j. Defined as a reduction over k in [0, M]: k = 0 is the old element,
+    order, every values[m, r...] whose position[m] is j. Defined as a reduction over k in [0, M]: k = 0 is the old element,
     k = m + 1 the m-th value where its position is j; the loop lowering runs it as numpy does (jitop.tir.lower:
     a stage with the "scatter" attribute): the old array copied, then each value combined into its row, in order,
     which the op's attributes give it as expressions (old, value and position at the loop variable m)."""

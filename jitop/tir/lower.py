@@ -340,7 +340,7 @@ class Lowering:
             return self._nest(stage, leaves, self._stores(stage, store_idx), sl.guards, attach=True)
         if stage.op.attrs.get("scan") and _one_pass_scan(stage, leaves):
             return self._scan(stage, store_idx, leaves[:-1])
-        if stage.op.attrs.get("scan") and _column_scan(stage, leaves):
+        if stage.op.attrs.get("scan") and _scans_down(stage, leaves):
             return self._column_scan(stage, store_idx, leaves)
         if stage.op.attrs.get("scatter") and _serial_pass(stage, leaves):
             return self._scatter(stage, store_idx, [iv for iv in leaves if iv.kind == "data"])
@@ -573,7 +573,7 @@ def _serial_pass(stage: Stage, leaves: list[IterVar]) -> bool:
     return stage.attach_type == "root" and k in leaves and stage.iter_kind.get(k, ForKind.SERIAL) is ForKind.SERIAL
 
 
-def _column_scan(stage: Stage, leaves: list[IterVar]) -> bool:
+def _scans_down(stage: Stage, leaves: list[IterVar]) -> bool:
     """Whether a scan stage along an axis that is not its last can run as one pass: at the root, its scanned
     loop and its reduction loop unsplit and serial (the other data loops may have any schedule)."""
     ax = stage.op.attrs.get("scan_axis", len(stage.axis) - 1)
